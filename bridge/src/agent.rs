@@ -1,0 +1,113 @@
+//! Spawning and ending agent processes.
+//!
+//! An agent runs in its own process group so that ending it also ends whatever
+//! it started (language servers, shells). On Linux it also gets
+//! `PR_SET_PDEATHSIG`, so even a bridge killed with SIGKILL leaves no orphan.
+
+use std::{ffi::OsString, process::Stdio, time::Duration};
+
+use tokio::process::{Child, Command};
+use tracing::debug;
+
+use crate::redact;
+
+/// The command to run for each admitted connection.
+#[derive(Debug, Clone)]
+pub struct AgentCommand {
+    argv: Vec<OsString>,
+}
+
+impl AgentCommand {
+    /// `None` for an empty argv.
+    pub fn new(argv: Vec<OsString>) -> Option<Self> {
+        (!argv.is_empty()).then_some(Self { argv })
+    }
+
+    /// The program as the user wrote it (for `failed to spawn '<argv0>'`).
+    pub fn argv0(&self) -> String {
+        self.argv[0].to_string_lossy().into_owned()
+    }
+
+    /// The command line with secrets masked, for the banner and logs.
+    pub fn redacted(&self) -> String {
+        let words: Vec<String> = self.argv.iter().map(|w| w.to_string_lossy().into_owned()).collect();
+        redact::redact_command(&words)
+    }
+
+    /// Checks that the program exists and is executable (searching `PATH` for a
+    /// bare name), so a typo is reported at startup rather than per connection.
+    pub fn check_program(&self) -> Result<std::path::PathBuf, String> {
+        use std::os::unix::fs::PermissionsExt;
+        let prog = std::path::Path::new(&self.argv[0]);
+        let is_exec = |p: &std::path::Path| {
+            std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+        };
+        if prog.components().count() > 1 {
+            return if is_exec(prog) {
+                Ok(prog.to_path_buf())
+            } else if prog.exists() {
+                Err(format!("agent command '{}' is not an executable file", prog.display()))
+            } else {
+                Err(format!("agent command '{}' not found", prog.display()))
+            };
+        }
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        std::env::split_paths(&path)
+            .map(|d| d.join(prog))
+            .find(|p| is_exec(p))
+            .ok_or_else(|| format!("agent command '{}' not found in PATH", prog.display()))
+    }
+
+    /// Starts the agent with piped stdio.
+    pub fn spawn(&self) -> std::io::Result<Child> {
+        let mut cmd = Command::new(&self.argv[0]);
+        cmd.args(&self.argv[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .process_group(0);
+        #[cfg(target_os = "linux")]
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.spawn()
+    }
+}
+
+/// Ends the agent and its process group: SIGTERM, then SIGKILL after `grace`,
+/// and reaps it so its pid is really gone when this returns.
+pub async fn terminate(child: &mut Child, grace: Duration) {
+    let Some(pid) = child.id() else {
+        // Already reaped.
+        return;
+    };
+    if let Ok(Some(_)) = child.try_wait() {
+        kill_group(pid, libc::SIGKILL);
+        return;
+    }
+    kill_group(pid, libc::SIGTERM);
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(_) => kill_group(pid, libc::SIGKILL),
+        Err(_) => {
+            debug!(pid, "agent ignored SIGTERM for {grace:?}; sending SIGKILL");
+            kill_group(pid, libc::SIGKILL);
+            let _ = child.wait().await;
+        }
+    }
+}
+
+/// Signals the whole group led by `pid` (the agent is its group leader). Any
+/// children it left behind go too.
+fn kill_group(pid: u32, sig: libc::c_int) {
+    // SAFETY: plain syscall; a stale group id only yields ESRCH.
+    unsafe {
+        libc::killpg(pid as libc::pid_t, sig);
+    }
+}

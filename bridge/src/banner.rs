@@ -1,0 +1,89 @@
+//! What the bridge prints on stdout when it is ready.
+
+use std::fmt::Write;
+
+use iroh::EndpointAddr;
+use thunderbolt_shared::{EndpointTicket, Protocol};
+
+/// Where the app lists a protocol's bridges, for the pairing hint.
+pub fn pairing_url(app_url: Option<&str>, protocol: &Protocol) -> Option<String> {
+    let base = app_url?.trim().trim_end_matches('/');
+    if base.is_empty() {
+        return None;
+    }
+    let page = if *protocol == Protocol::acp() { "settings/agents" } else { "settings/mcp-servers" };
+    Some(format!("{base}/{page}"))
+}
+
+pub struct Banner<'a> {
+    pub protocol: &'a Protocol,
+    pub addr: &'a EndpointAddr,
+    pub new_identity: bool,
+    pub command: &'a str,
+    pub allow_file: &'a std::path::Path,
+    pub manual_peers: usize,
+    pub account_trust: &'a str,
+    pub app_url: Option<&'a str>,
+}
+
+impl Banner<'_> {
+    pub fn render(&self) -> String {
+        let ticket = EndpointTicket::new(self.addr.clone());
+        let mut s = String::new();
+        let p = self.protocol;
+        let _ = writeln!(s, "thunderbolt {p} bridge is listening on iroh (ALPN thunderbolt/{p}/0)");
+        let _ = writeln!(
+            s,
+            "  NodeId:  {}{}",
+            self.addr.id,
+            if self.new_identity { "  (new identity)" } else { "" }
+        );
+        let _ = writeln!(s, "  Ticket:  {ticket}");
+        let direct: Vec<String> = self.addr.ip_addrs().map(|a| a.to_string()).collect();
+        let relays: Vec<String> = self.addr.relay_urls().map(|u| u.to_string()).collect();
+        let _ = writeln!(
+            s,
+            "  Reach:   direct {} · relay {}",
+            if direct.is_empty() { "none".into() } else { direct.join(", ") },
+            if relays.is_empty() { "none".into() } else { relays.join(", ") }
+        );
+        match pairing_url(self.app_url, p) {
+            Some(url) => {
+                let _ = writeln!(s, "  Pair:    open {url} and add this bridge with the ticket above");
+            }
+            None => {
+                let _ =
+                    writeln!(s, "  Pair:    in the app's settings, add this bridge with the ticket above");
+            }
+        }
+        let _ = writeln!(s, "  Agent:   {}", self.command);
+        let _ = writeln!(
+            s,
+            "  Trust:   allow file {} ({} peer{}); same-account auto-trust: {}",
+            self.allow_file.display(),
+            self.manual_peers,
+            if self.manual_peers == 1 { "" } else { "s" },
+            self.account_trust
+        );
+        let _ = writeln!(s, "  Allow a peer: thunderbolt iroh allow <its-nodeid>");
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairing_urls() {
+        assert_eq!(
+            pairing_url(Some("https://app.example/"), &Protocol::acp()).unwrap(),
+            "https://app.example/settings/agents"
+        );
+        assert_eq!(
+            pairing_url(Some("https://app.example"), &Protocol::mcp()).unwrap(),
+            "https://app.example/settings/mcp-servers"
+        );
+        assert_eq!(pairing_url(None, &Protocol::acp()), None);
+    }
+}

@@ -1,0 +1,216 @@
+//! The command line, written to read like the manual.
+//!
+//! ```text
+//! thunderbolt acp --transport iroh [-- <agent-cmd…>]     serve an ACP agent over iroh
+//! thunderbolt mcp --transport iroh -- <server-cmd…>      serve an MCP server over iroh
+//! thunderbolt acp connect <ticket|nodeid> [-- <cmd…>]     dial a bridge (stdio or a local client)
+//! thunderbolt acp serve                                   the built-in ACP agent, on stdio
+//! thunderbolt iroh id | pair | allow | deny | list        identity and the manual allow file
+//! ```
+
+use std::{ffi::OsString, net::SocketAddr, path::PathBuf};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "thunderbolt",
+    version,
+    about = "Bridge a coding agent on this machine to your apps, end-to-end encrypted over iroh",
+    long_about = "Bridge a coding agent on this machine to your apps, end-to-end encrypted over iroh.\n\n\
+        Every peer is authenticated by its NodeId (an ed25519 key proven in the QUIC handshake) \
+        and admitted only if you allowed it (`thunderbolt iroh allow <nodeid>`). Each admitted \
+        connection gets its own agent process, pumped over one stream as newline-delimited JSON.\n\n\
+        Quick start:\n  thunderbolt acp --transport iroh                 # serve the built-in ACP agent\n  \
+        thunderbolt acp --transport iroh -- my-agent --acp  # serve your own agent\n  \
+        thunderbolt iroh allow <nodeid-of-the-other-side>\n\n\
+        Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more."
+)]
+pub struct Cli {
+    /// State directory (identity keys, allow file).
+    #[arg(long, global = true, env = "THUNDERBOLT_HOME", value_name = "DIR")]
+    pub home: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve an ACP agent over iroh, or dial one (`acp connect`).
+    Acp(ProtocolCmd),
+    /// Serve an MCP server over iroh, or dial one (`mcp connect`).
+    Mcp(ProtocolCmd),
+    /// Identity and manual trust: id, pair, allow, deny, list.
+    #[command(subcommand)]
+    Iroh(IrohCmd),
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct ProtocolCmd {
+    #[command(subcommand)]
+    pub action: Option<ProtocolAction>,
+
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProtocolAction {
+    /// Dial a bridge by ticket or NodeId and pipe stdin/stdout (or a local client's stdio) to it.
+    ///
+    /// Dials with the ACP identity (`$THUNDERBOLT_HOME/iroh/identity`): the NodeId printed by
+    /// `thunderbolt iroh id` is the one the bridge must allow.
+    Connect(ConnectArgs),
+    /// Run the built-in ACP agent on stdin/stdout (what `acp --transport iroh` serves when
+    /// no agent command is given).
+    Serve,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    /// Peer-to-peer QUIC via iroh (the only transport of this build).
+    Iroh,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// How peers reach this bridge.
+    #[arg(long, value_enum, default_value = "iroh")]
+    pub transport: Transport,
+
+    #[command(flatten)]
+    pub net: NetArgs,
+
+    #[command(flatten)]
+    pub limits: LimitArgs,
+
+    /// The agent to run for each admitted connection, after `--`. For `acp`, omitting it serves
+    /// the built-in agent (`thunderbolt acp serve`).
+    #[arg(last = true, value_name = "AGENT-CMD")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct ConnectArgs {
+    /// The bridge: an `endpoint…` ticket, or a 64-character hex NodeId.
+    #[arg(value_name = "TICKET|NODEID")]
+    pub target: String,
+
+    /// How long to wait for the connection before giving up, in seconds.
+    #[arg(long, default_value_t = crate::connect::DEFAULT_DIAL_TIMEOUT_SECS, value_name = "SECS")]
+    pub dial_timeout: u64,
+
+    #[command(flatten)]
+    pub net: NetArgs,
+
+    /// A local client to spawn and connect to the bridge through its stdin/stdout, after `--`.
+    #[arg(last = true, value_name = "LOCAL-CLIENT-CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// Network knobs. Defaults are what a user on the internet wants; tests and
+/// offline setups turn everything public off.
+#[derive(Debug, Clone, Args)]
+pub struct NetArgs {
+    /// Relay server URL(s), comma-separated, replacing the public relays; or `disabled` for
+    /// direct addresses only. Default: n0's public relays.
+    #[arg(long = "relay-url", env = "THUNDERBOLT_IROH_RELAY_URL", value_name = "URLS|disabled")]
+    pub relay: Option<String>,
+
+    /// Address discovery: `n0` publishes and resolves NodeIds through n0's DNS; `off` relies on
+    /// tickets alone.
+    #[arg(long, env = "THUNDERBOLT_IROH_DISCOVERY", value_enum, default_value = "n0")]
+    pub discovery: Discovery,
+
+    /// Ask the LAN gateway (UPnP/PCP/NAT-PMP) for a port mapping.
+    #[arg(long, env = "THUNDERBOLT_IROH_PORTMAPPER", value_enum, default_value = "on")]
+    pub portmapper: OnOff,
+
+    /// Socket address to bind (e.g. 127.0.0.1:0). Default: all interfaces, random port.
+    #[arg(long, env = "THUNDERBOLT_IROH_BIND", value_name = "ADDR")]
+    pub bind: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Discovery {
+    N0,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+/// Admission limits. Defaults are the contract's; operators and tests may change them.
+#[derive(Debug, Clone, Args)]
+pub struct LimitArgs {
+    /// Most agent processes alive at once; further peers are refused with `bridge at capacity`.
+    #[arg(long, default_value_t = crate::limits::MAX_LIVE_AGENTS, value_name = "N")]
+    pub max_agents: usize,
+
+    /// Seconds an admitted peer has to open its stream before `idle: no data stream opened`.
+    #[arg(long, default_value_t = crate::limits::STREAM_OPEN_TIMEOUT.as_secs_f64(), value_name = "SECS")]
+    pub stream_open_timeout: f64,
+
+    /// Seconds a QUIC handshake may take before the connection is dropped.
+    #[arg(long, default_value_t = crate::limits::HANDSHAKE_TIMEOUT.as_secs_f64(), value_name = "SECS")]
+    pub handshake_timeout: f64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum IrohCmd {
+    /// Print this machine's NodeId and a ticket for a protocol's identity.
+    Id(IdArgs),
+    /// Print a pairing ticket, what to run on both sides, and the ticket as a QR code.
+    Pair(PairArgs),
+    /// Allow a peer (by NodeId) to connect to your bridges.
+    Allow(AllowArgs),
+    /// Remove a peer from the allow file.
+    Deny(AllowArgs),
+    /// List the peers in the allow file.
+    List(ListArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct IdArgs {
+    /// Whose identity: `acp` (also the identity `connect` dials with) or `mcp`.
+    #[arg(long, default_value = "acp")]
+    pub protocol: String,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub net: NetArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PairArgs {
+    #[arg(long, default_value = "acp")]
+    pub protocol: String,
+    #[arg(long)]
+    pub json: bool,
+    /// Do not draw the QR code.
+    #[arg(long)]
+    pub no_qr: bool,
+    #[command(flatten)]
+    pub net: NetArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct AllowArgs {
+    /// The peer's NodeId (64 hex characters, as printed by `thunderbolt iroh id` on its side).
+    #[arg(value_name = "NODEID")]
+    pub node_id: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,132 @@
+//! Where thunderbolt keeps its state, and how secrets are written there.
+//!
+//! `$THUNDERBOLT_HOME` (default `~/.thunderbolt`) holds `iroh/identity`,
+//! `iroh/identity-<protocol>` and `iroh/allowlist`. The `iroh` directory is
+//! forced to 0700 and every file we write to 0600, because the identity is the
+//! bridge's credential and the allow file decides who may run code here.
+
+use std::{
+    fs,
+    io::Write,
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+};
+
+use thunderbolt_shared::Protocol;
+
+/// Mode for the state directory: only the owner may list or enter it.
+pub const DIR_MODE: u32 = 0o700;
+/// Mode for every file we write: only the owner may read it.
+pub const FILE_MODE: u32 = 0o600;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HomeError {
+    #[error("cannot find the home directory: set THUNDERBOLT_HOME or HOME")]
+    NoHome,
+    #[error("cannot create directory {path}: {source}")]
+    CreateDir { path: PathBuf, source: std::io::Error },
+    #[error("cannot set permissions on {path}: {source}")]
+    Chmod { path: PathBuf, source: std::io::Error },
+    #[error("cannot write {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+}
+
+/// The state directory.
+#[derive(Debug, Clone)]
+pub struct Home {
+    root: PathBuf,
+}
+
+impl Home {
+    pub fn new(root: PathBuf) -> Self {
+        Self { root }
+    }
+
+    /// `THUNDERBOLT_HOME` if given (CLI flag or env, resolved by clap), else `~/.thunderbolt`.
+    pub fn resolve(explicit: Option<PathBuf>) -> Result<Self, HomeError> {
+        if let Some(p) = explicit.filter(|p| !p.as_os_str().is_empty()) {
+            return Ok(Self::new(p));
+        }
+        let home = std::env::var_os("HOME").filter(|h| !h.is_empty()).ok_or(HomeError::NoHome)?;
+        Ok(Self::new(PathBuf::from(home).join(".thunderbolt")))
+    }
+
+    pub fn iroh_dir(&self) -> PathBuf {
+        self.root.join("iroh")
+    }
+
+    pub fn identity_path(&self, protocol: &Protocol) -> PathBuf {
+        self.iroh_dir().join(protocol.identity_file_name())
+    }
+
+    pub fn allowlist_path(&self) -> PathBuf {
+        self.iroh_dir().join("allowlist")
+    }
+
+    /// Creates `iroh/` (and the home above it) if missing and forces it to 0700.
+    pub fn ensure_iroh_dir(&self) -> Result<PathBuf, HomeError> {
+        let dir = self.iroh_dir();
+        fs::create_dir_all(&dir).map_err(|source| HomeError::CreateDir { path: dir.clone(), source })?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(DIR_MODE))
+            .map_err(|source| HomeError::Chmod { path: dir.clone(), source })?;
+        Ok(dir)
+    }
+}
+
+/// Forces a file to 0600 (we do this on every load: a key copied with `cp`
+/// from another machine often arrives world-readable).
+pub fn force_file_mode(path: &Path) -> Result<(), HomeError> {
+    fs::set_permissions(path, fs::Permissions::from_mode(FILE_MODE))
+        .map_err(|source| HomeError::Chmod { path: path.to_path_buf(), source })
+}
+
+/// Replaces `path` with `contents` atomically: written to a 0600 temporary file
+/// in the same directory, synced, then renamed over the target. A crash leaves
+/// either the old file or the new one, never a torn mix.
+pub fn write_secure_atomic(path: &Path, contents: &[u8]) -> Result<(), HomeError> {
+    let err = |source| HomeError::Write { path: path.to_path_buf(), source };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f =
+            fs::OpenOptions::new().write(true).create(true).truncate(true).mode(FILE_MODE).open(&tmp)?;
+        // `mode` only applies on creation; a leftover temp file keeps its old bits.
+        f.set_permissions(fs::Permissions::from_mode(FILE_MODE))?;
+        f.write_all(contents)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map_err(err)
+}
+
+/// Creates `path` with `contents` only if it does not exist yet (0600). Used for
+/// the identity so two bridges starting at once cannot overwrite each other's key.
+pub fn create_new_secure(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    let mut f = fs::OpenOptions::new().write(true).create_new(true).mode(FILE_MODE).open(path)?;
+    f.write_all(contents)?;
+    f.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_is_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().join("h"));
+        let iroh = home.ensure_iroh_dir().unwrap();
+        assert_eq!(fs::metadata(&iroh).unwrap().permissions().mode() & 0o777, DIR_MODE);
+        let p = home.allowlist_path();
+        write_secure_atomic(&p, b"x\n").unwrap();
+        write_secure_atomic(&p, b"y\n").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"y\n");
+        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, FILE_MODE);
+        // No temp files left behind.
+        assert_eq!(fs::read_dir(&iroh).unwrap().count(), 1);
+    }
+}

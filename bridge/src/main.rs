@@ -1,0 +1,166 @@
+//! `thunderbolt`: bridge a stdio coding agent (ACP or MCP) over iroh.
+//!
+//! See `thunderbolt --help` and the README. Logs go to stderr (`RUST_LOG`
+//! adjusts them); the banner and command output go to stdout.
+
+mod acp_agent;
+mod agent;
+mod allowfile;
+mod banner;
+mod cli;
+mod connect;
+mod home;
+mod identity;
+mod iroh_cmd;
+mod limits;
+mod net;
+mod pump;
+mod redact;
+mod serve;
+mod session;
+mod signals;
+mod trust;
+
+use std::{ffi::OsString, process::ExitCode, sync::Arc, time::Duration};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use thunderbolt_shared::Protocol;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::{
+    agent::AgentCommand,
+    cli::{Cli, Command, ProtocolAction, ProtocolCmd, ServeArgs},
+    home::Home,
+    serve::{Admission, Bridge},
+    session::SessionConfig,
+};
+
+/// Default log filter: our own info lines, only warnings from the network stack.
+const DEFAULT_LOG_FILTER: &str =
+    "info,iroh=warn,noq=warn,noq_proto=warn,iroh_relay=warn,portmapper=warn,netwatch=warn";
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(cli: &Cli) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
+    // `acp serve` speaks JSON-RPC on stdout; logs must stay on stderr everywhere.
+    let quiet = matches!(&cli.command, Command::Acp(ProtocolCmd { action: Some(ProtocolAction::Serve), .. }));
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false);
+    if quiet {
+        builder.with_max_level(tracing::Level::WARN).init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    let home = Home::resolve(cli.home)?;
+    match cli.command {
+        Command::Acp(cmd) => protocol_cmd(&home, Protocol::acp(), cmd).await,
+        Command::Mcp(cmd) => protocol_cmd(&home, Protocol::mcp(), cmd).await,
+        Command::Iroh(cmd) => iroh_cmd::run(&home, cmd),
+    }
+}
+
+async fn protocol_cmd(home: &Home, protocol: Protocol, cmd: ProtocolCmd) -> Result<()> {
+    match cmd.action {
+        Some(ProtocolAction::Connect(args)) => connect::run(home, protocol, args).await,
+        Some(ProtocolAction::Serve) => {
+            if protocol != Protocol::acp() {
+                bail!("there is no built-in {protocol} server; give one after `--`");
+            }
+            acp_agent::serve(tokio::io::stdin(), tokio::io::stdout()).await
+        }
+        None => serve_bridge(home, protocol, cmd.serve).await,
+    }
+}
+
+/// The agent command to run per connection: the user's, or for ACP our built-in agent.
+fn agent_command(protocol: &Protocol, argv: Vec<OsString>) -> Result<AgentCommand> {
+    if let Some(cmd) = AgentCommand::new(argv) {
+        return Ok(cmd);
+    }
+    if *protocol != Protocol::acp() {
+        bail!(
+            "`thunderbolt {protocol} --transport iroh` needs the server to run, after `--`, e.g.\n  \
+             thunderbolt {protocol} --transport iroh -- npx -y @modelcontextprotocol/server-everything"
+        );
+    }
+    let me = std::env::current_exe().context("cannot find our own executable for the built-in agent")?;
+    Ok(AgentCommand::new(vec![me.into_os_string(), "acp".into(), "serve".into()]).expect("non-empty"))
+}
+
+fn secs(v: f64, what: &str) -> Result<Duration> {
+    Duration::try_from_secs_f64(v).with_context(|| format!("invalid {what}: {v}"))
+}
+
+async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Result<()> {
+    let agent = agent_command(&protocol, args.command)?;
+    agent.check_program().map_err(anyhow::Error::msg)?;
+    let net = net::NetConfig::from_args(&args.net)?;
+    let admission = Admission {
+        max_agents: args.limits.max_agents,
+        handshake_timeout: secs(args.limits.handshake_timeout, "--handshake-timeout")?,
+        stream_open_timeout: secs(args.limits.stream_open_timeout, "--stream-open-timeout")?,
+    };
+    let (key, origin) = identity::load_or_create(home, &protocol)?;
+    let endpoint = net.bind(key, vec![protocol.alpn()]).await?;
+    let addr = net::reachable_addr(&endpoint, &net.relays).await;
+
+    let allow = Arc::new(allowfile::LiveAllowFile::new(home.allowlist_path()));
+    let manual_peers = allow.current().ids.len();
+    let trust: Arc<dyn trust::TrustPolicy> = allow;
+    let app_url = std::env::var("THUNDERBOLT_APP_URL").ok();
+    let banner = banner::Banner {
+        protocol: &protocol,
+        addr: &addr,
+        new_identity: origin == identity::Origin::Created,
+        command: &agent.redacted(),
+        allow_file: &home.allowlist_path(),
+        manual_peers,
+        account_trust: "off (no credential: set THUNDERBOLT_TOKEN and THUNDERBOLT_CLOUD_URL)",
+        app_url: app_url.as_deref(),
+    };
+    print!("{}", banner.render());
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+
+    let stop = CancellationToken::new();
+    tokio::spawn(stop_on_signal(stop.clone()));
+    let bridge = Bridge::new(endpoint, trust, admission, SessionConfig::new(agent));
+    bridge.run(stop).await;
+    info!("bridge stopped");
+    Ok(())
+}
+
+/// Ctrl-C or SIGTERM: stop accepting, end every session (agents killed), exit.
+async fn stop_on_signal(stop: CancellationToken) {
+    let which = signals::terminated().await;
+    info!("{which}: shutting down");
+    stop.cancel();
+}

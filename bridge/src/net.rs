@@ -1,0 +1,149 @@
+//! Turning the network knobs into an iroh endpoint.
+//!
+//! Defaults reach the internet (public relays, n0 DNS discovery, portmapper,
+//! all interfaces). Tests and offline setups switch each of those off; every
+//! wait on the network is bounded so an offline machine still starts and still
+//! prints a ticket with direct addresses.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use iroh::{
+    address_lookup::{DnsAddressLookup, PkarrPublisher, PkarrResolver},
+    endpoint::{presets, PortmapperConfig},
+    Endpoint, EndpointAddr, RelayMode, RelayUrl, SecretKey, Watcher,
+};
+use tracing::{debug, warn};
+
+use crate::{
+    cli::{Discovery, NetArgs, OnOff},
+    limits,
+};
+
+/// Which relays to use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Relays {
+    /// n0's public relays.
+    Default,
+    /// Direct addresses only.
+    Disabled,
+    /// Only these.
+    Custom(Vec<RelayUrl>),
+}
+
+impl Relays {
+    /// Parses `THUNDERBOLT_IROH_RELAY_URL`: unset/`default`, `disabled`, or comma-separated URLs.
+    pub fn parse(value: Option<&str>) -> Result<Self> {
+        let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+            return Ok(Self::Default);
+        };
+        match v {
+            "default" => return Ok(Self::Default),
+            "disabled" | "off" | "none" => return Ok(Self::Disabled),
+            _ => {}
+        }
+        let mut urls = Vec::new();
+        for part in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let url: RelayUrl = part
+                .parse()
+                .with_context(|| format!("invalid relay URL '{part}' in THUNDERBOLT_IROH_RELAY_URL"))?;
+            if !matches!(url.scheme(), "http" | "https") {
+                bail!("invalid relay URL '{part}': scheme must be http or https");
+            }
+            urls.push(url);
+        }
+        if urls.is_empty() {
+            bail!("THUNDERBOLT_IROH_RELAY_URL has no URL in it");
+        }
+        Ok(Self::Custom(urls))
+    }
+
+    fn mode(&self) -> RelayMode {
+        match self {
+            Self::Default => iroh::endpoint::default_relay_mode(),
+            Self::Disabled => RelayMode::Disabled,
+            Self::Custom(urls) => RelayMode::custom(urls.iter().cloned()),
+        }
+    }
+
+    /// The relay URLs a peer could reach us through (for offline tickets).
+    pub fn urls(&self) -> Vec<RelayUrl> {
+        self.mode().relay_map().urls::<Vec<_>>()
+    }
+}
+
+/// Resolved network settings.
+#[derive(Debug, Clone)]
+pub struct NetConfig {
+    pub relays: Relays,
+    pub discovery: Discovery,
+    pub portmapper: OnOff,
+    pub bind: Option<std::net::SocketAddr>,
+}
+
+impl NetConfig {
+    pub fn from_args(a: &NetArgs) -> Result<Self> {
+        Ok(Self {
+            relays: Relays::parse(a.relay.as_deref())?,
+            discovery: a.discovery,
+            portmapper: a.portmapper,
+            bind: a.bind,
+        })
+    }
+
+    /// Binds an endpoint with `key`, accepting `alpns` (empty for a dial-only endpoint).
+    pub async fn bind(&self, key: SecretKey, alpns: Vec<Vec<u8>>) -> Result<Endpoint> {
+        let mut b =
+            Endpoint::builder(presets::Minimal).secret_key(key).alpns(alpns).relay_mode(self.relays.mode());
+        if self.discovery == Discovery::N0 {
+            b = b
+                .address_lookup(PkarrPublisher::n0_dns())
+                .address_lookup(PkarrResolver::n0_dns())
+                .address_lookup(DnsAddressLookup::n0_dns());
+        }
+        b = b.portmapper_config(match self.portmapper {
+            OnOff::On => PortmapperConfig::default(),
+            OnOff::Off => PortmapperConfig::Disabled,
+        });
+        if let Some(addr) = self.bind {
+            b = b
+                .clear_ip_transports()
+                .bind_addr(addr)
+                .with_context(|| format!("invalid bind address {addr}"))?;
+        }
+        let ep = b.bind().await.context("cannot bind the iroh endpoint")?;
+        Ok(ep)
+    }
+}
+
+/// Waits (bounded) until the endpoint knows how it can be reached, then returns
+/// its address. Never hangs: without a relay we return direct addresses only.
+pub async fn reachable_addr(ep: &Endpoint, relays: &Relays) -> EndpointAddr {
+    let mut w = ep.watch_addr();
+    let direct = tokio::time::timeout(limits::DIRECT_ADDR_TIMEOUT, async {
+        loop {
+            if w.get().ip_addrs().next().is_some() {
+                break;
+            }
+            if w.updated().await.is_err() {
+                break;
+            }
+        }
+    });
+    if direct.await.is_err() {
+        debug!("no direct address after {:?}", limits::DIRECT_ADDR_TIMEOUT);
+    }
+    if *relays != Relays::Disabled {
+        wait_online(ep, limits::RELAY_ONLINE_TIMEOUT).await;
+    }
+    ep.addr()
+}
+
+async fn wait_online(ep: &Endpoint, timeout: Duration) {
+    if tokio::time::timeout(timeout, ep.online()).await.is_err() {
+        warn!(
+            "no relay reachable within {timeout:?}; the ticket carries direct addresses only \
+             (works on this host and LAN); the relay is retried in the background"
+        );
+    }
+}

@@ -1,0 +1,35 @@
+//! Who may connect: the policy the bridge asks after every handshake.
+//!
+//! Kept as a small trait so the account allowlist (refreshed from the backend)
+//! and the manual allow file compose, and tests can reason about each alone.
+
+use iroh::EndpointId;
+
+use crate::allowfile::LiveAllowFile;
+
+/// Why a peer was admitted; revocation re-checks sessions by this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    /// Listed in the manual allow file.
+    Manual,
+}
+
+impl std::fmt::Display for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Grant::Manual => "allow file",
+        })
+    }
+}
+
+/// Decides whether a handshake-authenticated peer may use the bridge.
+pub trait TrustPolicy: Send + Sync + std::fmt::Debug {
+    fn check(&self, peer: &EndpointId) -> Option<Grant>;
+}
+
+/// The manual allow file, re-read on each check.
+impl TrustPolicy for LiveAllowFile {
+    fn check(&self, peer: &EndpointId) -> Option<Grant> {
+        self.contains(peer).then_some(Grant::Manual)
+    }
+}

@@ -1,0 +1,32 @@
+//! The wire contract of thunderbolt-iroh, shared by the bridge (native) and the
+//! browser client (wasm32).
+//!
+//! Everything a peer must agree on lives here and nowhere else: protocol names and
+//! the ALPN derived from them ([`protocol`]), how a dial target is written
+//! ([`target`]), the close code and reasons a bridge refuses with ([`close`]), the
+//! ndjson framing with its frame cap ([`ndjson`]), the JSON-RPC error the bridge
+//! answers unparsable lines with ([`jsonrpc`]) and the account backend's JSON
+//! shapes ([`backend`]).
+//!
+//! The core is runtime-free (no tokio, no filesystem) so it compiles for
+//! `wasm32-unknown-unknown`; the `codec` feature adds a `tokio-util` codec for
+//! native streams.
+//!
+//! ```
+//! use thunderbolt_shared::protocol::Protocol;
+//!
+//! let acp: Protocol = "acp".parse().unwrap();
+//! assert_eq!(acp.alpn(), b"thunderbolt/acp/0");
+//! ```
+
+pub mod backend;
+pub mod close;
+pub mod jsonrpc;
+pub mod ndjson;
+pub mod protocol;
+pub mod target;
+
+pub use iroh_base::{EndpointAddr, EndpointId};
+pub use iroh_tickets::endpoint::EndpointTicket;
+pub use protocol::{alpn_for, Protocol};
+pub use target::{parse_node_id, Target};

@@ -1,0 +1,77 @@
+//! A tiny stdio agent for the integration tests.
+//!
+//! `test-agent [--pid-file PATH] MODE`
+//! - `cat`: copy stdin to stdout byte for byte until EOF.
+//! - `final`: print one large JSON line (the "last response") and exit at once.
+//! - `reply-once`: read one line, answer it with `{"echo":<line>}`, exit.
+//! - `noise`: print a non-JSON banner, then behave like `cat`.
+//! - `stderr`: print a line on stderr, then behave like `cat`.
+//! - `hang`: ignore stdin and SIGTERM, sleep forever (tests SIGKILL after grace).
+//! - `exit CODE`: exit with CODE immediately.
+
+use std::io::{BufRead, Read, Write};
+
+fn main() {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--pid-file") {
+        let path = args.get(1).expect("--pid-file PATH").clone();
+        std::fs::write(&path, std::process::id().to_string()).expect("write pid file");
+        args.drain(..2);
+    }
+    let mode = args.first().map(String::as_str).unwrap_or("cat");
+    let stdout = std::io::stdout();
+    match mode {
+        "cat" => cat(),
+        "final" => {
+            let payload = "x".repeat(256 * 1024);
+            let mut out = stdout.lock();
+            writeln!(out, "{{\"final\":true,\"payload\":\"{payload}\"}}").unwrap();
+            out.flush().unwrap();
+        }
+        "reply-once" => {
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line).unwrap();
+            let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or(serde_json::Value::Null);
+            let mut out = stdout.lock();
+            writeln!(out, "{}", serde_json::json!({ "echo": v })).unwrap();
+            out.flush().unwrap();
+        }
+        "noise" => {
+            println!("Starting test agent v0 (this line is not JSON)");
+            cat();
+        }
+        "stderr" => {
+            eprintln!("test-agent says hello on stderr");
+            cat();
+        }
+        "hang" => {
+            // SAFETY: plain libc call.
+            unsafe {
+                libc::signal(libc::SIGTERM, libc::SIG_IGN);
+            }
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
+        "exit" => std::process::exit(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(0)),
+        other => {
+            eprintln!("test-agent: unknown mode {other}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn cat() {
+    let mut stdin = std::io::stdin().lock();
+    let mut stdout = std::io::stdout().lock();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match stdin.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if stdout.write_all(&buf[..n]).and_then(|_| stdout.flush()).is_err() {
+            return;
+        }
+    }
+}

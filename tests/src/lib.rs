@@ -1,0 +1,356 @@
+//! Test harness: real `thunderbolt` processes, a real local iroh relay, real
+//! QUIC on loopback. Nothing here talks beyond 127.0.0.1: every process and
+//! endpoint gets the network knobs switched off (design §5), and `.ci/run` adds
+//! a network namespace with only loopback on top.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use iroh::{endpoint::presets, Endpoint, EndpointId, RelayMode, RelayUrl, SecretKey};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+    sync::Notify,
+};
+
+/// Upper bound for anything a test waits on. Generous because two-core CI
+/// machines run several test binaries at once; a passing test never waits it out.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// Directory holding the workspace's binaries (next to `deps/` of this test).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().expect("exe dir");
+    if dir.ends_with("deps") {
+        dir.parent().expect("target profile dir").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+fn workspace_bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build the workspace binaries first (`cargo build --workspace --bins`, \
+         which tests/run-all.sh does)",
+        p.display()
+    );
+    p
+}
+
+pub fn thunderbolt_bin() -> PathBuf {
+    workspace_bin("thunderbolt")
+}
+
+pub fn test_agent_bin() -> PathBuf {
+    workspace_bin("test-agent")
+}
+
+/// An in-process iroh relay on 127.0.0.1, plain http (what `iroh-relay --dev` does).
+pub struct LocalRelay {
+    server: Option<iroh_relay::server::Server>,
+    pub url: RelayUrl,
+}
+
+impl LocalRelay {
+    pub async fn start() -> Self {
+        use iroh_relay::server::{RelayConfig, Server, ServerConfig};
+        let mut cfg: ServerConfig = ServerConfig::default();
+        cfg.relay = Some(RelayConfig::new(([127, 0, 0, 1], 0)));
+        let server = Server::spawn(cfg).await.expect("relay starts");
+        let addr = server.http_addr().expect("relay listens on http");
+        let url: RelayUrl = format!("http://{addr}").parse().expect("relay url");
+        Self { server: Some(server), url }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(s) = self.server.take() {
+            let _ = s.shutdown().await;
+        }
+    }
+}
+
+/// Environment for every `thunderbolt` process: knobs off, local relay or none.
+pub fn net_env(relay: Option<&RelayUrl>) -> Vec<(&'static str, String)> {
+    vec![
+        ("THUNDERBOLT_IROH_RELAY_URL", relay.map(|u| u.to_string()).unwrap_or_else(|| "disabled".into())),
+        ("THUNDERBOLT_IROH_DISCOVERY", "off".into()),
+        ("THUNDERBOLT_IROH_PORTMAPPER", "off".into()),
+        ("THUNDERBOLT_IROH_BIND", "127.0.0.1:0".into()),
+        ("RUST_LOG", "info,iroh=warn,noq=warn,noq_proto=warn,iroh_relay=warn".into()),
+    ]
+}
+
+/// One `THUNDERBOLT_HOME` (a machine, as far as thunderbolt can tell).
+pub struct Tb {
+    dir: tempfile::TempDir,
+    relay: Option<RelayUrl>,
+}
+
+impl Tb {
+    pub fn new(relay: Option<&LocalRelay>) -> Self {
+        Self { dir: tempfile::tempdir().expect("tempdir"), relay: relay.map(|r| r.url.clone()) }
+    }
+
+    pub fn home(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A `thunderbolt` command with this home and the test network settings.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(thunderbolt_bin());
+        for (k, _) in std::env::vars() {
+            if k.starts_with("THUNDERBOLT_") {
+                c.env_remove(k);
+            }
+        }
+        c.env("THUNDERBOLT_HOME", self.home());
+        for (k, v) in net_env(self.relay.as_ref()) {
+            c.env(k, v);
+        }
+        c.stdin(Stdio::null()).kill_on_drop(true);
+        c
+    }
+
+    /// Runs `thunderbolt <args>` to completion.
+    pub async fn run(&self, args: &[&str]) -> std::process::Output {
+        let out = tokio::time::timeout(WAIT, self.cmd().args(args).output())
+            .await
+            .expect("thunderbolt command finished in time")
+            .expect("thunderbolt runs");
+        out
+    }
+
+    /// `thunderbolt iroh id --protocol P --json` → NodeId.
+    pub async fn node_id(&self, protocol: &str) -> EndpointId {
+        let out = self.run(&["iroh", "id", "--protocol", protocol, "--json"]).await;
+        assert!(out.status.success(), "iroh id failed: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        v["nodeId"].as_str().expect("nodeId").parse().expect("valid id")
+    }
+
+    /// `thunderbolt iroh allow <id>`.
+    pub async fn allow(&self, id: &EndpointId) {
+        let out = self.run(&["iroh", "allow", &id.to_string()]).await;
+        assert!(out.status.success(), "iroh allow failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    pub fn identity_path(&self, protocol: &str) -> PathBuf {
+        let name = if protocol == "acp" { "identity".to_string() } else { format!("identity-{protocol}") };
+        self.home().join("iroh").join(name)
+    }
+
+    /// The secret key of a protocol's identity (to dial in-process as this home).
+    pub async fn secret_key(&self, protocol: &str) -> SecretKey {
+        self.node_id(protocol).await;
+        let text = std::fs::read_to_string(self.identity_path(protocol)).expect("identity file");
+        let bytes: [u8; 32] = hex_decode(text.trim()).try_into().expect("32 bytes");
+        SecretKey::from_bytes(&bytes)
+    }
+
+    /// Starts `thunderbolt <protocol> --transport iroh [extra] [-- agent…]` and
+    /// waits for its banner.
+    pub async fn bridge(&self, protocol: &str, extra: &[&str], agent: &[&str]) -> RunningBridge {
+        let mut c = self.cmd();
+        c.arg(protocol).args(["--transport", "iroh"]).args(extra);
+        if !agent.is_empty() {
+            c.arg("--").args(agent);
+        }
+        RunningBridge::start(c).await
+    }
+}
+
+pub fn hex_decode(s: &str) -> Vec<u8> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
+}
+
+/// Collected stderr of a process, with a way to wait for a line.
+#[derive(Clone, Default)]
+pub struct Log {
+    text: Arc<Mutex<String>>,
+    changed: Arc<Notify>,
+}
+
+impl Log {
+    fn capture<R: tokio::io::AsyncRead + Unpin + Send + 'static>(&self, r: R) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(r).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                {
+                    let mut t = this.text.lock().unwrap();
+                    t.push_str(&line);
+                    t.push('\n');
+                }
+                this.changed.notify_waiters();
+            }
+        });
+    }
+
+    pub fn text(&self) -> String {
+        self.text.lock().unwrap().clone()
+    }
+
+    pub fn contains(&self, needle: &str) -> bool {
+        self.text.lock().unwrap().contains(needle)
+    }
+
+    /// Waits until the log contains `needle` (event-driven; bounded by [`WAIT`]).
+    pub async fn wait_for(&self, needle: &str) {
+        let res = tokio::time::timeout(WAIT, async {
+            loop {
+                let notified = self.changed.notified();
+                if self.contains(needle) {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await;
+        assert!(res.is_ok(), "log never showed {needle:?}; log was:\n{}", self.text());
+    }
+}
+
+/// A running bridge process.
+pub struct RunningBridge {
+    pub child: Child,
+    pub node_id: EndpointId,
+    pub ticket: String,
+    pub banner: String,
+    pub log: Log,
+}
+
+impl RunningBridge {
+    pub async fn start(mut c: Command) -> Self {
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().expect("bridge spawns");
+        let log = Log::default();
+        log.capture(child.stderr.take().expect("stderr"));
+        let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut banner = String::new();
+        let read_banner = async {
+            while let Some(line) = out.next_line().await.expect("read stdout") {
+                banner.push_str(&line);
+                banner.push('\n');
+                if line.trim_start().starts_with("Allow a peer:") {
+                    return true;
+                }
+            }
+            false
+        };
+        let ok = tokio::time::timeout(WAIT, read_banner).await;
+        assert!(matches!(ok, Ok(true)), "bridge printed no banner; stderr:\n{}", log.text());
+        // Keep draining stdout so the bridge never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
+        let field = |name: &str| {
+            banner
+                .lines()
+                .find_map(|l| {
+                    l.trim_start()
+                        .strip_prefix(name)
+                        .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+                })
+                .unwrap_or_else(|| panic!("banner has no {name}:\n{banner}"))
+        };
+        let node_id = field("NodeId:").parse().expect("banner NodeId parses");
+        let ticket = field("Ticket:");
+        Self { child, node_id, ticket, banner, log }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// SIGTERM and wait for exit.
+    pub async fn stop(mut self) -> std::process::ExitStatus {
+        self.terminate().await
+    }
+
+    /// SIGTERM and wait for exit, keeping the handle (and its log).
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        if let Some(pid) = self.child.id() {
+            signal(pid, libc::SIGTERM);
+        }
+        tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .expect("bridge exits after SIGTERM")
+            .expect("wait")
+    }
+}
+
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: plain syscall.
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// Whether a process exists (zombies count as gone: they hold no resources but
+/// a table slot; the bridge reaps its agents, so a zombie would show as alive
+/// in /proc only until reaped).
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.split_whitespace().nth(2).is_none_or(|s| s != "Z"),
+        Err(_) => false,
+    }
+}
+
+/// Waits until `pid` is gone. There is no event for "a process I did not spawn
+/// exited", so this polls /proc, bounded by [`WAIT`].
+pub async fn wait_pid_gone(pid: u32) -> bool {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while tokio::time::Instant::now() < deadline {
+        if !pid_alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// Waits until a file exists and returns its content (polling; bounded by [`WAIT`]).
+pub async fn wait_file(path: &Path) -> String {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if !s.is_empty() {
+                return s;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{} never appeared", path.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An in-process client endpoint with everything public switched off.
+/// `relay_only` removes IP transports so the only path is the relay.
+pub async fn client_endpoint(key: SecretKey, relay: Option<&LocalRelay>, relay_only: bool) -> Endpoint {
+    let mut b = Endpoint::builder(presets::Minimal).secret_key(key).relay_mode(match relay {
+        Some(r) => RelayMode::custom([r.url.clone()]),
+        None => RelayMode::Disabled,
+    });
+    b = b.portmapper_config(iroh::endpoint::PortmapperConfig::Disabled);
+    b = if relay_only {
+        b.clear_ip_transports()
+    } else {
+        b.clear_ip_transports().bind_addr("127.0.0.1:0").expect("bind addr")
+    };
+    let ep = b.bind().await.expect("client endpoint binds");
+    if relay.is_some() {
+        tokio::time::timeout(WAIT, ep.online()).await.expect("client reaches the local relay");
+    }
+    ep
+}
+
+/// Installs a test log subscriber once (RUST_LOG controls it).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}

@@ -1,0 +1,433 @@
+//! The bridge end to end: real `thunderbolt` processes, real agents, real QUIC
+//! on loopback, a real local relay.
+
+use std::{process::Stdio, time::Duration};
+
+use iroh::{
+    endpoint::{Connection, ConnectionError, RecvStream, SendStream},
+    Endpoint, SecretKey,
+};
+use serde_json::{json, Value};
+use thunderbolt_shared::{close, EndpointTicket, Protocol};
+use thunderbolt_tests::*;
+use tokio::io::AsyncWriteExt;
+
+fn agent(args: &[&str]) -> Vec<String> {
+    let mut v = vec![test_agent_bin().display().to_string()];
+    v.extend(args.iter().map(|s| s.to_string()));
+    v
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// A bridge home, a client home allowed on it, and the running bridge.
+struct Setup {
+    relay: LocalRelay,
+    bridge_home: Tb,
+    client_home: Tb,
+    bridge: RunningBridge,
+    work: tempfile::TempDir,
+}
+
+impl Setup {
+    async fn new(protocol: &str, extra: &[&str], agent_argv: &[String], allow_client: bool) -> Self {
+        init_tracing();
+        let relay = LocalRelay::start().await;
+        let bridge_home = Tb::new(Some(&relay));
+        let client_home = Tb::new(Some(&relay));
+        if allow_client {
+            bridge_home.allow(&client_home.node_id("acp").await).await;
+        }
+        let bridge = bridge_home.bridge(protocol, extra, &strs(agent_argv)).await;
+        Self { relay, bridge_home, client_home, bridge, work: tempfile::tempdir().unwrap() }
+    }
+
+    /// Stops the running bridge and starts another with `agent_argv` (same home,
+    /// so same identity: two at once would share a NodeId).
+    async fn restart(&mut self, agent_argv: &[String]) {
+        self.bridge.terminate().await;
+        self.bridge = self.bridge_home.bridge("acp", &[], &strs(agent_argv)).await;
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.work.path().join(name).display().to_string()
+    }
+
+    /// In-process client dialing as the client home's ACP identity.
+    async fn client(&self, relay_only: bool) -> Endpoint {
+        client_endpoint(self.client_home.secret_key("acp").await, Some(&self.relay), relay_only).await
+    }
+
+    async fn dial(&self, ep: &Endpoint, protocol: &Protocol) -> Connection {
+        let ticket: EndpointTicket = self.bridge.ticket.parse().unwrap();
+        tokio::time::timeout(WAIT, ep.connect(ticket.endpoint_addr().clone(), &protocol.alpn()))
+            .await
+            .expect("dial in time")
+            .expect("dial succeeds")
+    }
+}
+
+async fn read_all(recv: &mut RecvStream) -> Vec<u8> {
+    tokio::time::timeout(WAIT, recv.read_to_end(64 * 1024 * 1024))
+        .await
+        .expect("read in time")
+        .expect("read ok")
+}
+
+/// Reads ndjson messages until one satisfies `stop`.
+async fn read_until(recv: &mut RecvStream, buf: &mut Vec<u8>, stop: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            let v: Value = serde_json::from_slice(&line).expect("bridge sent valid JSON");
+            let done = stop(&v);
+            out.push(v);
+            if done {
+                return out;
+            }
+        }
+        let n = tokio::time::timeout(WAIT, recv.read(&mut chunk))
+            .await
+            .expect("message in time")
+            .expect("read ok")
+            .expect("stream still open");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn app_close(err: &ConnectionError) -> Option<(u64, String)> {
+    match err {
+        ConnectionError::ApplicationClosed(ac) => {
+            Some((ac.error_code.into_inner(), String::from_utf8_lossy(&ac.reason).into_owned()))
+        }
+        _ => None,
+    }
+}
+
+async fn closed_with(conn: &Connection) -> (u64, String) {
+    let err = tokio::time::timeout(WAIT, conn.closed()).await.expect("closed in time");
+    app_close(&err).unwrap_or_else(|| panic!("expected an application close, got {err:?}"))
+}
+
+async fn write_all(send: &mut SendStream, data: &[u8]) {
+    send.write_all(data).await.expect("write");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connect_round_trip_is_byte_identical() {
+    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    // Canonical ndjson with unicode, escapes, a 1 MiB line and many small ones.
+    let mut input = Vec::new();
+    for i in 0..2000 {
+        input.extend_from_slice(
+            format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"x\",\"params\":{{\"t\":\"héllo ✓ \\n {i}\"}}}}\n").as_bytes(),
+        );
+    }
+    input.extend_from_slice(format!("{{\"big\":\"{}\"}}\n", "y".repeat(1 << 20)).as_bytes());
+    let in_path = s.path("in.ndjson");
+    std::fs::write(&in_path, &input).unwrap();
+    let mut c = s.client_home.cmd();
+    c.args(["acp", "connect", &s.bridge.ticket]).stdin(std::fs::File::open(&in_path).unwrap());
+    let out = tokio::time::timeout(WAIT, c.output()).await.unwrap().unwrap();
+    assert!(out.status.success(), "connect failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout.len(), input.len());
+    assert!(out.stdout == input, "output differs from input");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_peer_spawns_nothing_then_allow_admits_without_restart() {
+    let mut s = Setup::new("acp", &[], &[], false).await;
+    // Re-start with a pid-file agent so we can tell whether anything was spawned.
+    let pid_file = s.path("agent.pid");
+    s.restart(&agent(&["--pid-file", &pid_file, "cat"])).await;
+    let bridge = &s.bridge;
+    let line = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n";
+
+    let mut c = s.client_home.cmd();
+    c.args(["acp", "connect", &bridge.ticket])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(line).await.unwrap();
+    let out = tokio::time::timeout(WAIT, child.wait_with_output()).await.unwrap().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "refused connect must exit non-zero");
+    assert!(err.contains("not allowlisted"), "stderr: {err}");
+    assert!(out.stdout.is_empty());
+    bridge.log.wait_for("not allowlisted").await;
+    assert!(!std::path::Path::new(&pid_file).exists(), "an agent was spawned for a refused peer");
+
+    // Allow it: the very next connection is admitted, no restart.
+    s.bridge_home.allow(&s.client_home.node_id("acp").await).await;
+    let mut c = s.client_home.cmd();
+    c.args(["acp", "connect", &bridge.ticket])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(line).await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(WAIT, child.wait_with_output()).await.unwrap().unwrap();
+    assert!(out.status.success(), "allowed connect failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, line);
+    assert!(std::path::Path::new(&pid_file).exists());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn acp_and_mcp_have_distinct_identities_and_alpns() {
+    let s = Setup::new("mcp", &[], &agent(&["cat"]), true).await;
+    let acp_id = s.bridge_home.node_id("acp").await;
+    let mcp_id = s.bridge_home.node_id("mcp").await;
+    assert_ne!(acp_id, mcp_id);
+    assert_eq!(s.bridge.node_id, mcp_id, "the MCP bridge serves the MCP identity");
+    assert!(s.bridge.banner.contains("thunderbolt/mcp/0"));
+
+    // An ACP client cannot reach the MCP bridge: the handshake fails on ALPN.
+    let ep = s.client(false).await;
+    let ticket: EndpointTicket = s.bridge.ticket.parse().unwrap();
+    let res = tokio::time::timeout(WAIT, ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()))
+        .await
+        .unwrap();
+    assert!(res.is_err(), "ACP ALPN must not reach an MCP bridge");
+    let out = s.client_home.run(&["acp", "connect", &s.bridge.ticket]).await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ALPN") && err.contains("acp"), "stderr: {err}");
+
+    // The MCP client gets through.
+    let conn = s.dial(&ep, &Protocol::mcp()).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    write_all(&mut send, b"{\"id\":1}\n").await;
+    send.finish().unwrap();
+    assert_eq!(read_all(&mut recv).await, b"{\"id\":1}\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_exit_delivers_the_final_line() {
+    let s = Setup::new("acp", &[], &agent(&["final"]), true).await;
+    let ep = s.client(false).await;
+    let conn = s.dial(&ep, &Protocol::acp()).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    write_all(&mut send, b"{\"hello\":1}\n").await;
+    let got = read_all(&mut recv).await;
+    let expected = format!("{{\"final\":true,\"payload\":\"{}\"}}\n", "x".repeat(256 * 1024));
+    assert_eq!(got.len(), expected.len());
+    assert!(got == expected.as_bytes());
+    assert!(conn.close_reason().is_none(), "a normal end is not an active close");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn client_close_kills_the_agent() {
+    let mut s = Setup::new("acp", &[], &[], true).await;
+    for mode in ["cat", "hang"] {
+        let pid_file = s.path(&format!("{mode}.pid"));
+        s.restart(&agent(&["--pid-file", &pid_file, mode])).await;
+        let bridge = &s.bridge;
+        let ep = s.client(false).await;
+        let ticket: EndpointTicket = bridge.ticket.parse().unwrap();
+        let conn = ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()).await.unwrap();
+        let (mut send, _recv) = conn.open_bi().await.unwrap();
+        write_all(&mut send, b"{\"x\":1}\n").await;
+        let pid: u32 = wait_file(pid_file.as_ref()).await.trim().parse().unwrap();
+        assert!(pid_alive(pid));
+        conn.close(0u32.into(), b"client closed");
+        assert!(wait_pid_gone(pid).await, "{mode} agent {pid} survived the client's close");
+        bridge.log.wait_for("session ended").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_json_gets_parse_error_and_never_reaches_agent() {
+    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let ep = s.client(false).await;
+    let conn = s.dial(&ep, &Protocol::acp()).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    write_all(&mut send, b"this is not json\n{\"ok\":true}\n").await;
+    send.finish().unwrap();
+    let out = read_all(&mut recv).await;
+    let lines: Vec<Value> = out
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "expected a parse error and the echoed valid line: {lines:?}");
+    let err = lines.iter().find(|v| v.get("error").is_some()).expect("parse error present");
+    assert_eq!(err["error"]["code"], -32700);
+    assert!(err["id"].is_null());
+    assert_eq!(err["jsonrpc"], "2.0");
+    assert!(lines.contains(&json!({"ok": true})));
+    assert!(!String::from_utf8_lossy(&out).contains("this is not json"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_frame_ends_the_session_with_a_reason() {
+    let mut s = Setup::new("acp", &[], &[], true).await;
+    let pid_file = s.path("agent.pid");
+    s.restart(&agent(&["--pid-file", &pid_file, "cat"])).await;
+    let bridge = &s.bridge;
+    let ep = s.client(false).await;
+    let ticket: EndpointTicket = bridge.ticket.parse().unwrap();
+    let conn = ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()).await.unwrap();
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    write_all(&mut send, b"{\"first\":1}\n").await;
+    let pid: u32 = wait_file(pid_file.as_ref()).await.trim().parse().unwrap();
+    // 17 MiB without a newline: over the 16 MiB cap.
+    let chunk = vec![b'7'; 1 << 20];
+    let writer = async {
+        for _ in 0..17 {
+            if send.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+    };
+    let ((code, reason), ()) = tokio::join!(closed_with(&conn), writer);
+    assert_eq!((code, reason.as_str()), (1, close::REASON_FRAME_TOO_LARGE));
+    assert!(wait_pid_gone(pid).await, "agent survived the protocol error");
+    // The bridge keeps serving.
+    std::fs::remove_file(&pid_file).unwrap();
+    let conn = ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()).await.unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    write_all(&mut send, b"{\"again\":1}\n").await;
+    send.finish().unwrap();
+    assert_eq!(read_all(&mut recv).await, b"{\"again\":1}\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn full_acp_exchange_with_the_builtin_agent_over_the_relay() {
+    let s = Setup::new("acp", &[], &[], true).await;
+    // Relay only: the client has no IP transport at all.
+    let ep = s.client(true).await;
+    let conn = s.dial(&ep, &Protocol::acp()).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let mut buf = Vec::new();
+    let req = |id: u64, method: &str, params: Value| {
+        let mut v =
+            serde_json::to_vec(&json!({"jsonrpc":"2.0","id":id,"method":method,"params":params})).unwrap();
+        v.push(b'\n');
+        v
+    };
+    write_all(&mut send, &req(1, "initialize", json!({"protocolVersion":1,"clientCapabilities":{}}))).await;
+    let init = read_until(&mut recv, &mut buf, |v| v["id"] == 1).await;
+    assert_eq!(init.last().unwrap()["result"]["protocolVersion"], 1);
+
+    write_all(&mut send, &req(2, "session/new", json!({"cwd":"/tmp","mcpServers":[]}))).await;
+    let new = read_until(&mut recv, &mut buf, |v| v["id"] == 2).await;
+    let sid = new.last().unwrap()["result"]["sessionId"].as_str().expect("sessionId").to_string();
+
+    write_all(
+        &mut send,
+        &req(
+            3,
+            "session/prompt",
+            json!({"sessionId":sid,"prompt":[{"type":"text","text":"hello over iroh"}]}),
+        ),
+    )
+    .await;
+    let msgs = read_until(&mut recv, &mut buf, |v| v["id"] == 3).await;
+    let updates: Vec<&Value> = msgs.iter().filter(|v| v["method"] == "session/update").collect();
+    assert!(updates.len() >= 2, "reply should stream as several chunks: {msgs:?}");
+    let text: String = updates
+        .iter()
+        .inspect(|u| {
+            assert_eq!(u["params"]["sessionId"], sid.as_str());
+            assert_eq!(u["params"]["update"]["sessionUpdate"], "agent_message_chunk");
+        })
+        .map(|u| u["params"]["update"]["content"]["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "You said: hello over iroh");
+    assert_eq!(msgs.last().unwrap()["result"]["stopReason"], "end_turn");
+
+    // The path really was the relay.
+    let paths: Vec<String> = conn.paths().iter().map(|p| format!("{:?}", p.remote_addr())).collect();
+    assert!(paths.iter().all(|p| p.contains("Relay")), "paths: {paths:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn spawn_failure_is_reported_to_the_peer() {
+    let mut s = Setup::new("acp", &[], &[], true).await;
+    // A script that exists at startup and is gone when the peer arrives.
+    let script = s.path("vanishing-agent");
+    std::fs::write(&script, "#!/bin/sh\nexec cat\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    s.restart(std::slice::from_ref(&script)).await;
+    let bridge = &s.bridge;
+    std::fs::remove_file(&script).unwrap();
+    let ep = s.client(false).await;
+    let ticket: EndpointTicket = bridge.ticket.parse().unwrap();
+    let conn = ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()).await.unwrap();
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    write_all(&mut send, b"{}\n").await;
+    let (code, reason) = closed_with(&conn).await;
+    assert_eq!(code, 1);
+    assert_eq!(reason, format!("failed to spawn '{script}'"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn peer_that_opens_no_stream_is_closed_idle() {
+    let s = Setup::new("acp", &["--stream-open-timeout", "0.3"], &agent(&["cat"]), true).await;
+    let ep = s.client(false).await;
+    let conn = s.dial(&ep, &Protocol::acp()).await;
+    let (code, reason) = closed_with(&conn).await;
+    assert_eq!((code, reason.as_str()), (1, close::REASON_IDLE));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_ends_the_bridge_and_its_agents() {
+    let mut s = Setup::new("acp", &[], &[], true).await;
+    let pid_file = s.path("agent.pid");
+    s.restart(&agent(&["--pid-file", &pid_file, "hang"])).await;
+    let ep = s.client(false).await;
+    let ticket: EndpointTicket = s.bridge.ticket.parse().unwrap();
+    let conn = ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()).await.unwrap();
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    write_all(&mut send, b"{}\n").await;
+    let pid: u32 = wait_file(pid_file.as_ref()).await.trim().parse().unwrap();
+    let status = s.bridge.terminate().await;
+    assert!(status.success(), "bridge exit status after SIGTERM: {status:?}");
+    assert!(!pid_alive(pid), "agent {pid} outlived the bridge");
+    let (code, reason) = closed_with(&conn).await;
+    assert_eq!((code, reason.as_str()), (1, close::REASON_SHUTTING_DOWN));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_stderr_goes_to_the_log_and_stdout_noise_is_dropped() {
+    let mut s = Setup::new("acp", &[], &agent(&["stderr"]), true).await;
+    let ep = s.client(false).await;
+    let conn = s.dial(&ep, &Protocol::acp()).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    write_all(&mut send, b"{\"a\":1}\n").await;
+    send.finish().unwrap();
+    assert_eq!(read_all(&mut recv).await, b"{\"a\":1}\n", "stderr must never reach the peer");
+    s.bridge.log.wait_for("test-agent says hello on stderr").await;
+    let short = s.client_home.node_id("acp").await.fmt_short().to_string();
+    let line = s.bridge.log.text().lines().find(|l| l.contains("says hello")).unwrap().to_string();
+    assert!(line.contains(&short), "stderr line not tagged with the peer: {line}");
+
+    s.restart(&agent(&["noise"])).await;
+    let noisy = &s.bridge;
+    let ticket: EndpointTicket = noisy.ticket.parse().unwrap();
+    let conn = ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()).await.unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    write_all(&mut send, b"{\"b\":2}\n").await;
+    send.finish().unwrap();
+    assert_eq!(read_all(&mut recv).await, b"{\"b\":2}\n");
+    noisy.log.wait_for("non-JSON line").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_key_dialing_directly_is_refused() {
+    // A stranger with a fresh key, dialing the direct address (no relay involved).
+    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let stranger = client_endpoint(SecretKey::generate(), None, false).await;
+    let conn = s.dial(&stranger, &Protocol::acp()).await;
+    let (code, reason) = closed_with(&conn).await;
+    assert_eq!((code, reason.as_str()), (1, close::REASON_NOT_ALLOWLISTED));
+    let _ = Duration::ZERO;
+}
