@@ -1,0 +1,196 @@
+//! The command line: identities, the allow file, and bad input. Every error
+//! must be one clear line and a non-zero exit, never a panic.
+
+use std::os::unix::fs::PermissionsExt;
+
+use thunderbolt_tests::*;
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A failed command: non-zero, an `error:` line, no panic text.
+fn assert_clean_error(o: &std::process::Output, needle: &str) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "expected failure, got success; stdout: {}", stdout(o));
+    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
+    assert!(err.contains(needle), "stderr lacks {needle:?}: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+}
+
+#[tokio::test]
+async fn identities_are_private_hex_and_stable() {
+    let tb = Tb::new(None);
+    let acp = tb.node_id("acp").await;
+    assert_eq!(tb.node_id("acp").await, acp, "identity must persist");
+    let mcp = tb.node_id("mcp").await;
+    assert_ne!(acp, mcp);
+    for p in ["acp", "mcp"] {
+        let path = tb.identity_path(p);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.len(), 65, "64 hex chars + newline");
+        assert!(text.trim_end().chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')));
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+    let dir = tb.home().join("iroh");
+    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+    // A key copied in world-readable is tightened on load.
+    let path = tb.identity_path("acp");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    tb.node_id("acp").await;
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+#[tokio::test]
+async fn existing_reference_identity_is_kept() {
+    // A key written by the reference tool (hex, trailing newline) gives the same NodeId.
+    let tb = Tb::new(None);
+    std::fs::create_dir_all(tb.home().join("iroh")).unwrap();
+    let secret = [7u8; 32];
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(tb.identity_path("acp"), format!("{hex}\n")).unwrap();
+    let expected = iroh::SecretKey::from_bytes(&secret).public();
+    assert_eq!(tb.node_id("acp").await, expected);
+}
+
+#[tokio::test]
+async fn corrupt_identity_is_refused_and_never_replaced() {
+    let tb = Tb::new(None);
+    std::fs::create_dir_all(tb.home().join("iroh")).unwrap();
+    let path = tb.identity_path("acp");
+    std::fs::write(&path, "definitely not a key\n").unwrap();
+    let o = tb.run(&["iroh", "id"]).await;
+    assert_clean_error(&o, &path.display().to_string());
+    assert!(stderr(&o).contains("corrupt"));
+    let o = tb.run(&["acp", "--transport", "iroh"]).await;
+    assert_clean_error(&o, "corrupt");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "definitely not a key\n");
+}
+
+#[tokio::test]
+async fn allow_deny_list() {
+    let tb = Tb::new(None);
+    let a = Tb::new(None).node_id("acp").await;
+    let b = Tb::new(None).node_id("acp").await;
+    let o = tb.run(&["iroh", "allow", &a.to_string(), "--json"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["added"], true);
+    let o = tb.run(&["iroh", "allow", &a.to_string(), "--json"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["added"], false, "duplicates collapse");
+    // Uppercase input is accepted and stored as lowercase hex.
+    tb.run(&["iroh", "allow", &b.to_string().to_uppercase()]).await;
+    let allow_path = tb.home().join("iroh/allowlist");
+    assert_eq!(std::fs::read_to_string(&allow_path).unwrap(), format!("{a}\n{b}\n"));
+    assert_eq!(std::fs::metadata(&allow_path).unwrap().permissions().mode() & 0o777, 0o600);
+
+    let o = tb.run(&["iroh", "list", "--json"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["nodeIds"], serde_json::json!([a.to_string(), b.to_string()]));
+
+    let o = tb.run(&["iroh", "deny", &a.to_string()]).await;
+    assert!(o.status.success());
+    let o = tb.run(&["iroh", "list"]).await;
+    assert_eq!(stdout(&o), format!("{b}\n"));
+
+    // A hand-edited bad line is reported with its line number.
+    std::fs::write(&allow_path, format!("# mine\n{b}\nnot-a-node-id\n")).unwrap();
+    let o = tb.run(&["iroh", "list", "--json"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["badLines"][0]["line"], 3);
+    assert!(stderr(&o).contains(":3:"), "{}", stderr(&o));
+}
+
+#[tokio::test]
+async fn malformed_input_gets_one_clear_line() {
+    let tb = Tb::new(None);
+    let o = tb.run(&["iroh", "allow", "abc123"]).await;
+    assert_clean_error(&o, "malformed NodeId");
+    let o = tb.run(&["iroh", "allow", &"z".repeat(64)]).await;
+    assert_clean_error(&o, "hex");
+    assert!(!tb.home().join("iroh/allowlist").exists(), "nothing written for bad input");
+    let o = tb.run(&["iroh", "id", "--protocol", "foo"]).await;
+    assert_clean_error(&o, "unknown protocol 'foo'");
+    let o = tb.run(&["iroh", "id", "--protocol", "../etc"]).await;
+    assert_clean_error(&o, "protocol name");
+    let o = tb.run(&["acp", "connect", "endpointnotaticket"]).await;
+    assert_clean_error(&o, "malformed ticket");
+    let o = tb.run(&["acp", "connect", "1234"]).await;
+    assert_clean_error(&o, "malformed NodeId");
+    let o = tb.run(&["acp", "--transport", "iroh", "--", "no-such-agent-xyz"]).await;
+    assert_clean_error(&o, "agent command 'no-such-agent-xyz' not found");
+    let o = tb.run(&["mcp", "--transport", "iroh"]).await;
+    assert_clean_error(&o, "needs the server to run");
+    let o = tb.cmd().args(["acp", "--transport", "iroh"]).env("THUNDERBOLT_IROH_RELAY_URL", "ftp://x").output().await.unwrap();
+    assert_clean_error(&o, "relay URL");
+    for e in [&o] {
+        assert_eq!(stderr(e).lines().filter(|l| l.starts_with("error:")).count(), 1);
+    }
+}
+
+#[tokio::test]
+async fn help_reads_like_a_manual() {
+    let tb = Tb::new(None);
+    let o = tb.run(&["--help"]).await;
+    assert!(o.status.success());
+    let h = stdout(&o);
+    for word in ["acp", "mcp", "iroh", "THUNDERBOLT_HOME"] {
+        assert!(h.contains(word), "--help lacks {word}: {h}");
+    }
+    let o = tb.run(&["acp", "--help"]).await;
+    let h = stdout(&o);
+    for word in ["connect", "--transport", "THUNDERBOLT_IROH_RELAY_URL", "--max-agents", "AGENT-CMD"] {
+        assert!(h.contains(word), "acp --help lacks {word}: {h}");
+    }
+}
+
+#[tokio::test]
+async fn pair_prints_ticket_steps_and_qr() {
+    let tb = Tb::new(None);
+    let id = tb.node_id("acp").await;
+    let o = tb.run(&["iroh", "pair"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains(&id.to_string()));
+    assert!(out.contains("thunderbolt iroh allow"));
+    assert!(out.contains("thunderbolt acp connect endpoint"));
+    assert!(out.contains('▀') || out.contains('█'), "QR code missing");
+    let o = tb.run(&["iroh", "pair", "--json"]).await;
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let t: thunderbolt_shared::Target = v["ticket"].as_str().unwrap().parse().unwrap();
+    assert_eq!(t.id(), id);
+}
+
+#[tokio::test]
+async fn banner_redacts_secrets_and_never_prints_the_key() {
+    let tb = Tb::new(None);
+    let mut bridge = tb
+        .bridge("acp", &[], &[&test_agent_bin().display().to_string(), "cat", "--api-key", "sk-SECRET1", "--token=SECRET2"])
+        .await;
+    let secret_hex = std::fs::read_to_string(tb.identity_path("acp")).unwrap();
+    assert!(bridge.banner.contains("--api-key ***"), "{}", bridge.banner);
+    assert!(bridge.banner.contains("--token=***"));
+    assert!(!bridge.banner.contains("SECRET"));
+    assert!(!bridge.banner.contains(secret_hex.trim()));
+    assert!(bridge.banner.contains("same-account auto-trust: off"));
+    bridge.terminate().await;
+    assert!(!bridge.log.text().contains(secret_hex.trim()));
+}
+
+#[tokio::test]
+async fn offline_startup_does_not_hang() {
+    // A relay URL nobody listens on: startup waits a bounded time and still
+    // prints a ticket with direct addresses.
+    let tb = Tb::new(None);
+    let mut c = tb.cmd();
+    c.args(["acp", "--transport", "iroh"]).env("THUNDERBOLT_IROH_RELAY_URL", "http://127.0.0.1:9");
+    let mut bridge = RunningBridge::start(c).await;
+    let t: thunderbolt_shared::Target = bridge.ticket.parse().unwrap();
+    assert!(t.endpoint_addr().ip_addrs().next().is_some(), "ticket lacks direct addresses");
+    bridge.terminate().await;
+}
