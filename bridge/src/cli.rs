@@ -44,6 +44,23 @@ pub enum Command {
     /// Identity and manual trust: id, pair, allow, deny, list.
     #[command(subcommand)]
     Iroh(IrohCmd),
+    /// Store an account credential so bridges trust your own devices automatically.
+    ///
+    /// Writes `$THUNDERBOLT_HOME/credentials.json` (0600). The token is sent as
+    /// `Authorization: Bearer`. `THUNDERBOLT_TOKEN` + `THUNDERBOLT_CLOUD_URL` take precedence.
+    Login(LoginArgs),
+    /// Remove the stored account credential.
+    Logout,
+}
+
+#[derive(Debug, Args)]
+pub struct LoginArgs {
+    /// Backend base URL (ends in `/v1`). https, or http only for a loopback backend.
+    #[arg(long, value_name = "URL")]
+    pub cloud_url: String,
+    /// The token; `-` reads it from stdin (keeps it out of the process list and shell history).
+    #[arg(long, value_name = "TOKEN")]
+    pub token: String,
 }
 
 #[derive(Debug, Args)]
@@ -159,6 +176,22 @@ pub struct LimitArgs {
     /// Seconds a QUIC handshake may take before the connection is dropped.
     #[arg(long, default_value_t = crate::limits::HANDSHAKE_TIMEOUT.as_secs_f64(), value_name = "SECS")]
     pub handshake_timeout: f64,
+
+    /// Most QUIC handshakes in flight at once; further connection attempts are dropped unanswered.
+    #[arg(long, default_value_t = crate::gate::MAX_HANDSHAKES, value_name = "N")]
+    pub max_handshakes: usize,
+
+    /// Connection attempts one remote (EndpointId on a relay path, else IP) may make per window.
+    #[arg(long, default_value_t = crate::gate::PER_REMOTE_MAX, value_name = "N")]
+    pub per_remote_max: usize,
+
+    /// The sliding window for --per-remote-max, in seconds.
+    #[arg(long, default_value_t = crate::gate::PER_REMOTE_WINDOW.as_secs_f64(), value_name = "SECS")]
+    pub per_remote_window: f64,
+
+    /// Seconds between heartbeats: refresh the account allowlist and close sessions no longer allowed.
+    #[arg(long, default_value_t = crate::account::HEARTBEAT_INTERVAL.as_secs_f64(), value_name = "SECS")]
+    pub heartbeat_interval: f64,
 }
 
 #[derive(Debug, Subcommand)]

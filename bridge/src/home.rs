@@ -51,6 +51,10 @@ impl Home {
         Ok(Self::new(PathBuf::from(home).join(".thunderbolt")))
     }
 
+    pub fn root_path(&self) -> &Path {
+        &self.root
+    }
+
     pub fn iroh_dir(&self) -> PathBuf {
         self.root.join("iroh")
     }

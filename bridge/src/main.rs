@@ -3,12 +3,14 @@
 //! See `thunderbolt --help` and the README. Logs go to stderr (`RUST_LOG`
 //! adjusts them); the banner and command output go to stdout.
 
+mod account;
 mod acp_agent;
 mod agent;
 mod allowfile;
 mod banner;
 mod cli;
 mod connect;
+mod gate;
 mod home;
 mod identity;
 mod iroh_cmd;
@@ -44,6 +46,8 @@ const DEFAULT_LOG_FILTER: &str =
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli);
+    // reqwest (account backend) and iroh both use rustls with ring.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -84,7 +88,30 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Acp(cmd) => protocol_cmd(&home, Protocol::acp(), cmd).await,
         Command::Mcp(cmd) => protocol_cmd(&home, Protocol::mcp(), cmd).await,
         Command::Iroh(cmd) => iroh_cmd::run(&home, cmd),
+        Command::Login(a) => login(&home, a),
+        Command::Logout => {
+            let path = account::credential_path(&home);
+            match std::fs::remove_file(&path) {
+                Ok(()) => println!("removed {}", path.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => println!("not logged in"),
+                Err(e) => return Err(anyhow::anyhow!("cannot remove {}: {e}", path.display())),
+            }
+            Ok(())
+        }
     }
+}
+
+fn login(home: &Home, a: cli::LoginArgs) -> Result<()> {
+    let token = if a.token == "-" {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).context("cannot read the token from stdin")?;
+        line.trim().to_string()
+    } else {
+        a.token
+    };
+    let path = account::store_credential(home, &a.cloud_url, &token)?;
+    println!("stored the account credential in {} (bridges started from now on use it)", path.display());
+    Ok(())
 }
 
 async fn protocol_cmd(home: &Home, protocol: Protocol, cmd: ProtocolCmd) -> Result<()> {
@@ -123,10 +150,21 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     let agent = agent_command(&protocol, args.command)?;
     agent.check_program().map_err(anyhow::Error::msg)?;
     let net = net::NetConfig::from_args(&args.net)?;
+    let l = &args.limits;
     let admission = Admission {
-        max_agents: args.limits.max_agents,
-        handshake_timeout: secs(args.limits.handshake_timeout, "--handshake-timeout")?,
-        stream_open_timeout: secs(args.limits.stream_open_timeout, "--stream-open-timeout")?,
+        max_agents: l.max_agents,
+        handshake_timeout: secs(l.handshake_timeout, "--handshake-timeout")?,
+        stream_open_timeout: secs(l.stream_open_timeout, "--stream-open-timeout")?,
+        heartbeat: secs(l.heartbeat_interval, "--heartbeat-interval")?,
+    };
+    if admission.heartbeat.is_zero() {
+        bail!("--heartbeat-interval must be above zero");
+    }
+    let gate_limits = gate::GateLimits {
+        per_remote_max: l.per_remote_max,
+        window: secs(l.per_remote_window, "--per-remote-window")?,
+        max_keys: gate::MAX_KEYS,
+        max_handshakes: l.max_handshakes,
     };
     let (key, origin) = identity::load_or_create(home, &protocol)?;
     let endpoint = net.bind(key, vec![protocol.alpn()]).await?;
@@ -134,7 +172,17 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
 
     let allow = Arc::new(allowfile::LiveAllowFile::new(home.allowlist_path()));
     let manual_peers = allow.current().ids.len();
-    let trust: Arc<dyn trust::TrustPolicy> = allow;
+    let account = start_account(home, endpoint.id()).await;
+    let mut layers: Vec<Arc<dyn trust::TrustPolicy>> = Vec::new();
+    let account_status = match &account {
+        Ok(a) => {
+            layers.push(a.trust.clone());
+            a.trust.status()
+        }
+        Err(why) => format!("off ({why})"),
+    };
+    layers.push(allow);
+    let trust: Arc<dyn trust::TrustPolicy> = Arc::new(trust::Layered { layers });
     let app_url = std::env::var("THUNDERBOLT_APP_URL").ok();
     let banner = banner::Banner {
         protocol: &protocol,
@@ -143,7 +191,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         command: &agent.redacted(),
         allow_file: &home.allowlist_path(),
         manual_peers,
-        account_trust: "off (no credential: set THUNDERBOLT_TOKEN and THUNDERBOLT_CLOUD_URL)",
+        account_trust: &account_status,
         app_url: app_url.as_deref(),
     };
     print!("{}", banner.render());
@@ -152,10 +200,45 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
 
     let stop = CancellationToken::new();
     tokio::spawn(stop_on_signal(stop.clone()));
-    let bridge = Bridge::new(endpoint, trust, admission, SessionConfig::new(agent));
+    let gate = Arc::new(gate::Gate::new(gate_limits, Arc::new(gate::SystemClock)));
+    let bridge =
+        Bridge::new(endpoint, trust, gate, account.ok().map(Arc::new), admission, SessionConfig::new(agent));
     bridge.run(stop).await;
     info!("bridge stopped");
     Ok(())
+}
+
+/// Account trust, if a usable credential exists; else why it is off.
+async fn start_account(home: &Home, own: iroh::EndpointId) -> std::result::Result<account::Account, String> {
+    let cred = account::load_credential(
+        home,
+        std::env::var("THUNDERBOLT_TOKEN").ok(),
+        std::env::var("THUNDERBOLT_CLOUD_URL").ok(),
+    );
+    let cred = match cred {
+        Ok(Some(c)) => c,
+        Ok(None) => {
+            return Err("no credential: set THUNDERBOLT_TOKEN and THUNDERBOLT_CLOUD_URL, or run \
+                        `thunderbolt login`"
+                .into())
+        }
+        Err(e) => {
+            tracing::warn!("account trust is off: {e}");
+            return Err(e.to_string());
+        }
+    };
+    let timeout = std::env::var("THUNDERBOLT_BACKEND_TIMEOUT_SECS")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .and_then(|v| Duration::try_from_secs_f64(v).ok())
+        .unwrap_or(account::BACKEND_TIMEOUT);
+    let backend = account::Backend::new(cred, timeout).map_err(|e| e.to_string())?;
+    let a = account::Account::start(backend, own, &account::device_name()).await;
+    if a.trust.is_enabled() {
+        Ok(a)
+    } else {
+        Err(a.trust.status().trim_start_matches("off (").trim_end_matches(')').to_string())
+    }
 }
 
 /// Ctrl-C or SIGTERM: stop accepting, end every session (agents killed), exit.

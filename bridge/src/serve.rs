@@ -4,10 +4,14 @@
 //! per incoming connection; shutdown cancels a token every session watches,
 //! then waits for all of them so no agent outlives the bridge.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use iroh::{
-    endpoint::{Connection, Incoming},
+    endpoint::{Connection, Incoming, IncomingAddr},
     Endpoint, EndpointId,
 };
 use thunderbolt_shared::close;
@@ -16,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
+    account::Account,
+    gate::{Drop as GateDrop, Gate, RemoteKey},
     session::{self, refuse, SessionConfig},
     trust::{Grant, TrustPolicy},
 };
@@ -26,15 +32,51 @@ pub struct Admission {
     pub max_agents: usize,
     pub handshake_timeout: Duration,
     pub stream_open_timeout: Duration,
+    /// How often trust is re-checked for open sessions (and the account list refreshed).
+    pub heartbeat: Duration,
 }
 
-impl Default for Admission {
-    fn default() -> Self {
-        Self {
-            max_agents: crate::limits::MAX_LIVE_AGENTS,
-            handshake_timeout: crate::limits::HANDSHAKE_TIMEOUT,
-            stream_open_timeout: crate::limits::STREAM_OPEN_TIMEOUT,
+/// The admitted connections, so the heartbeat can re-check them.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    map: Mutex<HashMap<usize, (EndpointId, Connection)>>,
+}
+
+impl Sessions {
+    fn insert(&self, conn: &Connection) -> SessionGuard<'_> {
+        let key = conn.stable_id();
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).insert(key, (conn.remote_id(), conn.clone()));
+        SessionGuard { sessions: self, key }
+    }
+
+    /// Closes every session whose peer `trust` no longer admits, with
+    /// `membership revoked`. Returns how many were closed.
+    pub fn recheck(&self, trust: &dyn TrustPolicy) -> usize {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut closed = 0;
+        for (peer, conn) in map.values() {
+            if trust.check(peer).is_none() {
+                info!(peer = %peer.fmt_short(), "closing {peer}: {}", close::REASON_MEMBERSHIP_REVOKED);
+                refuse(conn, close::REASON_MEMBERSHIP_REVOKED);
+                closed += 1;
+            }
         }
+        closed
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+struct SessionGuard<'a> {
+    sessions: &'a Sessions,
+    key: usize,
+}
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        self.sessions.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.key);
     }
 }
 
@@ -42,6 +84,9 @@ impl Default for Admission {
 #[derive(Debug)]
 struct Shared {
     trust: Arc<dyn TrustPolicy>,
+    gate: Arc<Gate>,
+    sessions: Sessions,
+    account: Option<Arc<Account>>,
     admission: Admission,
     agents: Arc<Semaphore>,
     session: Arc<SessionConfig>,
@@ -59,11 +104,16 @@ impl Bridge {
     pub fn new(
         endpoint: Endpoint,
         trust: Arc<dyn TrustPolicy>,
+        gate: Arc<Gate>,
+        account: Option<Arc<Account>>,
         admission: Admission,
         session: SessionConfig,
     ) -> Self {
         let shared = Arc::new(Shared {
             trust,
+            gate,
+            sessions: Sessions::default(),
+            account,
             agents: Arc::new(Semaphore::new(admission.max_agents)),
             admission,
             session: Arc::new(session),
@@ -76,9 +126,17 @@ impl Bridge {
     /// and reaped) and closes the endpoint.
     pub async fn run(self, stop: CancellationToken) {
         let mut tasks = JoinSet::new();
+        let mut heartbeat = tokio::time::interval(self.shared.admission.heartbeat);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        heartbeat.reset();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
+                _ = heartbeat.tick() => {
+                    // Runs as a task so a slow backend never stalls accepting.
+                    let shared = self.shared.clone();
+                    tasks.spawn(async move { beat(&shared).await });
+                }
                 incoming = self.endpoint.accept() => {
                     let Some(incoming) = incoming else { break };
                     tasks.spawn(handle_incoming(incoming, self.shared.clone()));
@@ -99,8 +157,45 @@ impl Bridge {
     }
 }
 
+/// One heartbeat: refresh the account list, then re-check every open session
+/// against both trust layers (so removing a peer from the allow file also ends
+/// its session).
+async fn beat(shared: &Shared) {
+    if let Some(account) = &shared.account {
+        account.refresh().await;
+    }
+    let closed = shared.sessions.recheck(shared.trust.as_ref());
+    tracing::debug!(open = shared.sessions.len(), closed, "heartbeat");
+}
+
+fn remote_key(addr: &IncomingAddr) -> RemoteKey {
+    match addr {
+        IncomingAddr::Relay { endpoint_id, .. } => RemoteKey::Endpoint(*endpoint_id),
+        IncomingAddr::Ip(sa) => RemoteKey::Ip(sa.ip()),
+        // Custom transports are not configured; key them all together.
+        _ => RemoteKey::Ip(std::net::Ipv4Addr::UNSPECIFIED.into()),
+    }
+}
+
 async fn handle_incoming(incoming: Incoming, shared: Arc<Shared>) {
-    let from = format!("{:?}", incoming.remote_addr());
+    let addr = incoming.remote_addr();
+    let key = remote_key(&addr);
+    let handshake_slot = match shared.gate.admit(key) {
+        Ok(permit) => permit,
+        Err(why) => {
+            if let Some(suppressed) = shared.gate.should_log_drop() {
+                let why = match why {
+                    GateDrop::RemoteBudget => "over its connection budget",
+                    GateDrop::HandshakeCap => "too many handshakes in flight",
+                };
+                warn!("dropping connections: {key} {why} ({suppressed} more dropped since the last report)");
+            }
+            incoming.ignore();
+            return;
+        }
+    };
+    debug!(%key, in_flight = shared.gate.handshakes_in_flight(), "handshake started");
+    let from = format!("{addr:?}");
     let accepting = match incoming.accept() {
         Ok(a) => a,
         Err(e) => {
@@ -122,6 +217,7 @@ async fn handle_incoming(incoming: Incoming, shared: Arc<Shared>) {
         },
         _ = shared.shutdown.cancelled() => return,
     };
+    drop(handshake_slot);
     let peer = conn.remote_id();
     let Some(grant) = shared.trust.check(&peer) else {
         info!(
@@ -137,6 +233,7 @@ async fn handle_incoming(incoming: Incoming, shared: Arc<Shared>) {
 async fn admitted(conn: Connection, peer: EndpointId, grant: Grant, shared: Arc<Shared>) {
     let short = peer.fmt_short().to_string();
     info!(peer = %short, "admitted {peer} ({grant})");
+    let _registered = shared.sessions.insert(&conn);
     let stream = tokio::select! {
         r = tokio::time::timeout(shared.admission.stream_open_timeout, conn.accept_bi()) => r,
         _ = shared.shutdown.cancelled() => {

@@ -3,6 +3,8 @@
 //! Kept as a small trait so the account allowlist (refreshed from the backend)
 //! and the manual allow file compose, and tests can reason about each alone.
 
+use std::sync::Arc;
+
 use iroh::EndpointId;
 
 use crate::allowfile::LiveAllowFile;
@@ -10,6 +12,8 @@ use crate::allowfile::LiveAllowFile;
 /// Why a peer was admitted; revocation re-checks sessions by this.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Grant {
+    /// Listed by the account backend.
+    Account,
     /// Listed in the manual allow file.
     Manual,
 }
@@ -17,6 +21,7 @@ pub enum Grant {
 impl std::fmt::Display for Grant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            Grant::Account => "account",
             Grant::Manual => "allow file",
         })
     }
@@ -31,5 +36,17 @@ pub trait TrustPolicy: Send + Sync + std::fmt::Debug {
 impl TrustPolicy for LiveAllowFile {
     fn check(&self, peer: &EndpointId) -> Option<Grant> {
         self.contains(peer).then_some(Grant::Manual)
+    }
+}
+
+/// Account list first (it short-circuits), then the manual file.
+#[derive(Debug)]
+pub struct Layered {
+    pub layers: Vec<Arc<dyn TrustPolicy>>,
+}
+
+impl TrustPolicy for Layered {
+    fn check(&self, peer: &EndpointId) -> Option<Grant> {
+        self.layers.iter().find_map(|l| l.check(peer))
     }
 }

@@ -17,6 +17,8 @@ use tokio::{
     sync::Notify,
 };
 
+pub mod backend;
+
 /// Upper bound for anything a test waits on. Generous because two-core CI
 /// machines run several test binaries at once; a passing test never waits it out.
 pub const WAIT: Duration = Duration::from_secs(30);

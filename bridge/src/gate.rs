@@ -1,0 +1,299 @@
+//! The pre-handshake gate: decides, before any crypto is spent, whether an
+//! incoming connection gets a handshake at all.
+//!
+//! Two budgets, both checked on the `Incoming` (cheap, no TLS yet):
+//! - per remote: at most `per_remote_max` connections in any sliding
+//!   `window`, keyed by the remote's claimed EndpointId when it arrives through
+//!   a relay (the relay tells us who it forwards for), else by its IP. The key
+//!   table holds at most `max_keys` entries; the least recently seen is evicted.
+//! - global: at most `max_handshakes` handshakes in flight. An attacker minting
+//!   a fresh identity per connection defeats the per-remote budget; this cap is
+//!   the CPU backstop that holds regardless of identity.
+//!
+//! Over either limit the connection is dropped with `Incoming::ignore` (no
+//! answer at all: the cheapest response to a flood).
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use iroh::EndpointId;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Connections one remote may start per window: a client that reconnects after
+/// a drop, plus a few tabs, fits easily; a loop does not.
+pub const PER_REMOTE_MAX: usize = 10;
+/// The sliding window for [`PER_REMOTE_MAX`].
+pub const PER_REMOTE_WINDOW: Duration = Duration::from_secs(10);
+/// Remotes remembered at once. Each entry is ~200 bytes, so the table stays
+/// under a megabyte while covering far more remotes than a bridge ever serves.
+pub const MAX_KEYS: usize = 4096;
+/// Handshakes in flight at once. A handshake costs a few signature operations;
+/// 16 keeps a flood from taking more than a small share of two cores.
+pub const MAX_HANDSHAKES: usize = 16;
+/// At most one "dropped" log line per this interval (with a count of the rest),
+/// so a flood cannot flood the log too.
+pub const DROP_LOG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Time source, injectable so tests never wait for real windows to pass.
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    fn now(&self) -> Instant;
+}
+
+/// The real clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// Who a connection is from, as far as we can tell before the handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RemoteKey {
+    /// Claimed by the relay path (not yet proven; proven by the handshake later).
+    Endpoint(EndpointId),
+    Ip(IpAddr),
+}
+
+impl std::fmt::Display for RemoteKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RemoteKey::Endpoint(id) => write!(f, "endpoint {}", id.fmt_short()),
+            RemoteKey::Ip(ip) => write!(f, "ip {ip}"),
+        }
+    }
+}
+
+/// Limits of the gate.
+#[derive(Debug, Clone)]
+pub struct GateLimits {
+    pub per_remote_max: usize,
+    pub window: Duration,
+    pub max_keys: usize,
+    pub max_handshakes: usize,
+}
+
+impl Default for GateLimits {
+    fn default() -> Self {
+        Self {
+            per_remote_max: PER_REMOTE_MAX,
+            window: PER_REMOTE_WINDOW,
+            max_keys: MAX_KEYS,
+            max_handshakes: MAX_HANDSHAKES,
+        }
+    }
+}
+
+/// Why the gate said no.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drop {
+    RemoteBudget,
+    HandshakeCap,
+}
+
+#[derive(Debug)]
+struct Entry {
+    hits: VecDeque<Instant>,
+    seen: u64,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    entries: HashMap<RemoteKey, Entry>,
+    /// `seen` sequence → key, oldest first: the eviction order.
+    order: BTreeMap<u64, RemoteKey>,
+    seq: u64,
+}
+
+/// Counters for the drop log.
+#[derive(Debug)]
+struct DropLog {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+/// The gate. Cheap to share (`Arc`).
+#[derive(Debug)]
+pub struct Gate {
+    limits: GateLimits,
+    clock: Arc<dyn Clock>,
+    table: Mutex<Table>,
+    handshakes: Arc<Semaphore>,
+    drop_log: Mutex<DropLog>,
+}
+
+impl Gate {
+    pub fn new(limits: GateLimits, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            handshakes: Arc::new(Semaphore::new(limits.max_handshakes)),
+            limits,
+            clock,
+            table: Mutex::new(Table::default()),
+            drop_log: Mutex::new(DropLog { last: None, suppressed: 0 }),
+        }
+    }
+
+    /// Admits a connection attempt to the handshake, or says why not. The
+    /// permit must be held until the handshake has finished.
+    pub fn admit(&self, key: RemoteKey) -> Result<OwnedSemaphorePermit, Drop> {
+        if !self.charge(key) {
+            return Err(Drop::RemoteBudget);
+        }
+        self.handshakes.clone().try_acquire_owned().map_err(|_| Drop::HandshakeCap)
+    }
+
+    /// Handshakes in flight right now.
+    pub fn handshakes_in_flight(&self) -> usize {
+        self.limits.max_handshakes - self.handshakes.available_permits()
+    }
+
+    /// Records one attempt for `key`; false when over its budget. Attempts over
+    /// the budget are not recorded, so a remote that backs off gets back in
+    /// once its old attempts leave the window.
+    fn charge(&self, key: RemoteKey) -> bool {
+        let now = self.clock.now();
+        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        t.seq += 1;
+        let seq = t.seq;
+        let (allowed, old_seen) = {
+            let entry = t.entries.entry(key).or_insert_with(|| Entry { hits: VecDeque::new(), seen: 0 });
+            while entry.hits.front().is_some_and(|&h| now.duration_since(h) >= self.limits.window) {
+                entry.hits.pop_front();
+            }
+            let allowed = entry.hits.len() < self.limits.per_remote_max;
+            if allowed {
+                entry.hits.push_back(now);
+            }
+            let old = entry.seen;
+            entry.seen = seq;
+            (allowed, old)
+        };
+        t.order.remove(&old_seen);
+        t.order.insert(seq, key);
+        while t.entries.len() > self.limits.max_keys {
+            let Some((_, oldest)) = t.order.pop_first() else { break };
+            t.entries.remove(&oldest);
+        }
+        allowed
+    }
+
+    /// Number of remotes currently remembered.
+    #[cfg(test)]
+    fn keys(&self) -> usize {
+        self.table.lock().unwrap().entries.len()
+    }
+
+    /// Whether to log a drop now; returns how many drops were not logged since
+    /// the last line. Keeps a flood from flooding the log.
+    pub fn should_log_drop(&self) -> Option<u64> {
+        let now = self.clock.now();
+        let mut l = self.drop_log.lock().unwrap_or_else(|p| p.into_inner());
+        match l.last {
+            Some(last) if now.duration_since(last) < DROP_LOG_INTERVAL => {
+                l.suppressed += 1;
+                None
+            }
+            _ => {
+                l.last = Some(now);
+                Some(std::mem::take(&mut l.suppressed))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+
+    /// A clock tests move by hand.
+    #[derive(Debug)]
+    pub struct ManualClock(Mutex<Instant>);
+
+    impl ManualClock {
+        pub fn new() -> Arc<Self> {
+            Arc::new(Self(Mutex::new(Instant::now())))
+        }
+        pub fn advance(&self, d: Duration) {
+            *self.0.lock().unwrap() += d;
+        }
+    }
+
+    impl Clock for ManualClock {
+        fn now(&self) -> Instant {
+            *self.0.lock().unwrap()
+        }
+    }
+
+    fn key(n: u8) -> RemoteKey {
+        RemoteKey::Endpoint(iroh::SecretKey::from_bytes(&[n; 32]).public())
+    }
+
+    #[test]
+    fn sliding_window_per_remote() {
+        let clock = ManualClock::new();
+        let gate = Gate::new(GateLimits { max_handshakes: 100, ..Default::default() }, clock.clone());
+        for _ in 0..10 {
+            drop(gate.admit(key(1)).unwrap());
+            clock.advance(Duration::from_millis(500));
+        }
+        // 10 in the last 5 s: the 11th is dropped, another remote is not.
+        assert_eq!(gate.admit(key(1)).unwrap_err(), Drop::RemoteBudget);
+        assert!(gate.admit(key(2)).is_ok());
+        // The window slides: after the first attempt ages out, one more fits.
+        clock.advance(Duration::from_millis(5000));
+        assert!(gate.admit(key(1)).is_ok());
+        assert_eq!(gate.admit(key(1)).unwrap_err(), Drop::RemoteBudget);
+        // IPs are keys too.
+        let ip = RemoteKey::Ip("192.0.2.1".parse().unwrap());
+        assert!(gate.admit(ip).is_ok());
+    }
+
+    #[test]
+    fn handshake_cap_is_global() {
+        let gate = Gate::new(GateLimits { max_handshakes: 2, ..Default::default() }, ManualClock::new());
+        let a = gate.admit(key(1)).unwrap();
+        let _b = gate.admit(key(2)).unwrap();
+        assert_eq!(gate.admit(key(3)).unwrap_err(), Drop::HandshakeCap);
+        assert_eq!(gate.handshakes_in_flight(), 2);
+        drop(a);
+        assert!(gate.admit(key(3)).is_ok());
+    }
+
+    #[test]
+    fn key_table_is_capped_lru() {
+        let clock = ManualClock::new();
+        let limits = GateLimits { max_keys: 3, per_remote_max: 1, max_handshakes: 100, ..Default::default() };
+        let gate = Gate::new(limits, clock);
+        for n in 1..=3 {
+            drop(gate.admit(key(n)));
+        }
+        // Touch 1 so 2 is the least recently seen, then add 4: 2 is evicted.
+        assert!(gate.admit(key(1)).is_err());
+        drop(gate.admit(key(4)));
+        assert_eq!(gate.keys(), 3);
+        // 2 was forgotten: it gets a fresh budget (and evicts 3, now the oldest).
+        assert!(gate.admit(key(2)).is_ok());
+        assert_eq!(gate.keys(), 3);
+        // 1 was seen more recently than 3, so it is still remembered and over budget.
+        assert!(gate.admit(key(1)).is_err());
+        assert!(gate.admit(key(3)).is_ok(), "3 was evicted, so it starts afresh");
+    }
+
+    #[test]
+    fn drop_log_is_throttled() {
+        let clock = ManualClock::new();
+        let gate = Gate::new(GateLimits::default(), clock.clone());
+        assert_eq!(gate.should_log_drop(), Some(0));
+        for _ in 0..100 {
+            assert_eq!(gate.should_log_drop(), None);
+        }
+        clock.advance(DROP_LOG_INTERVAL);
+        assert_eq!(gate.should_log_drop(), Some(100));
+    }
+}

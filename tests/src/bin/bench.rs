@@ -1,0 +1,362 @@
+//! Benchmarks of the bridge against raw iroh, measured side by side in one run.
+//!
+//! ```text
+//! cargo build --release --workspace --bins
+//! target/release/bench --quick            # about a minute
+//! target/release/bench                    # full run
+//! target/release/bench --json out.json    # also machine-readable
+//! ```
+//!
+//! Everything runs as separate processes, as in real use: the relay
+//! (`thunderbolt-relay --dev`), the bridge (`thunderbolt`) with its agent, a raw
+//! iroh echo server (this binary, `echo-server` mode), and the measuring client
+//! (this process). Absolute numbers drift on a shared two-core machine; the
+//! ratios against the raw baseline, taken in the same run, are what to read.
+
+use std::{
+    path::PathBuf,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use iroh::{endpoint::Connection, Endpoint, EndpointAddr, RelayUrl, SecretKey};
+use thunderbolt_shared::{EndpointTicket, Protocol};
+use thunderbolt_tests::*;
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::Command,
+};
+
+/// ALPN of the raw echo baseline (not a thunderbolt protocol on purpose).
+const ECHO_ALPN: &[u8] = b"thunderbolt-bench/echo/0";
+
+/// Bytes per ndjson line in bulk transfers: a JSON string of this size, like a
+/// large tool result.
+const BULK_LINE: usize = 16 * 1024;
+
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    setup_reps: usize,
+    bulk_bytes: usize,
+    bulk_reps: usize,
+}
+
+const QUICK: Plan = Plan { setup_reps: 10, bulk_bytes: 64 << 20, bulk_reps: 3 };
+const FULL: Plan = Plan { setup_reps: 30, bulk_bytes: 256 << 20, bulk_reps: 5 };
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct Row {
+    name: String,
+    unit: String,
+    bridge: Stats,
+    baseline_name: String,
+    baseline: Stats,
+    /// bridge median / baseline median.
+    ratio: f64,
+    higher_is_better: bool,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+struct Stats {
+    median: f64,
+    min: f64,
+    max: f64,
+    n: usize,
+}
+
+impl Stats {
+    fn of(mut v: Vec<f64>) -> Self {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let n = v.len();
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+        Self { median, min: v[0], max: v[n - 1], n }
+    }
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    if args.first().map(String::as_str) == Some("echo-server") {
+        return rt.block_on(echo_server(args.get(1).cloned()));
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).map(PathBuf::from);
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("usage: bench [--quick] [--json PATH]");
+        return Ok(());
+    }
+    rt.block_on(run(if quick { QUICK } else { FULL }, json_out))
+}
+
+/// A separate process: relay-only or direct raw iroh echo server, printing its ticket.
+async fn echo_server(relay: Option<String>) -> Result<()> {
+    let relay_url: Option<RelayUrl> = relay.map(|r| r.parse()).transpose()?;
+    let mut b = Endpoint::builder(iroh::endpoint::presets::Minimal)
+        .secret_key(SecretKey::generate())
+        .alpns(vec![ECHO_ALPN.to_vec()])
+        .portmapper_config(iroh::endpoint::PortmapperConfig::Disabled)
+        .clear_ip_transports()
+        .bind_addr("127.0.0.1:0")?;
+    b = b.relay_mode(match &relay_url {
+        Some(u) => iroh::RelayMode::custom([u.clone()]),
+        None => iroh::RelayMode::Disabled,
+    });
+    let ep = b.bind().await?;
+    if relay_url.is_some() {
+        tokio::time::timeout(WAIT, ep.online()).await.context("echo server online")?;
+    }
+    println!("{}", EndpointTicket::new(ep.addr()));
+    while let Some(inc) = ep.accept().await {
+        tokio::spawn(async move {
+            let Ok(conn) = async { inc.accept()?.await.map_err(anyhow::Error::from) }.await else { return };
+            while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut recv, &mut send).await;
+                    let _ = send.finish();
+                    let _ = send.stopped().await;
+                });
+            }
+        });
+    }
+    Ok(())
+}
+
+async fn start_relay() -> Result<(tokio::process::Child, RelayUrl)> {
+    let bin = bin_dir().join("thunderbolt-relay");
+    let mut child = Command::new(&bin)
+        .args(["--dev", "--bind", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("spawn {}", bin.display()))?;
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(WAIT, lines.next_line()).await??.context("relay printed nothing")?;
+    let url = line.strip_prefix("relay listening on ").context("relay banner")?.parse()?;
+    Ok((child, url))
+}
+
+async fn start_echo(relay: Option<&RelayUrl>) -> Result<(tokio::process::Child, EndpointAddr)> {
+    let mut c = Command::new(std::env::current_exe()?);
+    c.arg("echo-server");
+    if let Some(r) = relay {
+        c.arg(r.to_string());
+    }
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::inherit()).kill_on_drop(true).spawn()?;
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line =
+        tokio::time::timeout(WAIT, lines.next_line()).await??.context("echo server printed nothing")?;
+    let t: EndpointTicket = line.parse()?;
+    Ok((child, t.endpoint_addr().clone()))
+}
+
+/// Keeps only what the client should use: relay-only drops IP addresses.
+fn path_addr(addr: &EndpointAddr, relay_only: bool) -> EndpointAddr {
+    if relay_only {
+        EndpointAddr::from_parts(addr.id, addr.relay_urls().cloned().map(iroh::TransportAddr::Relay))
+    } else {
+        EndpointAddr::from_parts(addr.id, addr.ip_addrs().cloned().map(iroh::TransportAddr::Ip))
+    }
+}
+
+/// Dial → open stream → send one request line → first byte of the answer.
+async fn first_response(ep: &Endpoint, addr: &EndpointAddr, alpn: &[u8], line: &[u8]) -> Result<Duration> {
+    let t0 = Instant::now();
+    let conn = ep.connect(addr.clone(), alpn).await?;
+    let (mut send, mut recv) = conn.open_bi().await?;
+    send.write_all(line).await?;
+    let mut b = [0u8; 1];
+    recv.read_exact(&mut b).await.context("first response byte")?;
+    let dt = t0.elapsed();
+    conn.close(0u32.into(), b"client closed");
+    Ok(dt)
+}
+
+/// Sends `total` bytes of ndjson and reads them back; returns MB/s (10^6 bytes per
+/// second of payload carried each way).
+async fn bulk(conn: &Connection, total: usize) -> Result<f64> {
+    let (mut send, mut recv) = conn.open_bi().await?;
+    let mut line = Vec::with_capacity(BULK_LINE);
+    line.push(b'"');
+    line.resize(BULK_LINE - 2, b'a');
+    line.extend_from_slice(b"\"\n");
+    let block: Vec<u8> = line.iter().copied().cycle().take(BULK_LINE * 64).collect();
+    let t0 = Instant::now();
+    let writer = async {
+        let mut sent = 0;
+        while sent < total {
+            let n = block.len().min(total - sent);
+            send.write_all(&block[..n]).await?;
+            sent += n;
+        }
+        send.finish()?;
+        anyhow::Ok(())
+    };
+    let reader = async {
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 256 * 1024];
+        while got < total {
+            match recv.read(&mut buf).await? {
+                Some(n) => got += n,
+                None => bail!("stream ended after {got} of {total} bytes"),
+            }
+        }
+        anyhow::Ok(())
+    };
+    tokio::try_join!(writer, reader)?;
+    Ok(total as f64 / t0.elapsed().as_secs_f64() / 1e6)
+}
+
+async fn client(relay: &RelayUrl, key: SecretKey, relay_only: bool) -> Result<Endpoint> {
+    let mut b = Endpoint::builder(iroh::endpoint::presets::Minimal)
+        .secret_key(key)
+        .relay_mode(iroh::RelayMode::custom([relay.clone()]))
+        .portmapper_config(iroh::endpoint::PortmapperConfig::Disabled)
+        .clear_ip_transports();
+    if !relay_only {
+        b = b.bind_addr("127.0.0.1:0")?;
+    }
+    let ep = b.bind().await?;
+    tokio::time::timeout(WAIT, ep.online()).await.context("client online")?;
+    Ok(ep)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+async fn run(plan: Plan, json_out: Option<PathBuf>) -> Result<()> {
+    let (relay, relay_url) = start_relay().await?;
+    let tb = Tb::new(None);
+    let client_key = SecretKey::generate();
+    let agent = test_agent_bin().display().to_string();
+    let relay_env = relay_url.to_string();
+    let start_bridge = |argv: Vec<String>| {
+        let mut c = tb.cmd();
+        c.env("THUNDERBOLT_IROH_RELAY_URL", &relay_env).env("RUST_LOG", "warn");
+        // The per-remote budget (10 per 10 s) would throttle the measuring client itself.
+        c.args(["acp", "--transport", "iroh", "--per-remote-max", "1000000"]);
+        if !argv.is_empty() {
+            c.arg("--").args(argv);
+        }
+        RunningBridge::start(c)
+    };
+    tb.allow(&client_key.public()).await;
+    let mut rows = Vec::new();
+    eprintln!("bench: plan {plan:?}");
+
+    for relay_only in [false, true] {
+        let path = if relay_only { "relay" } else { "direct" };
+        let ep = client(&relay_url, client_key.clone(), relay_only).await?;
+        let (mut echo, echo_addr) = start_echo(Some(&relay_url)).await?;
+        let echo_addr = path_addr(&echo_addr, relay_only);
+
+        // Setup: built-in agent's first response vs raw echo's first byte.
+        let mut builtin = start_bridge(vec![]).await;
+        let bridge_addr =
+            path_addr(&builtin.ticket.parse::<EndpointTicket>()?.endpoint_addr().clone(), relay_only);
+        let init =
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}\n";
+        let (mut b, mut r) = (Vec::new(), Vec::new());
+        // One warm-up each so path discovery and page cache are not measured.
+        first_response(&ep, &bridge_addr, &Protocol::acp().alpn(), init).await?;
+        first_response(&ep, &echo_addr, ECHO_ALPN, init).await?;
+        for _ in 0..plan.setup_reps {
+            b.push(ms(first_response(&ep, &bridge_addr, &Protocol::acp().alpn(), init).await?));
+            r.push(ms(first_response(&ep, &echo_addr, ECHO_ALPN, init).await?));
+        }
+        rows.push(row(&format!("dial → first response ({path})"), "ms", b, "raw iroh echo", r, false));
+        builtin.terminate().await;
+
+        // Bulk through a cat-like agent vs raw echo.
+        let mut cat = start_bridge(vec![agent.clone(), "cat".into()]).await;
+        let bridge_addr =
+            path_addr(&cat.ticket.parse::<EndpointTicket>()?.endpoint_addr().clone(), relay_only);
+        let bconn = ep.connect(bridge_addr, &Protocol::acp().alpn()).await?;
+        let rconn = ep.connect(echo_addr.clone(), ECHO_ALPN).await?;
+        let (mut b, mut r) = (Vec::new(), Vec::new());
+        for i in 0..plan.bulk_reps {
+            // Each bridge transfer is its own session (one agent per connection).
+            let conn = if i == 0 {
+                bconn.clone()
+            } else {
+                ep.connect(
+                    path_addr(&cat.ticket.parse::<EndpointTicket>()?.endpoint_addr().clone(), relay_only),
+                    &Protocol::acp().alpn(),
+                )
+                .await?
+            };
+            b.push(bulk(&conn, plan.bulk_bytes).await?);
+            conn.close(0u32.into(), b"client closed");
+            r.push(bulk(&rconn, plan.bulk_bytes).await?);
+        }
+        rows.push(row(
+            &format!("bulk {} MiB through cat agent ({path})", plan.bulk_bytes >> 20),
+            "MB/s",
+            b,
+            "raw iroh echo",
+            r,
+            true,
+        ));
+        cat.terminate().await;
+        let _ = echo.kill().await;
+        ep.close().await;
+    }
+    drop(relay);
+
+    print_table(&rows);
+    if let Some(p) = json_out {
+        std::fs::write(&p, serde_json::to_vec_pretty(&rows)?)?;
+        eprintln!("bench: wrote {}", p.display());
+    }
+    Ok(())
+}
+
+fn row(
+    name: &str,
+    unit: &str,
+    bridge: Vec<f64>,
+    baseline_name: &str,
+    baseline: Vec<f64>,
+    higher: bool,
+) -> Row {
+    let bridge = Stats::of(bridge);
+    let baseline = Stats::of(baseline);
+    let ratio = bridge.median / baseline.median;
+    let r = Row {
+        name: name.into(),
+        unit: unit.into(),
+        bridge,
+        baseline_name: baseline_name.into(),
+        baseline,
+        ratio,
+        higher_is_better: higher,
+    };
+    eprintln!(
+        "bench: {} bridge {:.2} vs {:.2} {} (ratio {:.2})",
+        r.name, r.bridge.median, r.baseline.median, unit, ratio
+    );
+    r
+}
+
+fn print_table(rows: &[Row]) {
+    println!("| measure | bridge median (min–max) | baseline | baseline median (min–max) | ratio |");
+    println!("|---|---|---|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {:.2} {} ({:.2}–{:.2}) | {} | {:.2} {} ({:.2}–{:.2}) | {:.2}× |",
+            r.name,
+            r.bridge.median,
+            r.unit,
+            r.bridge.min,
+            r.bridge.max,
+            r.baseline_name,
+            r.baseline.median,
+            r.unit,
+            r.baseline.min,
+            r.baseline.max,
+            r.ratio
+        );
+    }
+}
