@@ -1,18 +1,31 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace: unit tests, and the integration tests that
-# start real `thunderbolt` processes, real agents and a real local iroh relay
-# on loopback.
+# Runs every test of the project:
+#   - Rust unit tests and the integration tests that start real `thunderbolt`
+#     processes, real agents and a real local iroh relay on loopback;
+#   - the browser end-to-end tests: the wasm client in headless Chromium against
+#     a real bridge through a real local relay.
 #
-# Dependencies are fetched and everything is built first (that needs the
-# package registry); the tests then run inside a fresh network namespace that
-# has only loopback, so nothing a test does can leave the machine (design §5).
-# Without root/unshare the tests still run, with every network knob switched
-# off by the harness. Set TB_NO_NETNS=1 to skip the namespace.
+# Preparation needs the package registries (crates, npm, Debian packages) and
+# installs what is missing (as root): Chromium, the wasm toolchain, npm deps.
+# The tests then run inside a fresh network namespace that has only loopback,
+# so nothing a test does can leave the machine (design §5). Without
+# root/unshare the tests still run, with every network knob switched off by
+# the harness. TB_NO_NETNS=1 skips the namespace; TB_SKIP_BROWSER=1 skips the
+# browser tests (they are part of "all tests"; CI never sets it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ -z "${TB_IN_NETNS:-}" ]; then
   cargo build --workspace --bins --tests --locked
+  if [ "${TB_SKIP_BROWSER:-}" != 1 ]; then
+    if ! command -v chromium >/dev/null; then
+      echo "run-all: installing Debian's chromium for the browser tests" >&2
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null
+    fi
+    client-wasm/build.sh
+    (cd client-wasm/e2e && npm ci --no-audit --no-fund --silent)
+  fi
   if [ "${TB_NO_NETNS:-}" != 1 ] && [ "$(id -u)" = 0 ] && command -v unshare >/dev/null && command -v ip >/dev/null; then
     echo "run-all: entering a network namespace with only loopback" >&2
     exec unshare --net env TB_IN_NETNS=1 bash -c 'ip link set lo up && exec "$0" "$@"' "$0" "$@"
@@ -22,3 +35,6 @@ fi
 
 export CARGO_NET_OFFLINE=true
 cargo test --workspace --locked "$@"
+if [ "${TB_SKIP_BROWSER:-}" != 1 ]; then
+  (cd client-wasm/e2e && node --test --test-concurrency=1 e2e.test.mjs)
+fi

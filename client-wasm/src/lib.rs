@@ -1,6 +1,29 @@
-//! Browser client for thunderbolt-iroh bridges (Rust → wasm, relay-only).
+//! Browser client for thunderbolt-iroh bridges: Rust compiled to wasm, dialing
+//! a bridge through an iroh relay (browsers have no UDP, so it is relay-only).
 //!
-//! Builds on the shared wire contract; the wasm-bindgen API lands with the
-//! browser-client work.
+//! JavaScript API (ES module built by `client-wasm/build.sh` into `pkg/`):
+//!
+//! ```js
+//! import init, { IrohClient } from "./pkg/thunderbolt_client_wasm.js";
+//! await init();
+//! const client = await IrohClient.create(localStorage.secret, "https://relay.example");
+//! localStorage.secret = client.secretKeyHex();        // stable NodeId across reloads
+//! // Byte API (drop-in for the app's client):
+//! const conn = await client.connect(ticket, "thunderbolt/acp/0");
+//! await conn.send(new TextEncoder().encode('{"jsonrpc":"2.0",...}\n'));
+//! const reader = conn.readable().getReader();
+//! // Framed API: JSON-RPC messages in, parsed messages out.
+//! const acp = await client.connectProtocol(ticket, "acp");
+//! await acp.send({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: 1 } });
+//! for await (const msg of acp.messages()) { ... }
+//! ```
+//!
+//! When the bridge refuses or ends a session, promises reject (and streams
+//! error) with an `Error` whose `kind` is `"closed"` and which carries the
+//! bridge's `code` and `reason` (`not allowlisted`, `bridge at capacity`, …),
+//! distinguishable from `"timeout"` (dial timeout) and `"network"`.
 
-pub use thunderbolt_shared::{alpn_for, Protocol};
+pub mod errors;
+
+#[cfg(target_arch = "wasm32")]
+mod wasm;

@@ -5,7 +5,9 @@
 //! [`LineFramer`] is the runtime-free core (used by the wasm client);
 //! [`NdjsonCodec`] wraps the same logic as a `tokio-util` codec.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+#[cfg(feature = "codec")]
+use bytes::Buf;
+use bytes::{BufMut, Bytes, BytesMut};
 
 /// Largest frame (without its `\n`) either side accepts. ACP messages carry file
 /// contents and tool output; 16 MiB fits any realistic one while bounding memory.

@@ -80,6 +80,12 @@ fn main() -> Result<()> {
     if args.first().map(String::as_str) == Some("echo-server") {
         return rt.block_on(echo_server(args.get(1).cloned()));
     }
+    if args.first().map(String::as_str) == Some("flood") {
+        let relay = args.get(1).context("flood RELAY TICKET SECS")?.parse()?;
+        let ticket: EndpointTicket = args.get(2).context("flood RELAY TICKET SECS")?.parse()?;
+        let secs: f64 = args.get(3).context("flood RELAY TICKET SECS")?.parse()?;
+        return rt.block_on(flood(relay, ticket, Duration::from_secs_f64(secs)));
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).map(PathBuf::from);
     if args.iter().any(|a| a == "--help" || a == "-h") {
@@ -119,6 +125,38 @@ async fn echo_server(relay: Option<String>) -> Result<()> {
             }
         });
     }
+    Ok(())
+}
+
+/// Most dials in flight at once from the flood process, and most in total: the
+/// flood is bounded in concurrency, count and time.
+const FLOOD_CONCURRENCY: usize = 32;
+const FLOOD_MAX_DIALS: usize = 20_000;
+/// A flood dial gives up after this (the bridge ignores most of them).
+const FLOOD_DIAL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A separate process: dials `ticket` through the relay with a fresh identity per
+/// dial, `FLOOD_CONCURRENCY` at a time, until `dur` has passed.
+async fn flood(relay: RelayUrl, ticket: EndpointTicket, dur: Duration) -> Result<()> {
+    let deadline = Instant::now() + dur;
+    let addr = path_addr(ticket.endpoint_addr(), true);
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut started = 0usize;
+    while Instant::now() < deadline && started < FLOOD_MAX_DIALS {
+        while tasks.len() < FLOOD_CONCURRENCY && started < FLOOD_MAX_DIALS {
+            started += 1;
+            let (relay, addr) = (relay.clone(), addr.clone());
+            tasks.spawn(async move {
+                let Ok(ep) = client(&relay, SecretKey::generate(), true).await else { return };
+                let _ =
+                    tokio::time::timeout(FLOOD_DIAL_TIMEOUT, ep.connect(addr, &Protocol::acp().alpn())).await;
+                ep.close().await;
+            });
+        }
+        let _ = tokio::time::timeout_at(deadline.into(), tasks.join_next()).await;
+    }
+    tasks.shutdown().await;
+    eprintln!("bench: flood made {started} dials");
     Ok(())
 }
 
@@ -301,6 +339,47 @@ async fn run(plan: Plan, json_out: Option<PathBuf>) -> Result<()> {
         ));
         cat.terminate().await;
         let _ = echo.kill().await;
+        ep.close().await;
+    }
+    // Admission under attack: an allowed relay peer's setup time, alone and
+    // while a separate process floods the bridge with fresh identities.
+    {
+        let ep = client(&relay_url, client_key.clone(), true).await?;
+        let mut builtin = start_bridge(vec![]).await;
+        let ticket: EndpointTicket = builtin.ticket.parse()?;
+        let addr = path_addr(ticket.endpoint_addr(), true);
+        let init =
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}\n";
+        first_response(&ep, &addr, &Protocol::acp().alpn(), init).await?;
+        let mut calm = Vec::new();
+        for _ in 0..plan.setup_reps {
+            calm.push(ms(first_response(&ep, &addr, &Protocol::acp().alpn(), init).await?));
+        }
+        let flood_secs = (plan.setup_reps as f64 * 2.0 + 10.0).to_string();
+        let mut flood = Command::new(std::env::current_exe()?)
+            .args(["flood", &relay_url.to_string(), &builtin.ticket, &flood_secs])
+            .kill_on_drop(true)
+            .spawn()?;
+        // Let the flood reach full strength (the gate starts dropping) before measuring.
+        let hit_cap =
+            tokio::time::timeout(Duration::from_secs(5), builtin.log.wait_for("dropping connections"))
+                .await
+                .is_ok();
+        eprintln!("bench: flood {} the handshake cap", if hit_cap { "reached" } else { "did not reach" });
+        let mut attacked = Vec::new();
+        for _ in 0..plan.setup_reps {
+            attacked.push(ms(first_response(&ep, &addr, &Protocol::acp().alpn(), init).await?));
+        }
+        let _ = flood.kill().await;
+        rows.push(row(
+            "allowed peer dial → first response under flood (relay)",
+            "ms",
+            attacked,
+            "same, no flood",
+            calm,
+            false,
+        ));
+        builtin.terminate().await;
         ep.close().await;
     }
     drop(relay);

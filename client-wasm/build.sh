@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds the browser client into client-wasm/pkg/ (ES module, .wasm, .d.ts).
+#
+# These machines cannot `rustup target add`, so the wasm32 build uses Debian's
+# rustc-web toolchain with -Zbuild-std (design §4). Installs what is missing:
+# the Debian toolchain packages and wasm-bindgen-cli at the exact version in
+# Cargo.lock. Debian's wasm-opt is deliberately not run (its output fails at
+# runtime).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+cd "$root"
+
+if [ ! -x /usr/bin/rustc ] || [ ! -d /usr/lib/rustlib/src/rust ] || ! command -v clang-22 >/dev/null \
+   || [ ! -x /usr/lib/llvm-22/bin/wasm-ld ]; then
+  echo "build.sh: installing Debian's wasm toolchain (rustc-web, rust-web-src, clang-22, lld-22)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends rustc-web cargo-web libstd-rust-web-dev rust-web-src \
+    clang-22 lld-22 llvm >/dev/null
+fi
+
+wb_version="$(awk '/^name = "wasm-bindgen"$/{getline; gsub(/"/,"",$3); print $3; exit}' Cargo.lock)"
+if [ -z "$wb_version" ]; then
+  echo "build.sh: cannot find wasm-bindgen in Cargo.lock" >&2
+  exit 1
+fi
+if ! command -v wasm-bindgen >/dev/null || [ "$(wasm-bindgen --version | awk '{print $2}')" != "$wb_version" ]; then
+  echo "build.sh: installing wasm-bindgen-cli $wb_version" >&2
+  cargo install wasm-bindgen-cli --version "$wb_version"
+fi
+
+PATH=/usr/lib/llvm-22/bin:/usr/local/bin:/usr/bin:/bin \
+RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1 \
+CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER=wasm-ld \
+CC_wasm32_unknown_unknown=clang-22 AR_wasm32_unknown_unknown=llvm-ar \
+CARGO_PROFILE_RELEASE_DEBUG=false \
+RUSTFLAGS='--cfg getrandom_backend="wasm_js"' \
+  /usr/bin/cargo build --release --locked --target wasm32-unknown-unknown \
+    -Zbuild-std=std,panic_abort -p thunderbolt-client-wasm --target-dir target/wasm
+
+wasm-bindgen --target web --out-dir "$here/pkg" \
+  target/wasm/wasm32-unknown-unknown/release/thunderbolt_client_wasm.wasm
+ls -l "$here/pkg"

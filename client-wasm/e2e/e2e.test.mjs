@@ -1,0 +1,195 @@
+// End to end: the wasm client in real headless Chromium, against a real
+// `thunderbolt` bridge, through a real local relay (`thunderbolt-relay --dev`).
+// Everything listens on 127.0.0.1; the bridge has every public knob off.
+//
+// Needs: client-wasm/pkg (client-wasm/build.sh), the workspace binaries
+// (cargo build --workspace --bins), Debian chromium, `npm ci` here.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, execFileSync } from "node:child_process";
+import { mkdtempSync, mkdirSync, readdirSync, readFileSync, existsSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve, dirname } from "node:path";
+import { fileURLToPath } from "node:url";
+import { createInterface } from "node:readline";
+import { chromium } from "playwright-core";
+import { startServer } from "../serve.mjs";
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "../..");
+const BIN = process.env.TB_BIN_DIR || join(ROOT, "target/debug");
+const ARTIFACTS = join(ROOT, "target/e2e-artifacts");
+const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
+/// Upper bound for anything we wait on; a passing run never waits it out.
+const WAIT_MS = 30_000;
+
+const procs = [];
+let relayUrl, server, browser, page, baseUrl;
+let bridge; // { child, ticket, home, log }
+
+function waitFor(cond, what, ms = WAIT_MS) {
+  return new Promise((res, rej) => {
+    const start = Date.now();
+    const tick = () => {
+      let v;
+      try { v = cond(); } catch (e) { return rej(e); }
+      if (v) return res(v);
+      if (Date.now() - start > ms) return rej(new Error(`timed out waiting for ${what}`));
+      setTimeout(tick, 25);
+    };
+    tick();
+  });
+}
+
+/// Spawns a process, collecting its stdout lines and stderr text.
+function run(cmd, args, env = {}) {
+  const child = spawn(cmd, args, { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
+  const p = { child, out: [], err: "" };
+  createInterface({ input: child.stdout }).on("line", (l) => p.out.push(l));
+  child.stderr.on("data", (d) => (p.err += d));
+  procs.push(p);
+  return p;
+}
+
+function bridgeEnv(home) {
+  return {
+    THUNDERBOLT_HOME: home,
+    THUNDERBOLT_IROH_RELAY_URL: relayUrl,
+    THUNDERBOLT_IROH_DISCOVERY: "off",
+    THUNDERBOLT_IROH_PORTMAPPER: "off",
+    THUNDERBOLT_IROH_BIND: "127.0.0.1:0",
+    RUST_LOG: "info",
+  };
+}
+
+async function startBridge(agent = []) {
+  const home = mkdtempSync(join(tmpdir(), "tb-e2e-"));
+  const args = ["acp", "--transport", "iroh", ...(agent.length ? ["--", ...agent] : [])];
+  const p = run(join(BIN, "thunderbolt"), args, bridgeEnv(home));
+  await waitFor(() => p.out.some((l) => l.trim().startsWith("Allow a peer:")), "bridge banner").catch((e) => {
+    throw new Error(`${e.message}; stderr:\n${p.err}`);
+  });
+  const ticket = p.out.map((l) => l.trim()).find((l) => l.startsWith("Ticket:")).split(/\s+/)[1];
+  return { ...p, ticket, home };
+}
+
+function allow(b, nodeId) {
+  execFileSync(join(BIN, "thunderbolt"), ["iroh", "allow", nodeId], { env: { ...process.env, ...bridgeEnv(b.home) } });
+}
+
+/// The bridge's agent processes: its children (the built-in agent runs as `thunderbolt acp serve`).
+function agentPids(b) {
+  const pids = [];
+  for (const tid of readdirSync(`/proc/${b.child.pid}/task`)) {
+    const f = `/proc/${b.child.pid}/task/${tid}/children`;
+    if (existsSync(f)) pids.push(...readFileSync(f, "utf8").split(/\s+/).filter(Boolean).map(Number));
+  }
+  return pids;
+}
+
+function alive(pid) {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    return stat.split(" ")[2] !== "Z";
+  } catch {
+    return false;
+  }
+}
+
+before(async () => {
+  mkdirSync(ARTIFACTS, { recursive: true });
+  const relay = run(join(BIN, "thunderbolt-relay"), ["--dev", "--bind", "127.0.0.1:0"]);
+  await waitFor(() => relay.out.find((l) => l.startsWith("relay listening on ")), "relay");
+  relayUrl = relay.out.find((l) => l.startsWith("relay listening on ")).split(" ").pop();
+  bridge = await startBridge();
+  server = await startServer(0);
+  baseUrl = `http://127.0.0.1:${server.address().port}`;
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync"],
+  });
+  page = await browser.newPage();
+  page.on("console", (m) => process.env.E2E_VERBOSE && console.log("page:", m.text()));
+  page.on("pageerror", (e) => console.log("page error:", e.message));
+  const q = new URLSearchParams({ relay: relayUrl, ticket: bridge.ticket });
+  await page.goto(`${baseUrl}/www/?${q}`);
+  await page.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+});
+
+after(async () => {
+  await browser?.close();
+  server?.close();
+  for (const p of procs) p.child.kill("SIGTERM");
+});
+
+test("a browser NodeId that is not allowed gets `not allowlisted` as a typed error", async () => {
+  const nodeId = await page.textContent("#node-id");
+  assert.match(nodeId, /^[0-9a-f]{64}$/);
+  assert.equal(await page.textContent("#allow-cmd"), `thunderbolt iroh allow ${nodeId}`);
+  await page.click("#connect");
+  await page.waitForFunction(() => window.lastError, null, { timeout: WAIT_MS });
+  const err = await page.evaluate(() => window.lastError);
+  assert.deepEqual({ kind: err.kind, code: err.code, reason: err.reason }, { kind: "closed", code: 1, reason: "not allowlisted" });
+  assert.match(await page.textContent("#status"), /not allowlisted/);
+  assert.deepEqual(agentPids(bridge), [], "nothing may be spawned for a refused peer");
+});
+
+test("the ACP exchange streams the reply, with a stable NodeId across reloads", async () => {
+  const nodeId = await page.textContent("#node-id");
+  allow(bridge, nodeId);
+  // The secret lives in localStorage: a reload keeps the NodeId that was just allowed.
+  await page.reload();
+  await page.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+  assert.equal(await page.textContent("#node-id"), nodeId);
+  await page.click("#connect");
+  await page.waitForFunction(() => document.querySelector("#status").className === "ok", null, { timeout: WAIT_MS });
+  await page.fill("#prompt", "hello from chromium");
+  await page.click("#send");
+  await page.waitForFunction(() => document.querySelector("#reply").dataset.stopReason === "end_turn", null, { timeout: WAIT_MS });
+  assert.equal(await page.textContent("#reply"), "You said: hello from chromium");
+  const updates = await page.evaluate(() => [...document.querySelectorAll("#log div")].filter((d) => d.textContent.includes("agent_message_chunk")).length);
+  assert.ok(updates >= 2, `expected a streamed reply, saw ${updates} update(s)`);
+  await page.screenshot({ path: join(ARTIFACTS, "demo-page.png"), fullPage: true });
+});
+
+test("two connections from one client work at the same time", async () => {
+  const result = await page.evaluate(async (ticket) => {
+    const client = window.thunderbolt.state.client;
+    const [a, b] = await Promise.all([client.connectProtocol(ticket, "acp"), client.connectProtocol(ticket, "acp")]);
+    const ra = a.messages().getReader();
+    const rb = b.messages().getReader();
+    await Promise.all([
+      a.send({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: 1 } }),
+      b.send('{"jsonrpc":"2.0","id":7,"method":"initialize","params":{"protocolVersion":1}}'),
+    ]);
+    const [ma, mb] = await Promise.all([ra.read(), rb.read()]);
+    a.close();
+    b.close();
+    return [ma.value.id, mb.value.id, ma.value.result.protocolVersion, mb.value.result.protocolVersion];
+  }, bridge.ticket);
+  assert.deepEqual(result, [1, 7, 1, 1]);
+});
+
+test("closing the page's connection kills the agent on the bridge", async () => {
+  // The connection from the exchange test is still open: its agent is alive.
+  const pids = await waitFor(() => { const p = agentPids(bridge); return p.length ? p : null; }, "a live agent");
+  await page.click("#disconnect");
+  await waitFor(() => pids.every((pid) => !alive(pid)), `agents ${pids} to exit`);
+  assert.deepEqual(agentPids(bridge).filter(alive), []);
+});
+
+test("errors are typed: bad input, wrong protocol, dial timeout", async () => {
+  const r = await page.evaluate(async (ticket) => {
+    const client = window.thunderbolt.state.client;
+    const out = {};
+    try { await client.connectProtocol("not-a-ticket", "acp"); } catch (e) { out.input = e.kind; }
+    try { await client.connectProtocol(ticket, "Bad Name"); } catch (e) { out.protocol = e.kind; }
+    try { await client.connectProtocol(ticket, "mcp"); } catch (e) { out.alpn = e.kind; }
+    // A NodeId nobody serves: the dial is bounded by its timeout.
+    const ghost = (await window.thunderbolt.IrohClient.create(undefined, new URLSearchParams(location.search).get("relay"))).nodeId();
+    try { await client.connectProtocol(ghost, "acp", 1500); } catch (e) { out.timeout = e.kind; out.retryable = e.retryable; }
+    return out;
+  }, bridge.ticket);
+  assert.deepEqual(r, { input: "input", protocol: "input", alpn: "alpn", timeout: "timeout", retryable: true });
+});

@@ -1,0 +1,43 @@
+#!/usr/bin/env node
+// Tiny static server for the demo page: serves client-wasm/ (www/ and pkg/) on
+// loopback with the right MIME types (.wasm must be application/wasm).
+//   node client-wasm/serve.mjs [port]      then open http://127.0.0.1:<port>/www/
+import { createServer } from "node:http";
+import { readFile, stat } from "node:fs/promises";
+import { extname, join, normalize, dirname } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const ROOT = dirname(fileURLToPath(import.meta.url));
+const TYPES = {
+  ".html": "text/html; charset=utf-8",
+  ".js": "text/javascript; charset=utf-8",
+  ".mjs": "text/javascript; charset=utf-8",
+  ".wasm": "application/wasm",
+  ".css": "text/css; charset=utf-8",
+  ".json": "application/json",
+  ".ts": "text/plain; charset=utf-8",
+};
+
+export function startServer(port = 0, host = "127.0.0.1") {
+  const server = createServer(async (req, res) => {
+    try {
+      let path = normalize(decodeURIComponent(new URL(req.url, "http://x").pathname));
+      if (path.includes("..")) throw Object.assign(new Error("bad path"), { code: "ENOENT" });
+      let file = join(ROOT, path);
+      if ((await stat(file)).isDirectory()) file = join(file, "index.html");
+      const body = await readFile(file);
+      res.writeHead(200, { "content-type": TYPES[extname(file)] || "application/octet-stream", "cache-control": "no-store" });
+      res.end(body);
+    } catch {
+      res.writeHead(404, { "content-type": "text/plain" });
+      res.end("not found\n");
+    }
+  });
+  return new Promise((resolve) => server.listen(port, host, () => resolve(server)));
+}
+
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  const server = await startServer(Number(process.argv[2] || 8080));
+  const { port } = server.address();
+  console.log(`serving ${ROOT} at http://127.0.0.1:${port}/www/`);
+}

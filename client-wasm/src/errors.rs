@@ -1,0 +1,75 @@
+//! How a failure is reported to JavaScript: a kind the app can switch on, plus
+//! the bridge's close code and reason when the bridge closed the connection.
+
+use thunderbolt_shared::close::Refusal;
+
+/// Default bound on a dial: covers a cold relay connection on a slow link.
+pub const DEFAULT_DIAL_TIMEOUT_MS: u32 = 30_000;
+
+/// What went wrong, as JavaScript sees it (`err.kind`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The bridge (or the client) closed the connection with a code and reason.
+    Closed { code: u64, reason: String },
+    /// The dial did not complete within its timeout.
+    Timeout,
+    /// The peer does not speak the requested ALPN (e.g. an MCP bridge dialed as ACP).
+    Alpn,
+    /// A frame broke the ndjson rules (too long, not JSON, embedded newline).
+    Frame,
+    /// Bad input from the caller (malformed ticket, NodeId, protocol, secret).
+    Input,
+    /// Anything else on the network path.
+    Network,
+}
+
+impl ErrorKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            ErrorKind::Closed { .. } => "closed",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Alpn => "alpn",
+            ErrorKind::Frame => "frame",
+            ErrorKind::Input => "input",
+            ErrorKind::Network => "network",
+        }
+    }
+
+    /// Whether redialing can help without a human changing something first.
+    pub fn retryable(&self) -> bool {
+        match self {
+            ErrorKind::Closed { code, reason } => {
+                Refusal::from_close(*code, reason.as_bytes()).is_none_or(|r| r.is_retryable())
+            }
+            ErrorKind::Timeout | ErrorKind::Network => true,
+            ErrorKind::Alpn | ErrorKind::Frame | ErrorKind::Input => false,
+        }
+    }
+}
+
+/// Classifies a connection error's text when no structured close is available.
+pub fn classify_text(text: &str) -> ErrorKind {
+    let t = text.to_ascii_lowercase();
+    if t.contains("alpn") || t.contains("known protocol") || t.contains("error 120") {
+        ErrorKind::Alpn
+    } else if t.contains("timed out") || t.contains("timeout") {
+        ErrorKind::Timeout
+    } else {
+        ErrorKind::Network
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_and_retry() {
+        let na = ErrorKind::Closed { code: 1, reason: "not allowlisted".into() };
+        assert_eq!(na.name(), "closed");
+        assert!(!na.retryable());
+        assert!(ErrorKind::Closed { code: 1, reason: "bridge at capacity".into() }.retryable());
+        assert_eq!(classify_text("peer doesn't support any known protocol"), ErrorKind::Alpn);
+        assert!(ErrorKind::Timeout.retryable());
+    }
+}

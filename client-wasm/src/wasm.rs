@@ -1,0 +1,447 @@
+//! The wasm-bindgen surface: `IrohClient`, `IrohConnection` (bytes) and
+//! `FramedConnection` (JSON-RPC messages as ndjson frames).
+
+use std::{cell::RefCell, rc::Rc, time::Duration};
+
+use futures::{lock::Mutex as AsyncMutex, StreamExt};
+use iroh::{
+    endpoint::{presets, Connection, ConnectionError, RecvStream, SendStream, VarInt},
+    Endpoint, RelayMode, RelayUrl, SecretKey, TransportAddr,
+};
+use js_sys::{Error as JsError, Object, Promise, Reflect, Uint8Array};
+use thunderbolt_shared::{
+    close,
+    jsonrpc::is_json,
+    ndjson::{encode_frame, is_blank, LineFramer, MAX_FRAME_LEN},
+    Protocol, Target,
+};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+
+use crate::errors::{classify_text, ErrorKind, DEFAULT_DIAL_TIMEOUT_MS};
+
+/// Bytes asked for per read: large enough for bulk transfers, small enough to
+/// keep each JS chunk cheap.
+const READ_CHUNK: usize = 256 * 1024;
+
+fn set(obj: &JsValue, key: &str, value: JsValue) {
+    let _ = Reflect::set(obj, &JsValue::from_str(key), &value);
+}
+
+/// An `Error` with `kind`, `retryable` and, for closes, `code` and `reason`.
+fn js_error(kind: &ErrorKind, message: &str) -> JsValue {
+    let e = JsError::new(message);
+    e.set_name("IrohError");
+    let v: JsValue = e.into();
+    set(&v, "kind", kind.name().into());
+    set(&v, "retryable", kind.retryable().into());
+    if let ErrorKind::Closed { code, reason } = kind {
+        set(&v, "code", JsValue::from_f64(*code as f64));
+        set(&v, "reason", reason.as_str().into());
+    }
+    v
+}
+
+fn conn_error(err: &ConnectionError) -> JsValue {
+    match err {
+        ConnectionError::ApplicationClosed(ac) => {
+            let code = ac.error_code.into_inner();
+            let reason = String::from_utf8_lossy(&ac.reason).into_owned();
+            let msg = format!("the bridge closed the connection: {reason} (code {code})");
+            js_error(&ErrorKind::Closed { code, reason }, &msg)
+        }
+        ConnectionError::LocallyClosed => js_error(
+            &ErrorKind::Closed {
+                code: close::CLOSE_CODE_CLIENT as u64,
+                reason: close::REASON_CLIENT_CLOSED.into(),
+            },
+            "the connection was closed by this client",
+        ),
+        e => {
+            let text = e.to_string();
+            js_error(&classify_text(&text), &format!("connection lost: {text}"))
+        }
+    }
+}
+
+/// Prefers the connection's close reason (a refusal often shows up first as a
+/// failed write or read) over the operation's own error.
+fn op_error(conn: &Connection, fallback: impl std::fmt::Display) -> JsValue {
+    match conn.close_reason() {
+        Some(e) => conn_error(&e),
+        None => {
+            let text = fallback.to_string();
+            js_error(&classify_text(&text), &text)
+        }
+    }
+}
+
+fn input_error(msg: impl std::fmt::Display) -> JsValue {
+    js_error(&ErrorKind::Input, &msg.to_string())
+}
+
+struct ClientInner {
+    ep: Endpoint,
+    secret: SecretKey,
+    relay: Option<RelayUrl>,
+}
+
+/// One iroh endpoint (one NodeId), shared by all its connections.
+#[wasm_bindgen]
+pub struct IrohClient {
+    inner: Rc<ClientInner>,
+}
+
+#[wasm_bindgen]
+impl IrohClient {
+    /// Creates the client. `secretHex`: 64 hex chars to keep a stable NodeId
+    /// (store `secretKeyHex()` and pass it back); omitted → a new identity.
+    /// `relayUrl`: the relay to use; omitted → n0's public relays.
+    pub async fn create(
+        secret_hex: Option<String>,
+        relay_url: Option<String>,
+    ) -> Result<IrohClient, JsValue> {
+        console_error_panic_hook::set_once();
+        let secret = match secret_hex.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+            Some(h) => {
+                let bytes: [u8; 32] = hex::decode(h)
+                    .ok()
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or_else(|| input_error("secretHex must be 64 hex characters"))?;
+                SecretKey::from_bytes(&bytes)
+            }
+            None => SecretKey::generate(),
+        };
+        let relay: Option<RelayUrl> = match relay_url.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+            Some(u) => Some(u.parse().map_err(|e| input_error(format!("invalid relayUrl '{u}': {e}")))?),
+            None => None,
+        };
+        let mode = match &relay {
+            Some(u) => RelayMode::custom([u.clone()]),
+            None => iroh::endpoint::default_relay_mode(),
+        };
+        let ep = Endpoint::builder(presets::Minimal)
+            .secret_key(secret.clone())
+            .relay_mode(mode)
+            .bind()
+            .await
+            .map_err(|e| js_error(&ErrorKind::Network, &format!("cannot start the iroh endpoint: {e}")))?;
+        Ok(IrohClient { inner: Rc::new(ClientInner { ep, secret, relay }) })
+    }
+
+    /// This client's NodeId (64 hex chars): what the bridge must allow.
+    #[wasm_bindgen(js_name = nodeId)]
+    pub fn node_id(&self) -> String {
+        self.inner.ep.id().to_string()
+    }
+
+    /// The secret key as 64 hex chars, to persist for a stable NodeId.
+    #[wasm_bindgen(js_name = secretKeyHex)]
+    pub fn secret_key_hex(&self) -> String {
+        hex::encode(self.inner.secret.to_bytes())
+    }
+
+    /// Dials `target` (ticket or NodeId) with `alpn` and opens the session's stream.
+    #[wasm_bindgen(unchecked_return_type = "Promise<IrohConnection>")]
+    pub fn connect(&self, target: String, alpn: String, timeout_ms: Option<u32>) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let c = dial(&inner, &target, alpn.into_bytes(), timeout_ms).await?;
+            Ok(IrohConnection { inner: c }.into())
+        })
+    }
+
+    /// Dials `target` for a protocol by name (`acp`, `mcp`): the ALPN is derived
+    /// (`thunderbolt/<protocol>/0`) and messages are framed as ndjson.
+    #[wasm_bindgen(js_name = connectProtocol, unchecked_return_type = "Promise<FramedConnection>")]
+    pub fn connect_protocol(&self, target: String, protocol: String, timeout_ms: Option<u32>) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let p: Protocol = protocol.parse().map_err(input_error)?;
+            let c = dial(&inner, &target, p.alpn(), timeout_ms).await?;
+            Ok(FramedConnection { inner: c }.into())
+        })
+    }
+
+    /// Closes the endpoint and every connection of this client.
+    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
+    pub fn shutdown(&self) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            inner.ep.close().await;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+}
+
+struct ConnInner {
+    conn: Connection,
+    send: AsyncMutex<SendStream>,
+    recv: RefCell<Option<RecvStream>>,
+}
+
+async fn dial(
+    client: &ClientInner,
+    target: &str,
+    alpn: Vec<u8>,
+    timeout_ms: Option<u32>,
+) -> Result<Rc<ConnInner>, JsValue> {
+    let target: Target = target.parse().map_err(input_error)?;
+    let mut addr = target.endpoint_addr();
+    // A bare NodeId carries no address: assume the bridge uses our relay.
+    if addr.relay_urls().next().is_none() {
+        if let Some(r) = &client.relay {
+            addr = addr.with_addrs([TransportAddr::Relay(r.clone())]);
+        }
+    }
+    let ms = timeout_ms.unwrap_or(DEFAULT_DIAL_TIMEOUT_MS);
+    let fut = async {
+        client.ep.online().await;
+        client.ep.connect(addr, &alpn).await
+    };
+    let conn = match n0_future::time::timeout(Duration::from_millis(ms as u64), fut).await {
+        Err(_) => {
+            return Err(js_error(
+                &ErrorKind::Timeout,
+                &format!("could not reach {} within {ms} ms", target.id()),
+            ))
+        }
+        Ok(Err(e)) => {
+            let text = e.to_string();
+            return Err(js_error(
+                &classify_text(&text),
+                &format!("could not connect to {}: {text}", target.id()),
+            ));
+        }
+        Ok(Ok(c)) => c,
+    };
+    let (send, recv) = conn.open_bi().await.map_err(|e| conn_error(&e))?;
+    Ok(Rc::new(ConnInner { conn, send: AsyncMutex::new(send), recv: RefCell::new(Some(recv)) }))
+}
+
+impl ConnInner {
+    async fn write(&self, bytes: &[u8]) -> Result<(), JsValue> {
+        let mut send = self.send.lock().await;
+        send.write_all(bytes).await.map_err(|e| op_error(&self.conn, e))
+    }
+
+    fn take_recv(&self) -> Result<RecvStream, JsValue> {
+        self.recv.borrow_mut().take().ok_or_else(|| input_error("the stream can only be read once"))
+    }
+
+    /// A stream of byte chunks; ends when the bridge finished its side.
+    fn chunks(self: &Rc<Self>) -> Result<impl futures::Stream<Item = Result<Vec<u8>, JsValue>>, JsValue> {
+        let recv = self.take_recv()?;
+        let me = self.clone();
+        Ok(futures::stream::unfold(Some((recv, me)), |state| async move {
+            let (mut recv, me) = state?;
+            match recv.read_chunk(READ_CHUNK).await {
+                Ok(Some(chunk)) => Some((Ok(chunk.to_vec()), Some((recv, me)))),
+                Ok(None) => None,
+                Err(e) => {
+                    let err = op_error(&me.conn, e);
+                    Some((Err(err), None))
+                }
+            }
+        }))
+    }
+
+    fn close(&self) {
+        self.conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_CLIENT_CLOSED.as_bytes());
+    }
+
+    /// Resolves with `{kind, code, reason}` once the connection is closed.
+    fn closed(self: &Rc<Self>) -> Promise {
+        let me = self.clone();
+        future_to_promise(async move {
+            let err = me.conn.closed().await;
+            let v: JsValue = Object::new().into();
+            match &err {
+                ConnectionError::ApplicationClosed(ac) => {
+                    set(&v, "kind", "closed".into());
+                    set(&v, "code", JsValue::from_f64(ac.error_code.into_inner() as f64));
+                    set(&v, "reason", String::from_utf8_lossy(&ac.reason).as_ref().into());
+                }
+                ConnectionError::LocallyClosed => {
+                    set(&v, "kind", "closed".into());
+                    set(&v, "code", JsValue::from_f64(close::CLOSE_CODE_CLIENT as f64));
+                    set(&v, "reason", close::REASON_CLIENT_CLOSED.into());
+                }
+                e => {
+                    set(&v, "kind", classify_text(&e.to_string()).name().into());
+                    set(&v, "reason", e.to_string().into());
+                }
+            }
+            Ok(v)
+        })
+    }
+
+    /// Finishes our send side: the bridge's agent sees end of input.
+    async fn finish(&self) -> Result<(), JsValue> {
+        let mut send = self.send.lock().await;
+        send.finish().map_err(|e| op_error(&self.conn, e))
+    }
+}
+
+/// One session: raw bytes in both directions.
+#[wasm_bindgen]
+pub struct IrohConnection {
+    inner: Rc<ConnInner>,
+}
+
+#[wasm_bindgen]
+impl IrohConnection {
+    /// Writes bytes; resolves once they are handed to QUIC.
+    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
+    pub fn send(&self, data: Uint8Array) -> Promise {
+        let inner = self.inner.clone();
+        let bytes = data.to_vec();
+        future_to_promise(async move {
+            inner.write(&bytes).await?;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+
+    /// The bytes from the bridge, as a `ReadableStream<Uint8Array>`. Can be taken once.
+    #[wasm_bindgen(unchecked_return_type = "ReadableStream<Uint8Array>")]
+    pub fn readable(&self) -> Result<web_sys::ReadableStream, JsValue> {
+        let s = self.inner.chunks()?.map(|r| r.map(|b| Uint8Array::from(&b[..]).into()));
+        Ok(wasm_streams::ReadableStream::from_stream(s).into_raw())
+    }
+
+    /// Ends our side of the stream (the agent sees end of input).
+    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
+    pub fn finish(&self) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            inner.finish().await?;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+
+    /// Closes the session (code 0, `client closed`); the bridge ends the agent.
+    pub fn close(&self) {
+        self.inner.close();
+    }
+
+    /// Resolves with `{kind, code, reason}` when the connection closes.
+    #[wasm_bindgen(unchecked_return_type = "Promise<{kind: string, code?: number, reason: string}>")]
+    pub fn closed(&self) -> Promise {
+        self.inner.closed()
+    }
+}
+
+/// One session carrying JSON-RPC messages, one ndjson frame each.
+#[wasm_bindgen]
+pub struct FramedConnection {
+    inner: Rc<ConnInner>,
+}
+
+#[wasm_bindgen]
+impl FramedConnection {
+    /// Sends one message: an object (serialized with `JSON.stringify`) or a
+    /// string holding one JSON value. Frames over 16 MiB are rejected.
+    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
+    pub fn send(&self, message: JsValue) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let text = match message.as_string() {
+                Some(s) => {
+                    if !is_json(s.as_bytes()) {
+                        return Err(js_error(&ErrorKind::Frame, "the string is not one JSON value"));
+                    }
+                    s
+                }
+                None => js_sys::JSON::stringify(&message)
+                    .map_err(|_| js_error(&ErrorKind::Frame, "the message cannot be serialized as JSON"))?
+                    .as_string()
+                    .ok_or_else(|| js_error(&ErrorKind::Frame, "the message serializes to nothing"))?,
+            };
+            let mut buf = bytes::BytesMut::new();
+            encode_frame(text.trim().as_bytes(), &mut buf, MAX_FRAME_LEN)
+                .map_err(|e| js_error(&ErrorKind::Frame, &e.to_string()))?;
+            inner.write(&buf).await?;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+
+    /// The messages from the bridge, parsed, as a `ReadableStream<any>`. Can be
+    /// taken once. A frame over 16 MiB or a line that is not JSON errors the
+    /// stream (and closes the session).
+    #[wasm_bindgen(unchecked_return_type = "ReadableStream<any>")]
+    pub fn messages(&self) -> Result<web_sys::ReadableStream, JsValue> {
+        let chunks = self.inner.chunks()?;
+        let inner = self.inner.clone();
+        let framed = futures::stream::unfold(
+            (Box::pin(chunks), LineFramer::new(MAX_FRAME_LEN), std::collections::VecDeque::new(), false),
+            move |(mut chunks, mut framer, mut ready, mut done)| {
+                let inner = inner.clone();
+                async move {
+                    loop {
+                        if let Some(item) = ready.pop_front() {
+                            return Some((item, (chunks, framer, ready, done)));
+                        }
+                        if done {
+                            return None;
+                        }
+                        match chunks.next().await {
+                            Some(Ok(bytes)) => framer.push(&bytes),
+                            Some(Err(e)) => {
+                                ready.push_back(Err(e));
+                                done = true;
+                                continue;
+                            }
+                            None => {
+                                done = true;
+                                if let Some(rest) = framer.finish() {
+                                    ready.push_back(parse_frame(&rest));
+                                }
+                                continue;
+                            }
+                        }
+                        loop {
+                            match framer.next_frame() {
+                                Ok(Some(f)) if is_blank(&f) => {}
+                                Ok(Some(f)) => ready.push_back(parse_frame(&f)),
+                                Ok(None) => break,
+                                Err(e) => {
+                                    inner.close();
+                                    ready.push_back(Err(js_error(&ErrorKind::Frame, &e.to_string())));
+                                    done = true;
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+            },
+        );
+        Ok(wasm_streams::ReadableStream::from_stream(framed).into_raw())
+    }
+
+    /// Ends our side of the stream (the agent sees end of input).
+    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
+    pub fn finish(&self) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            inner.finish().await?;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+
+    /// Closes the session (code 0, `client closed`); the bridge ends the agent.
+    pub fn close(&self) {
+        self.inner.close();
+    }
+
+    /// Resolves with `{kind, code, reason}` when the connection closes.
+    #[wasm_bindgen(unchecked_return_type = "Promise<{kind: string, code?: number, reason: string}>")]
+    pub fn closed(&self) -> Promise {
+        self.inner.closed()
+    }
+}
+
+fn parse_frame(frame: &[u8]) -> Result<JsValue, JsValue> {
+    let text = std::str::from_utf8(frame).map_err(|_| js_error(&ErrorKind::Frame, "frame is not UTF-8"))?;
+    js_sys::JSON::parse(text).map_err(|_| js_error(&ErrorKind::Frame, "frame is not JSON"))
+}
