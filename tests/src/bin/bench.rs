@@ -80,6 +80,24 @@ fn main() -> Result<()> {
     if args.first().map(String::as_str) == Some("echo-server") {
         return rt.block_on(echo_server(args.get(1).cloned()));
     }
+    if args.first().map(String::as_str) == Some("relay-bulk") {
+        // relay-bulk RELAY TICKET SECRET_HEX BYTES: one relay-only bulk transfer, prints MB/s.
+        let usage = "relay-bulk RELAY TICKET SECRET_HEX BYTES";
+        let relay: RelayUrl = args.get(1).context(usage)?.parse()?;
+        let ticket: EndpointTicket = args.get(2).context(usage)?.parse()?;
+        let key: [u8; 32] =
+            hex_decode(args.get(3).context(usage)?).try_into().map_err(|_| anyhow::anyhow!("secret"))?;
+        let bytes: usize = args.get(4).context(usage)?.parse()?;
+        return rt.block_on(async move {
+            let ep = client(&relay, SecretKey::from_bytes(&key), true).await?;
+            let conn = ep.connect(path_addr(ticket.endpoint_addr(), true), &Protocol::acp().alpn()).await?;
+            let mbs = bulk(&conn, bytes).await?;
+            conn.close(0u32.into(), b"client closed");
+            ep.close().await;
+            println!("{mbs:.2}");
+            Ok(())
+        });
+    }
     if args.first().map(String::as_str) == Some("flood") {
         let relay = args.get(1).context("flood RELAY TICKET SECS")?.parse()?;
         let ticket: EndpointTicket = args.get(2).context("flood RELAY TICKET SECS")?.parse()?;
