@@ -6,38 +6,18 @@
 //! Edits rewrite the file atomically at 0600 and keep comments and unknown lines.
 
 use std::{
-    collections::HashSet,
     fs, io,
     path::{Path, PathBuf},
     sync::Mutex,
 };
 
 use iroh::EndpointId;
-use thunderbolt_shared::target::parse_node_id;
 use tracing::warn;
 
 use crate::home::{self, HomeError};
 
-/// A line that is neither blank, a comment, nor a NodeId.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadLine {
-    pub line_no: usize,
-    pub error: String,
-}
-
-/// The parsed file.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Allowed {
-    /// In file order, without duplicates.
-    pub ids: Vec<EndpointId>,
-    pub bad_lines: Vec<BadLine>,
-}
-
-impl Allowed {
-    pub fn contains(&self, id: &EndpointId) -> bool {
-        self.ids.contains(id)
-    }
-}
+use thunderbolt_shared::allowlist::{classify, Line};
+pub use thunderbolt_shared::allowlist::{parse, Allowed};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AllowFileError {
@@ -45,42 +25,6 @@ pub enum AllowFileError {
     Read { path: PathBuf, source: io::Error },
     #[error(transparent)]
     Home(#[from] HomeError),
-}
-
-/// What a line means.
-enum Line {
-    Skip,
-    Id(EndpointId),
-    Bad(String),
-}
-
-fn classify(raw: &str) -> Line {
-    let content = raw.split('#').next().unwrap_or("").trim();
-    if content.is_empty() {
-        return Line::Skip;
-    }
-    match parse_node_id(content) {
-        Ok(id) => Line::Id(id),
-        Err(e) => Line::Bad(e.to_string()),
-    }
-}
-
-/// Parses the file's text.
-pub fn parse(text: &str) -> Allowed {
-    let mut out = Allowed::default();
-    let mut seen = HashSet::new();
-    for (i, raw) in text.lines().enumerate() {
-        match classify(raw) {
-            Line::Skip => {}
-            Line::Id(id) => {
-                if seen.insert(id) {
-                    out.ids.push(id);
-                }
-            }
-            Line::Bad(error) => out.bad_lines.push(BadLine { line_no: i + 1, error }),
-        }
-    }
-    out
 }
 
 fn read_text(path: &Path) -> Result<String, AllowFileError> {
@@ -195,20 +139,6 @@ mod tests {
 
     fn id(n: u8) -> EndpointId {
         iroh::SecretKey::from_bytes(&[n; 32]).public()
-    }
-
-    #[test]
-    fn parse_rules() {
-        let text = format!(
-            "# my laptop\n  {a}  \n\n{a}\n{b} # phone\nnot-an-id\n{upper}\n",
-            a = id(1),
-            b = id(2),
-            upper = id(3).to_string().to_uppercase()
-        );
-        let p = parse(&text);
-        assert_eq!(p.ids, vec![id(1), id(2), id(3)]);
-        assert_eq!(p.bad_lines.len(), 1);
-        assert_eq!(p.bad_lines[0].line_no, 6);
     }
 
     #[test]

@@ -148,6 +148,11 @@ pub struct NetArgs {
     /// Socket address to bind (e.g. 127.0.0.1:0). Default: all interfaces, random port.
     #[arg(long, env = "THUNDERBOLT_IROH_BIND", value_name = "ADDR")]
     pub bind: Option<SocketAddr>,
+
+    /// Extra CA certificate(s) (PEM) to trust for relays, e.g. a self-hosted relay with a
+    /// private certificate. Added to the built-in roots.
+    #[arg(long, env = "THUNDERBOLT_IROH_RELAY_CA", value_name = "PEM-FILE")]
+    pub relay_ca: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

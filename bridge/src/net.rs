@@ -79,6 +79,23 @@ pub struct NetConfig {
     pub discovery: Discovery,
     pub portmapper: OnOff,
     pub bind: Option<std::net::SocketAddr>,
+    /// Extra trusted roots for relay TLS.
+    pub relay_ca: Vec<rustls_pki_types::CertificateDer<'static>>,
+}
+
+/// Reads every certificate of a PEM file (a CA bundle may hold several).
+fn load_ca(path: &std::path::Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
+    use rustls_pki_types::{pem::PemObject, CertificateDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .with_context(|| format!("cannot read THUNDERBOLT_IROH_RELAY_CA {}", path.display()))?
+        .collect::<Result<_, _>>()
+        .with_context(|| {
+            format!("THUNDERBOLT_IROH_RELAY_CA {}: not a PEM certificate file", path.display())
+        })?;
+    if certs.is_empty() {
+        bail!("THUNDERBOLT_IROH_RELAY_CA {}: no certificate in it", path.display());
+    }
+    Ok(certs)
 }
 
 impl NetConfig {
@@ -88,6 +105,10 @@ impl NetConfig {
             discovery: a.discovery,
             portmapper: a.portmapper,
             bind: a.bind,
+            relay_ca: match &a.relay_ca {
+                Some(p) if !p.as_os_str().is_empty() => load_ca(p)?,
+                _ => Vec::new(),
+            },
         })
     }
 
@@ -105,6 +126,11 @@ impl NetConfig {
             OnOff::On => PortmapperConfig::default(),
             OnOff::Off => PortmapperConfig::Disabled,
         });
+        if !self.relay_ca.is_empty() {
+            b = b.ca_tls_config(
+                iroh::tls::CaTlsConfig::default().with_extra_roots(self.relay_ca.iter().cloned()),
+            );
+        }
         if let Some(addr) = self.bind {
             b = b
                 .clear_ip_transports()

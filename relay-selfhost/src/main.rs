@@ -1,65 +1,220 @@
 //! `thunderbolt-relay`: run your own iroh relay for thunderbolt bridges and clients.
 //!
-//! `thunderbolt-relay --dev` serves plain http on 127.0.0.1:3340 for local use
-//! and tests. Payloads stay end-to-end encrypted between endpoints whatever the
-//! relay does; the relay decides availability and sees metadata (who talks to whom).
+//! ```text
+//! thunderbolt-relay --dev                     plain http on 127.0.0.1:3340 (local use, tests)
+//! thunderbolt-relay --config relay.toml       the operator's setup (TLS, access, limits)
+//! ```
+//!
+//! Payloads stay end-to-end encrypted between endpoints whatever the relay does;
+//! the relay decides availability and sees metadata (which NodeIds talk, when,
+//! how much). `access.allow_file` locks it to your own devices. See
+//! `relay-selfhost/deploy/GUIDE.md`.
 
-use std::net::SocketAddr;
+mod access;
+mod config;
+
+use std::{net::SocketAddr, num::NonZeroU32, path::PathBuf, sync::Arc};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use iroh_relay::server::{RelayConfig, Server, ServerConfig};
+use iroh_relay::server::{
+    AcmeConfig, CertConfig, ClientRateLimit, Limits, QuicConfig, RelayConfig, Server, ServerConfig, TlsConfig,
+};
+use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 use tracing::info;
+
+use crate::{
+    access::{LiveAllowFile, RelayAccess},
+    config::{AccessConfig, CertMode, Config},
+};
 
 /// Where `--dev` listens: loopback only, the port iroh's own dev relay uses.
 const DEV_BIND: &str = "127.0.0.1:3340";
 
 #[derive(Debug, Parser)]
-#[command(name = "thunderbolt-relay", version, about = "Self-hosted iroh relay for thunderbolt")]
+#[command(
+    name = "thunderbolt-relay",
+    version,
+    about = "Self-hosted iroh relay for thunderbolt bridges and browser clients",
+    long_about = "Self-hosted iroh relay for thunderbolt bridges and browser clients.\n\n\
+        The relay forwards end-to-end encrypted QUIC packets between endpoints that cannot reach \
+        each other directly (browsers always go through a relay). It never sees payloads; it does \
+        see which NodeIds talk. Point bridges and clients at it with \
+        THUNDERBOLT_IROH_RELAY_URL=https://<hostname>.\n\n\
+        Examples:\n  thunderbolt-relay --dev\n  thunderbolt-relay --config /etc/thunderbolt-relay/relay.toml"
+)]
 struct Args {
     /// Plain http on 127.0.0.1:3340 (or --bind), for local use and tests. Loopback only.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "config")]
     dev: bool,
 
     /// With --dev: the loopback address to listen on (port 0 picks a free one).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", requires = "dev")]
     bind: Option<SocketAddr>,
+
+    /// With --dev: also serve metrics on this address.
+    #[arg(long, value_name = "ADDR", requires = "dev")]
+    metrics: Option<SocketAddr>,
+
+    /// The operator's config file (TOML; unknown keys are refused).
+    #[arg(long, short, value_name = "FILE")]
+    config: Option<PathBuf>,
 }
 
-fn main() -> Result<()> {
+fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,iroh_relay=warn")),
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
-    if !args.dev {
-        bail!("nothing to run: use --dev (plain http on loopback)");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    if let Err(e) = run(Args::parse()) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
     }
-    let bind: SocketAddr = match args.bind {
-        Some(b) => b,
-        None => DEV_BIND.parse().expect("valid constant"),
+}
+
+fn run(args: Args) -> Result<()> {
+    let (server_config, summary) = if args.dev {
+        dev_config(args.bind, args.metrics)?
+    } else if let Some(path) = &args.config {
+        let cfg = Config::load(path)?;
+        operator_config(cfg)?
+    } else {
+        bail!("nothing to run: give --dev (local, plain http) or --config relay.toml (see --help)");
     };
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        let server = Server::spawn(server_config).await.context("cannot start the relay")?;
+        if let Some(addr) = server.https_addr() {
+            println!("relay listening on https://{addr}");
+        }
+        if let Some(addr) = server.http_addr() {
+            println!("relay listening on http://{addr}");
+        }
+        if let Some(addr) = server.quic_addr() {
+            println!("quic address discovery on {addr}");
+        }
+        info!("{summary}");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => info!("Ctrl-C: shutting down"),
+            _ = term.recv() => info!("SIGTERM: shutting down"),
+        }
+        server.shutdown().await.context("relay shutdown")?;
+        info!("relay stopped");
+        Ok(())
+    })
+}
+
+fn dev_config(bind: Option<SocketAddr>, metrics: Option<SocketAddr>) -> Result<(ServerConfig, String)> {
+    let bind: SocketAddr = bind.unwrap_or_else(|| DEV_BIND.parse().expect("valid constant"));
     if !bind.ip().is_loopback() {
         bail!("--dev serves plain http and is loopback-only; {bind} is not a loopback address");
     }
-    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    rt.block_on(async move {
-        let mut cfg: ServerConfig = ServerConfig::default();
-        cfg.relay = Some(RelayConfig::new(bind));
-        let server = Server::spawn(cfg).await.context("cannot start the relay")?;
-        let addr = server.http_addr().context("relay has no http listener")?;
-        println!("relay listening on http://{addr}");
-        info!("relay listening on http://{addr} (dev mode, plain http, loopback only)");
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+    let mut cfg = ServerConfig::default();
+    cfg.relay = Some(RelayConfig::new(bind));
+    cfg.metrics_addr = metrics;
+    Ok((cfg, "dev mode: plain http, loopback only, access: everyone".into()))
+}
+
+fn load_tls(cert: &std::path::Path, key: &std::path::Path) -> Result<rustls::ServerConfig> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("cannot read certificate {}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("bad certificate PEM in {}", cert.display()))?;
+    if certs.is_empty() {
+        bail!("no certificate in {}", cert.display());
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("cannot read private key {}", key.display()))?;
+    let mut cfg =
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .context("certificate and key do not match")?;
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+fn operator_config(cfg: Config) -> Result<(ServerConfig, String)> {
+    let access = match cfg.access.clone() {
+        AccessConfig::Everyone => RelayAccess::Everyone,
+        AccessConfig::SharedToken(t) => RelayAccess::SharedToken(t),
+        AccessConfig::AllowFile(p) => RelayAccess::AllowFile(LiveAllowFile::new(p)),
+        AccessConfig::Allowlist(ids) => RelayAccess::Allowlist(ids.into_iter().collect()),
+        AccessConfig::Denylist(ids) => RelayAccess::Denylist(ids.into_iter().collect()),
+    };
+    let summary = format!("access: {}", access.describe());
+    let http_bind =
+        cfg.http_bind_addr.unwrap_or_else(|| config::DEFAULT_HTTP_BIND.parse().expect("constant"));
+
+    let tls = match &cfg.tls {
+        None => None,
+        Some(t) => {
+            let https_bind =
+                t.https_bind_addr.unwrap_or_else(|| config::DEFAULT_HTTPS_BIND.parse().expect("constant"));
+            let cert = match t.cert_mode {
+                CertMode::Manual => CertConfig::Manual {
+                    server_config: load_tls(
+                        t.manual_cert_path.as_deref().expect("validated"),
+                        t.manual_key_path.as_deref().expect("validated"),
+                    )?,
+                },
+                CertMode::LetsEncrypt => {
+                    let acme = AcmeConfig::letsencrypt(t.prod_tls)
+                        .domains(t.hostname.clone())
+                        .contact(vec![format!("mailto:{}", t.contact.as_deref().expect("validated"))])
+                        .cache_path(t.cert_dir.clone().expect("validated"));
+                    let builder = rustls::ServerConfig::builder_with_provider(Arc::new(
+                        rustls::crypto::ring::default_provider(),
+                    ))
+                    .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+                    .with_no_client_auth();
+                    CertConfig::LetsEncrypt { acme_config: acme, server_config_builder: builder }
+                }
+            };
+            Some((TlsConfig::new(https_bind, cert), t.quic_bind_addr))
         }
-        info!("shutting down");
-        server.shutdown().await.context("relay shutdown")?;
-        Ok(())
-    })
+    };
+
+    let mut limits = Limits::default();
+    if let Some(l) = &cfg.limits {
+        limits.accept_conn_limit = l.accept_conn_limit;
+        limits.accept_conn_burst = l.accept_conn_burst;
+        if let Some(rx) = l.client.as_ref().and_then(|c| c.rx.as_ref()) {
+            if let Some(bps) = rx.bytes_per_second.and_then(NonZeroU32::new) {
+                let mut r = ClientRateLimit::new(bps);
+                r.max_burst_bytes = rx.max_burst_bytes.and_then(NonZeroU32::new);
+                limits.client_rx = Some(r);
+            }
+        }
+    }
+
+    let mut server = ServerConfig::default();
+    let mut quic_bind = None;
+    if cfg.enable_relay {
+        let mut relay = RelayConfig::new(http_bind);
+        relay.limits = limits;
+        relay.key_cache_capacity = cfg.key_cache_capacity;
+        relay.access = Arc::new(access);
+        if let Some((tls, q)) = tls {
+            relay.tls = Some(tls);
+            quic_bind = q;
+        }
+        server.relay = Some(relay);
+    }
+    if cfg.enable_quic_addr_discovery {
+        let bind = quic_bind.unwrap_or_else(|| config::DEFAULT_QUIC_BIND.parse().expect("constant"));
+        server.quic = Some(QuicConfig::new(bind));
+    }
+    if cfg.enable_metrics {
+        server.metrics_addr = Some(
+            cfg.metrics_bind_addr.unwrap_or_else(|| config::DEFAULT_METRICS_BIND.parse().expect("constant")),
+        );
+    }
+    Ok((server, summary))
 }

@@ -19,6 +19,7 @@
 //! assert_eq!(acp.alpn(), b"thunderbolt/acp/0");
 //! ```
 
+pub mod allowlist;
 pub mod backend;
 pub mod close;
 pub mod jsonrpc;

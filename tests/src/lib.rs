@@ -179,6 +179,11 @@ pub struct Log {
 }
 
 impl Log {
+    /// Collects a process's stderr (or any reader) line by line.
+    pub fn capture_stderr<R: tokio::io::AsyncRead + Unpin + Send + 'static>(&self, r: R) {
+        self.capture(r)
+    }
+
     fn capture<R: tokio::io::AsyncRead + Unpin + Send + 'static>(&self, r: R) {
         let this = self.clone();
         tokio::spawn(async move {

@@ -1,0 +1,121 @@
+//! Who may use the relay. Decided once per client connection, before it is
+//! registered; logged without any payload (the relay never sees plaintext
+//! anyway: QUIC is end-to-end between endpoints).
+
+use std::{collections::HashSet, path::PathBuf, sync::Mutex, time::SystemTime};
+
+use iroh_base::EndpointId;
+use iroh_relay::server::{Access, AccessControl, ClientRequest};
+use thunderbolt_shared::allowlist;
+use tracing::{info, warn};
+
+/// The access policy in force.
+#[derive(Debug)]
+pub enum RelayAccess {
+    Everyone,
+    SharedToken(Vec<String>),
+    AllowFile(LiveAllowFile),
+    Allowlist(HashSet<EndpointId>),
+    Denylist(HashSet<EndpointId>),
+}
+
+impl RelayAccess {
+    pub fn describe(&self) -> String {
+        match self {
+            RelayAccess::Everyone => "everyone".into(),
+            RelayAccess::SharedToken(t) => format!("shared_token ({} token(s))", t.len()),
+            RelayAccess::AllowFile(f) => format!("allow_file {}", f.path.display()),
+            RelayAccess::Allowlist(ids) => format!("allowlist ({} NodeId(s))", ids.len()),
+            RelayAccess::Denylist(ids) => format!("denylist ({} NodeId(s))", ids.len()),
+        }
+    }
+
+    fn decide(&self, req: &ClientRequest) -> Result<(), &'static str> {
+        let id = req.endpoint_id();
+        match self {
+            RelayAccess::Everyone => Ok(()),
+            RelayAccess::SharedToken(tokens) => {
+                let presented = req
+                    .auth_token()
+                    .or_else(|| req.query_pairs().find(|(k, _)| k == "token").map(|(_, v)| v.into_owned()));
+                match presented {
+                    Some(p) if tokens.iter().any(|t| same(t.as_bytes(), p.as_bytes())) => Ok(()),
+                    Some(_) => Err("wrong token"),
+                    None => Err("no token"),
+                }
+            }
+            RelayAccess::AllowFile(f) => f.contains(&id).then_some(()).ok_or("not in the allow file"),
+            RelayAccess::Allowlist(ids) => ids.contains(&id).then_some(()).ok_or("not in the allowlist"),
+            RelayAccess::Denylist(ids) => (!ids.contains(&id)).then_some(()).ok_or("in the denylist"),
+        }
+    }
+}
+
+/// Compares without an early exit, so response timing does not reveal how much
+/// of a token was right.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl AccessControl for RelayAccess {
+    async fn on_connect(&self, req: &ClientRequest) -> Access {
+        let id = req.endpoint_id();
+        match self.decide(req) {
+            Ok(()) => {
+                info!(endpoint = %id.fmt_short(), "client connected: {id}");
+                Access::Allow
+            }
+            Err(why) => {
+                warn!(endpoint = %id.fmt_short(), "client refused: {id}: {why}");
+                Access::Deny { reason: Some(why.to_string()) }
+            }
+        }
+    }
+
+    fn on_disconnect(&self, endpoint_id: EndpointId, _connection_id: iroh_relay::server::ConnectionId) {
+        info!(endpoint = %endpoint_id.fmt_short(), "client disconnected");
+    }
+}
+
+/// What the file looked like when last read: (modified, length).
+type Stamp = Option<(SystemTime, u64)>;
+
+/// A thunderbolt allow file, re-read when its modification time or size changes
+/// (so adding a device admits it without a restart).
+#[derive(Debug)]
+pub struct LiveAllowFile {
+    pub path: PathBuf,
+    cache: Mutex<(Stamp, HashSet<EndpointId>)>,
+}
+
+impl LiveAllowFile {
+    pub fn new(path: PathBuf) -> Self {
+        Self { path, cache: Mutex::new((None, HashSet::new())) }
+    }
+
+    pub fn contains(&self, id: &EndpointId) -> bool {
+        let stamp = std::fs::metadata(&self.path)
+            .ok()
+            .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()));
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.0 != stamp || stamp.is_none() {
+            let ids = match std::fs::read_to_string(&self.path) {
+                Ok(text) => {
+                    let parsed = allowlist::parse(&text);
+                    for bad in &parsed.bad_lines {
+                        warn!("{}:{}: ignored: {}", self.path.display(), bad.line_no, bad.error);
+                    }
+                    info!("loaded {} NodeId(s) from {}", parsed.ids.len(), self.path.display());
+                    parsed.ids.into_iter().collect()
+                }
+                Err(e) => {
+                    // Fail closed: an unreadable allow file admits nobody.
+                    warn!("cannot read {}: {e}; refusing everyone until it is readable", self.path.display());
+                    HashSet::new()
+                }
+            };
+            *cache = (stamp, ids);
+        }
+        cache.1.contains(id)
+    }
+}
