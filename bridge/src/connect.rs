@@ -122,6 +122,7 @@ async fn pipe(conn: &Connection, protocol: &Protocol, command: Vec<std::ffi::OsS
         let inp = child.stdin.take().expect("piped");
         (Box::new(out), Box::new(inp), Some(child))
     };
+    let mut term = crate::signals::Terminate::new();
 
     let outcome = {
         let upload = async {
@@ -154,7 +155,7 @@ async fn pipe(conn: &Connection, protocol: &Protocol, command: Vec<std::ffi::OsS
                 }
                 r = &mut download => break r,
                 err = conn.closed() => break Err(anyhow!(describe_close(&err, protocol))),
-                which = crate::signals::terminated() => {
+                which = term.recv() => {
                     info!("{which}: closing the connection");
                     break Ok(());
                 }

@@ -194,12 +194,14 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         account_trust: &account_status,
         app_url: app_url.as_deref(),
     };
+    // Before the banner: a SIGTERM right after it must shut down cleanly.
+    let term = signals::Terminate::new();
     print!("{}", banner.render());
     use std::io::Write;
     let _ = std::io::stdout().flush();
 
     let stop = CancellationToken::new();
-    tokio::spawn(stop_on_signal(stop.clone()));
+    tokio::spawn(stop_on_signal(term, stop.clone()));
     let gate = Arc::new(gate::Gate::new(gate_limits, Arc::new(gate::SystemClock)));
     let bridge =
         Bridge::new(endpoint, trust, gate, account.ok().map(Arc::new), admission, SessionConfig::new(agent));
@@ -242,8 +244,8 @@ async fn start_account(home: &Home, own: iroh::EndpointId) -> std::result::Resul
 }
 
 /// Ctrl-C or SIGTERM: stop accepting, end every session (agents killed), exit.
-async fn stop_on_signal(stop: CancellationToken) {
-    let which = signals::terminated().await;
+async fn stop_on_signal(mut term: signals::Terminate, stop: CancellationToken) {
+    let which = term.recv().await;
     info!("{which}: shutting down");
     stop.cancel();
 }

@@ -1,8 +1,9 @@
 //! Moving ndjson frames between the peer's stream and the agent's stdio.
 //!
-//! Both directions read in large chunks, split complete lines, check each is a
-//! JSON value, and write the accepted lines back out in one batch per read (no
-//! write or flush per frame). A line over the frame cap ends the session.
+//! Both directions read in large chunks, find complete lines, check each is a
+//! JSON value, and write the accepted lines out as slices of the read buffer
+//! (no per-line copy, no write or flush per frame). A line over the frame cap
+//! ends the session.
 //!
 //! - peer → agent: non-JSON lines are answered with a JSON-RPC parse error
 //!   (-32700, id null) on the peer's stream and never reach the agent.
@@ -14,7 +15,7 @@
 use bytes::{Bytes, BytesMut};
 use thunderbolt_shared::{
     jsonrpc::{is_json, PARSE_ERROR_LINE},
-    ndjson::{is_blank, take_line, FrameTooLong},
+    ndjson::{is_blank, memchr_newline, FrameTooLong},
 };
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
@@ -35,9 +36,12 @@ pub enum PumpError {
     Write(std::io::Error, &'static str),
 }
 
-/// What to do with each complete line; returns the bytes to forward (if any).
+/// Reads into one buffer and hands out the complete lines that pass a check as
+/// slices of that buffer: valid lines are forwarded byte for byte without being
+/// copied one by one; only a rejected line splits the output into two runs.
 struct LineSplitter {
     buf: BytesMut,
+    /// Bytes at the start of `buf` already known to hold no newline.
     scanned: usize,
     max: usize,
 }
@@ -52,29 +56,59 @@ impl LineSplitter {
         r.read_buf(&mut self.buf).await
     }
 
-    /// Calls `f` with each complete line.
-    fn drain(&mut self, mut f: impl FnMut(&[u8])) -> Result<(), FrameTooLong> {
-        while let Some(line) = take_line(&mut self.buf, &mut self.scanned, self.max)? {
-            if !is_blank(&line) {
-                f(&line);
+    /// Takes every complete line out of the buffer. `keep` decides per line
+    /// (without its newline); kept lines come back as runs of contiguous
+    /// bytes, newlines included. Blank lines are dropped silently.
+    fn drain(&mut self, mut keep: impl FnMut(&[u8]) -> bool) -> Result<Vec<Bytes>, FrameTooLong> {
+        let mut runs = Vec::new();
+        let mut line_start = 0;
+        let mut run_start = 0;
+        let mut pos = self.scanned;
+        while let Some(off) = memchr_newline(&self.buf[pos..]) {
+            let nl = pos + off;
+            if nl - line_start > self.max {
+                return Err(FrameTooLong { max: self.max });
             }
+            let line = &self.buf[line_start..nl];
+            if is_blank(line) || !keep(line) {
+                if run_start < line_start {
+                    runs.push(run_start..line_start);
+                }
+                run_start = nl + 1;
+            }
+            line_start = nl + 1;
+            pos = nl + 1;
         }
-        Ok(())
+        if run_start < line_start {
+            runs.push(run_start..line_start);
+        }
+        let done = self.buf.split_to(line_start).freeze();
+        self.scanned = self.buf.len();
+        if self.buf.len() > self.max {
+            return Err(FrameTooLong { max: self.max });
+        }
+        Ok(runs.into_iter().map(|r| done.slice(r)).collect())
     }
 
-    /// At EOF: the unterminated remainder, treated as a last line.
-    fn finish(&mut self, f: impl FnOnce(&[u8])) {
+    /// At EOF: the unterminated remainder as a last line (with a newline added).
+    fn finish(&mut self, keep: impl FnOnce(&[u8]) -> bool) -> Option<Bytes> {
         let rest = self.buf.split();
-        if !is_blank(&rest) {
-            f(&rest);
+        self.scanned = 0;
+        if is_blank(&rest) || !keep(&rest) {
+            return None;
         }
+        let mut line = BytesMut::with_capacity(rest.len() + 1);
+        line.extend_from_slice(&rest);
+        line.extend_from_slice(b"\n");
+        Some(line.freeze())
     }
 }
 
-fn push_line(out: &mut BytesMut, line: &[u8]) {
-    out.reserve(line.len() + 1);
-    out.extend_from_slice(line);
-    out.extend_from_slice(b"\n");
+async fn write_runs<W: AsyncWrite + Unpin>(w: &mut W, runs: &[Bytes]) -> std::io::Result<()> {
+    for r in runs {
+        w.write_all(r).await?;
+    }
+    Ok(())
 }
 
 /// Peer → agent. Returns when the peer finished its stream (the agent's stdin is
@@ -90,30 +124,24 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut split = LineSplitter::new(max_frame);
-    let mut out = BytesMut::with_capacity(READ_CHUNK);
-    let mut parse_errors = 0usize;
     loop {
         let n = split.read_from(&mut peer).await.map_err(|e| PumpError::Read(e, "peer"))?;
-        let mut accept = |line: &[u8]| {
-            if is_json(line) {
-                push_line(&mut out, line);
-            } else {
-                parse_errors += 1;
-            }
+        let mut parse_errors = 0usize;
+        let mut check = |line: &[u8]| {
+            let ok = is_json(line);
+            parse_errors += usize::from(!ok);
+            ok
         };
-        if n == 0 {
-            split.finish(&mut accept);
+        let runs = if n == 0 {
+            split.finish(&mut check).into_iter().collect()
         } else {
-            split.drain(&mut accept).map_err(|e| PumpError::TooLong(e, "peer"))?;
-        }
-        for _ in 0..std::mem::take(&mut parse_errors) {
+            split.drain(&mut check).map_err(|e| PumpError::TooLong(e, "peer"))?
+        };
+        write_runs(&mut agent_stdin, &runs).await.map_err(|e| PumpError::Write(e, "agent stdin"))?;
+        for _ in 0..parse_errors {
             warn!("peer sent a line that is not JSON; answered with a parse error");
             // The writer side is gone only when the session is ending anyway.
             let _ = replies.send(Bytes::from_static(PARSE_ERROR_LINE)).await;
-        }
-        if !out.is_empty() {
-            agent_stdin.write_all(&out).await.map_err(|e| PumpError::Write(e, "agent stdin"))?;
-            out.clear();
         }
         if n == 0 {
             let _ = agent_stdin.shutdown().await;
@@ -136,7 +164,6 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut split = LineSplitter::new(max_frame);
-    let mut out = BytesMut::with_capacity(READ_CHUNK);
     let mut replies_open = true;
     loop {
         tokio::select! {
@@ -148,25 +175,20 @@ where
             n = split.read_from(&mut agent_stdout) => {
                 let n = n.map_err(|e| PumpError::Read(e, "agent stdout"))?;
                 let mut dropped = 0usize;
-                let mut accept = |line: &[u8]| {
-                    if is_json(line) {
-                        push_line(&mut out, line);
-                    } else {
-                        dropped += 1;
-                    }
+                let mut check = |line: &[u8]| {
+                    let ok = is_json(line);
+                    dropped += usize::from(!ok);
+                    ok
                 };
-                if n == 0 {
-                    split.finish(&mut accept);
+                let runs = if n == 0 {
+                    split.finish(&mut check).into_iter().collect()
                 } else {
-                    split.drain(&mut accept).map_err(|e| PumpError::TooLong(e, "agent"))?;
-                }
+                    split.drain(&mut check).map_err(|e| PumpError::TooLong(e, "agent"))?
+                };
                 if dropped > 0 {
                     warn!(peer = %peer_name, "dropped {dropped} non-JSON line(s) from the agent's stdout");
                 }
-                if !out.is_empty() {
-                    peer.write_all(&out).await.map_err(|e| PumpError::Write(e, "peer"))?;
-                    out.clear();
-                }
+                write_runs(&mut peer, &runs).await.map_err(|e| PumpError::Write(e, "peer"))?;
                 if n == 0 {
                     // Parse errors queued before the agent ended still belong to the peer.
                     while let Ok(b) = replies.try_recv() {

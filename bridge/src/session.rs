@@ -123,9 +123,13 @@ async fn pump_until_end(
     let max = cfg.max_frame;
     let (inbound_err_tx, mut inbound_err) = mpsc::channel::<PumpError>(1);
     let inbound = tokio::spawn(async move {
-        if let Err(e) = pump::peer_to_agent(recv, stdin, reply_tx, max).await {
+        // The agent's stdin stays open until the error is queued: closing it lets
+        // the agent exit, and that must not be mistaken for a normal end.
+        let mut stdin = stdin;
+        if let Err(e) = pump::peer_to_agent(recv, &mut stdin, reply_tx, max).await {
             let _ = inbound_err_tx.send(e).await;
         }
+        drop(stdin);
     });
     let _inbound_guard = AbortOnDrop(inbound);
 
@@ -133,6 +137,10 @@ async fn pump_until_end(
     tokio::pin!(outbound);
 
     tokio::select! {
+        // Errors first: when the peer broke the framing, the agent exiting as a
+        // consequence is not the session's normal end.
+        biased;
+        Some(e) = inbound_err.recv() => inbound_failed(e, conn, outbound, child, cfg, peer).await,
         res = &mut outbound => {
             let mut send = match res {
                 Ok(send) => send,
@@ -159,29 +167,41 @@ async fn pump_until_end(
             }
             End::AgentExited(code)
         }
-        Some(e) = inbound_err.recv() => {
-            match e {
-                PumpError::TooLong(..) => {
-                    warn!(peer = %peer, "{e}; ending the session");
-                    refuse(conn, close::REASON_FRAME_TOO_LARGE);
-                    End::Refused(close::REASON_FRAME_TOO_LARGE.into())
-                }
-                // Agent stdin closed: the agent is exiting; let outbound finish the session.
-                PumpError::Write(..) => {
-                    if let Ok(mut send) = outbound.await {
-                        let _ = send.finish();
-                        let _ = tokio::time::timeout(cfg.finish_linger, conn.closed()).await;
-                    }
-                    End::AgentExited(child.try_wait().ok().flatten().and_then(|s| s.code()))
-                }
-                e => End::PeerGone(e.to_string()),
-            }
-        }
         err = conn.closed() => End::PeerGone(err.to_string()),
         _ = shutdown.cancelled() => {
             refuse(conn, close::REASON_SHUTTING_DOWN);
             End::Shutdown
         }
+    }
+}
+
+/// The peer → agent direction failed.
+async fn inbound_failed<F>(
+    e: PumpError,
+    conn: &Connection,
+    outbound: std::pin::Pin<&mut F>,
+    child: &mut Child,
+    cfg: &SessionConfig,
+    peer: &str,
+) -> End
+where
+    F: std::future::Future<Output = Result<SendStream, PumpError>>,
+{
+    match e {
+        PumpError::TooLong(..) => {
+            warn!(peer = %peer, "{e}; ending the session");
+            refuse(conn, close::REASON_FRAME_TOO_LARGE);
+            End::Refused(close::REASON_FRAME_TOO_LARGE.into())
+        }
+        // Agent stdin closed: the agent is exiting; let outbound finish the session.
+        PumpError::Write(..) => {
+            if let Ok(mut send) = outbound.await {
+                let _ = send.finish();
+                let _ = tokio::time::timeout(cfg.finish_linger, conn.closed()).await;
+            }
+            End::AgentExited(child.try_wait().ok().flatten().and_then(|s| s.code()))
+        }
+        e => End::PeerGone(e.to_string()),
     }
 }
 

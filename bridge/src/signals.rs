@@ -1,12 +1,34 @@
 //! Waiting for Ctrl-C or SIGTERM.
+//!
+//! Handlers are installed when [`Terminate::new`] runs, so callers create it
+//! before announcing they are ready: a SIGTERM right after the banner must
+//! trigger a clean shutdown, not the default kill.
 
-/// Resolves on the first Ctrl-C (SIGINT) or SIGTERM, naming which.
-pub async fn terminated() -> &'static str {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).ok();
-    let mut int = signal(SignalKind::interrupt()).ok();
-    tokio::select! {
-        _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => "SIGTERM",
-        _ = async { match int.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => "Ctrl-C",
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+pub struct Terminate {
+    term: Option<Signal>,
+    int: Option<Signal>,
+}
+
+impl Terminate {
+    pub fn new() -> Self {
+        Self { term: signal(SignalKind::terminate()).ok(), int: signal(SignalKind::interrupt()).ok() }
+    }
+
+    /// Resolves on the next Ctrl-C (SIGINT) or SIGTERM, naming which.
+    pub async fn recv(&mut self) -> &'static str {
+        async fn next(s: &mut Option<Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            _ = next(&mut self.term) => "SIGTERM",
+            _ = next(&mut self.int) => "Ctrl-C",
+        }
     }
 }

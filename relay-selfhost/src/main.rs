@@ -87,6 +87,8 @@ fn run(args: Args) -> Result<()> {
     };
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async move {
+        // Installed before the relay announces itself, so an early SIGTERM is graceful too.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let server = Server::spawn(server_config).await.context("cannot start the relay")?;
         if let Some(addr) = server.https_addr() {
             println!("relay listening on https://{addr}");
@@ -98,7 +100,6 @@ fn run(args: Args) -> Result<()> {
             println!("quic address discovery on {addr}");
         }
         info!("{summary}");
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => info!("Ctrl-C: shutting down"),
             _ = term.recv() => info!("SIGTERM: shutting down"),

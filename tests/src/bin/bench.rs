@@ -40,10 +40,22 @@ struct Plan {
     setup_reps: usize,
     bulk_bytes: usize,
     bulk_reps: usize,
+    /// Sequential request/response round trips per measurement.
+    rtts: usize,
+    /// Bytes each of the 16 concurrent sessions streams.
+    per_session_bytes: usize,
 }
 
-const QUICK: Plan = Plan { setup_reps: 10, bulk_bytes: 64 << 20, bulk_reps: 3 };
-const FULL: Plan = Plan { setup_reps: 30, bulk_bytes: 256 << 20, bulk_reps: 5 };
+const QUICK: Plan =
+    Plan { setup_reps: 10, bulk_bytes: 64 << 20, bulk_reps: 3, rtts: 2000, per_session_bytes: 4 << 20 };
+const FULL: Plan =
+    Plan { setup_reps: 30, bulk_bytes: 256 << 20, bulk_reps: 5, rtts: 10_000, per_session_bytes: 16 << 20 };
+
+/// Concurrent sessions in the many-sessions and memory measures: the bridge's agent cap.
+const SESSIONS: usize = 16;
+
+/// A ~200-byte JSON-RPC request, as a small ACP message would be.
+const SMALL_REQUEST: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/prompt\",\"params\":{\"sessionId\":\"sess-1\",\"prompt\":[{\"type\":\"text\",\"text\":\"What does this function do? Please explain briefly, with an example.\"}]}}\n";
 
 #[derive(Debug, Clone, serde::Serialize)]
 struct Row {
@@ -278,6 +290,168 @@ async fn client(relay: &RelayUrl, key: SecretKey, relay_only: bool) -> Result<En
     Ok(ep)
 }
 
+/// Sequential round trips of [`SMALL_REQUEST`] on one stream (one session: the
+/// bridge serves one stream per connection); returns the latency of each after
+/// `warmup` unmeasured ones, in microseconds.
+async fn round_trips(conn: &Connection, warmup: usize, n: usize) -> Result<Vec<f64>> {
+    let (mut send, mut recv) = conn.open_bi().await?;
+    let mut buf = vec![0u8; SMALL_REQUEST.len()];
+    let mut out = Vec::with_capacity(n);
+    for i in 0..warmup + n {
+        let t0 = Instant::now();
+        send.write_all(SMALL_REQUEST).await?;
+        recv.read_exact(&mut buf).await?;
+        if i >= warmup {
+            out.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    send.finish()?;
+    Ok(out)
+}
+
+fn percentile(v: &[f64], p: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    s[((s.len() - 1) as f64 * p).round() as usize]
+}
+
+/// `SESSIONS` connections streaming at once; returns (aggregate MB/s, slowest/fastest).
+async fn many_sessions(ep: &Endpoint, addr: &EndpointAddr, alpn: &[u8], per: usize) -> Result<(f64, f64)> {
+    let mut conns = Vec::new();
+    for _ in 0..SESSIONS {
+        conns.push(ep.connect(addr.clone(), alpn).await?);
+    }
+    let t0 = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in conns.clone() {
+        tasks.spawn(async move { bulk(&c, per).await });
+    }
+    let mut each = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        each.push(r??);
+    }
+    let agg = (per * SESSIONS) as f64 / t0.elapsed().as_secs_f64() / 1e6;
+    for c in conns {
+        c.close(0u32.into(), b"client closed");
+    }
+    let max = each.iter().cloned().fold(f64::MIN, f64::max);
+    let min = each.iter().cloned().fold(f64::MAX, f64::min);
+    Ok((agg, min / max))
+}
+
+/// Resident set size of a process, in KiB.
+fn rss_kib(pid: u32) -> Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS")?;
+    Ok(line.split_whitespace().nth(1).context("VmRSS value")?.parse()?)
+}
+
+/// Spawns the built-in agent alone and times spawn → first response to `initialize`.
+async fn spawn_agent_alone() -> Result<Duration> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let t0 = Instant::now();
+    let mut child = Command::new(thunderbolt_bin())
+        .args(["acp", "serve"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}\n",
+        )
+        .await?;
+    let mut b = [0u8; 1];
+    child.stdout.take().unwrap().read_exact(&mut b).await?;
+    let dt = t0.elapsed();
+    drop(stdin);
+    let _ = child.wait().await;
+    Ok(dt)
+}
+
+/// The `dumbpipe` binary: `$DUMBPIPE`, else on `PATH` (`cargo install dumbpipe`).
+fn dumbpipe_bin() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("DUMBPIPE") {
+        return Some(PathBuf::from(p));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join("dumbpipe")).find(|p| p.is_file())
+}
+
+/// The same bulk transfer through dumbpipe (stdio mode) piping the same cat
+/// agent: `agent ⇄ dumbpipe listen ⇄ dumbpipe connect ⇄ this process`.
+async fn dumbpipe_bulk(dp: &std::path::Path, total: usize) -> Result<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (to_listen_r, to_listen_w) = std::io::pipe()?;
+    let (to_agent_r, to_agent_w) = std::io::pipe()?;
+    let mut agent = Command::new(test_agent_bin())
+        .arg("cat")
+        .stdin(Stdio::from(to_agent_r))
+        .stdout(Stdio::from(to_listen_w))
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut listen = Command::new(dp)
+        .args(["listen", "--ipv4-addr", "127.0.0.1:0"])
+        .stdin(Stdio::from(to_listen_r))
+        .stdout(Stdio::from(to_agent_w))
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut lines = BufReader::new(listen.stderr.take().unwrap()).lines();
+    let ticket = tokio::time::timeout(WAIT, async {
+        while let Some(l) = lines.next_line().await? {
+            if let Some(t) = l.split_whitespace().find(|w| w.starts_with("endpoint")) {
+                return anyhow::Ok(t.to_string());
+            }
+        }
+        bail!("dumbpipe listen printed no ticket")
+    })
+    .await??;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let mut connect = Command::new(dp)
+        .args(["connect", &ticket])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut stdin = connect.stdin.take().unwrap();
+    let mut stdout = connect.stdout.take().unwrap();
+    let mut line = vec![b'a'; BULK_LINE];
+    line[0] = b'"';
+    line[BULK_LINE - 2] = b'"';
+    line[BULK_LINE - 1] = b'\n';
+    let block: Vec<u8> = line.iter().copied().cycle().take(BULK_LINE * 64).collect();
+    let t0 = Instant::now();
+    let writer = async {
+        let mut sent = 0;
+        while sent < total {
+            let n = block.len().min(total - sent);
+            stdin.write_all(&block[..n]).await?;
+            sent += n;
+        }
+        anyhow::Ok(())
+    };
+    let reader = async {
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 256 * 1024];
+        while got < total {
+            let n = stdout.read(&mut buf).await?;
+            if n == 0 {
+                bail!("dumbpipe ended after {got} of {total} bytes");
+            }
+            got += n;
+        }
+        anyhow::Ok(())
+    };
+    tokio::try_join!(writer, reader)?;
+    let mbs = total as f64 / t0.elapsed().as_secs_f64() / 1e6;
+    let _ = connect.kill().await;
+    let _ = listen.kill().await;
+    let _ = agent.kill().await;
+    Ok(mbs)
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -314,15 +488,32 @@ async fn run(plan: Plan, json_out: Option<PathBuf>) -> Result<()> {
             path_addr(&builtin.ticket.parse::<EndpointTicket>()?.endpoint_addr().clone(), relay_only);
         let init =
             b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}\n";
-        let (mut b, mut r) = (Vec::new(), Vec::new());
+        let (mut b, mut r, mut rs) = (Vec::new(), Vec::new(), Vec::new());
         // One warm-up each so path discovery and page cache are not measured.
         first_response(&ep, &bridge_addr, &Protocol::acp().alpn(), init).await?;
         first_response(&ep, &echo_addr, ECHO_ALPN, init).await?;
         for _ in 0..plan.setup_reps {
             b.push(ms(first_response(&ep, &bridge_addr, &Protocol::acp().alpn(), init).await?));
-            r.push(ms(first_response(&ep, &echo_addr, ECHO_ALPN, init).await?));
+            let raw = ms(first_response(&ep, &echo_addr, ECHO_ALPN, init).await?);
+            r.push(raw);
+            rs.push(raw + ms(spawn_agent_alone().await?));
         }
-        rows.push(row(&format!("dial → first response ({path})"), "ms", b, "raw iroh echo", r, false));
+        rows.push(row(
+            &format!("dial → first response ({path})"),
+            "ms",
+            b.clone(),
+            "raw iroh echo",
+            r,
+            false,
+        ));
+        rows.push(row(
+            &format!("dial → first response ({path})"),
+            "ms",
+            b,
+            "raw echo + spawning the agent alone",
+            rs,
+            false,
+        ));
         builtin.terminate().await;
 
         // Bulk through a cat-like agent vs raw echo.
@@ -350,11 +541,99 @@ async fn run(plan: Plan, json_out: Option<PathBuf>) -> Result<()> {
         rows.push(row(
             &format!("bulk {} MiB through cat agent ({path})", plan.bulk_bytes >> 20),
             "MB/s",
-            b,
+            b.clone(),
             "raw iroh echo",
             r,
             true,
         ));
+        if !relay_only {
+            match dumbpipe_bin() {
+                Some(dp) => {
+                    let mut d = Vec::new();
+                    for _ in 0..plan.bulk_reps {
+                        d.push(dumbpipe_bulk(&dp, plan.bulk_bytes).await?);
+                    }
+                    rows.push(row(
+                        &format!("bulk {} MiB through cat agent ({path})", plan.bulk_bytes >> 20),
+                        "MB/s",
+                        b,
+                        "dumbpipe stdio, same agent",
+                        d,
+                        true,
+                    ));
+                }
+                None => eprintln!(
+                    "bench: dumbpipe not found (set DUMBPIPE or `cargo install dumbpipe`); skipping"
+                ),
+            }
+        }
+        if !relay_only {
+            // Small messages: sequential request/response on one session.
+            let cat_addr = path_addr(&cat.ticket.parse::<EndpointTicket>()?.endpoint_addr().clone(), false);
+            let conn = ep.connect(cat_addr.clone(), &Protocol::acp().alpn()).await?;
+            let rconn2 = ep.connect(echo_addr.clone(), ECHO_ALPN).await?;
+            let bl = round_trips(&conn, 100, plan.rtts).await?;
+            let rl = round_trips(&rconn2, 100, plan.rtts).await?;
+            conn.close(0u32.into(), b"client closed");
+            let rps = |v: &[f64]| v.len() as f64 / (v.iter().sum::<f64>() / 1e6);
+            rows.push(row_stats(
+                "~200 B request/response p50",
+                "µs",
+                percentile(&bl, 0.5),
+                percentile(&rl, 0.5),
+                false,
+            ));
+            rows.push(row_stats(
+                "~200 B request/response p99",
+                "µs",
+                percentile(&bl, 0.99),
+                percentile(&rl, 0.99),
+                false,
+            ));
+            rows.push(row_stats("~200 B round trips per second", "rt/s", rps(&bl), rps(&rl), true));
+
+            // 16 sessions streaming at once (a fresh bridge: all 16 agent slots free).
+            let mut fresh = start_bridge(vec![agent.clone(), "cat".into()]).await;
+            let cat_addr = path_addr(&fresh.ticket.parse::<EndpointTicket>()?.endpoint_addr().clone(), false);
+            let (bagg, bfair) =
+                many_sessions(&ep, &cat_addr, &Protocol::acp().alpn(), plan.per_session_bytes).await?;
+            fresh.terminate().await;
+            let (ragg, rfair) = many_sessions(&ep, &echo_addr, ECHO_ALPN, plan.per_session_bytes).await?;
+            rows.push(row_stats("16 concurrent sessions, aggregate", "MB/s", bagg, ragg, true));
+            rows.push(row_stats(
+                "16 concurrent sessions, fairness (slowest/fastest)",
+                "",
+                bfair,
+                rfair,
+                true,
+            ));
+
+            // Memory: bridge RSS idle and with 16 idle sessions (agents are separate processes).
+            let mut fresh = start_bridge(vec![agent.clone(), "cat".into()]).await;
+            let cat_addr = path_addr(&fresh.ticket.parse::<EndpointTicket>()?.endpoint_addr().clone(), false);
+            let pid = fresh.pid();
+            let idle = rss_kib(pid)?;
+            let mut held = Vec::new();
+            for _ in 0..SESSIONS {
+                let c = ep.connect(cat_addr.clone(), &Protocol::acp().alpn()).await?;
+                let (mut s, mut r) = c.open_bi().await?;
+                s.write_all(b"{}\n").await?;
+                let mut b = [0u8; 3];
+                r.read_exact(&mut b).await?;
+                held.push((c, s, r));
+            }
+            let loaded = rss_kib(pid)?;
+            let per = (loaded - idle) / SESSIONS as f64;
+            eprintln!("bench: bridge RSS idle {idle:.0} KiB, with {SESSIONS} sessions {loaded:.0} KiB");
+            rows.push(
+                row_stats("bridge RSS per idle session", "KiB", per, 256.0, false).named_baseline("target"),
+            );
+            rows.push(row_stats("bridge RSS, idle", "KiB", idle, idle, false).named_baseline("—"));
+            for (c, _, _) in held {
+                c.close(0u32.into(), b"client closed");
+            }
+            fresh.terminate().await;
+        }
         cat.terminate().await;
         let _ = echo.kill().await;
         ep.close().await;
@@ -435,6 +714,18 @@ fn row(
         r.name, r.bridge.median, r.baseline.median, unit, ratio
     );
     r
+}
+
+/// A row from single figures (percentiles, aggregates).
+fn row_stats(name: &str, unit: &str, bridge: f64, baseline: f64, higher: bool) -> Row {
+    row(name, unit, vec![bridge], "raw iroh echo", vec![baseline], higher)
+}
+
+impl Row {
+    fn named_baseline(mut self, name: &str) -> Row {
+        self.baseline_name = name.into();
+        self
+    }
 }
 
 fn print_table(rows: &[Row]) {
