@@ -217,7 +217,7 @@ async fn allow_file_admits_only_listed_devices_and_reloads() {
     let ep = relay_client(stranger.clone(), &relay.url, None).await;
     let conn = round_trip(&ep, relay_only(&bridge.ticket)).await;
     assert_relay_path(&conn, &relay.url);
-    assert!(relay.log.contains(&format!("client connected: {}", stranger.public())));
+    relay.log.wait_for(&format!("client connected: {}", stranger.public())).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -219,7 +219,7 @@ async fn registration_failures_switch_account_trust_off_with_a_clear_reason() {
         let bridge = w.bridge(&[], &cat_agent(None), &[]).await;
         assert!(bridge.banner.contains("same-account auto-trust: off"), "{status}: {}", bridge.banner);
         assert!(bridge.banner.contains(says), "{status}: banner lacks {says:?}: {}", bridge.banner);
-        assert!(bridge.log.contains(says), "{status}: log lacks {says:?}");
+        bridge.log.wait_for(says).await;
         // Account peers are not trusted; the manual file still is.
         let ep = w.client(&peer, false).await;
         let conn = dial(&ep, &bridge).await;
