@@ -173,3 +173,21 @@ async fn wait_online(ep: &Endpoint, timeout: Duration) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relay_setting_forms() {
+        assert_eq!(Relays::parse(None).unwrap(), Relays::Default);
+        assert_eq!(Relays::parse(Some("disabled")).unwrap(), Relays::Disabled);
+        let r = Relays::parse(Some("https://a.example, http://127.0.0.1:3340")).unwrap();
+        let Relays::Custom(urls) = &r else { panic!("{r:?}") };
+        assert_eq!(urls.len(), 2);
+        assert_eq!(r.urls().len(), 2);
+        let e = Relays::parse(Some("https://a.example,ftp://b")).unwrap_err().to_string();
+        assert!(e.contains("ftp://b"), "{e}");
+        assert!(Relays::parse(Some(" , ")).is_err());
+    }
+}

@@ -431,3 +431,25 @@ async fn unknown_key_dialing_directly_is_refused() {
     assert_eq!((code, reason.as_str()), (1, close::REASON_NOT_ALLOWLISTED));
     let _ = Duration::ZERO;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connect_runs_a_local_client_against_the_remote_agent() {
+    let s = Setup::new("acp", &[], &[], true).await;
+    // A local "client": sends initialize, reads one reply line, saves it.
+    let out = s.path("reply.json");
+    let script = format!(
+        "echo '{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{{\"protocolVersion\":1}}}}'; \
+         read -r line; printf '%s' \"$line\" > {out}"
+    );
+    let o = tokio::time::timeout(
+        WAIT,
+        s.client_home.cmd().args(["acp", "connect", &s.bridge.ticket, "--", "sh", "-c", &script]).output(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(o.status.success(), "connect failed: {}", String::from_utf8_lossy(&o.stderr));
+    let reply: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(reply["id"], 1);
+    assert_eq!(reply["result"]["agentInfo"]["name"], "thunderbolt-echo");
+}
