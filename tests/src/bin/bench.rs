@@ -241,39 +241,55 @@ async fn first_response(ep: &Endpoint, addr: &EndpointAddr, alpn: &[u8], line: &
     Ok(dt)
 }
 
-/// Sends `total` bytes of ndjson and reads them back; returns MB/s (10^6 bytes per
-/// second of payload carried each way).
-async fn bulk(conn: &Connection, total: usize) -> Result<f64> {
-    let (mut send, mut recv) = conn.open_bi().await?;
-    let mut line = Vec::with_capacity(BULK_LINE);
-    line.push(b'"');
-    line.resize(BULK_LINE - 2, b'a');
-    line.extend_from_slice(b"\"\n");
-    let block: Vec<u8> = line.iter().copied().cycle().take(BULK_LINE * 64).collect();
+/// One block of bulk ndjson: 64 lines, each a JSON string of [`BULK_LINE`] bytes.
+fn bulk_block() -> Vec<u8> {
+    let mut line = vec![b'a'; BULK_LINE];
+    line[0] = b'"';
+    line[BULK_LINE - 2] = b'"';
+    line[BULK_LINE - 1] = b'\n';
+    line.iter().copied().cycle().take(BULK_LINE * 64).collect()
+}
+
+/// Writes `total` bytes of ndjson to `w` while reading as many back from `r`;
+/// returns MB/s (10^6 bytes per second of payload carried each way).
+async fn transfer<W, R>(mut w: W, mut r: R, total: usize) -> Result<f64>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+    R: tokio::io::AsyncRead + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let block = bulk_block();
     let t0 = Instant::now();
     let writer = async {
         let mut sent = 0;
         while sent < total {
             let n = block.len().min(total - sent);
-            send.write_all(&block[..n]).await?;
+            w.write_all(&block[..n]).await?;
             sent += n;
         }
-        send.finish()?;
+        w.shutdown().await?;
         anyhow::Ok(())
     };
     let reader = async {
         let mut got = 0usize;
         let mut buf = vec![0u8; 256 * 1024];
         while got < total {
-            match recv.read(&mut buf).await? {
-                Some(n) => got += n,
-                None => bail!("stream ended after {got} of {total} bytes"),
+            let n = r.read(&mut buf).await?;
+            if n == 0 {
+                bail!("stream ended after {got} of {total} bytes");
             }
+            got += n;
         }
         anyhow::Ok(())
     };
     tokio::try_join!(writer, reader)?;
     Ok(total as f64 / t0.elapsed().as_secs_f64() / 1e6)
+}
+
+/// Bulk ndjson over a new stream of `conn`.
+async fn bulk(conn: &Connection, total: usize) -> Result<f64> {
+    let (send, recv) = conn.open_bi().await?;
+    transfer(send, recv, total).await
 }
 
 async fn client(relay: &RelayUrl, key: SecretKey, relay_only: bool) -> Result<Endpoint> {
@@ -381,7 +397,6 @@ fn dumbpipe_bin() -> Option<PathBuf> {
 /// The same bulk transfer through dumbpipe (stdio mode) piping the same cat
 /// agent: `agent ⇄ dumbpipe listen ⇄ dumbpipe connect ⇄ this process`.
 async fn dumbpipe_bulk(dp: &std::path::Path, total: usize) -> Result<f64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (to_listen_r, to_listen_w) = std::io::pipe()?;
     let (to_agent_r, to_agent_w) = std::io::pipe()?;
     let mut agent = Command::new(test_agent_bin())
@@ -415,37 +430,9 @@ async fn dumbpipe_bulk(dp: &std::path::Path, total: usize) -> Result<f64> {
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()?;
-    let mut stdin = connect.stdin.take().unwrap();
-    let mut stdout = connect.stdout.take().unwrap();
-    let mut line = vec![b'a'; BULK_LINE];
-    line[0] = b'"';
-    line[BULK_LINE - 2] = b'"';
-    line[BULK_LINE - 1] = b'\n';
-    let block: Vec<u8> = line.iter().copied().cycle().take(BULK_LINE * 64).collect();
-    let t0 = Instant::now();
-    let writer = async {
-        let mut sent = 0;
-        while sent < total {
-            let n = block.len().min(total - sent);
-            stdin.write_all(&block[..n]).await?;
-            sent += n;
-        }
-        anyhow::Ok(())
-    };
-    let reader = async {
-        let mut got = 0usize;
-        let mut buf = vec![0u8; 256 * 1024];
-        while got < total {
-            let n = stdout.read(&mut buf).await?;
-            if n == 0 {
-                bail!("dumbpipe ended after {got} of {total} bytes");
-            }
-            got += n;
-        }
-        anyhow::Ok(())
-    };
-    tokio::try_join!(writer, reader)?;
-    let mbs = total as f64 / t0.elapsed().as_secs_f64() / 1e6;
+    let stdin = connect.stdin.take().unwrap();
+    let stdout = connect.stdout.take().unwrap();
+    let mbs = transfer(stdin, stdout, total).await?;
     let _ = connect.kill().await;
     let _ = listen.kill().await;
     let _ = agent.kill().await;
