@@ -144,20 +144,14 @@ async fn pump_until_end(
         res = &mut outbound => {
             let mut send = match res {
                 Ok(send) => send,
-                Err(e) => return match e {
-                    PumpError::TooLong(..) => {
-                        warn!(peer = %peer, "{e}; ending the session");
-                        refuse(conn, close::REASON_FRAME_TOO_LARGE);
-                        End::Refused(close::REASON_FRAME_TOO_LARGE.into())
-                    }
-                    e => End::PeerGone(e.to_string()),
-                },
+                Err(e @ PumpError::TooLong(..)) => return frame_too_large(conn, peer, e),
+                Err(e) => return End::PeerGone(e.to_string()),
             };
-            // Agent closed stdout: finish so the peer gets everything, then give it
-            // time to read and close. The agent gets a moment to exit on its own.
+            // Agent closed stdout: finish at once so the peer gets everything, give
+            // the agent a moment to exit on its own, then the peer time to close.
+            let _ = send.finish();
             let status = tokio::time::timeout(limits::AGENT_EXIT_AFTER_EOF, child.wait()).await;
             let code = status.ok().and_then(|s| s.ok()).and_then(|s| s.code());
-            let _ = send.finish();
             let linger = async {
                 let _ = send.stopped().await;
                 conn.closed().await;
@@ -175,6 +169,13 @@ async fn pump_until_end(
     }
 }
 
+/// A line over the frame cap: the session ends with a reason.
+fn frame_too_large(conn: &Connection, peer: &str, e: PumpError) -> End {
+    warn!(peer = %peer, "{e}; ending the session");
+    refuse(conn, close::REASON_FRAME_TOO_LARGE);
+    End::Refused(close::REASON_FRAME_TOO_LARGE.into())
+}
+
 /// The peer → agent direction failed.
 async fn inbound_failed<F>(
     e: PumpError,
@@ -188,11 +189,7 @@ where
     F: std::future::Future<Output = Result<SendStream, PumpError>>,
 {
     match e {
-        PumpError::TooLong(..) => {
-            warn!(peer = %peer, "{e}; ending the session");
-            refuse(conn, close::REASON_FRAME_TOO_LARGE);
-            End::Refused(close::REASON_FRAME_TOO_LARGE.into())
-        }
+        e @ PumpError::TooLong(..) => frame_too_large(conn, peer, e),
         // Agent stdin closed: the agent is exiting; let outbound finish the session.
         PumpError::Write(..) => {
             if let Ok(mut send) = outbound.await {
