@@ -55,7 +55,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cli)) {
+    let result = rt.block_on(run(cli));
+    // Do not wait for blocking tasks: a read of our stdin (`connect`) never
+    // returns while stdin stays open, and everything we own is already ended.
+    rt.shutdown_background();
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -145,7 +145,7 @@ async fn pump_until_end(
             let mut send = match res {
                 Ok(send) => send,
                 Err(e @ PumpError::TooLong(..)) => return frame_too_large(conn, peer, e),
-                Err(e) => return End::PeerGone(e.to_string()),
+                Err(e) => return peer_gone(conn, e),
             };
             // Agent closed stdout: finish at once so the peer gets everything, give
             // the agent a moment to exit on its own, then the peer time to close.
@@ -198,8 +198,14 @@ where
             }
             End::AgentExited(child.try_wait().ok().flatten().and_then(|s| s.code()))
         }
-        e => End::PeerGone(e.to_string()),
+        e => peer_gone(conn, e),
     }
+}
+
+/// The peer went away; the connection's close reason (e.g. the client's
+/// `client closed`) says more than the stream error that noticed it.
+fn peer_gone(conn: &Connection, e: PumpError) -> End {
+    End::PeerGone(conn.close_reason().map(|r| r.to_string()).unwrap_or_else(|| e.to_string()))
 }
 
 /// Parse errors queued for the peer while the agent's output is being written.

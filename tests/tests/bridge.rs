@@ -453,3 +453,42 @@ async fn connect_runs_a_local_client_against_the_remote_agent() {
     assert_eq!(reply["id"], 1);
     assert_eq!(reply["result"]["agentInfo"]["name"], "thunderbolt-echo");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_of_the_bridge_leaves_no_orphan_agent() {
+    let mut s = Setup::new("acp", &[], &[], true).await;
+    let pid_file = s.path("agent.pid");
+    s.restart(&agent(&["--pid-file", &pid_file, "hang"])).await;
+    let ep = s.client(false).await;
+    let ticket: EndpointTicket = s.bridge.ticket.parse().unwrap();
+    let conn = ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()).await.unwrap();
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    write_all(&mut send, b"{}\n").await;
+    let pid: u32 = wait_file(pid_file.as_ref()).await.trim().parse().unwrap();
+    // No chance to clean up: the kernel's parent-death signal must end the agent.
+    signal(s.bridge.pid(), libc::SIGKILL);
+    let _ = s.bridge.child.wait().await;
+    assert!(wait_pid_gone(pid).await, "agent {pid} outlived a SIGKILLed bridge");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ctrl_c_on_connect_closes_the_session_cleanly() {
+    use tokio::io::AsyncBufReadExt;
+    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let mut c = s.client_home.cmd();
+    c.args(["acp", "connect", &s.bridge.ticket])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"{\"hello\":1}\n").await.unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let echoed = tokio::time::timeout(WAIT, lines.next_line()).await.unwrap().unwrap();
+    assert_eq!(echoed.as_deref(), Some("{\"hello\":1}"));
+    signal(child.id().unwrap(), libc::SIGINT);
+    let status = tokio::time::timeout(WAIT, child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "connect after Ctrl-C: {status:?}");
+    s.bridge.log.wait_for("client closed").await;
+    drop(stdin);
+}
