@@ -164,6 +164,15 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     if admission.heartbeat.is_zero() {
         bail!("--heartbeat-interval must be above zero");
     }
+    for (flag, v) in [
+        ("--max-agents", l.max_agents),
+        ("--max-handshakes", l.max_handshakes),
+        ("--per-remote-max", l.per_remote_max),
+    ] {
+        if v == 0 {
+            bail!("{flag} must be at least 1 (0 would refuse every peer)");
+        }
+    }
     let gate_limits = gate::GateLimits {
         per_remote_max: l.per_remote_max,
         window: secs(l.per_remote_window, "--per-remote-window")?,

@@ -126,6 +126,10 @@ async fn malformed_input_gets_one_clear_line() {
     assert_clean_error(&o, "agent command 'no-such-agent-xyz' not found");
     let o = tb.run(&["mcp", "--transport", "iroh"]).await;
     assert_clean_error(&o, "needs the server to run");
+    let o = tb.run(&["acp", "--transport", "iroh", "--max-agents", "0"]).await;
+    assert_clean_error(&o, "--max-agents must be at least 1");
+    let o = tb.run(&["acp", "--transport", "iroh", "--stream-open-timeout=-1"]).await;
+    assert_clean_error(&o, "--stream-open-timeout");
     let o = tb
         .cmd()
         .args(["acp", "--transport", "iroh"])
