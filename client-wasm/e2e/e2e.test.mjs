@@ -179,17 +179,27 @@ test("closing the page's connection kills the agent on the bridge", async () => 
   assert.deepEqual(agentPids(bridge).filter(alive), []);
 });
 
-test("errors are typed: bad input, wrong protocol, dial timeout", async () => {
+test("errors are typed: bad input, wrong protocol, bad frames, dial timeout", async () => {
   const r = await page.evaluate(async (ticket) => {
     const client = window.thunderbolt.state.client;
     const out = {};
     try { await client.connectProtocol("not-a-ticket", "acp"); } catch (e) { out.input = e.kind; }
     try { await client.connectProtocol(ticket, "Bad Name"); } catch (e) { out.protocol = e.kind; }
     try { await client.connectProtocol(ticket, "mcp"); } catch (e) { out.alpn = e.kind; }
+    // Frames the framed API must refuse before anything is sent.
+    const conn = await client.connectProtocol(ticket, "acp");
+    try { await conn.send("not json"); } catch (e) { out.notJson = e.kind; }
+    try { await conn.send({ big: "x".repeat(16 * 1024 * 1024) }); } catch (e) { out.tooBig = e.kind; }
+    await conn.send({ jsonrpc: "2.0", id: 9, method: "initialize", params: { protocolVersion: 1 } });
+    out.stillWorks = (await conn.messages().getReader().read()).value.id;
+    conn.close();
     // A NodeId nobody serves: the dial is bounded by its timeout.
     const ghost = (await window.thunderbolt.IrohClient.create(undefined, new URLSearchParams(location.search).get("relay"))).nodeId();
     try { await client.connectProtocol(ghost, "acp", 1500); } catch (e) { out.timeout = e.kind; out.retryable = e.retryable; }
     return out;
   }, bridge.ticket);
-  assert.deepEqual(r, { input: "input", protocol: "input", alpn: "alpn", timeout: "timeout", retryable: true });
+  assert.deepEqual(r, {
+    input: "input", protocol: "input", alpn: "alpn", notJson: "frame", tooBig: "frame", stillWorks: 9,
+    timeout: "timeout", retryable: true,
+  });
 });
