@@ -283,6 +283,39 @@ impl ConnInner {
     }
 }
 
+/// `finish`, `close` and `closed`, the same on both connection classes
+/// (wasm-bindgen classes cannot share an impl, so a macro writes it once).
+macro_rules! session_controls {
+    ($class:ident) => {
+        #[wasm_bindgen]
+        impl $class {
+            /// Ends our side of the stream (the agent sees end of input).
+            #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
+            pub fn finish(&self) -> Promise {
+                let inner = self.inner.clone();
+                future_to_promise(async move {
+                    inner.finish().await?;
+                    Ok(JsValue::UNDEFINED)
+                })
+            }
+
+            /// Closes the session (code 0, `client closed`); the bridge ends the agent.
+            pub fn close(&self) {
+                self.inner.close();
+            }
+
+            /// Resolves with `{kind, code, reason}` when the connection closes.
+            #[wasm_bindgen(unchecked_return_type = "Promise<{kind: string, code?: number, reason: string}>")]
+            pub fn closed(&self) -> Promise {
+                self.inner.closed()
+            }
+        }
+    };
+}
+
+session_controls!(IrohConnection);
+session_controls!(FramedConnection);
+
 /// One session: raw bytes in both directions.
 #[wasm_bindgen]
 pub struct IrohConnection {
@@ -307,27 +340,6 @@ impl IrohConnection {
     pub fn readable(&self) -> Result<web_sys::ReadableStream, JsValue> {
         let s = self.inner.chunks()?.map(|r| r.map(|b| Uint8Array::from(&b[..]).into()));
         Ok(wasm_streams::ReadableStream::from_stream(s).into_raw())
-    }
-
-    /// Ends our side of the stream (the agent sees end of input).
-    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
-    pub fn finish(&self) -> Promise {
-        let inner = self.inner.clone();
-        future_to_promise(async move {
-            inner.finish().await?;
-            Ok(JsValue::UNDEFINED)
-        })
-    }
-
-    /// Closes the session (code 0, `client closed`); the bridge ends the agent.
-    pub fn close(&self) {
-        self.inner.close();
-    }
-
-    /// Resolves with `{kind, code, reason}` when the connection closes.
-    #[wasm_bindgen(unchecked_return_type = "Promise<{kind: string, code?: number, reason: string}>")]
-    pub fn closed(&self) -> Promise {
-        self.inner.closed()
     }
 }
 
@@ -417,27 +429,6 @@ impl FramedConnection {
             },
         );
         Ok(wasm_streams::ReadableStream::from_stream(framed).into_raw())
-    }
-
-    /// Ends our side of the stream (the agent sees end of input).
-    #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
-    pub fn finish(&self) -> Promise {
-        let inner = self.inner.clone();
-        future_to_promise(async move {
-            inner.finish().await?;
-            Ok(JsValue::UNDEFINED)
-        })
-    }
-
-    /// Closes the session (code 0, `client closed`); the bridge ends the agent.
-    pub fn close(&self) {
-        self.inner.close();
-    }
-
-    /// Resolves with `{kind, code, reason}` when the connection closes.
-    #[wasm_bindgen(unchecked_return_type = "Promise<{kind: string, code?: number, reason: string}>")]
-    pub fn closed(&self) -> Promise {
-        self.inner.closed()
     }
 }
 
