@@ -44,6 +44,15 @@ impl Setup {
         Self { relay, bridge_home, client_home, bridge, work: tempfile::tempdir().unwrap() }
     }
 
+    /// Dials the running bridge, opens the session's stream and sends `line` (the
+    /// bridge sees the stream, and spawns the agent, once data arrives on it).
+    async fn open_session(&self, ep: &Endpoint, line: &[u8]) -> (Connection, SendStream, RecvStream) {
+        let conn = self.dial(ep, &Protocol::acp()).await;
+        let (mut send, recv) = conn.open_bi().await.unwrap();
+        write_all(&mut send, line).await;
+        (conn, send, recv)
+    }
+
     /// Stops the running bridge and starts another with `agent_argv` (same home,
     /// so same identity: two at once would share a NodeId).
     async fn restart(&mut self, agent_argv: &[String]) {
@@ -67,6 +76,11 @@ impl Setup {
             .expect("dial in time")
             .expect("dial succeeds")
     }
+}
+
+/// The pid an agent started with `--pid-file` wrote.
+async fn agent_pid(pid_file: &str) -> u32 {
+    wait_file(pid_file.as_ref()).await.trim().parse().expect("pid file holds a pid")
 }
 
 async fn read_all(recv: &mut RecvStream) -> Vec<u8> {
@@ -230,11 +244,8 @@ async fn client_close_kills_the_agent() {
         s.restart(&agent(&["--pid-file", &pid_file, mode])).await;
         let bridge = &s.bridge;
         let ep = s.client(false).await;
-        let ticket: EndpointTicket = bridge.ticket.parse().unwrap();
-        let conn = ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()).await.unwrap();
-        let (mut send, _recv) = conn.open_bi().await.unwrap();
-        write_all(&mut send, b"{\"x\":1}\n").await;
-        let pid: u32 = wait_file(pid_file.as_ref()).await.trim().parse().unwrap();
+        let (conn, _send, _recv) = s.open_session(&ep, b"{\"x\":1}\n").await;
+        let pid = agent_pid(&pid_file).await;
         assert!(pid_alive(pid));
         conn.close(0u32.into(), b"client closed");
         assert!(wait_pid_gone(pid).await, "{mode} agent {pid} survived the client's close");
@@ -270,13 +281,9 @@ async fn oversized_frame_ends_the_session_with_a_reason() {
     let mut s = Setup::new("acp", &[], &[], true).await;
     let pid_file = s.path("agent.pid");
     s.restart(&agent(&["--pid-file", &pid_file, "cat"])).await;
-    let bridge = &s.bridge;
     let ep = s.client(false).await;
-    let ticket: EndpointTicket = bridge.ticket.parse().unwrap();
-    let conn = ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()).await.unwrap();
-    let (mut send, _recv) = conn.open_bi().await.unwrap();
-    write_all(&mut send, b"{\"first\":1}\n").await;
-    let pid: u32 = wait_file(pid_file.as_ref()).await.trim().parse().unwrap();
+    let (conn, mut send, _recv) = s.open_session(&ep, b"{\"first\":1}\n").await;
+    let pid = agent_pid(&pid_file).await;
     // 17 MiB without a newline: over the 16 MiB cap.
     let chunk = vec![b'7'; 1 << 20];
     let writer = async {
@@ -291,9 +298,7 @@ async fn oversized_frame_ends_the_session_with_a_reason() {
     assert!(wait_pid_gone(pid).await, "agent survived the protocol error");
     // The bridge keeps serving.
     std::fs::remove_file(&pid_file).unwrap();
-    let conn = ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()).await.unwrap();
-    let (mut send, mut recv) = conn.open_bi().await.unwrap();
-    write_all(&mut send, b"{\"again\":1}\n").await;
+    let (_conn, mut send, mut recv) = s.open_session(&ep, b"{\"again\":1}\n").await;
     send.finish().unwrap();
     assert_eq!(read_all(&mut recv).await, b"{\"again\":1}\n");
 }
@@ -357,13 +362,9 @@ async fn spawn_failure_is_reported_to_the_peer() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     s.restart(std::slice::from_ref(&script)).await;
-    let bridge = &s.bridge;
     std::fs::remove_file(&script).unwrap();
     let ep = s.client(false).await;
-    let ticket: EndpointTicket = bridge.ticket.parse().unwrap();
-    let conn = ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()).await.unwrap();
-    let (mut send, _recv) = conn.open_bi().await.unwrap();
-    write_all(&mut send, b"{}\n").await;
+    let (conn, _send, _recv) = s.open_session(&ep, b"{}\n").await;
     let (code, reason) = closed_with(&conn).await;
     assert_eq!(code, 1);
     assert_eq!(reason, format!("failed to spawn '{script}'"));
@@ -384,11 +385,8 @@ async fn sigterm_ends_the_bridge_and_its_agents() {
     let pid_file = s.path("agent.pid");
     s.restart(&agent(&["--pid-file", &pid_file, "hang"])).await;
     let ep = s.client(false).await;
-    let ticket: EndpointTicket = s.bridge.ticket.parse().unwrap();
-    let conn = ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()).await.unwrap();
-    let (mut send, _recv) = conn.open_bi().await.unwrap();
-    write_all(&mut send, b"{}\n").await;
-    let pid: u32 = wait_file(pid_file.as_ref()).await.trim().parse().unwrap();
+    let (conn, _send, _recv) = s.open_session(&ep, b"{}\n").await;
+    let pid = agent_pid(&pid_file).await;
     let status = s.bridge.terminate().await;
     assert!(status.success(), "bridge exit status after SIGTERM: {status:?}");
     assert!(!pid_alive(pid), "agent {pid} outlived the bridge");
@@ -412,10 +410,7 @@ async fn agent_stderr_goes_to_the_log_and_stdout_noise_is_dropped() {
 
     s.restart(&agent(&["noise"])).await;
     let noisy = &s.bridge;
-    let ticket: EndpointTicket = noisy.ticket.parse().unwrap();
-    let conn = ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()).await.unwrap();
-    let (mut send, mut recv) = conn.open_bi().await.unwrap();
-    write_all(&mut send, b"{\"b\":2}\n").await;
+    let (_conn, mut send, mut recv) = s.open_session(&ep, b"{\"b\":2}\n").await;
     send.finish().unwrap();
     assert_eq!(read_all(&mut recv).await, b"{\"b\":2}\n");
     noisy.log.wait_for("non-JSON line").await;
@@ -460,11 +455,8 @@ async fn sigkill_of_the_bridge_leaves_no_orphan_agent() {
     let pid_file = s.path("agent.pid");
     s.restart(&agent(&["--pid-file", &pid_file, "hang"])).await;
     let ep = s.client(false).await;
-    let ticket: EndpointTicket = s.bridge.ticket.parse().unwrap();
-    let conn = ep.connect(ticket.endpoint_addr().clone(), &Protocol::acp().alpn()).await.unwrap();
-    let (mut send, _recv) = conn.open_bi().await.unwrap();
-    write_all(&mut send, b"{}\n").await;
-    let pid: u32 = wait_file(pid_file.as_ref()).await.trim().parse().unwrap();
+    let (_conn, _send, _recv) = s.open_session(&ep, b"{}\n").await;
+    let pid = agent_pid(&pid_file).await;
     // No chance to clean up: the kernel's parent-death signal must end the agent.
     signal(s.bridge.pid(), libc::SIGKILL);
     let _ = s.bridge.child.wait().await;
