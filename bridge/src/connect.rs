@@ -9,7 +9,10 @@ use std::{process::Stdio, time::Duration};
 
 use anyhow::{anyhow, bail, Context, Result};
 use iroh::endpoint::{Connection, ConnectionError, VarInt};
-use thunderbolt_shared::{close, Protocol, Target};
+use thunderbolt_shared::{
+    close::{self, is_alpn_refusal},
+    Protocol, Target,
+};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info};
 
@@ -42,15 +45,6 @@ pub fn describe_close(err: &ConnectionError, protocol: &Protocol) -> String {
         ConnectionError::TimedOut => "the connection timed out (the bridge stopped answering)".into(),
         e => format!("connection lost: {e}"),
     }
-}
-
-fn is_alpn_refusal(text: &str) -> bool {
-    let t = text.to_ascii_lowercase();
-    // TLS alert 120 (no_application_protocol) is how a bridge of another protocol answers.
-    t.contains("alpn")
-        || t.contains("known protocol")
-        || t.contains("error 120")
-        || t.contains("no_application_protocol")
 }
 
 pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<()> {

@@ -1,7 +1,7 @@
 //! How a failure is reported to JavaScript: a kind the app can switch on, plus
 //! the bridge's close code and reason when the bridge closed the connection.
 
-use thunderbolt_shared::close::Refusal;
+use thunderbolt_shared::close::{is_alpn_refusal, Refusal};
 
 /// Default bound on a dial: covers a cold relay connection on a slow link.
 pub const DEFAULT_DIAL_TIMEOUT_MS: u32 = 30_000;
@@ -50,7 +50,7 @@ impl ErrorKind {
 /// Classifies a connection error's text when no structured close is available.
 pub fn classify_text(text: &str) -> ErrorKind {
     let t = text.to_ascii_lowercase();
-    if t.contains("alpn") || t.contains("known protocol") || t.contains("error 120") {
+    if is_alpn_refusal(&t) {
         ErrorKind::Alpn
     } else if t.contains("timed out") || t.contains("timeout") {
         ErrorKind::Timeout

@@ -28,6 +28,18 @@ pub fn failed_to_spawn(argv0: &str) -> String {
     format!("{SPAWN_PREFIX}{argv0}'")
 }
 
+/// Whether a handshake error's text says the peer refused our ALPN (TLS alert
+/// 120, `no_application_protocol`): how a bridge of another protocol answers.
+/// iroh reports it only as text, so both the native and the browser client
+/// recognise it here.
+pub fn is_alpn_refusal(error_text: &str) -> bool {
+    let t = error_text.to_ascii_lowercase();
+    t.contains("alpn")
+        || t.contains("known protocol")
+        || t.contains("error 120")
+        || t.contains("no_application_protocol")
+}
+
 /// A bridge's refusal as a client sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
@@ -113,6 +125,14 @@ mod tests {
         ] {
             assert_eq!(Refusal::from_close(1, r.reason().as_bytes()), Some(r));
         }
+    }
+
+    #[test]
+    fn alpn_refusal_text() {
+        assert!(is_alpn_refusal(
+            "the cryptographic handshake failed: error 120: peer doesn't support any known protocol"
+        ));
+        assert!(!is_alpn_refusal("connection timed out"));
     }
 
     #[test]
