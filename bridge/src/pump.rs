@@ -15,7 +15,7 @@
 use bytes::{Bytes, BytesMut};
 use thunderbolt_shared::{
     jsonrpc::{is_json, PARSE_ERROR_LINE},
-    ndjson::{is_blank, memchr_newline, FrameTooLong},
+    ndjson::{is_blank, take_kept_runs, FrameTooLong},
 };
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
@@ -59,35 +59,8 @@ impl LineSplitter {
     /// Takes every complete line out of the buffer. `keep` decides per line
     /// (without its newline); kept lines come back as runs of contiguous
     /// bytes, newlines included. Blank lines are dropped silently.
-    fn drain(&mut self, mut keep: impl FnMut(&[u8]) -> bool) -> Result<Vec<Bytes>, FrameTooLong> {
-        let mut runs = Vec::new();
-        let mut line_start = 0;
-        let mut run_start = 0;
-        let mut pos = self.scanned;
-        while let Some(off) = memchr_newline(&self.buf[pos..]) {
-            let nl = pos + off;
-            if nl - line_start > self.max {
-                return Err(FrameTooLong { max: self.max });
-            }
-            let line = &self.buf[line_start..nl];
-            if is_blank(line) || !keep(line) {
-                if run_start < line_start {
-                    runs.push(run_start..line_start);
-                }
-                run_start = nl + 1;
-            }
-            line_start = nl + 1;
-            pos = nl + 1;
-        }
-        if run_start < line_start {
-            runs.push(run_start..line_start);
-        }
-        let done = self.buf.split_to(line_start).freeze();
-        self.scanned = self.buf.len();
-        if self.buf.len() > self.max {
-            return Err(FrameTooLong { max: self.max });
-        }
-        Ok(runs.into_iter().map(|r| done.slice(r)).collect())
+    fn drain(&mut self, keep: impl FnMut(&[u8]) -> bool) -> Result<Vec<Bytes>, FrameTooLong> {
+        take_kept_runs(&mut self.buf, &mut self.scanned, self.max, keep)
     }
 
     /// At EOF: the unterminated remainder as a last line (with a newline added).

@@ -59,6 +59,47 @@ pub fn memchr_newline(hay: &[u8]) -> Option<usize> {
     memchr::memchr(b'\n', hay)
 }
 
+/// Takes every complete line out of `buf` at once, for forwarding without
+/// copying line by line. `keep` decides per line (without its newline); kept
+/// lines come back as runs of contiguous bytes, newlines included, sharing the
+/// buffer's memory. Blank lines are dropped. The unfinished tail stays in `buf`
+/// (`scanned` remembers how much of it holds no newline).
+pub fn take_kept_runs(
+    buf: &mut BytesMut,
+    scanned: &mut usize,
+    max: usize,
+    mut keep: impl FnMut(&[u8]) -> bool,
+) -> Result<Vec<Bytes>, FrameTooLong> {
+    let mut runs = Vec::new();
+    let mut line_start = 0;
+    let mut run_start = 0;
+    let mut pos = (*scanned).min(buf.len());
+    while let Some(off) = memchr_newline(&buf[pos..]) {
+        let nl = pos + off;
+        if nl - line_start > max {
+            return Err(FrameTooLong { max });
+        }
+        let line = &buf[line_start..nl];
+        if is_blank(line) || !keep(line) {
+            if run_start < line_start {
+                runs.push(run_start..line_start);
+            }
+            run_start = nl + 1;
+        }
+        line_start = nl + 1;
+        pos = nl + 1;
+    }
+    if run_start < line_start {
+        runs.push(run_start..line_start);
+    }
+    let done = buf.split_to(line_start).freeze();
+    *scanned = buf.len();
+    if buf.len() > max {
+        return Err(FrameTooLong { max });
+    }
+    Ok(runs.into_iter().map(|r| done.slice(r)).collect())
+}
+
 /// Whether a frame carries nothing but whitespace (blank lines are skipped by
 /// both sides rather than treated as malformed JSON).
 pub fn is_blank(frame: &[u8]) -> bool {
@@ -244,6 +285,20 @@ mod tests {
         f.push(b"{\"tail\":true}");
         assert_eq!(f.next_frame().unwrap(), None);
         assert_eq!(f.finish().unwrap(), &b"{\"tail\":true}"[..]);
+    }
+
+    #[test]
+    fn kept_runs_share_the_buffer_and_skip_rejects() {
+        let mut buf = BytesMut::from(&b"[1]\n\n[2]\nbad\n[3]\r\n[4"[..]);
+        let mut scanned = 0;
+        let runs = take_kept_runs(&mut buf, &mut scanned, 100, |l| l != b"bad").unwrap();
+        let runs: Vec<&[u8]> = runs.iter().map(|r| &r[..]).collect();
+        assert_eq!(runs, vec![&b"[1]\n"[..], &b"[2]\n"[..], &b"[3]\r\n"[..]]);
+        assert_eq!(&buf[..], b"[4");
+        assert_eq!(scanned, 2);
+        let mut long = BytesMut::from(&b"123456789"[..]);
+        let mut scanned = 0;
+        assert!(take_kept_runs(&mut long, &mut scanned, 8, |_| true).is_err());
     }
 
     #[test]
