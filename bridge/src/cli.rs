@@ -24,7 +24,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
         Quick start:\n  thunderbolt acp --transport iroh                 # serve the built-in ACP agent\n  \
         thunderbolt acp --transport iroh -- my-agent --acp  # serve your own agent\n  \
         thunderbolt iroh allow <nodeid-of-the-other-side>\n\n\
-        Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more."
+        Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more. The bridge runs on half \
+        the cores (at least one), leaving the rest to its agents; TOKIO_WORKER_THREADS=N overrides."
 )]
 pub struct Cli {
     /// State directory (identity keys, allow file).

@@ -48,7 +48,14 @@ fn main() -> ExitCode {
     init_logging(&cli);
     // reqwest (account backend) and iroh both use rustls with ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = limits::worker_threads(
+        std::env::var_os("TOKIO_WORKER_THREADS").is_some(),
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+    ) {
+        builder.worker_threads(n);
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
