@@ -1,10 +1,13 @@
 //! Benchmarks of the bridge against raw iroh, measured side by side in one run.
 //!
 //! ```text
+//! tests/bench.sh --quick                  # builds, then runs this in a loopback-only netns
 //! cargo build --release --workspace --bins
 //! target/release/bench --quick            # about a minute
 //! target/release/bench                    # full run
 //! target/release/bench --json out.json    # also machine-readable
+//! target/release/bench --quick --only small,bulk   # some sections only
+//! BENCH_BRIDGE_WORKERS=2 target/release/bench --quick   # the bridge's TOKIO_WORKER_THREADS, for A/B runs
 //! ```
 //!
 //! Everything runs as separate processes, as in real use: the relay
@@ -50,6 +53,31 @@ const QUICK: Plan =
     Plan { setup_reps: 10, bulk_bytes: 64 << 20, bulk_reps: 3, rtts: 2000, per_session_bytes: 4 << 20 };
 const FULL: Plan =
     Plan { setup_reps: 30, bulk_bytes: 256 << 20, bulk_reps: 5, rtts: 10_000, per_session_bytes: 16 << 20 };
+
+/// The parts of a run, in the order they run; `--only` picks some.
+const SECTIONS: &[&str] = &["setup", "bulk", "dumbpipe", "small", "many", "memory", "flood"];
+
+/// Round trips are measured in this many blocks, bridge and baseline taking turns,
+/// so that drift on a shared machine lands on both alike.
+const ROUND_TRIP_BLOCKS: usize = 10;
+
+/// Which sections of [`SECTIONS`] this run measures.
+struct Only(Vec<String>);
+
+impl Only {
+    fn parse(list: Option<&String>) -> Result<Self> {
+        let Some(list) = list else { return Ok(Self(SECTIONS.iter().map(|s| s.to_string()).collect())) };
+        let names: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
+        if let Some(bad) = names.iter().find(|n| !SECTIONS.contains(&n.as_str())) {
+            bail!("unknown section '{bad}' (sections: {})", SECTIONS.join(", "));
+        }
+        Ok(Self(names))
+    }
+
+    fn has(&self, s: &str) -> bool {
+        self.0.iter().any(|n| n == s)
+    }
+}
 
 /// Concurrent sessions in the many-sessions and memory measures: the bridge's agent cap.
 const SESSIONS: usize = 16;
@@ -119,10 +147,12 @@ fn main() -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).map(PathBuf::from);
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("usage: bench [--quick] [--json PATH]");
+        println!("usage: bench [--quick] [--only SECTION,...] [--json PATH]");
+        println!("sections: {}", SECTIONS.join(", "));
         return Ok(());
     }
-    rt.block_on(run(if quick { QUICK } else { FULL }, json_out))
+    let only = Only::parse(args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)))?;
+    rt.block_on(run(if quick { QUICK } else { FULL }, &only, json_out))
 }
 
 /// A separate process: relay-only or direct raw iroh echo server, printing its ticket.
@@ -306,22 +336,70 @@ async fn client(relay: &RelayUrl, key: SecretKey, relay_only: bool) -> Result<En
     Ok(ep)
 }
 
-/// Sequential round trips of [`SMALL_REQUEST`] on one stream (one session: the
-/// bridge serves one stream per connection); returns the latency of each after
-/// `warmup` unmeasured ones, in microseconds.
-async fn round_trips(conn: &Connection, warmup: usize, n: usize) -> Result<Vec<f64>> {
-    let (mut send, mut recv) = conn.open_bi().await?;
-    let mut buf = vec![0u8; SMALL_REQUEST.len()];
-    let mut out = Vec::with_capacity(n);
-    for i in 0..warmup + n {
-        let t0 = Instant::now();
-        send.write_all(SMALL_REQUEST).await?;
-        recv.read_exact(&mut buf).await?;
-        if i >= warmup {
+/// The cat agent on plain pipes, no bridge: what one hop through an agent
+/// process costs by itself.
+struct PipeAgent {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::process::ChildStdout,
+    buf: Vec<u8>,
+}
+
+impl PipeAgent {
+    fn start() -> Result<Self> {
+        let mut child = Command::new(test_agent_bin())
+            .arg("cat")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdin = child.stdin.take().context("stdin")?;
+        let stdout = child.stdout.take().context("stdout")?;
+        Ok(Self { child, stdin, stdout, buf: vec![0u8; SMALL_REQUEST.len()] })
+    }
+
+    async fn round_trips(&mut self, n: usize) -> Result<Vec<f64>> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t0 = Instant::now();
+            self.stdin.write_all(SMALL_REQUEST).await?;
+            self.stdout.read_exact(&mut self.buf).await?;
             out.push(t0.elapsed().as_secs_f64() * 1e6);
         }
+        Ok(out)
     }
-    send.finish()?;
+}
+
+impl Drop for PipeAgent {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+/// Opens the stream round trips run on (one session: the bridge serves one
+/// stream per connection) and the buffer answers are read into.
+async fn round_trip_stream(
+    conn: &Connection,
+) -> Result<(Vec<u8>, iroh::endpoint::SendStream, iroh::endpoint::RecvStream)> {
+    let (send, recv) = conn.open_bi().await?;
+    Ok((vec![0u8; SMALL_REQUEST.len()], send, recv))
+}
+
+/// `n` sequential round trips of [`SMALL_REQUEST`]; the latency of each in microseconds.
+async fn round_trips(
+    send: &mut iroh::endpoint::SendStream,
+    recv: &mut iroh::endpoint::RecvStream,
+    buf: &mut [u8],
+    n: usize,
+) -> Result<Vec<f64>> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t0 = Instant::now();
+        send.write_all(SMALL_REQUEST).await?;
+        recv.read_exact(buf).await?;
+        out.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
     Ok(out)
 }
 
@@ -386,6 +464,14 @@ async fn spawn_agent_alone() -> Result<Duration> {
     Ok(dt)
 }
 
+/// Whether loopback is this process's only network interface (a namespace made
+/// by `tests/bench.sh`): dumbpipe has no switch for its public relays and DNS.
+fn loopback_only() -> bool {
+    // /proc/self/net follows our namespace (/sys/class/net follows whoever mounted /sys).
+    let Ok(dev) = std::fs::read_to_string("/proc/self/net/dev") else { return false };
+    dev.lines().skip(2).filter_map(|l| l.split(':').next()).all(|name| name.trim() == "lo")
+}
+
 /// The `dumbpipe` binary: `$DUMBPIPE`, else on `PATH` (`cargo install dumbpipe`).
 fn dumbpipe_bin() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("DUMBPIPE") {
@@ -443,7 +529,7 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-async fn run(plan: Plan, json_out: Option<PathBuf>) -> Result<()> {
+async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<()> {
     let (relay, relay_url) = start_relay().await?;
     let tb = Tb::new(None);
     let client_key = SecretKey::generate();
@@ -452,6 +538,9 @@ async fn run(plan: Plan, json_out: Option<PathBuf>) -> Result<()> {
     let start_bridge = |argv: Vec<String>| {
         let mut c = tb.cmd();
         c.env("THUNDERBOLT_IROH_RELAY_URL", &relay_env).env("RUST_LOG", "warn");
+        if let Ok(w) = std::env::var("BENCH_BRIDGE_WORKERS") {
+            c.env("TOKIO_WORKER_THREADS", w);
+        }
         // The per-remote budget (10 per 10 s) would throttle the measuring client itself.
         c.args(["acp", "--transport", "iroh", "--per-remote-max", "1000000"]);
         if !argv.is_empty() {
@@ -459,6 +548,12 @@ async fn run(plan: Plan, json_out: Option<PathBuf>) -> Result<()> {
         }
         RunningBridge::start(c)
     };
+    let cat_argv = vec![agent.clone(), "cat".into()];
+    let addr_of = |b: &RunningBridge, relay_only: bool| -> Result<EndpointAddr> {
+        Ok(path_addr(b.ticket.parse::<EndpointTicket>()?.endpoint_addr(), relay_only))
+    };
+    let init =
+        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}\n";
     tb.allow(&client_key.public()).await;
     let mut rows = Vec::new();
     eprintln!("bench: plan {plan:?}");
@@ -469,81 +564,76 @@ async fn run(plan: Plan, json_out: Option<PathBuf>) -> Result<()> {
         let (mut echo, echo_addr) = start_echo(Some(&relay_url)).await?;
         let echo_addr = path_addr(&echo_addr, relay_only);
 
-        // Setup: built-in agent's first response vs raw echo's first byte.
-        let mut builtin = start_bridge(vec![]).await;
-        let bridge_addr =
-            path_addr(&builtin.ticket.parse::<EndpointTicket>()?.endpoint_addr().clone(), relay_only);
-        let init =
-            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}\n";
-        let (mut b, mut r, mut rs) = (Vec::new(), Vec::new(), Vec::new());
-        // One warm-up each so path discovery and page cache are not measured.
-        first_response(&ep, &bridge_addr, &Protocol::acp().alpn(), init).await?;
-        first_response(&ep, &echo_addr, ECHO_ALPN, init).await?;
-        for _ in 0..plan.setup_reps {
-            b.push(ms(first_response(&ep, &bridge_addr, &Protocol::acp().alpn(), init).await?));
-            let raw = ms(first_response(&ep, &echo_addr, ECHO_ALPN, init).await?);
-            r.push(raw);
-            rs.push(raw + ms(spawn_agent_alone().await?));
+        if only.has("setup") {
+            // Built-in agent's first response vs raw echo's first byte.
+            let mut builtin = start_bridge(vec![]).await;
+            let bridge_addr = addr_of(&builtin, relay_only)?;
+            let (mut b, mut r, mut rs) = (Vec::new(), Vec::new(), Vec::new());
+            // One warm-up each so path discovery and page cache are not measured.
+            first_response(&ep, &bridge_addr, &Protocol::acp().alpn(), init).await?;
+            first_response(&ep, &echo_addr, ECHO_ALPN, init).await?;
+            for _ in 0..plan.setup_reps {
+                b.push(ms(first_response(&ep, &bridge_addr, &Protocol::acp().alpn(), init).await?));
+                let raw = ms(first_response(&ep, &echo_addr, ECHO_ALPN, init).await?);
+                r.push(raw);
+                rs.push(raw + ms(spawn_agent_alone().await?));
+            }
+            let name = format!("dial → first response ({path})");
+            rows.push(row(&name, "ms", b.clone(), "raw iroh echo", r, false));
+            rows.push(row(&name, "ms", b, "raw echo + spawning the agent alone", rs, false));
+            builtin.terminate().await;
         }
-        rows.push(row(
-            &format!("dial → first response ({path})"),
-            "ms",
-            b.clone(),
-            "raw iroh echo",
-            r,
-            false,
-        ));
-        rows.push(row(
-            &format!("dial → first response ({path})"),
-            "ms",
-            b,
-            "raw echo + spawning the agent alone",
-            rs,
-            false,
-        ));
-        builtin.terminate().await;
 
-        // Bulk through a cat-like agent vs raw echo.
-        let mut cat = start_bridge(vec![agent.clone(), "cat".into()]).await;
-        let bridge_addr =
-            path_addr(&cat.ticket.parse::<EndpointTicket>()?.endpoint_addr().clone(), relay_only);
-        let bconn = ep.connect(bridge_addr, &Protocol::acp().alpn()).await?;
-        let rconn = ep.connect(echo_addr.clone(), ECHO_ALPN).await?;
-        let (mut b, mut r) = (Vec::new(), Vec::new());
-        for i in 0..plan.bulk_reps {
-            // Each bridge transfer is its own session (one agent per connection).
-            let conn = if i == 0 {
-                bconn.clone()
-            } else {
-                ep.connect(
-                    path_addr(&cat.ticket.parse::<EndpointTicket>()?.endpoint_addr().clone(), relay_only),
-                    &Protocol::acp().alpn(),
-                )
-                .await?
-            };
-            b.push(bulk(&conn, plan.bulk_bytes).await?);
-            conn.close(0u32.into(), b"client closed");
-            r.push(bulk(&rconn, plan.bulk_bytes).await?);
+        let bulk_name = format!("bulk {} MiB through cat agent ({path})", plan.bulk_bytes >> 20);
+        let (mut bridge_bulk, mut raw_bulk) = (Vec::new(), Vec::new());
+        if only.has("bulk") || (only.has("dumbpipe") && !relay_only) {
+            // Each bridge transfer is its own session (one agent per connection);
+            // bridge and raw echo take turns so drift lands on both.
+            let mut cat = start_bridge(cat_argv.clone()).await;
+            let rconn = ep.connect(echo_addr.clone(), ECHO_ALPN).await?;
+            for _ in 0..plan.bulk_reps {
+                let conn = ep.connect(addr_of(&cat, relay_only)?, &Protocol::acp().alpn()).await?;
+                bridge_bulk.push(bulk(&conn, plan.bulk_bytes).await?);
+                conn.close(0u32.into(), b"client closed");
+                raw_bulk.push(bulk(&rconn, plan.bulk_bytes).await?);
+            }
+            rconn.close(0u32.into(), b"client closed");
+            cat.terminate().await;
+            if only.has("bulk") {
+                rows.push(row(
+                    &bulk_name,
+                    "MB/s",
+                    bridge_bulk.clone(),
+                    "raw iroh echo",
+                    raw_bulk.clone(),
+                    true,
+                ));
+            }
         }
-        rows.push(row(
-            &format!("bulk {} MiB through cat agent ({path})", plan.bulk_bytes >> 20),
-            "MB/s",
-            b.clone(),
-            "raw iroh echo",
-            r,
-            true,
-        ));
-        if !relay_only {
+        if only.has("dumbpipe") && !relay_only {
             match dumbpipe_bin() {
+                Some(_) if !loopback_only() => eprintln!(
+                    "bench: skipping dumbpipe: it would reach public relays from here \
+                     (run tests/bench.sh for a loopback-only namespace)"
+                ),
                 Some(dp) => {
                     let mut d = Vec::new();
                     for _ in 0..plan.bulk_reps {
                         d.push(dumbpipe_bulk(&dp, plan.bulk_bytes).await?);
                     }
                     rows.push(row(
-                        &format!("bulk {} MiB through cat agent ({path})", plan.bulk_bytes >> 20),
+                        &bulk_name,
                         "MB/s",
-                        b,
+                        bridge_bulk,
+                        "dumbpipe stdio, same agent",
+                        d.clone(),
+                        true,
+                    ));
+                    // What the ratio above could be at most: a bridge as fast as raw iroh.
+                    rows.push(row(
+                        &format!("bulk {} MiB, raw iroh echo (ceiling)", plan.bulk_bytes >> 20),
+                        "MB/s",
+                        raw_bulk,
                         "dumbpipe stdio, same agent",
                         d,
                         true,
@@ -554,20 +644,48 @@ async fn run(plan: Plan, json_out: Option<PathBuf>) -> Result<()> {
                 ),
             }
         }
-        if !relay_only {
-            // Small messages: sequential request/response on one session.
-            let cat_addr = path_addr(&cat.ticket.parse::<EndpointTicket>()?.endpoint_addr().clone(), false);
-            let conn = ep.connect(cat_addr.clone(), &Protocol::acp().alpn()).await?;
-            let rconn2 = ep.connect(echo_addr.clone(), ECHO_ALPN).await?;
-            let bl = round_trips(&conn, 100, plan.rtts).await?;
-            let rl = round_trips(&rconn2, 100, plan.rtts).await?;
+        if only.has("small") && !relay_only {
+            // Sequential request/response on one session each, in alternating blocks.
+            let mut cat = start_bridge(cat_argv.clone()).await;
+            let conn = ep.connect(addr_of(&cat, false)?, &Protocol::acp().alpn()).await?;
+            let rconn = ep.connect(echo_addr.clone(), ECHO_ALPN).await?;
+            let (mut bs, mut bsend, mut brecv) = round_trip_stream(&conn).await?;
+            let (mut rs, mut rsend, mut rrecv) = round_trip_stream(&rconn).await?;
+            let per = plan.rtts / ROUND_TRIP_BLOCKS;
+            round_trips(&mut bsend, &mut brecv, &mut bs, 100).await?;
+            round_trips(&mut rsend, &mut rrecv, &mut rs, 100).await?;
+            let mut pipe = PipeAgent::start()?;
+            pipe.round_trips(100).await?;
+            let (mut bl, mut rl, mut bp50, mut rp50) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let mut rpp50 = Vec::new();
+            for _ in 0..ROUND_TRIP_BLOCKS {
+                let b = round_trips(&mut bsend, &mut brecv, &mut bs, per).await?;
+                let r = round_trips(&mut rsend, &mut rrecv, &mut rs, per).await?;
+                let p = pipe.round_trips(per).await?;
+                bp50.push(percentile(&b, 0.5));
+                rp50.push(percentile(&r, 0.5));
+                rpp50.push(percentile(&r, 0.5) + percentile(&p, 0.5));
+                bl.extend(b);
+                rl.extend(r);
+            }
             conn.close(0u32.into(), b"client closed");
+            rconn.close(0u32.into(), b"client closed");
+            cat.terminate().await;
             let rps = |v: &[f64]| v.len() as f64 / (v.iter().sum::<f64>() / 1e6);
-            rows.push(row_stats(
-                "~200 B request/response p50",
+            rows.push(row(
+                &format!("~200 B request/response p50 (median of {ROUND_TRIP_BLOCKS} blocks)"),
                 "µs",
-                percentile(&bl, 0.5),
-                percentile(&rl, 0.5),
+                bp50.clone(),
+                "raw iroh echo",
+                rp50,
+                false,
+            ));
+            rows.push(row(
+                &format!("~200 B request/response p50 (median of {ROUND_TRIP_BLOCKS} blocks)"),
+                "µs",
+                bp50,
+                "raw echo + the agent's own pipe round trip",
+                rpp50,
                 false,
             ));
             rows.push(row_stats(
@@ -578,12 +696,13 @@ async fn run(plan: Plan, json_out: Option<PathBuf>) -> Result<()> {
                 false,
             ));
             rows.push(row_stats("~200 B round trips per second", "rt/s", rps(&bl), rps(&rl), true));
-
+        }
+        if only.has("many") && !relay_only {
             // 16 sessions streaming at once (a fresh bridge: all 16 agent slots free).
-            let mut fresh = start_bridge(vec![agent.clone(), "cat".into()]).await;
-            let cat_addr = path_addr(&fresh.ticket.parse::<EndpointTicket>()?.endpoint_addr().clone(), false);
+            let mut fresh = start_bridge(cat_argv.clone()).await;
             let (bagg, bfair) =
-                many_sessions(&ep, &cat_addr, &Protocol::acp().alpn(), plan.per_session_bytes).await?;
+                many_sessions(&ep, &addr_of(&fresh, false)?, &Protocol::acp().alpn(), plan.per_session_bytes)
+                    .await?;
             fresh.terminate().await;
             let (ragg, rfair) = many_sessions(&ep, &echo_addr, ECHO_ALPN, plan.per_session_bytes).await?;
             rows.push(row_stats("16 concurrent sessions, aggregate", "MB/s", bagg, ragg, true));
@@ -594,10 +713,11 @@ async fn run(plan: Plan, json_out: Option<PathBuf>) -> Result<()> {
                 rfair,
                 true,
             ));
-
-            // Memory: bridge RSS idle and with 16 idle sessions (agents are separate processes).
-            let mut fresh = start_bridge(vec![agent.clone(), "cat".into()]).await;
-            let cat_addr = path_addr(&fresh.ticket.parse::<EndpointTicket>()?.endpoint_addr().clone(), false);
+        }
+        if only.has("memory") && !relay_only {
+            // Bridge RSS idle and with 16 idle sessions (agents are separate processes).
+            let mut fresh = start_bridge(cat_argv.clone()).await;
+            let cat_addr = addr_of(&fresh, false)?;
             let pid = fresh.pid();
             let idle = rss_kib(pid)?;
             let mut held = Vec::new();
@@ -621,19 +741,15 @@ async fn run(plan: Plan, json_out: Option<PathBuf>) -> Result<()> {
             }
             fresh.terminate().await;
         }
-        cat.terminate().await;
         let _ = echo.kill().await;
         ep.close().await;
     }
-    // Admission under attack: an allowed relay peer's setup time, alone and
-    // while a separate process floods the bridge with fresh identities.
-    {
+    if only.has("flood") {
+        // Admission under attack: an allowed relay peer's setup time, alone and
+        // while a separate process floods the bridge with fresh identities.
         let ep = client(&relay_url, client_key.clone(), true).await?;
         let mut builtin = start_bridge(vec![]).await;
-        let ticket: EndpointTicket = builtin.ticket.parse()?;
-        let addr = path_addr(ticket.endpoint_addr(), true);
-        let init =
-            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}\n";
+        let addr = addr_of(&builtin, true)?;
         first_response(&ep, &addr, &Protocol::acp().alpn(), init).await?;
         let mut calm = Vec::new();
         for _ in 0..plan.setup_reps {
