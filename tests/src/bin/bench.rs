@@ -51,6 +51,9 @@ struct Plan {
 
 const QUICK: Plan =
     Plan { setup_reps: 10, bulk_bytes: 64 << 20, bulk_reps: 3, rtts: 2000, per_session_bytes: 4 << 20 };
+/// Tiny sizes, for the test that keeps the harness itself working (not a measurement).
+const SMOKE: Plan =
+    Plan { setup_reps: 2, bulk_bytes: 1 << 20, bulk_reps: 1, rtts: 200, per_session_bytes: 256 << 10 };
 const FULL: Plan =
     Plan { setup_reps: 30, bulk_bytes: 256 << 20, bulk_reps: 5, rtts: 10_000, per_session_bytes: 16 << 20 };
 
@@ -147,12 +150,19 @@ fn main() -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).map(PathBuf::from);
     if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("usage: bench [--quick] [--only SECTION,...] [--json PATH]");
+        println!("usage: bench [--quick|--smoke] [--only SECTION,...] [--json PATH]");
         println!("sections: {}", SECTIONS.join(", "));
         return Ok(());
     }
     let only = Only::parse(args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)))?;
-    rt.block_on(run(if quick { QUICK } else { FULL }, &only, json_out))
+    let plan = if args.iter().any(|a| a == "--smoke") {
+        SMOKE
+    } else if quick {
+        QUICK
+    } else {
+        FULL
+    };
+    rt.block_on(run(plan, &only, json_out))
 }
 
 /// A separate process: relay-only or direct raw iroh echo server, printing its ticket.

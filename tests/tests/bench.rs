@@ -1,0 +1,50 @@
+//! The benchmark harness itself keeps working: a smoke-sized run (tiny transfers,
+//! not a measurement) of every section that needs no extra tool must print the
+//! table and write JSON with every row and a finite, positive ratio.
+
+use std::process::Command;
+
+use thunderbolt_tests::bin_dir;
+
+#[test]
+fn smoke_run_writes_every_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let out = Command::new(bin_dir().join("bench"))
+        .args(["--smoke", "--only", "setup,bulk,small,many,memory", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run bench (built by `cargo build --workspace --bins`)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "bench failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.starts_with("| measure |"), "no table on stdout:\n{stdout}");
+
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    for want in [
+        "dial → first response (direct)",
+        "dial → first response (relay)",
+        "bulk 1 MiB through cat agent (direct)",
+        "bulk 1 MiB through cat agent (relay)",
+        "~200 B request/response p50 (median of 10 blocks)",
+        "~200 B request/response p99",
+        "~200 B round trips per second",
+        "16 concurrent sessions, aggregate",
+        "bridge RSS per idle session",
+    ] {
+        assert!(names.contains(&want), "row '{want}' missing from {names:?}");
+    }
+    for r in &rows {
+        let ratio = r["ratio"].as_f64().unwrap();
+        assert!(ratio.is_finite() && ratio > 0.0, "row {} has ratio {ratio}", r["name"]);
+        assert!(stdout.contains(r["name"].as_str().unwrap()), "row {} not in the table", r["name"]);
+    }
+}
+
+#[test]
+fn unknown_section_is_refused() {
+    let out = Command::new(bin_dir().join("bench")).args(["--only", "bulk,speed"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown section 'speed'"), "{err}");
+}
