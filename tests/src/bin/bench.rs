@@ -612,11 +612,18 @@ async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<()> {
             // bridge and raw echo take turns so drift lands on both.
             let mut cat = start_bridge(cat_argv.clone()).await;
             let rconn = ep.connect(echo_addr.clone(), ECHO_ALPN).await?;
+            // The direct path also takes turns with the agent on plain pipes, no
+            // network: what the agent itself can move.
+            let mut pipe_bulk = Vec::new();
             for _ in 0..plan.bulk_reps {
                 let conn = ep.connect(addr_of(&cat, relay_only)?, &Protocol::acp().alpn()).await?;
                 bridge_bulk.push(bulk(&conn, plan.bulk_bytes).await?);
                 conn.close(0u32.into(), b"client closed");
                 raw_bulk.push(bulk(&rconn, plan.bulk_bytes).await?);
+                if !relay_only {
+                    let mut pipe = PipeAgent::start()?;
+                    pipe_bulk.push(transfer(&mut pipe.stdin, &mut pipe.stdout, plan.bulk_bytes).await?);
+                }
             }
             rconn.close(0u32.into(), b"client closed");
             cat.terminate().await;
@@ -629,6 +636,16 @@ async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<()> {
                     raw_bulk.clone(),
                     true,
                 ));
+                if !relay_only {
+                    rows.push(row(
+                        &bulk_name,
+                        "MB/s",
+                        bridge_bulk.clone(),
+                        "the agent on plain pipes, no network",
+                        pipe_bulk,
+                        true,
+                    ));
+                }
             }
         }
         if only.has("dumbpipe") && !relay_only {
