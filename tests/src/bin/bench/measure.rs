@@ -1,0 +1,138 @@
+//! What the measuring client does on a connection: first response, bulk
+//! transfer, round trips, many sessions.
+
+use super::*;
+
+/// Bytes per ndjson line in bulk transfers: a JSON string of this size, like a
+/// large tool result.
+pub const BULK_LINE: usize = 16 * 1024;
+
+/// Concurrent sessions in the many-sessions and memory measures: the bridge's agent cap.
+pub const SESSIONS: usize = 16;
+
+/// A ~200-byte JSON-RPC request, as a small ACP message would be.
+pub const SMALL_REQUEST: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/prompt\",\"params\":{\"sessionId\":\"sess-1\",\"prompt\":[{\"type\":\"text\",\"text\":\"What does this function do? Please explain briefly, with an example.\"}]}}\n";
+
+/// Dial → open stream → send one request line → first byte of the answer.
+pub async fn first_response(
+    ep: &Endpoint,
+    addr: &EndpointAddr,
+    alpn: &[u8],
+    line: &[u8],
+) -> Result<Duration> {
+    let t0 = Instant::now();
+    let conn = ep.connect(addr.clone(), alpn).await?;
+    let (mut send, mut recv) = conn.open_bi().await?;
+    send.write_all(line).await?;
+    let mut b = [0u8; 1];
+    recv.read_exact(&mut b).await.context("first response byte")?;
+    let dt = t0.elapsed();
+    conn.close(0u32.into(), b"client closed");
+    Ok(dt)
+}
+
+/// One block of bulk ndjson: 64 lines, each a JSON string of [`BULK_LINE`] bytes.
+pub fn bulk_block() -> Vec<u8> {
+    let mut line = vec![b'a'; BULK_LINE];
+    line[0] = b'"';
+    line[BULK_LINE - 2] = b'"';
+    line[BULK_LINE - 1] = b'\n';
+    line.iter().copied().cycle().take(BULK_LINE * 64).collect()
+}
+
+/// Writes `total` bytes of ndjson to `w` while reading as many back from `r`;
+/// returns MB/s (10^6 bytes per second of payload carried each way).
+pub async fn transfer<W, R>(mut w: W, mut r: R, total: usize) -> Result<f64>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+    R: tokio::io::AsyncRead + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let block = bulk_block();
+    let t0 = Instant::now();
+    let writer = async {
+        let mut sent = 0;
+        while sent < total {
+            let n = block.len().min(total - sent);
+            w.write_all(&block[..n]).await?;
+            sent += n;
+        }
+        w.shutdown().await?;
+        anyhow::Ok(())
+    };
+    let reader = async {
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 256 * 1024];
+        while got < total {
+            let n = r.read(&mut buf).await?;
+            if n == 0 {
+                bail!("stream ended after {got} of {total} bytes");
+            }
+            got += n;
+        }
+        anyhow::Ok(())
+    };
+    tokio::try_join!(writer, reader)?;
+    Ok(total as f64 / t0.elapsed().as_secs_f64() / 1e6)
+}
+
+/// Bulk ndjson over a new stream of `conn`.
+pub async fn bulk(conn: &Connection, total: usize) -> Result<f64> {
+    let (send, recv) = conn.open_bi().await?;
+    transfer(send, recv, total).await
+}
+
+/// Opens the stream round trips run on (one session: the bridge serves one
+/// stream per connection) and the buffer answers are read into.
+pub async fn round_trip_stream(
+    conn: &Connection,
+) -> Result<(Vec<u8>, iroh::endpoint::SendStream, iroh::endpoint::RecvStream)> {
+    let (send, recv) = conn.open_bi().await?;
+    Ok((vec![0u8; SMALL_REQUEST.len()], send, recv))
+}
+
+/// `n` sequential round trips of [`SMALL_REQUEST`]; the latency of each in microseconds.
+pub async fn round_trips(
+    send: &mut iroh::endpoint::SendStream,
+    recv: &mut iroh::endpoint::RecvStream,
+    buf: &mut [u8],
+    n: usize,
+) -> Result<Vec<f64>> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t0 = Instant::now();
+        send.write_all(SMALL_REQUEST).await?;
+        recv.read_exact(buf).await?;
+        out.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(out)
+}
+
+/// `SESSIONS` connections streaming at once; returns (aggregate MB/s, slowest/fastest).
+pub async fn many_sessions(
+    ep: &Endpoint,
+    addr: &EndpointAddr,
+    alpn: &[u8],
+    per: usize,
+) -> Result<(f64, f64)> {
+    let mut conns = Vec::new();
+    for _ in 0..SESSIONS {
+        conns.push(ep.connect(addr.clone(), alpn).await?);
+    }
+    let t0 = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in conns.clone() {
+        tasks.spawn(async move { bulk(&c, per).await });
+    }
+    let mut each = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        each.push(r??);
+    }
+    let agg = (per * SESSIONS) as f64 / t0.elapsed().as_secs_f64() / 1e6;
+    for c in conns {
+        c.close(0u32.into(), b"client closed");
+    }
+    let max = each.iter().cloned().fold(f64::MIN, f64::max);
+    let min = each.iter().cloned().fold(f64::MAX, f64::min);
+    Ok((agg, min / max))
+}

@@ -1,0 +1,340 @@
+//! The sections of a run, each measuring the bridge and its baselines side by side.
+
+use super::*;
+
+/// Unmeasured round trips first, so connection set-up and page faults are not timed.
+pub const ROUND_TRIP_WARMUP: usize = 100;
+
+/// Round trips are measured in this many blocks, bridge and baseline taking turns,
+/// so that drift on a shared machine lands on both alike.
+pub const ROUND_TRIP_BLOCKS: usize = 10;
+
+/// What every section shares: the plan, the relay, the bridge's home and the
+/// measuring client's identity (allowed in that home).
+pub struct Bench {
+    plan: Plan,
+    relay_url: RelayUrl,
+    tb: Tb,
+    client_key: SecretKey,
+    agent: String,
+}
+
+/// The first request of the setup measures: ACP `initialize`.
+pub const INIT: &[u8] =
+    b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}\n";
+
+impl Bench {
+    /// A bridge on the local relay running `argv` (the built-in agent when empty).
+    async fn bridge(&self, argv: Vec<String>) -> RunningBridge {
+        let mut c = self.tb.cmd();
+        c.env("THUNDERBOLT_IROH_RELAY_URL", self.relay_url.to_string()).env("RUST_LOG", "warn");
+        if let Ok(w) = std::env::var("BENCH_BRIDGE_WORKERS") {
+            c.env("TOKIO_WORKER_THREADS", w);
+        }
+        // The per-remote budget (10 per 10 s) would throttle the measuring client itself.
+        c.args(["acp", "--transport", "iroh", "--per-remote-max", "1000000"]);
+        if !argv.is_empty() {
+            c.arg("--").args(argv);
+        }
+        RunningBridge::start(c).await
+    }
+
+    /// A bridge whose agent is the test agent's `cat`.
+    async fn cat_bridge(&self) -> RunningBridge {
+        self.bridge(vec![self.agent.clone(), "cat".into()]).await
+    }
+}
+
+/// One path under test: the client endpoint and a raw echo server reached the same way.
+pub struct Path {
+    relay_only: bool,
+    ep: Endpoint,
+    echo: tokio::process::Child,
+    echo_addr: EndpointAddr,
+}
+
+impl Path {
+    async fn open(b: &Bench, relay_only: bool) -> Result<Self> {
+        let ep = client(&b.relay_url, b.client_key.clone(), relay_only).await?;
+        let (echo, echo_addr) = start_echo(Some(&b.relay_url)).await?;
+        Ok(Self { relay_only, ep, echo, echo_addr: path_addr(&echo_addr, relay_only) })
+    }
+
+    fn name(&self) -> &'static str {
+        if self.relay_only {
+            "relay"
+        } else {
+            "direct"
+        }
+    }
+
+    /// How this path reaches `bridge`.
+    fn addr_of(&self, bridge: &RunningBridge) -> Result<EndpointAddr> {
+        Ok(path_addr(bridge.ticket.parse::<EndpointTicket>()?.endpoint_addr(), self.relay_only))
+    }
+
+    async fn close(mut self) {
+        let _ = self.echo.kill().await;
+        self.ep.close().await;
+    }
+}
+
+pub async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<()> {
+    let (relay, relay_url) = start_relay().await?;
+    let b = Bench {
+        plan,
+        relay_url,
+        tb: Tb::new(None),
+        client_key: SecretKey::generate(),
+        agent: test_agent_bin().display().to_string(),
+    };
+    b.tb.allow(&b.client_key.public()).await;
+    eprintln!("bench: plan {plan:?}");
+
+    let mut rows = Vec::new();
+    for relay_only in [false, true] {
+        let p = Path::open(&b, relay_only).await?;
+        if only.has("setup") {
+            rows.extend(setup_rows(&b, &p).await?);
+        }
+        let dumbpipe = only.has("dumbpipe") && !relay_only;
+        if only.has("bulk") || dumbpipe {
+            rows.extend(bulk_rows(&b, &p, only.has("bulk"), dumbpipe).await?);
+        }
+        if !relay_only {
+            if only.has("small") {
+                rows.extend(small_rows(&b, &p).await?);
+            }
+            if only.has("many") {
+                rows.extend(many_rows(&b, &p).await?);
+            }
+            if only.has("memory") {
+                rows.extend(memory_rows(&b, &p).await?);
+            }
+        }
+        p.close().await;
+    }
+    if only.has("flood") {
+        rows.extend(flood_rows(&b).await?);
+    }
+    drop(relay);
+
+    print_table(&rows);
+    if let Some(p) = json_out {
+        std::fs::write(&p, serde_json::to_vec_pretty(&rows)?)?;
+        eprintln!("bench: wrote {}", p.display());
+    }
+    Ok(())
+}
+
+/// Dial → the built-in agent's first response, against the raw echo's first byte
+/// and against that plus spawning the same agent alone.
+pub async fn setup_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
+    let acp = Protocol::acp().alpn();
+    let mut builtin = b.bridge(vec![]).await;
+    let bridge_addr = p.addr_of(&builtin)?;
+    let (mut bridge, mut raw, mut raw_spawn) = (Vec::new(), Vec::new(), Vec::new());
+    // One warm-up each so path discovery and page cache are not measured.
+    first_response(&p.ep, &bridge_addr, &acp, INIT).await?;
+    first_response(&p.ep, &p.echo_addr, ECHO_ALPN, INIT).await?;
+    for _ in 0..b.plan.setup_reps {
+        bridge.push(ms(first_response(&p.ep, &bridge_addr, &acp, INIT).await?));
+        let r = ms(first_response(&p.ep, &p.echo_addr, ECHO_ALPN, INIT).await?);
+        raw.push(r);
+        raw_spawn.push(r + ms(spawn_agent_alone().await?));
+    }
+    builtin.terminate().await;
+    let name = format!("dial → first response ({})", p.name());
+    Ok(vec![
+        row(&name, "ms", bridge.clone(), "raw iroh echo", raw, false),
+        row(&name, "ms", bridge, "raw echo + spawning the agent alone", raw_spawn, false),
+    ])
+}
+
+/// Bulk through a cat agent against the raw echo (and, on the direct path, the
+/// agent alone on plain pipes); with `dumbpipe`, also against dumbpipe's stdio.
+pub async fn bulk_rows(b: &Bench, p: &Path, want_bulk: bool, dumbpipe: bool) -> Result<Vec<Row>> {
+    let total = b.plan.bulk_bytes;
+    let name = format!("bulk {} MiB through cat agent ({})", total >> 20, p.name());
+    let (mut bridge, mut raw, mut pipe) = (Vec::new(), Vec::new(), Vec::new());
+    let mut cat = b.cat_bridge().await;
+    let rconn = p.ep.connect(p.echo_addr.clone(), ECHO_ALPN).await?;
+    // Each bridge transfer is its own session (one agent per connection); the
+    // baselines take turns with it so drift lands on all of them.
+    for _ in 0..b.plan.bulk_reps {
+        let conn = p.ep.connect(p.addr_of(&cat)?, &Protocol::acp().alpn()).await?;
+        bridge.push(bulk(&conn, total).await?);
+        conn.close(0u32.into(), b"client closed");
+        raw.push(bulk(&rconn, total).await?);
+        if !p.relay_only {
+            let mut agent = PipeAgent::start()?;
+            pipe.push(transfer(&mut agent.stdin, &mut agent.stdout, total).await?);
+        }
+    }
+    rconn.close(0u32.into(), b"client closed");
+    cat.terminate().await;
+
+    let mut rows = Vec::new();
+    if want_bulk {
+        rows.push(row(&name, "MB/s", bridge.clone(), "raw iroh echo", raw.clone(), true));
+        if !p.relay_only {
+            rows.push(row(&name, "MB/s", bridge.clone(), "the agent on plain pipes, no network", pipe, true));
+        }
+    }
+    if dumbpipe {
+        match dumbpipe_bin() {
+            Some(_) if !loopback_only() => eprintln!(
+                "bench: skipping dumbpipe: it would reach public relays from here \
+                 (run tests/bench.sh for a loopback-only namespace)"
+            ),
+            Some(dp) => {
+                let mut d = Vec::new();
+                for _ in 0..b.plan.bulk_reps {
+                    d.push(dumbpipe_bulk(&dp, total).await?);
+                }
+                rows.push(row(&name, "MB/s", bridge, "dumbpipe stdio, same agent", d.clone(), true));
+                // What the ratio above could be at most: a bridge as fast as raw iroh.
+                let ceiling = format!("bulk {} MiB, raw iroh echo (ceiling)", total >> 20);
+                rows.push(row(&ceiling, "MB/s", raw, "dumbpipe stdio, same agent", d, true));
+            }
+            None => {
+                eprintln!("bench: dumbpipe not found (set DUMBPIPE or `cargo install dumbpipe`); skipping")
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Sequential ~200 B request/response on one session each, in alternating
+/// blocks: bridge, raw echo, and the cat agent on plain pipes.
+pub async fn small_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
+    let mut cat = b.cat_bridge().await;
+    let conn = p.ep.connect(p.addr_of(&cat)?, &Protocol::acp().alpn()).await?;
+    let rconn = p.ep.connect(p.echo_addr.clone(), ECHO_ALPN).await?;
+    let (mut bbuf, mut bsend, mut brecv) = round_trip_stream(&conn).await?;
+    let (mut rbuf, mut rsend, mut rrecv) = round_trip_stream(&rconn).await?;
+    let mut pipe = PipeAgent::start()?;
+    round_trips(&mut bsend, &mut brecv, &mut bbuf, ROUND_TRIP_WARMUP).await?;
+    round_trips(&mut rsend, &mut rrecv, &mut rbuf, ROUND_TRIP_WARMUP).await?;
+    pipe.round_trips(ROUND_TRIP_WARMUP).await?;
+
+    let per = b.plan.rtts / ROUND_TRIP_BLOCKS;
+    let (mut all_bridge, mut all_raw) = (Vec::new(), Vec::new());
+    let (mut bridge_p50, mut raw_p50, mut floor_p50) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUND_TRIP_BLOCKS {
+        let bl = round_trips(&mut bsend, &mut brecv, &mut bbuf, per).await?;
+        let rl = round_trips(&mut rsend, &mut rrecv, &mut rbuf, per).await?;
+        let pl = pipe.round_trips(per).await?;
+        bridge_p50.push(percentile(&bl, 0.5));
+        raw_p50.push(percentile(&rl, 0.5));
+        floor_p50.push(percentile(&rl, 0.5) + percentile(&pl, 0.5));
+        all_bridge.extend(bl);
+        all_raw.extend(rl);
+    }
+    conn.close(0u32.into(), b"client closed");
+    rconn.close(0u32.into(), b"client closed");
+    cat.terminate().await;
+
+    let p50 = format!("~200 B request/response p50 (median of {ROUND_TRIP_BLOCKS} blocks)");
+    let per_second = |v: &[f64]| v.len() as f64 / (v.iter().sum::<f64>() / 1e6);
+    Ok(vec![
+        row(&p50, "µs", bridge_p50.clone(), "raw iroh echo", raw_p50, false),
+        row(&p50, "µs", bridge_p50, "raw echo + the agent's own pipe round trip", floor_p50, false),
+        row_stats(
+            "~200 B request/response p99",
+            "µs",
+            percentile(&all_bridge, 0.99),
+            percentile(&all_raw, 0.99),
+            false,
+        ),
+        row_stats(
+            "~200 B round trips per second",
+            "rt/s",
+            per_second(&all_bridge),
+            per_second(&all_raw),
+            true,
+        ),
+    ])
+}
+
+/// [`SESSIONS`] sessions streaming at once (a fresh bridge: every agent slot free).
+pub async fn many_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
+    let mut fresh = b.cat_bridge().await;
+    let (bagg, bfair) =
+        many_sessions(&p.ep, &p.addr_of(&fresh)?, &Protocol::acp().alpn(), b.plan.per_session_bytes).await?;
+    fresh.terminate().await;
+    let (ragg, rfair) = many_sessions(&p.ep, &p.echo_addr, ECHO_ALPN, b.plan.per_session_bytes).await?;
+    Ok(vec![
+        row_stats("16 concurrent sessions, aggregate", "MB/s", bagg, ragg, true),
+        row_stats("16 concurrent sessions, fairness (slowest/fastest)", "", bfair, rfair, true),
+    ])
+}
+
+/// Bridge RSS idle and with [`SESSIONS`] idle sessions (agents are separate
+/// processes, so not counted).
+pub async fn memory_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
+    let mut fresh = b.cat_bridge().await;
+    let addr = p.addr_of(&fresh)?;
+    let pid = fresh.pid();
+    let idle = rss_kib(pid)?;
+    let mut held = Vec::new();
+    for _ in 0..SESSIONS {
+        let c = p.ep.connect(addr.clone(), &Protocol::acp().alpn()).await?;
+        let (mut s, mut r) = c.open_bi().await?;
+        s.write_all(b"{}\n").await?;
+        let mut echoed = [0u8; 3];
+        r.read_exact(&mut echoed).await?;
+        held.push((c, s, r));
+    }
+    let loaded = rss_kib(pid)?;
+    eprintln!("bench: bridge RSS idle {idle:.0} KiB, with {SESSIONS} sessions {loaded:.0} KiB");
+    for (c, _, _) in held {
+        c.close(0u32.into(), b"client closed");
+    }
+    fresh.terminate().await;
+    let per = (loaded - idle) / SESSIONS as f64;
+    Ok(vec![
+        row_stats("bridge RSS per idle session", "KiB", per, 256.0, false).named_baseline("target"),
+        row_stats("bridge RSS, idle", "KiB", idle, idle, false).named_baseline("—"),
+    ])
+}
+
+/// Admission under attack: an allowed relay peer's setup time, alone and while a
+/// separate process floods the bridge with fresh identities.
+pub async fn flood_rows(b: &Bench) -> Result<Vec<Row>> {
+    let acp = Protocol::acp().alpn();
+    let ep = client(&b.relay_url, b.client_key.clone(), true).await?;
+    let mut builtin = b.bridge(vec![]).await;
+    let ticket: EndpointTicket = builtin.ticket.parse()?;
+    let addr = path_addr(ticket.endpoint_addr(), true);
+    first_response(&ep, &addr, &acp, INIT).await?;
+    let mut calm = Vec::new();
+    for _ in 0..b.plan.setup_reps {
+        calm.push(ms(first_response(&ep, &addr, &acp, INIT).await?));
+    }
+    let flood_secs = (b.plan.setup_reps as f64 * 2.0 + 10.0).to_string();
+    let mut flood = Command::new(std::env::current_exe()?)
+        .args(["flood", &b.relay_url.to_string(), &builtin.ticket, &flood_secs])
+        .kill_on_drop(true)
+        .spawn()?;
+    // Let the flood reach full strength (the gate starts dropping) before measuring.
+    let hit_cap = tokio::time::timeout(Duration::from_secs(5), builtin.log.wait_for("dropping connections"))
+        .await
+        .is_ok();
+    eprintln!("bench: flood {} the handshake cap", if hit_cap { "reached" } else { "did not reach" });
+    let mut attacked = Vec::new();
+    for _ in 0..b.plan.setup_reps {
+        attacked.push(ms(first_response(&ep, &addr, &acp, INIT).await?));
+    }
+    let _ = flood.kill().await;
+    builtin.terminate().await;
+    ep.close().await;
+    Ok(vec![row(
+        "allowed peer dial → first response under flood (relay)",
+        "ms",
+        attacked,
+        "same, no flood",
+        calm,
+        false,
+    )])
+}
