@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark harness in one command: builds the release binaries, then runs
-# target/release/bench (tests/src/bin/bench.rs) with the given arguments inside a
+# target/release/bench (tests/src/bin/bench/) with the given arguments inside a
 # loopback-only network namespace when it can make one (root, unshare and ip).
 #
 #   tests/bench.sh --quick                 # about a minute
