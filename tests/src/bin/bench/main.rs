@@ -66,71 +66,103 @@ const SMOKE: Plan =
 const FULL: Plan =
     Plan { setup_reps: 30, bulk_bytes: 256 << 20, bulk_reps: 5, rtts: 10_000, per_session_bytes: 16 << 20 };
 
-/// The parts of a run, in the order they run; `--only` picks some.
-const SECTIONS: &[&str] = &["setup", "bulk", "dumbpipe", "small", "many", "memory", "flood"];
+/// The parts of a run, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Section {
+    /// Dial → first response, direct and relay.
+    Setup,
+    /// 256 MiB through a cat agent, direct and relay.
+    Bulk,
+    /// The same transfer through dumbpipe (needs it installed and a loopback-only namespace).
+    Dumbpipe,
+    /// ~200 B request/response round trips.
+    Small,
+    /// 16 sessions streaming at once.
+    Many,
+    /// Bridge RSS idle and per idle session.
+    Memory,
+    /// An allowed peer's setup while fresh identities flood the bridge.
+    Flood,
+}
 
-/// Which sections of [`SECTIONS`] this run measures.
-struct Only(Vec<String>);
+/// Which sections this run measures.
+struct Only(Vec<Section>);
 
 impl Only {
-    fn parse(list: Option<&String>) -> Result<Self> {
-        let Some(list) = list else { return Ok(Self(SECTIONS.iter().map(|s| s.to_string()).collect())) };
-        let names: Vec<String> = list.split(',').map(|s| s.trim().to_string()).collect();
-        if let Some(bad) = names.iter().find(|n| !SECTIONS.contains(&n.as_str())) {
-            bail!("unknown section '{bad}' (sections: {})", SECTIONS.join(", "));
-        }
-        Ok(Self(names))
-    }
-
-    fn has(&self, s: &str) -> bool {
-        self.0.iter().any(|n| n == s)
+    fn has(&self, s: Section) -> bool {
+        self.0.contains(&s)
     }
 }
 
+/// Benchmarks of the bridge against raw iroh, dumbpipe and plain pipes, side by
+/// side in one run. Prints a markdown table; run it through `tests/bench.sh`.
+#[derive(Debug, clap::Parser)]
+#[command(name = "bench")]
+struct Cli {
+    /// About a minute: 64 MiB transfers, fewer repetitions.
+    #[arg(long, conflicts_with = "smoke")]
+    quick: bool,
+    /// Tiny sizes, only to check that the harness works (not a measurement).
+    #[arg(long)]
+    smoke: bool,
+    /// Sections to run, comma-separated (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Section>,
+    /// Also write the rows as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    json: Option<PathBuf>,
+    #[command(subcommand)]
+    helper: Option<Helper>,
+}
+
+/// The bench's other processes, started by the bench itself.
+#[derive(Debug, clap::Subcommand)]
+enum Helper {
+    /// Raw iroh echo server; prints its ticket.
+    #[command(hide = true)]
+    EchoServer { relay: Option<String> },
+    /// One relay-only bulk transfer as SECRET_HEX; prints MB/s (used by measure.mjs).
+    #[command(hide = true)]
+    RelayBulk { relay: RelayUrl, ticket: EndpointTicket, secret_hex: String, bytes: usize },
+    /// Dials TICKET through RELAY with fresh identities for SECS seconds.
+    #[command(hide = true)]
+    Flood { relay: RelayUrl, ticket: EndpointTicket, secs: f64 },
+}
+
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let cli = <Cli as clap::Parser>::parse();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    if args.first().map(String::as_str) == Some("echo-server") {
-        return rt.block_on(echo_server(args.get(1).cloned()));
+    match cli.helper {
+        Some(Helper::EchoServer { relay }) => rt.block_on(echo_server(relay)),
+        Some(Helper::RelayBulk { relay, ticket, secret_hex, bytes }) => {
+            let key: [u8; 32] =
+                hex_decode(&secret_hex).try_into().map_err(|_| anyhow::anyhow!("secret: 64 hex digits"))?;
+            rt.block_on(async move {
+                let ep = client(&relay, SecretKey::from_bytes(&key), true).await?;
+                let conn =
+                    ep.connect(path_addr(ticket.endpoint_addr(), true), &Protocol::acp().alpn()).await?;
+                let mbs = bulk(&conn, bytes).await?;
+                conn.close(0u32.into(), b"client closed");
+                ep.close().await;
+                println!("{mbs:.2}");
+                Ok(())
+            })
+        }
+        Some(Helper::Flood { relay, ticket, secs }) => {
+            rt.block_on(flood(relay, ticket, Duration::from_secs_f64(secs)))
+        }
+        None => {
+            let plan = match (cli.smoke, cli.quick) {
+                (true, _) => SMOKE,
+                (_, true) => QUICK,
+                _ => FULL,
+            };
+            let only = if cli.only.is_empty() {
+                Only(<Section as clap::ValueEnum>::value_variants().to_vec())
+            } else {
+                Only(cli.only)
+            };
+            rt.block_on(run(plan, &only, cli.json))
+        }
     }
-    if args.first().map(String::as_str) == Some("relay-bulk") {
-        // relay-bulk RELAY TICKET SECRET_HEX BYTES: one relay-only bulk transfer, prints MB/s.
-        let usage = "relay-bulk RELAY TICKET SECRET_HEX BYTES";
-        let relay: RelayUrl = args.get(1).context(usage)?.parse()?;
-        let ticket: EndpointTicket = args.get(2).context(usage)?.parse()?;
-        let key: [u8; 32] =
-            hex_decode(args.get(3).context(usage)?).try_into().map_err(|_| anyhow::anyhow!("secret"))?;
-        let bytes: usize = args.get(4).context(usage)?.parse()?;
-        return rt.block_on(async move {
-            let ep = client(&relay, SecretKey::from_bytes(&key), true).await?;
-            let conn = ep.connect(path_addr(ticket.endpoint_addr(), true), &Protocol::acp().alpn()).await?;
-            let mbs = bulk(&conn, bytes).await?;
-            conn.close(0u32.into(), b"client closed");
-            ep.close().await;
-            println!("{mbs:.2}");
-            Ok(())
-        });
-    }
-    if args.first().map(String::as_str) == Some("flood") {
-        let relay = args.get(1).context("flood RELAY TICKET SECS")?.parse()?;
-        let ticket: EndpointTicket = args.get(2).context("flood RELAY TICKET SECS")?.parse()?;
-        let secs: f64 = args.get(3).context("flood RELAY TICKET SECS")?.parse()?;
-        return rt.block_on(flood(relay, ticket, Duration::from_secs_f64(secs)));
-    }
-    let quick = args.iter().any(|a| a == "--quick");
-    let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).map(PathBuf::from);
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("usage: bench [--quick|--smoke] [--only SECTION,...] [--json PATH]");
-        println!("sections: {}", SECTIONS.join(", "));
-        return Ok(());
-    }
-    let only = Only::parse(args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)))?;
-    let plan = if args.iter().any(|a| a == "--smoke") {
-        SMOKE
-    } else if quick {
-        QUICK
-    } else {
-        FULL
-    };
-    rt.block_on(run(plan, &only, json_out))
 }

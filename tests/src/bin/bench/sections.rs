@@ -94,27 +94,27 @@ pub async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<(
     let mut rows = Vec::new();
     for relay_only in [false, true] {
         let p = Path::open(&b, relay_only).await?;
-        if only.has("setup") {
+        if only.has(Section::Setup) {
             rows.extend(setup_rows(&b, &p).await?);
         }
-        let dumbpipe = only.has("dumbpipe") && !relay_only;
-        if only.has("bulk") || dumbpipe {
-            rows.extend(bulk_rows(&b, &p, only.has("bulk"), dumbpipe).await?);
+        let dumbpipe = only.has(Section::Dumbpipe) && !relay_only;
+        if only.has(Section::Bulk) || dumbpipe {
+            rows.extend(bulk_rows(&b, &p, only.has(Section::Bulk), dumbpipe).await?);
         }
         if !relay_only {
-            if only.has("small") {
+            if only.has(Section::Small) {
                 rows.extend(small_rows(&b, &p).await?);
             }
-            if only.has("many") {
+            if only.has(Section::Many) {
                 rows.extend(many_rows(&b, &p).await?);
             }
-            if only.has("memory") {
+            if only.has(Section::Memory) {
                 rows.extend(memory_rows(&b, &p).await?);
             }
         }
         p.close().await;
     }
-    if only.has("flood") {
+    if only.has(Section::Flood) {
         rows.extend(flood_rows(&b).await?);
     }
     drop(relay);
