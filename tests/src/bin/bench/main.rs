@@ -56,6 +56,7 @@ struct Plan {
     per_session_bytes: usize,
 }
 
+/// `--quick`: about a minute on two cores.
 const QUICK: Plan =
     Plan { setup_reps: 10, bulk_bytes: 64 << 20, bulk_reps: 3, rtts: 2000, per_session_bytes: 4 << 20 };
 
@@ -63,6 +64,7 @@ const QUICK: Plan =
 const SMOKE: Plan =
     Plan { setup_reps: 2, bulk_bytes: 1 << 20, bulk_reps: 1, rtts: 200, per_session_bytes: 256 << 10 };
 
+/// The default: the figures the README quotes (about two and a half minutes).
 const FULL: Plan =
     Plan { setup_reps: 30, bulk_bytes: 256 << 20, bulk_reps: 5, rtts: 10_000, per_session_bytes: 16 << 20 };
 

@@ -50,10 +50,11 @@ pub async fn echo_server(relay: Option<String>) -> Result<()> {
     Ok(())
 }
 
-/// Most dials in flight at once from the flood process, and most in total: the
+/// Most dials in flight at once from the flood process; with the two below, the
 /// flood is bounded in concurrency, count and time.
 pub const FLOOD_CONCURRENCY: usize = 32;
 
+/// Most dials the flood process makes in all.
 pub const FLOOD_MAX_DIALS: usize = 20_000;
 
 /// A flood dial gives up after this (the bridge ignores most of them).
@@ -84,6 +85,7 @@ pub async fn flood(relay: RelayUrl, ticket: EndpointTicket, dur: Duration) -> Re
     Ok(())
 }
 
+/// `thunderbolt-relay --dev` on a free loopback port, and its URL.
 pub async fn start_relay() -> Result<(tokio::process::Child, RelayUrl)> {
     let bin = bin_dir().join("thunderbolt-relay");
     let mut child = Command::new(&bin)
@@ -99,6 +101,7 @@ pub async fn start_relay() -> Result<(tokio::process::Child, RelayUrl)> {
     Ok((child, url))
 }
 
+/// The raw echo server (this binary, `echo-server`) and its address.
 pub async fn start_echo(relay: Option<&RelayUrl>) -> Result<(tokio::process::Child, EndpointAddr)> {
     let mut c = Command::new(std::env::current_exe()?);
     c.arg("echo-server");
@@ -122,6 +125,8 @@ pub fn path_addr(addr: &EndpointAddr, relay_only: bool) -> EndpointAddr {
     }
 }
 
+/// The measuring client's endpoint: the local relay only, plus 127.0.0.1 unless
+/// `relay_only`; waits until it is online.
 pub async fn client(relay: &RelayUrl, key: SecretKey, relay_only: bool) -> Result<Endpoint> {
     let mut b = Endpoint::builder(iroh::endpoint::presets::Minimal)
         .secret_key(key)

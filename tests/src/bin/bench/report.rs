@@ -24,23 +24,26 @@ pub struct Stats {
 
 impl Stats {
     fn of(mut v: Vec<f64>) -> Self {
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v.sort_by(f64::total_cmp);
         let n = v.len();
         let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
         Self { median, min: v[0], max: v[n - 1], n }
     }
 }
 
+/// The `p` quantile (0..=1) of `v`, nearest rank.
 pub fn percentile(v: &[f64], p: f64) -> f64 {
     let mut s = v.to_vec();
-    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    s.sort_by(f64::total_cmp);
     s[((s.len() - 1) as f64 * p).round() as usize]
 }
 
+/// A duration in milliseconds, as the setup rows report it.
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// A row from samples: medians, min–max and the ratio of the medians.
 pub fn row(
     name: &str,
     unit: &str,
@@ -80,6 +83,7 @@ impl Row {
     }
 }
 
+/// The markdown table the README quotes.
 pub fn print_table(rows: &[Row]) {
     println!("| measure | bridge median (min–max) | baseline | baseline median (min–max) | ratio |");
     println!("|---|---|---|---|---|");

@@ -79,6 +79,7 @@ impl Path {
     }
 }
 
+/// Runs the chosen sections in order and prints the table (and JSON).
 pub async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<()> {
     let (relay, relay_url) = start_relay().await?;
     let b = Bench {
