@@ -56,6 +56,19 @@ impl LineSplitter {
         r.read_buf(&mut self.buf).await
     }
 
+    /// The JSON lines read so far, as runs to forward, and how many lines were
+    /// not JSON (left out). At EOF the unterminated remainder is the last line.
+    fn json_runs(&mut self, eof: bool) -> Result<(Vec<Bytes>, usize), FrameTooLong> {
+        let mut rejected = 0usize;
+        let mut check = |line: &[u8]| {
+            let ok = is_json(line);
+            rejected += usize::from(!ok);
+            ok
+        };
+        let runs = if eof { self.finish(&mut check).into_iter().collect() } else { self.drain(&mut check)? };
+        Ok((runs, rejected))
+    }
+
     /// Takes every complete line out of the buffer. `keep` decides per line
     /// (without its newline); kept lines come back as runs of contiguous
     /// bytes, newlines included. Blank lines are dropped silently.
@@ -99,17 +112,7 @@ where
     let mut split = LineSplitter::new(max_frame);
     loop {
         let n = split.read_from(&mut peer).await.map_err(|e| PumpError::Read(e, "peer"))?;
-        let mut parse_errors = 0usize;
-        let mut check = |line: &[u8]| {
-            let ok = is_json(line);
-            parse_errors += usize::from(!ok);
-            ok
-        };
-        let runs = if n == 0 {
-            split.finish(&mut check).into_iter().collect()
-        } else {
-            split.drain(&mut check).map_err(|e| PumpError::TooLong(e, "peer"))?
-        };
+        let (runs, parse_errors) = split.json_runs(n == 0).map_err(|e| PumpError::TooLong(e, "peer"))?;
         write_runs(&mut agent_stdin, &runs).await.map_err(|e| PumpError::Write(e, "agent stdin"))?;
         for _ in 0..parse_errors {
             warn!("peer sent a line that is not JSON; answered with a parse error");
@@ -147,17 +150,7 @@ where
             },
             n = split.read_from(&mut agent_stdout) => {
                 let n = n.map_err(|e| PumpError::Read(e, "agent stdout"))?;
-                let mut dropped = 0usize;
-                let mut check = |line: &[u8]| {
-                    let ok = is_json(line);
-                    dropped += usize::from(!ok);
-                    ok
-                };
-                let runs = if n == 0 {
-                    split.finish(&mut check).into_iter().collect()
-                } else {
-                    split.drain(&mut check).map_err(|e| PumpError::TooLong(e, "agent"))?
-                };
+                let (runs, dropped) = split.json_runs(n == 0).map_err(|e| PumpError::TooLong(e, "agent"))?;
                 if dropped > 0 {
                     warn!(peer = %peer_name, "dropped {dropped} non-JSON line(s) from the agent's stdout");
                 }
