@@ -337,21 +337,39 @@ pub async fn wait_file(path: &Path) -> String {
 /// An in-process client endpoint with everything public switched off.
 /// `relay_only` removes IP transports so the only path is the relay.
 pub async fn client_endpoint(key: SecretKey, relay: Option<&LocalRelay>, relay_only: bool) -> Endpoint {
-    let mut b = Endpoint::builder(presets::Minimal).secret_key(key).relay_mode(match relay {
-        Some(r) => RelayMode::custom([r.url.clone()]),
-        None => RelayMode::Disabled,
-    });
-    b = b.portmapper_config(iroh::endpoint::PortmapperConfig::Disabled);
-    b = if relay_only {
-        b.clear_ip_transports()
-    } else {
-        b.clear_ip_transports().bind_addr("127.0.0.1:0").expect("bind addr")
-    };
-    let ep = b.bind().await.expect("client endpoint binds");
-    if relay.is_some() {
-        tokio::time::timeout(WAIT, ep.online()).await.expect("client reaches the local relay");
+    loopback_endpoint(key, relay.map(|r| &r.url), relay_only, Vec::new())
+        .await
+        .expect("client endpoint binds and reaches the local relay")
+}
+
+/// An endpoint that can reach nothing but loopback: `relay` as its only relay (or
+/// none), 127.0.0.1 unless `relay_only`, no portmapper, no discovery. With a relay
+/// it is returned once connected to it. Shared by the tests and the bench.
+pub async fn loopback_endpoint(
+    key: SecretKey,
+    relay: Option<&RelayUrl>,
+    relay_only: bool,
+    alpns: Vec<Vec<u8>>,
+) -> anyhow::Result<Endpoint> {
+    let mut b = Endpoint::builder(presets::Minimal)
+        .secret_key(key)
+        .alpns(alpns)
+        .relay_mode(match relay {
+            Some(url) => RelayMode::custom([url.clone()]),
+            None => RelayMode::Disabled,
+        })
+        .portmapper_config(iroh::endpoint::PortmapperConfig::Disabled)
+        .clear_ip_transports();
+    if !relay_only {
+        b = b.bind_addr("127.0.0.1:0")?;
     }
-    ep
+    let ep = b.bind().await?;
+    if relay.is_some() {
+        tokio::time::timeout(WAIT, ep.online())
+            .await
+            .map_err(|_| anyhow::anyhow!("relay not reached in {WAIT:?}"))?;
+    }
+    Ok(ep)
 }
 
 /// Installs a test log subscriber once (RUST_LOG controls it).

@@ -122,7 +122,7 @@ struct Cli {
 enum Helper {
     /// Raw iroh echo server; prints its ticket.
     #[command(hide = true)]
-    EchoServer { relay: Option<String> },
+    EchoServer { relay: Option<RelayUrl> },
     /// One relay-only bulk transfer as SECRET_HEX; prints MB/s (used by measure.mjs).
     #[command(hide = true)]
     RelayBulk { relay: RelayUrl, ticket: EndpointTicket, secret_hex: String, bytes: usize },

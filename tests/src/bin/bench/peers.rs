@@ -10,22 +10,10 @@ pub const ECHO_ALPN: &[u8] = b"thunderbolt-bench/echo/0";
 pub const ECHO_READ: usize = 64 * 1024;
 
 /// A separate process: relay-only or direct raw iroh echo server, printing its ticket.
-pub async fn echo_server(relay: Option<String>) -> Result<()> {
-    let relay_url: Option<RelayUrl> = relay.map(|r| r.parse()).transpose()?;
-    let mut b = Endpoint::builder(iroh::endpoint::presets::Minimal)
-        .secret_key(SecretKey::generate())
-        .alpns(vec![ECHO_ALPN.to_vec()])
-        .portmapper_config(iroh::endpoint::PortmapperConfig::Disabled)
-        .clear_ip_transports()
-        .bind_addr("127.0.0.1:0")?;
-    b = b.relay_mode(match &relay_url {
-        Some(u) => iroh::RelayMode::custom([u.clone()]),
-        None => iroh::RelayMode::Disabled,
-    });
-    let ep = b.bind().await?;
-    if relay_url.is_some() {
-        tokio::time::timeout(WAIT, ep.online()).await.context("echo server online")?;
-    }
+pub async fn echo_server(relay: Option<RelayUrl>) -> Result<()> {
+    let ep = loopback_endpoint(SecretKey::generate(), relay.as_ref(), false, vec![ECHO_ALPN.to_vec()])
+        .await
+        .context("echo server endpoint")?;
     println!("{}", EndpointTicket::new(ep.addr()));
     while let Some(inc) = ep.accept().await {
         tokio::spawn(async move {
@@ -126,19 +114,9 @@ pub fn path_addr(addr: &EndpointAddr, relay_only: bool) -> EndpointAddr {
 }
 
 /// The measuring client's endpoint: the local relay only, plus 127.0.0.1 unless
-/// `relay_only`; waits until it is online.
+/// `relay_only`; returned once online.
 pub async fn client(relay: &RelayUrl, key: SecretKey, relay_only: bool) -> Result<Endpoint> {
-    let mut b = Endpoint::builder(iroh::endpoint::presets::Minimal)
-        .secret_key(key)
-        .relay_mode(iroh::RelayMode::custom([relay.clone()]))
-        .portmapper_config(iroh::endpoint::PortmapperConfig::Disabled)
-        .clear_ip_transports();
-    if !relay_only {
-        b = b.bind_addr("127.0.0.1:0")?;
-    }
-    let ep = b.bind().await?;
-    tokio::time::timeout(WAIT, ep.online()).await.context("client online")?;
-    Ok(ep)
+    loopback_endpoint(key, Some(relay), relay_only, Vec::new()).await.context("client endpoint")
 }
 
 /// The cat agent on plain pipes, no bridge: what one hop through an agent
