@@ -1,13 +1,23 @@
 //! Spawning and ending agent processes.
 //!
 //! An agent runs in its own process group so that ending it also ends whatever
-//! it started (language servers, shells). On Linux it also gets
-//! `PR_SET_PDEATHSIG`, so even a bridge killed with SIGKILL leaves no orphan.
+//! it started (language servers, shells): when a session ends the whole group
+//! is killed, also when the agent itself had already exited and left children
+//! behind. On Linux the agent also gets `PR_SET_PDEATHSIG`, and every group is
+//! known to the [`crate::reaper`], so even a bridge killed with SIGKILL leaves
+//! no process of the group behind.
+//!
+//! What escapes: a process that leaves the group on purpose (`setsid`,
+//! `setpgid`), as daemons do. Nothing short of a cgroup per agent follows
+//! those; the bridge does not create cgroups (it would need privileges or a
+//! delegated cgroup tree that most desktops do not give to user programs).
 
 use std::{ffi::OsString, process::Stdio, time::Duration};
 
 use tokio::process::{Child, Command};
 use tracing::debug;
+
+use thunderbolt_shared::close::AgentEnd;
 
 use crate::redact;
 
@@ -81,6 +91,12 @@ impl AgentCommand {
     }
 }
 
+/// How a reaped agent ended.
+pub fn end_of(status: std::process::ExitStatus) -> Option<AgentEnd> {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().map(AgentEnd::Exited).or_else(|| status.signal().map(AgentEnd::Signaled))
+}
+
 /// Ends the agent and its process group: SIGTERM, then SIGKILL after `grace`,
 /// and reaps it so its pid is really gone when this returns.
 pub async fn terminate(child: &mut Child, grace: Duration) {
@@ -105,7 +121,7 @@ pub async fn terminate(child: &mut Child, grace: Duration) {
 
 /// Signals the whole group led by `pid` (the agent is its group leader). Any
 /// children it left behind go too.
-fn kill_group(pid: u32, sig: libc::c_int) {
+pub fn kill_group(pid: u32, sig: libc::c_int) {
     // SAFETY: plain syscall; a stale group id only yields ESRCH.
     unsafe {
         libc::killpg(pid as libc::pid_t, sig);

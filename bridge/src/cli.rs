@@ -52,6 +52,9 @@ pub enum Command {
     Login(LoginArgs),
     /// Remove the stored account credential.
     Logout,
+    /// Internal: the watcher a bridge starts so no agent process outlives it.
+    #[command(name = "reap-agents", hide = true)]
+    ReapAgents,
 }
 
 #[derive(Debug, Args)]
@@ -175,6 +178,13 @@ pub struct LimitArgs {
     #[arg(long, default_value_t = crate::limits::MAX_LIVE_AGENTS, value_name = "N")]
     pub max_agents: usize,
 
+    /// Longest message (one ndjson line, without its newline) forwarded in either direction, in
+    /// bytes (suffixes K, M, G for KiB, MiB, GiB). A longer line costs only itself: it is skipped
+    /// without being buffered and whoever waits for it gets a JSON-RPC error. Memory: a session
+    /// holds at most about this much per direction for an unfinished line.
+    #[arg(long, default_value = "32M", value_name = "BYTES", value_parser = frame_size)]
+    pub max_frame: usize,
+
     /// Seconds an admitted peer has to open its stream before `idle: no data stream opened`.
     #[arg(long, default_value_t = crate::limits::STREAM_OPEN_TIMEOUT.as_secs_f64(), value_name = "SECS")]
     pub stream_open_timeout: f64,
@@ -198,6 +208,30 @@ pub struct LimitArgs {
     /// Seconds between heartbeats: refresh the account allowlist and close sessions no longer allowed.
     #[arg(long, default_value_t = crate::account::HEARTBEAT_INTERVAL.as_secs_f64(), value_name = "SECS")]
     pub heartbeat_interval: f64,
+}
+
+/// A frame size: bytes, or with a K/M/G suffix (binary units), within the bounds of
+/// [`crate::limits::MIN_FRAME`] and [`crate::limits::MAX_FRAME`].
+fn frame_size(v: &str) -> Result<usize, String> {
+    use crate::limits::{MAX_FRAME, MIN_FRAME};
+    let t = v.trim();
+    let lower = t.to_ascii_lowercase();
+    let lower = lower.strip_suffix("ib").or_else(|| lower.strip_suffix('b')).unwrap_or(&lower);
+    let (digits, unit) = match lower.chars().last() {
+        Some('k') => (&lower[..lower.len() - 1], 1usize << 10),
+        Some('m') => (&lower[..lower.len() - 1], 1 << 20),
+        Some('g') => (&lower[..lower.len() - 1], 1 << 30),
+        _ => (lower, 1),
+    };
+    let n: usize = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{v}' is not a size (bytes, or a number with K, M or G)"))?;
+    let bytes = n.checked_mul(unit).ok_or_else(|| format!("'{v}' is too large"))?;
+    if !(MIN_FRAME..=MAX_FRAME).contains(&bytes) {
+        return Err(format!("{bytes} bytes is outside {MIN_FRAME}..={MAX_FRAME}"));
+    }
+    Ok(bytes)
 }
 
 #[derive(Debug, Subcommand)]
@@ -252,4 +286,21 @@ pub struct AllowArgs {
 pub struct ListArgs {
     #[arg(long)]
     pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_sizes() {
+        assert_eq!(frame_size("32M").unwrap(), 32 << 20);
+        assert_eq!(frame_size("32MiB").unwrap(), 32 << 20);
+        assert_eq!(frame_size("4096").unwrap(), 4096);
+        assert_eq!(frame_size("1g").unwrap(), 1 << 30);
+        assert!(frame_size("10").is_err(), "below the minimum");
+        assert!(frame_size("5G").is_err(), "above the maximum");
+        assert!(frame_size("lots").is_err());
+        assert!(frame_size("99999999999999999999G").is_err());
+    }
 }

@@ -1,9 +1,12 @@
 //! `thunderbolt <protocol> connect <ticket|nodeid> [-- <cmd…>]`: dial a bridge and
 //! pipe stdio (ours, or a spawned local client's) through one stream.
 //!
-//! Ends when the bridge finishes its side (the agent exited): we then close
-//! with code 0 `client closed`. If the bridge refuses us, the reason it sent
-//! (`not allowlisted`, `bridge at capacity`, …) is printed and we exit non-zero.
+//! Ends when the bridge finishes its side (the agent ended): the bridge then
+//! says how the agent ended (close code 2), and we exit 0 only when it exited
+//! with code 0, else non-zero with one line naming the code or the signal. If
+//! the bridge refuses us, the reason it sent (`not allowlisted`, `bridge at
+//! capacity`, …) is printed and we exit non-zero. We close with code 0 `client
+//! closed` whenever we end first.
 
 use std::{process::Stdio, time::Duration};
 
@@ -25,12 +28,45 @@ pub const DEFAULT_DIAL_TIMEOUT_SECS: u64 = 30;
 /// How long we wait for our close frame to reach the bridge on exit.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long closing may take when no connection was made: nothing needs
+/// telling, so `--dial-timeout N` ends after about N seconds, not N plus the
+/// seconds a dead connection attempt would drain for.
+const UNREACHED_CLOSE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// After the bridge finished its stream, how long we wait for it to say how the
+/// agent ended. Ours closes about one round trip after our acknowledgement
+/// (milliseconds; 5 s covers a starved machine); a bridge that predates the
+/// close never does, and then the agent's end is unknown (taken as success,
+/// as before).
+const AGENT_END_WAIT: Duration = Duration::from_secs(5);
+
+/// A refused connection is closed by the bridge right after the handshake, so
+/// "connected" is only said once the bridge sent data or this many handshake
+/// durations passed without a refusal (bounded both ways below).
+const ADMISSION_SETTLE_FACTOR: u32 = 3;
+const ADMISSION_SETTLE_MIN: Duration = Duration::from_millis(200);
+const ADMISSION_SETTLE_MAX: Duration = Duration::from_secs(2);
+
+/// How the agent ended, when `err` is the bridge's close after the agent's last byte.
+fn agent_end(err: &ConnectionError) -> Option<close::AgentEnd> {
+    match err {
+        ConnectionError::ApplicationClosed(ac) => {
+            close::AgentEnd::from_close(ac.error_code.into_inner(), &ac.reason)
+        }
+        _ => None,
+    }
+}
+
 /// Human text for a connection that ended with an error.
 pub fn describe_close(err: &ConnectionError, protocol: &Protocol) -> String {
     match err {
         ConnectionError::ApplicationClosed(ac) => {
-            match close::Refusal::from_close(ac.error_code.into_inner(), &ac.reason) {
-                Some(r) => format!("the bridge refused the connection: {r}"),
+            let code = ac.error_code.into_inner();
+            if let Some(end) = close::AgentEnd::from_close(code, &ac.reason) {
+                return end.describe();
+            }
+            match close::Refusal::from_close(code, &ac.reason) {
+                Some(r) => r.describe(),
                 None => format!(
                     "the bridge closed the connection (code {}: {})",
                     ac.error_code,
@@ -53,8 +89,11 @@ pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<(
     // `connect` always dials with the ACP identity: the NodeId `iroh id` prints.
     let (key, _) = identity::load_or_create(home, &Protocol::acp())?;
     let ep = net.bind(key, vec![]).await?;
-    let result = dial_and_pipe(&ep, &target, &protocol, args).await;
-    let _ = tokio::time::timeout(CLOSE_FLUSH_TIMEOUT, ep.close()).await;
+    let mut reached = false;
+    let result = dial_and_pipe(&ep, &target, &protocol, args, &mut reached).await;
+    // Only a connection that reached the bridge has a close frame worth waiting for.
+    let budget = if reached { CLOSE_FLUSH_TIMEOUT } else { UNREACHED_CLOSE_TIMEOUT };
+    crate::net::close_endpoint(ep, budget).await;
     result
 }
 
@@ -63,9 +102,11 @@ async fn dial_and_pipe(
     target: &Target,
     protocol: &Protocol,
     args: ConnectArgs,
+    reached: &mut bool,
 ) -> Result<()> {
     let alpn = protocol.alpn();
     debug!(target = %target.id(), "dialing");
+    let dial_started = tokio::time::Instant::now();
     let dial = tokio::time::timeout(
         Duration::from_secs(args.dial_timeout),
         ep.connect(target.endpoint_addr(), &alpn),
@@ -92,14 +133,22 @@ async fn dial_and_pipe(
         }
         Ok(Ok(c)) => c,
     };
-    info!(bridge = %conn.remote_id().fmt_short(), "connected");
-    let result = pipe(&conn, protocol, args.command).await;
+    *reached = true;
+    debug!(bridge = %conn.remote_id().fmt_short(), "handshake done");
+    let settle =
+        (dial_started.elapsed() * ADMISSION_SETTLE_FACTOR).clamp(ADMISSION_SETTLE_MIN, ADMISSION_SETTLE_MAX);
+    let result = pipe(&conn, protocol, args.command, settle).await;
     conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_CLIENT_CLOSED.as_bytes());
     result
 }
 
 /// Runs the two copy directions until the bridge finishes its side.
-async fn pipe(conn: &Connection, protocol: &Protocol, command: Vec<std::ffi::OsString>) -> Result<()> {
+async fn pipe(
+    conn: &Connection,
+    protocol: &Protocol,
+    command: Vec<std::ffi::OsString>,
+    settle: Duration,
+) -> Result<()> {
     let (mut send, mut recv) = conn.open_bi().await.map_err(|e| anyhow!(describe_close(&e, protocol)))?;
     let (mut local_in, mut local_out, mut child): (
         Box<dyn AsyncRead + Unpin + Send>,
@@ -117,6 +166,9 @@ async fn pipe(conn: &Connection, protocol: &Protocol, command: Vec<std::ffi::OsS
         (Box::new(out), Box::new(inp), Some(child))
     };
     let mut term = crate::signals::Terminate::new();
+    let announce = |how: &str| info!(bridge = %conn.remote_id().fmt_short(), "connected ({how})");
+    let mut announced = false;
+    let mut ended: Option<close::AgentEnd> = None;
 
     let outcome = {
         let upload = async {
@@ -124,11 +176,16 @@ async fn pipe(conn: &Connection, protocol: &Protocol, command: Vec<std::ffi::OsS
             let _ = send.finish();
             r
         };
+        let (first_data_tx, mut first_data) = tokio::sync::oneshot::channel::<()>();
         let download = async {
             let mut buf = vec![0u8; limits::READ_CHUNK];
+            let mut first_data_tx = Some(first_data_tx);
             loop {
                 match recv.read(&mut buf).await {
                     Ok(Some(n)) => {
+                        if let Some(tx) = first_data_tx.take() {
+                            let _ = tx.send(());
+                        }
                         local_out.write_all(&buf[..n]).await?;
                         local_out.flush().await?;
                     }
@@ -137,18 +194,35 @@ async fn pipe(conn: &Connection, protocol: &Protocol, command: Vec<std::ffi::OsS
                 }
             }
         };
-        tokio::pin!(upload, download);
+        let settled = tokio::time::sleep(settle);
+        tokio::pin!(upload, download, settled);
         let mut upload_done = false;
         let outcome = loop {
             tokio::select! {
+                biased;
+                r = &mut download => {
+                    // After the agent's end was announced the stream has nothing more to give.
+                    break if ended.is_some() { Ok(()) } else { r };
+                }
+                err = conn.closed(), if ended.is_none() => match agent_end(&err) {
+                    // Sent after our acknowledgement of the last byte: the download finishes by itself.
+                    Some(end) => ended = Some(end),
+                    None => break Err(anyhow!(describe_close(&err, protocol))),
+                },
                 r = &mut upload, if !upload_done => {
                     upload_done = true;
                     if let Err(e) = r {
                         debug!("upload ended: {e}");
                     }
                 }
-                r = &mut download => break r,
-                err = conn.closed() => break Err(anyhow!(describe_close(&err, protocol))),
+                _ = &mut first_data, if !announced => {
+                    announced = true;
+                    announce("the bridge answered");
+                }
+                _ = &mut settled, if !announced => {
+                    announced = true;
+                    announce("admitted");
+                }
                 which = term.recv() => {
                     info!("{which}: closing the connection");
                     break Ok(());
@@ -157,6 +231,13 @@ async fn pipe(conn: &Connection, protocol: &Protocol, command: Vec<std::ffi::OsS
         };
         outcome
     };
+    if outcome.is_ok() && ended.is_none() && conn.close_reason().is_none() {
+        // The stream ended: the bridge is about to say how the agent ended.
+        match tokio::time::timeout(AGENT_END_WAIT, conn.closed()).await {
+            Ok(err) => ended = agent_end(&err),
+            Err(_) => debug!("the bridge did not say how the agent ended within {AGENT_END_WAIT:?}"),
+        }
+    }
     let _ = local_out.shutdown().await;
     if let Some(mut c) = child.take() {
         // The local client gets its stdin closed; give it a moment to exit by itself.
@@ -167,7 +248,17 @@ async fn pipe(conn: &Connection, protocol: &Protocol, command: Vec<std::ffi::OsS
     }
     // A refusal can race the stream: prefer the bridge's stated reason.
     if let (Err(_), Some(reason)) = (&outcome, conn.close_reason()) {
-        return Err(anyhow!(describe_close(&reason, protocol)));
+        if agent_end(&reason).is_none() {
+            return Err(anyhow!(describe_close(&reason, protocol)));
+        }
     }
-    outcome
+    outcome?;
+    match ended {
+        Some(end) if !end.is_success() => Err(anyhow!(end.describe())),
+        Some(end) => {
+            debug!("{}", end.describe());
+            Ok(())
+        }
+        None => Ok(()),
+    }
 }

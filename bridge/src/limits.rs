@@ -23,8 +23,32 @@ pub const AGENT_TERM_GRACE: Duration = Duration::from_secs(2);
 pub const FINISH_LINGER: Duration = Duration::from_secs(10);
 
 /// After the agent closes its stdout, how long it may keep running before we
-/// kill it (it has nothing left to say to the peer).
+/// kill it (it has nothing left to say to the peer). Also how long an agent
+/// that closed its stdin (it cannot hear the peer any more) may keep talking.
 pub const AGENT_EXIT_AFTER_EOF: Duration = Duration::from_secs(5);
+
+/// After the agent process exits, how long we keep reading its stdout. Output
+/// still in the pipe drains in microseconds; only a process the agent started
+/// (`cmd & exit`) can hold the pipe open longer, and it must not hold the
+/// session (the reference ends a session when the agent process exits).
+pub const STDOUT_DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
+
+/// After a session ended, how long its agent's stderr may still be logged.
+/// Normally the pipe is closed already; this bounds a process that left the
+/// agent's group and keeps stderr open.
+pub const STDERR_DRAIN: Duration = Duration::from_millis(500);
+
+/// Largest value a count flag (`--max-agents`, `--max-handshakes`,
+/// `--per-remote-max`) takes. Far above any real use (each agent is a process),
+/// far below what would overflow the semaphores and tables they size.
+pub const MAX_COUNT_FLAG: usize = 1 << 20;
+
+/// Smallest `--max-frame`: an ACP `initialize` exchange must fit.
+pub const MIN_FRAME: usize = thunderbolt_shared::ndjson::MIN_FRAME_LEN;
+
+/// Largest `--max-frame`: a session may hold this per direction, so 1 GiB
+/// already lets 16 sessions ask for 32 GiB; anything above is a mistake.
+pub const MAX_FRAME: usize = 1 << 30;
 
 /// Bytes asked for per read from the stream or the agent. 64 KiB amortises
 /// syscalls and QUIC chunking without holding much per session.

@@ -17,6 +17,7 @@ mod iroh_cmd;
 mod limits;
 mod net;
 mod pump;
+mod reaper;
 mod redact;
 mod serve;
 mod session;
@@ -45,6 +46,9 @@ const DEFAULT_LOG_FILTER: &str =
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::ReapAgents) {
+        return reaper::run_watcher();
+    }
     init_logging(&cli);
     // reqwest (account backend) and iroh both use rustls with ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -109,6 +113,7 @@ async fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::ReapAgents => Ok(()),
     }
 }
 
@@ -179,6 +184,9 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         if v == 0 {
             bail!("{flag} must be at least 1 (0 would refuse every peer)");
         }
+        if v > limits::MAX_COUNT_FLAG {
+            bail!("{flag} {v} is more than this bridge allows ({})", limits::MAX_COUNT_FLAG);
+        }
     }
     let gate_limits = gate::GateLimits {
         per_remote_max: l.per_remote_max,
@@ -223,8 +231,9 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     let stop = CancellationToken::new();
     tokio::spawn(stop_on_signal(term, stop.clone()));
     let gate = Arc::new(gate::Gate::new(gate_limits, Arc::new(gate::SystemClock)));
-    let bridge =
-        Bridge::new(endpoint, trust, gate, account.ok().map(Arc::new), admission, SessionConfig::new(agent));
+    reaper::start();
+    let session = SessionConfig { max_frame: l.max_frame, ..SessionConfig::new(agent) };
+    let bridge = Bridge::new(endpoint, trust, gate, account.ok().map(Arc::new), admission, session);
     bridge.run(stop).await;
     info!("bridge stopped");
     Ok(())

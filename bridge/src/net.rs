@@ -165,6 +165,18 @@ pub async fn reachable_addr(ep: &Endpoint, relays: &Relays) -> EndpointAddr {
     ep.addr()
 }
 
+/// Closes `ep`, giving it `budget` to flush close frames and drain its
+/// connections. Past that the process is about to exit with nothing left to
+/// tell anyone (a connection that never reached its peer drains for several
+/// probe timeouts): the endpoint is then left to the exit instead of being
+/// dropped half-closed, which iroh reports as an error.
+pub async fn close_endpoint(ep: Endpoint, budget: Duration) {
+    if tokio::time::timeout(budget, ep.close()).await.is_err() {
+        debug!("the endpoint did not finish closing within {budget:?}; leaving the rest to the exit");
+        std::mem::forget(ep);
+    }
+}
+
 async fn wait_online(ep: &Endpoint, timeout: Duration) {
     if tokio::time::timeout(timeout, ep.online()).await.is_err() {
         warn!(

@@ -1,108 +1,82 @@
 //! Moving ndjson frames between the peer's stream and the agent's stdio.
 //!
-//! Both directions read in large chunks, find complete lines, check each is a
-//! JSON value, and write the accepted lines out as slices of the read buffer
-//! (no per-line copy, no write or flush per frame). A line over the frame cap
-//! ends the session.
+//! Both directions read in large chunks, find complete lines, check each is one
+//! valid UTF-8 JSON value, and write the accepted lines out as slices of the
+//! read buffer (no per-line copy, no write or flush per frame).
 //!
 //! - peer → agent: non-JSON lines are answered with a JSON-RPC parse error
 //!   (-32700, id null) on the peer's stream and never reach the agent.
 //! - agent → peer: non-JSON lines (an agent printing a banner on stdout) are
 //!   dropped with a warning.
+//! - A line over the frame cap costs only itself, in either direction: it is
+//!   skipped up to its newline without being buffered whole, and whoever would
+//!   wait for it gets a JSON-RPC error instead (see `thunderbolt_shared::jsonrpc`
+//!   for the table): the sender of a request, the receiver of a response.
 //!
 //! Blank lines are skipped in both directions.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use thunderbolt_shared::{
-    jsonrpc::{is_json, PARSE_ERROR_LINE},
-    ndjson::{is_blank, take_kept_runs, FrameTooLong},
+    jsonrpc::{self, is_json, Kind, PARSE_ERROR_LINE},
+    ndjson::{Piece, RunSplitter},
 };
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     sync::mpsc,
 };
-use tracing::warn;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
 
 use crate::limits::READ_CHUNK;
 
 /// Why a pump direction stopped early.
 #[derive(Debug, thiserror::Error)]
 pub enum PumpError {
-    #[error("{side} sent a {0}", side = .1)]
-    TooLong(FrameTooLong, &'static str),
     #[error("reading from {1}: {0}")]
     Read(std::io::Error, &'static str),
     #[error("writing to {1}: {0}")]
     Write(std::io::Error, &'static str),
 }
 
-/// Reads into one buffer and hands out the complete lines that pass a check as
-/// slices of that buffer: valid lines are forwarded byte for byte without being
-/// copied one by one; only a rejected line splits the output into two runs.
+/// Reads into one buffer and hands out what it holds as [`Piece`]s.
 struct LineSplitter {
-    buf: BytesMut,
-    /// Bytes at the start of `buf` already known to hold no newline.
-    scanned: usize,
-    max: usize,
+    split: RunSplitter,
 }
 
 impl LineSplitter {
     fn new(max: usize) -> Self {
-        Self { buf: BytesMut::with_capacity(READ_CHUNK), scanned: 0, max }
+        Self { split: RunSplitter::new(max, READ_CHUNK) }
     }
 
     async fn read_from<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> std::io::Result<usize> {
-        self.buf.reserve(READ_CHUNK);
-        r.read_buf(&mut self.buf).await
+        let buf = self.split.buf_mut();
+        buf.reserve(READ_CHUNK);
+        r.read_buf(buf).await
     }
 
-    /// The JSON lines read so far, as runs to forward, and how many lines were
-    /// not JSON (left out). At EOF the unterminated remainder is the last line.
-    fn json_runs(&mut self, eof: bool) -> Result<(Vec<Bytes>, usize), FrameTooLong> {
-        let mut rejected = 0usize;
-        let mut check = |line: &[u8]| {
-            let ok = is_json(line);
-            rejected += usize::from(!ok);
-            ok
-        };
-        let runs = if eof { self.finish(&mut check).into_iter().collect() } else { self.drain(&mut check)? };
-        Ok((runs, rejected))
-    }
-
-    /// Takes every complete line out of the buffer. `keep` decides per line
-    /// (without its newline); kept lines come back as runs of contiguous
-    /// bytes, newlines included. Blank lines are dropped silently.
-    fn drain(&mut self, keep: impl FnMut(&[u8]) -> bool) -> Result<Vec<Bytes>, FrameTooLong> {
-        take_kept_runs(&mut self.buf, &mut self.scanned, self.max, keep)
-    }
-
-    /// At EOF: the unterminated remainder as a last line (with a newline added).
-    fn finish(&mut self, keep: impl FnOnce(&[u8]) -> bool) -> Option<Bytes> {
-        let rest = self.buf.split();
-        self.scanned = 0;
-        if is_blank(&rest) || !keep(&rest) {
-            return None;
+    /// Everything read so far, checked: runs of JSON lines to forward, rejected
+    /// lines, lines over the cap. At EOF the unterminated remainder is the last line.
+    fn pieces(&mut self, eof: bool) -> Vec<Piece> {
+        let mut out = Vec::new();
+        self.split.drain(is_json, &mut out);
+        if eof {
+            self.split.finish(is_json, &mut out);
         }
-        let mut line = BytesMut::with_capacity(rest.len() + 1);
-        line.extend_from_slice(&rest);
-        line.extend_from_slice(b"\n");
-        Some(line.freeze())
+        out
     }
-}
-
-async fn write_runs<W: AsyncWrite + Unpin>(w: &mut W, runs: &[Bytes]) -> std::io::Result<()> {
-    for r in runs {
-        w.write_all(r).await?;
-    }
-    Ok(())
 }
 
 /// Peer → agent. Returns when the peer finished its stream (the agent's stdin is
 /// then closed, which is how a stdio agent learns the session is over).
+///
+/// `replies` carries the bridge's own answers to the peer; `to_agent` brings the
+/// bridge's answers to the agent (errors for its requests that were too large
+/// to forward), written between whole lines.
 pub async fn peer_to_agent<R, W>(
     mut peer: R,
     mut agent_stdin: W,
     replies: mpsc::Sender<Bytes>,
+    mut to_agent: mpsc::Receiver<Bytes>,
     max_frame: usize,
 ) -> Result<(), PumpError>
 where
@@ -110,14 +84,53 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut split = LineSplitter::new(max_frame);
+    let mut to_agent_open = true;
+    let write_err = |e| PumpError::Write(e, "agent stdin");
     loop {
-        let n = split.read_from(&mut peer).await.map_err(|e| PumpError::Read(e, "peer"))?;
-        let (runs, parse_errors) = split.json_runs(n == 0).map_err(|e| PumpError::TooLong(e, "peer"))?;
-        write_runs(&mut agent_stdin, &runs).await.map_err(|e| PumpError::Write(e, "agent stdin"))?;
-        for _ in 0..parse_errors {
-            warn!("peer sent a line that is not JSON; answered with a parse error");
-            // The writer side is gone only when the session is ending anyway.
-            let _ = replies.send(Bytes::from_static(PARSE_ERROR_LINE)).await;
+        let n = tokio::select! {
+            biased;
+            line = to_agent.recv(), if to_agent_open => {
+                match line {
+                    Some(line) => agent_stdin.write_all(&line).await.map_err(write_err)?,
+                    None => to_agent_open = false,
+                }
+                continue;
+            }
+            n = split.read_from(&mut peer) => n.map_err(|e| PumpError::Read(e, "peer"))?,
+        };
+        for piece in split.pieces(n == 0) {
+            match piece {
+                Piece::Run(run) => agent_stdin.write_all(&run).await.map_err(write_err)?,
+                Piece::Rejected => {
+                    warn!("peer sent a line that is not UTF-8 JSON; answered with a parse error");
+                    // The writer side is gone only when the session is ending anyway.
+                    let _ = replies.send(Bytes::from_static(PARSE_ERROR_LINE)).await;
+                }
+                Piece::Oversized(head) => {
+                    let head = jsonrpc::peek_head(&head);
+                    let id = head.id.as_deref();
+                    match (head.kind, id) {
+                        // The agent waits for this response: it gets an error in its place.
+                        (Kind::Response, Some(id)) => {
+                            warn!(
+                                "peer sent a response (id {id}) over the {max_frame}-byte frame limit; \
+                                 dropped, the agent gets an error for it"
+                            );
+                            let line = jsonrpc::too_large_response(id, max_frame);
+                            agent_stdin.write_all(&line).await.map_err(write_err)?;
+                            let _ = replies.send(jsonrpc::too_large_request(None, max_frame).into()).await;
+                        }
+                        _ => {
+                            warn!(
+                                "peer sent a message (id {}) over the {max_frame}-byte frame limit; \
+                                 dropped and answered with an error",
+                                id.unwrap_or("unknown")
+                            );
+                            let _ = replies.send(jsonrpc::too_large_request(id, max_frame).into()).await;
+                        }
+                    }
+                }
+            }
         }
         if n == 0 {
             let _ = agent_stdin.shutdown().await;
@@ -126,14 +139,17 @@ where
     }
 }
 
-/// Agent → peer, plus the bridge's own replies (parse errors). Returns when the
-/// agent closed its stdout and everything it wrote has been handed to the stream.
+/// Agent → peer, plus the bridge's own replies (parse and size errors). Returns
+/// when the agent closed its stdout, or `stop` was cancelled, and everything it
+/// wrote in whole lines has been handed to the stream.
 pub async fn agent_to_peer<R, W>(
     mut agent_stdout: R,
     mut peer: W,
     mut replies: mpsc::Receiver<Bytes>,
+    to_agent: mpsc::Sender<Bytes>,
     max_frame: usize,
     peer_name: &str,
+    stop: CancellationToken,
 ) -> Result<W, PumpError>
 where
     R: AsyncRead + Unpin,
@@ -141,28 +157,66 @@ where
 {
     let mut split = LineSplitter::new(max_frame);
     let mut replies_open = true;
+    let write_err = |e| PumpError::Write(e, "peer");
     loop {
-        tokio::select! {
+        let n = tokio::select! {
             biased;
-            reply = replies.recv(), if replies_open => match reply {
-                Some(b) => peer.write_all(&b).await.map_err(|e| PumpError::Write(e, "peer"))?,
-                None => replies_open = false,
-            },
-            n = split.read_from(&mut agent_stdout) => {
-                let n = n.map_err(|e| PumpError::Read(e, "agent stdout"))?;
-                let (runs, dropped) = split.json_runs(n == 0).map_err(|e| PumpError::TooLong(e, "agent"))?;
-                if dropped > 0 {
-                    warn!(peer = %peer_name, "dropped {dropped} non-JSON line(s) from the agent's stdout");
+            reply = replies.recv(), if replies_open => {
+                match reply {
+                    Some(b) => peer.write_all(&b).await.map_err(write_err)?,
+                    None => replies_open = false,
                 }
-                write_runs(&mut peer, &runs).await.map_err(|e| PumpError::Write(e, "peer"))?;
-                if n == 0 {
-                    // Parse errors queued before the agent ended still belong to the peer.
-                    while let Ok(b) = replies.try_recv() {
-                        peer.write_all(&b).await.map_err(|e| PumpError::Write(e, "peer"))?;
+                continue;
+            }
+            _ = stop.cancelled() => {
+                debug!(peer = %peer_name, "no longer reading the agent's stdout");
+                0
+            }
+            n = split.read_from(&mut agent_stdout) => n.unwrap_or_else(|e| {
+                // Nothing more can come from a pipe that fails: end as at EOF.
+                warn!(peer = %peer_name, "reading the agent's stdout failed: {e}");
+                0
+            }),
+        };
+        let mut dropped = 0usize;
+        for piece in split.pieces(n == 0) {
+            match piece {
+                Piece::Run(run) => peer.write_all(&run).await.map_err(write_err)?,
+                Piece::Rejected => dropped += 1,
+                Piece::Oversized(head) => {
+                    let head = jsonrpc::peek_head(&head);
+                    match (head.kind, head.id.as_deref()) {
+                        (Kind::Response, Some(id)) => {
+                            warn!(peer = %peer_name, "agent sent a response (id {id}) over the {max_frame}-byte frame limit; dropped, the peer gets an error for it");
+                            peer.write_all(&jsonrpc::too_large_response(id, max_frame))
+                                .await
+                                .map_err(write_err)?;
+                        }
+                        (Kind::Request, Some(id)) => {
+                            warn!(peer = %peer_name, "agent sent a request (id {id}) over the {max_frame}-byte frame limit; dropped, the agent gets an error for it");
+                            // Never wait on the agent's stdin from here: the agent may be
+                            // blocked writing to us. A full queue means the peer is
+                            // flooding the agent; the error is then dropped.
+                            let _ = to_agent.try_send(jsonrpc::too_large_request(Some(id), max_frame).into());
+                        }
+                        (_, id) => warn!(
+                            peer = %peer_name,
+                            "agent sent a message (id {}) over the {max_frame}-byte frame limit; dropped",
+                            id.unwrap_or("unknown")
+                        ),
                     }
-                    return Ok(peer);
                 }
             }
+        }
+        if dropped > 0 {
+            warn!(peer = %peer_name, "dropped {dropped} non-JSON line(s) from the agent's stdout");
+        }
+        if n == 0 {
+            // Parse errors queued before the agent ended still belong to the peer.
+            while let Ok(b) = replies.try_recv() {
+                peer.write_all(&b).await.map_err(write_err)?;
+            }
+            return Ok(peer);
         }
     }
 }
@@ -170,15 +224,25 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
+
+    fn lines(b: &[u8]) -> Vec<Value> {
+        b.split(|c| *c == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect()
+    }
 
     #[tokio::test]
     async fn peer_lines_are_checked() {
-        let input: &[u8] = b"{\"a\":1}\nnot json\n\n[2]";
+        let input: &[u8] = b"{\"a\":1}\nnot json\n\n{\"s\":\"\xff\"}\n[2]";
         let mut stdin = Vec::new();
         let (tx, mut rx) = mpsc::channel(8);
-        peer_to_agent(input, &mut stdin, tx, 1024).await.unwrap();
+        let (_atx, arx) = mpsc::channel(1);
+        peer_to_agent(input, &mut stdin, tx, arx, 1024).await.unwrap();
         assert_eq!(stdin, b"{\"a\":1}\n[2]\n");
         assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(PARSE_ERROR_LINE));
+        assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(PARSE_ERROR_LINE), "invalid UTF-8");
         assert!(rx.recv().await.is_none());
     }
 
@@ -187,15 +251,87 @@ mod tests {
         let stdout: &[u8] = b"Starting agent v1\n{\"id\":1}\n{\"id\":2}";
         let mut peer = Vec::new();
         let (_tx, rx) = mpsc::channel(1);
-        let peer = agent_to_peer(stdout, &mut peer, rx, 1024, "p").await.unwrap();
+        let (atx, _arx) = mpsc::channel(1);
+        let peer =
+            agent_to_peer(stdout, &mut peer, rx, atx, 1024, "p", CancellationToken::new()).await.unwrap();
         assert_eq!(*peer, b"{\"id\":1}\n{\"id\":2}\n");
     }
 
     #[tokio::test]
-    async fn oversized_frame_is_an_error() {
-        let big = vec![b'1'; 2000];
-        let (tx, _rx) = mpsc::channel(1);
-        let err = peer_to_agent(&big[..], Vec::new(), tx, 1024).await.unwrap_err();
-        assert!(matches!(err, PumpError::TooLong(..)));
+    async fn oversized_request_from_the_peer_is_answered_and_the_rest_flows() {
+        let big = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":41,\"method\":\"m\",\"params\":\"{}\"}}\n",
+            "x".repeat(5000)
+        );
+        let input = [big.as_bytes(), b"{\"id\":42}\n"].concat();
+        let mut stdin = Vec::new();
+        let (tx, mut rx) = mpsc::channel(8);
+        let (_atx, arx) = mpsc::channel(1);
+        peer_to_agent(&input[..], &mut stdin, tx, arx, 1024).await.unwrap();
+        assert_eq!(stdin, b"{\"id\":42}\n", "only the small line reaches the agent");
+        let err = lines(&rx.recv().await.unwrap());
+        assert_eq!(err[0]["id"], 41);
+        assert_eq!(err[0]["error"]["code"], jsonrpc::TOO_LARGE_REQUEST_CODE);
+    }
+
+    #[tokio::test]
+    async fn oversized_response_from_the_peer_becomes_an_error_for_the_agent() {
+        let big = format!("{{\"jsonrpc\":\"2.0\",\"id\":\"a-7\",\"result\":\"{}\"}}\n", "x".repeat(5000));
+        let mut stdin = Vec::new();
+        let (tx, mut rx) = mpsc::channel(8);
+        let (_atx, arx) = mpsc::channel(1);
+        peer_to_agent(big.as_bytes(), &mut stdin, tx, arx, 1024).await.unwrap();
+        let to_agent = lines(&stdin);
+        assert_eq!(to_agent[0]["id"], "a-7");
+        assert_eq!(to_agent[0]["error"]["code"], jsonrpc::TOO_LARGE_RESPONSE_CODE);
+        assert!(
+            lines(&rx.recv().await.unwrap())[0]["id"].is_null(),
+            "the peer's note carries no id of the agent's"
+        );
+    }
+
+    #[tokio::test]
+    async fn oversized_lines_from_the_agent() {
+        let resp = format!("{{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":\"{}\"}}\n", "r".repeat(3000));
+        let req = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":6,\"method\":\"fs/write\",\"params\":\"{}\"}}\n",
+            "q".repeat(3000)
+        );
+        let stdout = [resp.as_bytes(), req.as_bytes(), b"{\"after\":1}\n"].concat();
+        let (_tx, rx) = mpsc::channel(1);
+        let (atx, mut arx) = mpsc::channel(4);
+        let peer = agent_to_peer(&stdout[..], Vec::new(), rx, atx, 1024, "p", CancellationToken::new())
+            .await
+            .unwrap();
+        let got = lines(&peer);
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(
+            (got[0]["id"].as_i64(), got[0]["error"]["code"].as_i64()),
+            (Some(5), Some(jsonrpc::TOO_LARGE_RESPONSE_CODE))
+        );
+        assert_eq!(got[1]["after"], 1);
+        let to_agent = lines(&arx.recv().await.unwrap());
+        assert_eq!(
+            (to_agent[0]["id"].as_i64(), to_agent[0]["error"]["code"].as_i64()),
+            (Some(6), Some(jsonrpc::TOO_LARGE_REQUEST_CODE))
+        );
+    }
+
+    #[tokio::test]
+    async fn stop_returns_the_stream_with_whole_lines_only() {
+        let (mut w, r) = tokio::io::duplex(1024);
+        w.write_all(b"{\"a\":1}\n{\"b\":").await.unwrap();
+        let (_tx, rx) = mpsc::channel(1);
+        let (atx, _arx) = mpsc::channel(1);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move { agent_to_peer(r, Vec::new(), rx, atx, 1024, "p", stop).await }
+        });
+        tokio::task::yield_now().await;
+        stop.cancel();
+        let peer = task.await.unwrap().unwrap();
+        assert!(peer.is_empty() || peer == b"{\"a\":1}\n", "only whole lines: {peer:?}");
+        drop(w);
     }
 }

@@ -153,7 +153,7 @@ impl Bridge {
         info!("shutting down: ending {} connection(s)", tasks.len());
         self.shared.shutdown.cancel();
         while tasks.join_next().await.is_some() {}
-        let _ = tokio::time::timeout(crate::limits::ENDPOINT_CLOSE_TIMEOUT, self.endpoint.close()).await;
+        crate::net::close_endpoint(self.endpoint, crate::limits::ENDPOINT_CLOSE_TIMEOUT).await;
     }
 }
 

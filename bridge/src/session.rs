@@ -1,30 +1,41 @@
 //! One admitted connection: its stream, its agent process, and their lifecycle.
 //!
-//! Lifecycle is 1:1 and ends one of three ways:
-//! - the agent exits: we finish our send stream (so its last response is never
-//!   truncated), wait for the peer to take the data and close, and are done;
+//! Lifecycle is 1:1, and every way it ends is bounded in time:
+//! - the agent ends (closes its stdout, or exits): we finish our send stream so
+//!   its last response is never truncated, wait (bounded) until the peer has
+//!   acknowledged everything, then close with code 2 and how the agent ended
+//!   (`agent exited (code N)`, `agent killed by signal N (NAME)`). An agent that
+//!   exited while a process it started still holds its stdout, or that closed
+//!   its stdin but keeps running, is given a short, named time and then cut off;
 //! - the peer goes away (or is revoked, or the bridge shuts down): the agent is
-//!   terminated and reaped;
-//! - the peer breaks the framing (a line over the cap): the connection is closed
-//!   with a reason and the agent terminated.
+//!   terminated and reaped.
+//!
+//! Either way the agent's whole process group is killed at the end (whatever it
+//! left running goes too), the agent is reaped and its slot freed. Bad frames
+//! never end a session: the pump answers them (see [`crate::pump`]).
 
 use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use iroh::endpoint::{Connection, RecvStream, SendStream, VarInt};
-use thunderbolt_shared::{close, ndjson::MAX_FRAME_LEN};
+use thunderbolt_shared::{
+    close::{self, AgentEnd},
+    ndjson::MAX_FRAME_LEN,
+};
 use tokio::{
     io::AsyncReadExt,
     process::Child,
     sync::{mpsc, OwnedSemaphorePermit},
+    time::Instant,
 };
-use tokio_util::sync::CancellationToken;
+use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 use tracing::{debug, info, warn};
 
 use crate::{
     agent::{self, AgentCommand},
     limits,
     pump::{self, PumpError},
+    reaper,
 };
 
 /// Closes `conn` as a refusal with one of the contract's reasons.
@@ -55,7 +66,8 @@ impl SessionConfig {
 /// How a session ended, for the log.
 #[derive(Debug)]
 pub enum End {
-    AgentExited(Option<i32>),
+    /// The agent ended; `None` when its status could not be read.
+    AgentEnded(Option<AgentEnd>),
     PeerGone(String),
     Refused(String),
     Shutdown,
@@ -64,8 +76,8 @@ pub enum End {
 impl std::fmt::Display for End {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            End::AgentExited(Some(c)) => write!(f, "agent exited with code {c}"),
-            End::AgentExited(None) => write!(f, "agent exited"),
+            End::AgentEnded(Some(e)) => write!(f, "{e}"),
+            End::AgentEnded(None) => write!(f, "agent ended"),
             End::PeerGone(why) => write!(f, "peer gone ({why})"),
             End::Refused(reason) => write!(f, "closed: {reason}"),
             End::Shutdown => write!(f, "bridge shutting down"),
@@ -93,16 +105,33 @@ pub async fn run(
             return End::Refused(reason);
         }
     };
-    let pid = child.id();
-    info!(peer = %peer, pid, "agent started: {}", cfg.agent.redacted());
-    let end = pump_until_end(&conn, send, recv, &mut child, &cfg, &peer, &shutdown).await;
+    // The agent leads its own group: its pid is the group id, kept after the
+    // agent is reaped so the group can still be ended.
+    let pgid = child.id();
+    if let Some(pgid) = pgid {
+        reaper::track(pgid);
+    }
+    info!(peer = %peer, pid = pgid, "agent started: {}", cfg.agent.redacted());
+    let stderr =
+        child.stderr.take().map(|e| AbortOnDropHandle::new(tokio::spawn(log_stderr(e, peer.clone()))));
+    let end = drive(&conn, send, recv, &mut child, &cfg, &peer, &shutdown).await;
     agent::terminate(&mut child, cfg.term_grace).await;
+    if let Some(pgid) = pgid {
+        agent::kill_group(pgid, libc::SIGKILL);
+        reaper::untrack(pgid);
+    }
     drop(permit);
-    info!(peer = %peer, pid, "session ended: {end}");
+    if let Some(stderr) = stderr {
+        // What the agent wrote last is worth a moment; a process that escaped
+        // the group and holds stderr open is not worth more.
+        let _ = tokio::time::timeout(limits::STDERR_DRAIN, stderr).await;
+    }
+    info!(peer = %peer, pid = pgid, "session ended: {end}");
     end
 }
 
-async fn pump_until_end(
+/// Pumps both directions until the session's end, then ends it towards the peer.
+async fn drive(
     conn: &Connection,
     send: SendStream,
     recv: RecvStream,
@@ -113,93 +142,123 @@ async fn pump_until_end(
 ) -> End {
     let stdin = child.stdin.take().expect("stdin piped");
     let stdout = child.stdout.take().expect("stdout piped");
-    if let Some(stderr) = child.stderr.take() {
-        tokio::spawn(log_stderr(stderr, peer.to_string()));
-    }
     let (reply_tx, reply_rx) = mpsc::channel::<Bytes>(REPLY_QUEUE);
+    let (agent_tx, agent_rx) = mpsc::channel::<Bytes>(REPLY_QUEUE);
 
     // Peer → agent runs on its own: its normal end (peer finished sending) is not
     // the end of the session; only its errors are.
     let max = cfg.max_frame;
     let (inbound_err_tx, mut inbound_err) = mpsc::channel::<PumpError>(1);
-    let inbound = tokio::spawn(async move {
-        // The agent's stdin stays open until the error is queued: closing it lets
-        // the agent exit, and that must not be mistaken for a normal end.
+    let _inbound = AbortOnDropHandle::new(tokio::spawn(async move {
         let mut stdin = stdin;
-        if let Err(e) = pump::peer_to_agent(recv, &mut stdin, reply_tx, max).await {
+        if let Err(e) = pump::peer_to_agent(recv, &mut stdin, reply_tx, agent_rx, max).await {
             let _ = inbound_err_tx.send(e).await;
         }
-        drop(stdin);
-    });
-    let _inbound_guard = AbortOnDrop(inbound);
+    }));
 
-    let outbound = pump::agent_to_peer(stdout, send, reply_rx, max, peer);
+    let stop_reading = CancellationToken::new();
+    let outbound = pump::agent_to_peer(stdout, send, reply_rx, agent_tx, max, peer, stop_reading.clone());
     tokio::pin!(outbound);
 
-    tokio::select! {
-        // Errors first: when the peer broke the framing, the agent exiting as a
-        // consequence is not the session's normal end.
-        biased;
-        Some(e) = inbound_err.recv() => inbound_failed(e, conn, outbound, child, cfg, peer).await,
-        res = &mut outbound => {
-            let mut send = match res {
-                Ok(send) => send,
-                Err(e @ PumpError::TooLong(..)) => return frame_too_large(conn, peer, e),
-                Err(e) => return peer_gone(conn, e),
-            };
-            // Agent closed stdout: finish at once so the peer gets everything, give
-            // the agent a moment to exit on its own, then the peer time to close.
-            let _ = send.finish();
-            let status = tokio::time::timeout(limits::AGENT_EXIT_AFTER_EOF, child.wait()).await;
-            let code = status.ok().and_then(|s| s.ok()).and_then(|s| s.code());
-            let linger = async {
-                let _ = send.stopped().await;
-                conn.closed().await;
-            };
-            if tokio::time::timeout(cfg.finish_linger, linger).await.is_err() {
-                debug!(peer = %peer, "peer did not close within {:?} after the agent ended", cfg.finish_linger);
+    let mut status: Option<Option<AgentEnd>> = None;
+    // Once set, the agent's output is cut off at this instant.
+    let mut cut_off: Option<Instant> = None;
+    let mut send = loop {
+        let deadline = async {
+            match cut_off {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
             }
-            End::AgentExited(code)
+        };
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => {
+                refuse(conn, close::REASON_SHUTTING_DOWN);
+                return End::Shutdown;
+            }
+            err = conn.closed() => return End::PeerGone(err.to_string()),
+            Some(e) = inbound_err.recv() => match e {
+                PumpError::Write(..) => {
+                    debug!(peer = %peer, "the agent's stdin is closed");
+                    cut_off.get_or_insert(Instant::now() + limits::AGENT_EXIT_AFTER_EOF);
+                }
+                e => return peer_gone(conn, e),
+            },
+            s = child.wait(), if status.is_none() => {
+                status = Some(s.ok().and_then(agent::end_of));
+                let drain = Instant::now() + limits::STDOUT_DRAIN_AFTER_EXIT;
+                cut_off = Some(cut_off.map_or(drain, |c| c.min(drain)));
+            }
+            res = &mut outbound => match res {
+                Ok(send) => break send,
+                Err(e) => return peer_gone(conn, e),
+            },
+            _ = deadline => {
+                match status {
+                    Some(_) => warn!(
+                        peer = %peer,
+                        "the agent exited but its stdout is still open (held by a process it started); \
+                         ending the session"
+                    ),
+                    None => warn!(
+                        peer = %peer,
+                        "the agent closed its stdin but kept running for {:?}; ending it",
+                        limits::AGENT_EXIT_AFTER_EOF
+                    ),
+                }
+                cut_off = None;
+                stop_reading.cancel();
+            }
         }
-        err = conn.closed() => End::PeerGone(err.to_string()),
+    };
+
+    // Everything the agent said is handed to the stream: finish at once so the
+    // peer gets it all, then learn how the agent ended.
+    let _ = send.finish();
+    let status = match status {
+        Some(s) => s,
+        None => {
+            let wait = tokio::time::timeout(limits::AGENT_EXIT_AFTER_EOF, child.wait());
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => {
+                    refuse(conn, close::REASON_SHUTTING_DOWN);
+                    return End::Shutdown;
+                }
+                err = conn.closed() => return End::PeerGone(err.to_string()),
+                r = wait => match r {
+                    Ok(s) => s.ok().and_then(agent::end_of),
+                    Err(_) => {
+                        debug!(peer = %peer, "the agent closed its stdout but did not exit; ending it");
+                        agent::terminate(child, cfg.term_grace).await;
+                        child.try_wait().ok().flatten().and_then(agent::end_of)
+                    }
+                },
+            }
+        }
+    };
+
+    // Let the peer take the data, then tell it how the agent ended (a peer
+    // that closes first, as clients that predate the close did, ends it too).
+    let delivered = async {
+        let _ = send.stopped().await;
+    };
+    tokio::select! {
+        biased;
         _ = shutdown.cancelled() => {
             refuse(conn, close::REASON_SHUTTING_DOWN);
-            End::Shutdown
+            return End::Shutdown;
         }
-    }
-}
-
-/// A line over the frame cap: the session ends with a reason.
-fn frame_too_large(conn: &Connection, peer: &str, e: PumpError) -> End {
-    warn!(peer = %peer, "{e}; ending the session");
-    refuse(conn, close::REASON_FRAME_TOO_LARGE);
-    End::Refused(close::REASON_FRAME_TOO_LARGE.into())
-}
-
-/// The peer → agent direction failed.
-async fn inbound_failed<F>(
-    e: PumpError,
-    conn: &Connection,
-    outbound: std::pin::Pin<&mut F>,
-    child: &mut Child,
-    cfg: &SessionConfig,
-    peer: &str,
-) -> End
-where
-    F: std::future::Future<Output = Result<SendStream, PumpError>>,
-{
-    match e {
-        e @ PumpError::TooLong(..) => frame_too_large(conn, peer, e),
-        // Agent stdin closed: the agent is exiting; let outbound finish the session.
-        PumpError::Write(..) => {
-            if let Ok(mut send) = outbound.await {
-                let _ = send.finish();
-                let _ = tokio::time::timeout(cfg.finish_linger, conn.closed()).await;
+        _ = conn.closed() => {}
+        r = tokio::time::timeout(cfg.finish_linger, delivered) => {
+            if r.is_err() {
+                debug!(peer = %peer, "peer did not take the agent's last output within {:?}", cfg.finish_linger);
             }
-            End::AgentExited(child.try_wait().ok().flatten().and_then(|s| s.code()))
+            let reason = status.map_or_else(|| "agent ended".to_string(), |s| s.reason());
+            conn.close(VarInt::from_u32(close::CLOSE_CODE_AGENT_ENDED), reason.as_bytes());
         }
-        e => peer_gone(conn, e),
     }
+    End::AgentEnded(status)
 }
 
 /// The peer went away; the connection's close reason (e.g. the client's
@@ -208,17 +267,9 @@ fn peer_gone(conn: &Connection, e: PumpError) -> End {
     End::PeerGone(conn.close_reason().map(|r| r.to_string()).unwrap_or_else(|| e.to_string()))
 }
 
-/// Parse errors queued for the peer while the agent's output is being written.
-/// A small bound: a peer flooding garbage is slowed down, not buffered.
+/// Bridge-written lines queued for either side (parse and size errors). A small
+/// bound: a peer flooding garbage is slowed down, not buffered.
 const REPLY_QUEUE: usize = 64;
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// Agent stderr goes to our log, line by line, tagged with the peer; never to
 /// the peer. Lines are cut at [`limits::MAX_STDERR_LINE`] so memory stays bounded.

@@ -187,9 +187,10 @@ test("errors are typed: bad input, wrong protocol, bad frames, dial timeout", as
     try { await client.connectProtocol(ticket, "Bad Name"); } catch (e) { out.protocol = e.kind; }
     try { await client.connectProtocol(ticket, "mcp"); } catch (e) { out.alpn = e.kind; }
     // Frames the framed API must refuse before anything is sent.
-    const conn = await client.connectProtocol(ticket, "acp");
+    const conn = await client.connectProtocol(ticket, "acp", undefined, 64 * 1024);
     try { await conn.send("not json"); } catch (e) { out.notJson = e.kind; }
-    try { await conn.send({ big: "x".repeat(16 * 1024 * 1024) }); } catch (e) { out.tooBig = e.kind; }
+    try { await conn.send({ big: "x".repeat(100 * 1024) }); } catch (e) { out.tooBig = e.kind; }
+    try { await client.connectProtocol(ticket, "acp", undefined, 10); } catch (e) { out.tinyFrame = e.kind; }
     await conn.send({ jsonrpc: "2.0", id: 9, method: "initialize", params: { protocolVersion: 1 } });
     out.stillWorks = (await conn.messages().getReader().read()).value.id;
     conn.close();
@@ -199,7 +200,7 @@ test("errors are typed: bad input, wrong protocol, bad frames, dial timeout", as
     return out;
   }, bridge.ticket);
   assert.deepEqual(r, {
-    input: "input", protocol: "input", alpn: "alpn", notJson: "frame", tooBig: "frame", stillWorks: 9,
+    input: "input", protocol: "input", alpn: "alpn", notJson: "frame", tooBig: "frame", tinyFrame: "input", stillWorks: 9,
     timeout: "timeout", retryable: true,
   });
 });

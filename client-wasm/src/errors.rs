@@ -1,7 +1,7 @@
 //! How a failure is reported to JavaScript: a kind the app can switch on, plus
 //! the bridge's close code and reason when the bridge closed the connection.
 
-use thunderbolt_shared::close::{is_alpn_refusal, Refusal};
+use thunderbolt_shared::close::{is_alpn_refusal, AgentEnd, Refusal};
 
 /// Default bound on a dial: covers a cold relay connection on a slow link.
 pub const DEFAULT_DIAL_TIMEOUT_MS: u32 = 30_000;
@@ -11,6 +11,9 @@ pub const DEFAULT_DIAL_TIMEOUT_MS: u32 = 30_000;
 pub enum ErrorKind {
     /// The bridge (or the client) closed the connection with a code and reason.
     Closed { code: u64, reason: String },
+    /// The agent ended other than with exit code 0; the bridge said how (close
+    /// code 2, after the agent's last byte was delivered).
+    Agent(AgentEnd),
     /// The dial did not complete within its timeout.
     Timeout,
     /// The peer does not speak the requested ALPN (e.g. an MCP bridge dialed as ACP).
@@ -27,6 +30,7 @@ impl ErrorKind {
     pub fn name(&self) -> &'static str {
         match self {
             ErrorKind::Closed { .. } => "closed",
+            ErrorKind::Agent(_) => "agent",
             ErrorKind::Timeout => "timeout",
             ErrorKind::Alpn => "alpn",
             ErrorKind::Frame => "frame",
@@ -41,7 +45,8 @@ impl ErrorKind {
             ErrorKind::Closed { code, reason } => {
                 Refusal::from_close(*code, reason.as_bytes()).is_none_or(|r| r.is_retryable())
             }
-            ErrorKind::Timeout | ErrorKind::Network => true,
+            // A new session starts a new agent.
+            ErrorKind::Agent(_) | ErrorKind::Timeout | ErrorKind::Network => true,
             ErrorKind::Alpn | ErrorKind::Frame | ErrorKind::Input => false,
         }
     }
@@ -71,5 +76,6 @@ mod tests {
         assert!(ErrorKind::Closed { code: 1, reason: "bridge at capacity".into() }.retryable());
         assert_eq!(classify_text("peer doesn't support any known protocol"), ErrorKind::Alpn);
         assert!(ErrorKind::Timeout.retryable());
+        assert_eq!(ErrorKind::Agent(AgentEnd::Signaled(9)).name(), "agent");
     }
 }

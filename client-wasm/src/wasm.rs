@@ -12,7 +12,7 @@ use js_sys::{Error as JsError, Object, Promise, Reflect, Uint8Array};
 use thunderbolt_shared::{
     close,
     jsonrpc::is_json,
-    ndjson::{encode_frame, is_blank, LineFramer, MAX_FRAME_LEN},
+    ndjson::{encode_frame, is_blank, LineFramer, MAX_FRAME_LEN, MIN_FRAME_LEN},
     Protocol, Target,
 };
 use wasm_bindgen::prelude::*;
@@ -23,6 +23,11 @@ use crate::errors::{classify_text, ErrorKind, DEFAULT_DIAL_TIMEOUT_MS};
 /// Bytes asked for per read: large enough for bulk transfers, small enough to
 /// keep each JS chunk cheap.
 const READ_CHUNK: usize = 256 * 1024;
+
+/// After the bridge finished its stream, how long a reader waits for it to say
+/// how the agent ended (ours closes one round trip later; an older bridge never
+/// does, and the stream then simply ends).
+const AGENT_END_WAIT: Duration = Duration::from_secs(5);
 
 fn set(obj: &JsValue, key: &str, value: JsValue) {
     let _ = Reflect::set(obj, &JsValue::from_str(key), &value);
@@ -35,17 +40,34 @@ fn js_error(kind: &ErrorKind, message: &str) -> JsValue {
     let v: JsValue = e.into();
     set(&v, "kind", kind.name().into());
     set(&v, "retryable", kind.retryable().into());
-    if let ErrorKind::Closed { code, reason } = kind {
-        set(&v, "code", JsValue::from_f64(*code as f64));
-        set(&v, "reason", reason.as_str().into());
+    match kind {
+        ErrorKind::Closed { code, reason } => {
+            set(&v, "code", JsValue::from_f64(*code as f64));
+            set(&v, "reason", reason.as_str().into());
+        }
+        ErrorKind::Agent(end) => set_agent_end(&v, end),
+        _ => {}
     }
     v
+}
+
+/// `code` 2, `reason`, and `exitCode` or `signal`.
+fn set_agent_end(v: &JsValue, end: &close::AgentEnd) {
+    set(v, "code", JsValue::from_f64(close::CLOSE_CODE_AGENT_ENDED as f64));
+    set(v, "reason", end.reason().into());
+    match *end {
+        close::AgentEnd::Exited(c) => set(v, "exitCode", JsValue::from_f64(c as f64)),
+        close::AgentEnd::Signaled(s) => set(v, "signal", JsValue::from_f64(s as f64)),
+    }
 }
 
 fn conn_error(err: &ConnectionError) -> JsValue {
     match err {
         ConnectionError::ApplicationClosed(ac) => {
             let code = ac.error_code.into_inner();
+            if let Some(end) = close::AgentEnd::from_close(code, &ac.reason) {
+                return js_error(&ErrorKind::Agent(end), &end.describe());
+            }
             let reason = String::from_utf8_lossy(&ac.reason).into_owned();
             let msg = format!("the bridge closed the connection: {reason} (code {code})");
             js_error(&ErrorKind::Closed { code, reason }, &msg)
@@ -153,13 +175,27 @@ impl IrohClient {
 
     /// Dials `target` for a protocol by name (`acp`, `mcp`): the ALPN is derived
     /// (`thunderbolt/<protocol>/0`) and messages are framed as ndjson.
+    /// `maxFrame`: the longest message sent or received, in bytes (default
+    /// 32 MiB, the ACP SDK's own limit; set it to what the bridge's
+    /// `--max-frame` is).
     #[wasm_bindgen(js_name = connectProtocol, unchecked_return_type = "Promise<FramedConnection>")]
-    pub fn connect_protocol(&self, target: String, protocol: String, timeout_ms: Option<u32>) -> Promise {
+    pub fn connect_protocol(
+        &self,
+        target: String,
+        protocol: String,
+        timeout_ms: Option<u32>,
+        max_frame: Option<u32>,
+    ) -> Promise {
         let inner = self.inner.clone();
         future_to_promise(async move {
             let p: Protocol = protocol.parse().map_err(input_error)?;
+            let max_frame = match max_frame {
+                None => MAX_FRAME_LEN,
+                Some(n) if n >= MIN_FRAME_LEN as u32 => n as usize,
+                Some(n) => return Err(input_error(format!("maxFrame {n} is below {MIN_FRAME_LEN} bytes"))),
+            };
             let c = dial(&inner, &target, p.alpn(), timeout_ms).await?;
-            Ok(FramedConnection { inner: c }.into())
+            Ok(FramedConnection { inner: c, max_frame }.into())
         })
     }
 
@@ -229,7 +265,9 @@ impl ConnInner {
         self.recv.borrow_mut().take().ok_or_else(|| input_error("the stream can only be read once"))
     }
 
-    /// A stream of byte chunks; ends when the bridge finished its side.
+    /// A stream of byte chunks; ends when the bridge finished its side. If
+    /// the bridge then says the agent failed (a non-zero exit code, a
+    /// signal), the stream errors with `kind: "agent"` after the last chunk.
     fn chunks(self: &Rc<Self>) -> Result<impl futures::Stream<Item = Result<Vec<u8>, JsValue>>, JsValue> {
         let recv = self.take_recv()?;
         let me = self.clone();
@@ -237,13 +275,32 @@ impl ConnInner {
             let (mut recv, me) = state?;
             match recv.read_chunk(READ_CHUNK).await {
                 Ok(Some(chunk)) => Some((Ok(chunk.to_vec()), Some((recv, me)))),
-                Ok(None) => None,
-                Err(e) => {
-                    let err = op_error(&me.conn, e);
-                    Some((Err(err), None))
-                }
+                Ok(None) => me.agent_failure().await.map(|e| (Err(e), None)),
+                Err(e) => match me.conn.close_reason() {
+                    // The agent's end was announced: what came before it was everything.
+                    Some(ConnectionError::ApplicationClosed(ac))
+                        if close::AgentEnd::from_close(ac.error_code.into_inner(), &ac.reason)
+                            .is_some_and(|end| end.is_success()) =>
+                    {
+                        None
+                    }
+                    _ => Some((Err(op_error(&me.conn, e)), None)),
+                },
             }
         }))
+    }
+
+    /// At the end of the bridge's stream: the typed error when the bridge says
+    /// the agent failed; `None` when it exited 0 or nothing was said in time.
+    async fn agent_failure(&self) -> Option<JsValue> {
+        let err = n0_future::time::timeout(AGENT_END_WAIT, self.conn.closed()).await.ok()?;
+        match &err {
+            ConnectionError::ApplicationClosed(ac) => {
+                let end = close::AgentEnd::from_close(ac.error_code.into_inner(), &ac.reason)?;
+                (!end.is_success()).then(|| js_error(&ErrorKind::Agent(end), &end.describe()))
+            }
+            _ => None,
+        }
     }
 
     fn close(&self) {
@@ -258,9 +315,17 @@ impl ConnInner {
             let v: JsValue = Object::new().into();
             match &err {
                 ConnectionError::ApplicationClosed(ac) => {
-                    set(&v, "kind", "closed".into());
-                    set(&v, "code", JsValue::from_f64(ac.error_code.into_inner() as f64));
-                    set(&v, "reason", String::from_utf8_lossy(&ac.reason).as_ref().into());
+                    match close::AgentEnd::from_close(ac.error_code.into_inner(), &ac.reason) {
+                        Some(end) => {
+                            set(&v, "kind", "agent".into());
+                            set_agent_end(&v, &end);
+                        }
+                        None => {
+                            set(&v, "kind", "closed".into());
+                            set(&v, "code", JsValue::from_f64(ac.error_code.into_inner() as f64));
+                            set(&v, "reason", String::from_utf8_lossy(&ac.reason).as_ref().into());
+                        }
+                    }
                 }
                 ConnectionError::LocallyClosed => {
                     set(&v, "kind", "closed".into());
@@ -304,8 +369,9 @@ macro_rules! session_controls {
                 self.inner.close();
             }
 
-            /// Resolves with `{kind, code, reason}` when the connection closes.
-            #[wasm_bindgen(unchecked_return_type = "Promise<{kind: string, code?: number, reason: string}>")]
+            /// Resolves with `{kind, code, reason}` when the connection closes. After the
+            /// agent ended: `kind: "agent"`, code 2, and `exitCode` or `signal`.
+            #[wasm_bindgen(unchecked_return_type = "Promise<{kind: string, code?: number, reason: string, exitCode?: number, signal?: number}>")]
             pub fn closed(&self) -> Promise {
                 self.inner.closed()
             }
@@ -347,15 +413,17 @@ impl IrohConnection {
 #[wasm_bindgen]
 pub struct FramedConnection {
     inner: Rc<ConnInner>,
+    max_frame: usize,
 }
 
 #[wasm_bindgen]
 impl FramedConnection {
     /// Sends one message: an object (serialized with `JSON.stringify`) or a
-    /// string holding one JSON value. Frames over 16 MiB are rejected.
+    /// string holding one JSON value. Frames over `maxFrame` are rejected.
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn send(&self, message: JsValue) -> Promise {
         let inner = self.inner.clone();
+        let max_frame = self.max_frame;
         future_to_promise(async move {
             let text = match message.as_string() {
                 Some(s) => {
@@ -370,7 +438,7 @@ impl FramedConnection {
                     .ok_or_else(|| js_error(&ErrorKind::Frame, "the message serializes to nothing"))?,
             };
             let mut buf = bytes::BytesMut::new();
-            encode_frame(text.trim().as_bytes(), &mut buf, MAX_FRAME_LEN)
+            encode_frame(text.trim().as_bytes(), &mut buf, max_frame)
                 .map_err(|e| js_error(&ErrorKind::Frame, &e.to_string()))?;
             inner.write(&buf).await?;
             Ok(JsValue::UNDEFINED)
@@ -378,14 +446,14 @@ impl FramedConnection {
     }
 
     /// The messages from the bridge, parsed, as a `ReadableStream<any>`. Can be
-    /// taken once. A frame over 16 MiB or a line that is not JSON errors the
+    /// taken once. A frame over `maxFrame` or a line that is not JSON errors the
     /// stream (and closes the session).
     #[wasm_bindgen(unchecked_return_type = "ReadableStream<any>")]
     pub fn messages(&self) -> Result<web_sys::ReadableStream, JsValue> {
         let chunks = self.inner.chunks()?;
         let inner = self.inner.clone();
         let framed = futures::stream::unfold(
-            (Box::pin(chunks), LineFramer::new(MAX_FRAME_LEN), std::collections::VecDeque::new(), false),
+            (Box::pin(chunks), LineFramer::new(self.max_frame), std::collections::VecDeque::new(), false),
             move |(mut chunks, mut framer, mut ready, mut done)| {
                 let inner = inner.clone();
                 async move {

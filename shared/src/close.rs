@@ -1,13 +1,22 @@
-//! How a bridge ends a connection it refuses, and how a client reads that back.
+//! How a bridge ends a connection, and how a client reads that back.
 //!
 //! Every active refusal is a QUIC application close with code
 //! [`CLOSE_CODE_REFUSED`] and one of the reasons below, byte for byte: clients
 //! (including apps written against the reference bridge) match on these strings.
+//!
+//! When the agent ends, the bridge finishes its stream (the peer gets every
+//! byte), waits until the peer has acknowledged all of it, and then closes with
+//! [`CLOSE_CODE_AGENT_ENDED`] and a reason saying how the agent ended
+//! ([`AgentEnd`]): `agent exited (code N)` or `agent killed by signal N (SIGNAME)`.
+//! A client that ignores close reasons sees exactly the bytes it saw before.
 
 /// Application close code for every refusal by the bridge.
 pub const CLOSE_CODE_REFUSED: u32 = 1;
 /// Application close code a client uses to end a session normally.
 pub const CLOSE_CODE_CLIENT: u32 = 0;
+/// Application close code the bridge uses after the agent ended and the peer
+/// has all of its output; the reason is an [`AgentEnd`].
+pub const CLOSE_CODE_AGENT_ENDED: u32 = 2;
 
 pub const REASON_NOT_ALLOWLISTED: &str = "not allowlisted";
 pub const REASON_IDLE: &str = "idle: no data stream opened";
@@ -16,7 +25,9 @@ pub const REASON_MEMBERSHIP_REVOKED: &str = "membership revoked";
 pub const REASON_HANDSHAKE_TIMEOUT: &str = "handshake timed out";
 /// Sent by clients on a normal close.
 pub const REASON_CLIENT_CLOSED: &str = "client closed";
-/// Ours, not in the reference: a peer sent a line longer than the frame cap.
+/// Sent by bridges before 2026-11 when a peer sent a line longer than the frame
+/// cap; today such a line costs only itself (a JSON-RPC error), but clients
+/// still recognise the reason.
 pub const REASON_FRAME_TOO_LARGE: &str = "frame too large";
 /// Ours: the bridge is shutting down (Ctrl-C / SIGTERM).
 pub const REASON_SHUTTING_DOWN: &str = "bridge shutting down";
@@ -38,6 +49,95 @@ pub fn is_alpn_refusal(error_text: &str) -> bool {
         || t.contains("known protocol")
         || t.contains("error 120")
         || t.contains("no_application_protocol")
+}
+
+/// How the agent process ended, as carried in the close reason after its last byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentEnd {
+    /// Exited on its own with this code.
+    Exited(i32),
+    /// Killed by this signal number.
+    Signaled(i32),
+}
+
+const EXITED_PREFIX: &str = "agent exited (code ";
+const SIGNALED_PREFIX: &str = "agent killed by signal ";
+
+impl AgentEnd {
+    /// Reads a close back: `None` unless `code` is [`CLOSE_CODE_AGENT_ENDED`]
+    /// with a reason of this form.
+    pub fn from_close(code: u64, reason: &[u8]) -> Option<Self> {
+        if code != CLOSE_CODE_AGENT_ENDED as u64 {
+            return None;
+        }
+        let reason = std::str::from_utf8(reason).ok()?;
+        if let Some(rest) = reason.strip_prefix(EXITED_PREFIX) {
+            return rest.strip_suffix(')')?.parse().ok().map(Self::Exited);
+        }
+        let rest = reason.strip_prefix(SIGNALED_PREFIX)?;
+        let num = rest.split(' ').next()?;
+        num.parse().ok().map(Self::Signaled)
+    }
+
+    /// Whether the agent finished cleanly (exit code 0).
+    pub fn is_success(&self) -> bool {
+        *self == Self::Exited(0)
+    }
+
+    /// The reason string as sent on the wire.
+    pub fn reason(&self) -> String {
+        match *self {
+            Self::Exited(code) => format!("{EXITED_PREFIX}{code})"),
+            Self::Signaled(sig) => match signal_name(sig) {
+                Some(name) => format!("{SIGNALED_PREFIX}{sig} ({name})"),
+                None => format!("{SIGNALED_PREFIX}{sig}"),
+            },
+        }
+    }
+}
+
+impl AgentEnd {
+    /// One line for a person, naming the code or the signal.
+    pub fn describe(&self) -> String {
+        match *self {
+            Self::Exited(code) => format!("the agent exited with code {code}"),
+            Self::Signaled(sig) => match signal_name(sig) {
+                Some(name) => format!("the agent was killed by signal {sig} ({name})"),
+                None => format!("the agent was killed by signal {sig}"),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for AgentEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason())
+    }
+}
+
+/// Names of the signals an agent is commonly ended by (Linux numbering, which
+/// is also what every bridge host we support uses for these).
+pub fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        5 => "SIGTRAP",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        10 => "SIGUSR1",
+        11 => "SIGSEGV",
+        12 => "SIGUSR2",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        24 => "SIGXCPU",
+        25 => "SIGXFSZ",
+        _ => return None,
+    })
 }
 
 /// A bridge's refusal as a client sees it.
@@ -82,6 +182,31 @@ impl Refusal {
     /// something first (an allow entry, the command line).
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Idle | Self::AtCapacity | Self::HandshakeTimeout | Self::ShuttingDown)
+    }
+
+    /// Whether the bridge turned the connection away before any session ran
+    /// (the others end a session that was admitted).
+    pub fn is_admission(&self) -> bool {
+        matches!(
+            self,
+            Self::NotAllowlisted
+                | Self::Idle
+                | Self::AtCapacity
+                | Self::HandshakeTimeout
+                | Self::FailedToSpawn(_)
+        )
+    }
+
+    /// One line for a person: "refused" only for refusals.
+    pub fn describe(&self) -> String {
+        match self {
+            r if r.is_admission() => format!("the bridge refused the connection: {r}"),
+            Self::FrameTooLarge => {
+                format!("the bridge ended the session: {} (a message over its frame limit)", self.reason())
+            }
+            Self::Other(r) => format!("the bridge closed the connection: {r}"),
+            r => format!("the bridge ended the session: {r}"),
+        }
     }
 
     /// The reason string as sent on the wire.
@@ -133,6 +258,34 @@ mod tests {
             "the cryptographic handshake failed: error 120: peer doesn't support any known protocol"
         ));
         assert!(!is_alpn_refusal("connection timed out"));
+    }
+
+    #[test]
+    fn agent_end_round_trips() {
+        for end in [
+            AgentEnd::Exited(0),
+            AgentEnd::Exited(3),
+            AgentEnd::Exited(-1),
+            AgentEnd::Signaled(9),
+            AgentEnd::Signaled(64),
+        ] {
+            assert_eq!(AgentEnd::from_close(2, end.reason().as_bytes()), Some(end));
+        }
+        assert_eq!(AgentEnd::Exited(3).reason(), "agent exited (code 3)");
+        assert_eq!(AgentEnd::Signaled(9).reason(), "agent killed by signal 9 (SIGKILL)");
+        assert_eq!(AgentEnd::from_close(1, b"agent exited (code 3)"), None);
+        assert_eq!(AgentEnd::from_close(2, b"something else"), None);
+        assert!(AgentEnd::Exited(0).is_success() && !AgentEnd::Signaled(15).is_success());
+        assert_eq!(Refusal::from_close(2, b"agent exited (code 0)"), None);
+    }
+
+    #[test]
+    fn descriptions_say_refused_only_for_refusals() {
+        assert_eq!(Refusal::NotAllowlisted.describe(), "the bridge refused the connection: not allowlisted");
+        assert!(!Refusal::ShuttingDown.describe().contains("refused"));
+        assert!(!Refusal::MembershipRevoked.describe().contains("refused"));
+        assert!(!Refusal::FrameTooLarge.describe().contains("refused"));
+        assert_eq!(AgentEnd::Signaled(9).describe(), "the agent was killed by signal 9 (SIGKILL)");
     }
 
     #[test]

@@ -1,16 +1,224 @@
-//! The few JSON-RPC messages the bridge itself writes.
+//! The few JSON-RPC messages the bridge itself writes, and what it reads of the
+//! messages it forwards.
+//!
+//! The bridge never parses a message it forwards into a value: it checks that
+//! the line is exactly one valid UTF-8 JSON value ([`is_json`]) and, for a line
+//! over the frame cap that it must drop, reads just enough of the line's first
+//! bytes ([`peek_head`]) to answer whoever would otherwise wait for it.
+//!
+//! Errors the bridge writes (each a whole line, `\n` included):
+//!
+//! | when | code | to |
+//! |---|---|---|
+//! | a line that is not one UTF-8 JSON value | -32700 `Parse error`, `id: null` | its sender (peer only; an agent's noise is dropped) |
+//! | a request over the frame cap | -32600 [`TOO_LARGE_REQUEST_CODE`], the request's `id` or `null` | its sender |
+//! | a response over the frame cap | -32603 [`TOO_LARGE_RESPONSE_CODE`], the response's `id` | the side waiting for it |
 
 /// JSON-RPC 2.0 "Parse error".
 pub const PARSE_ERROR_CODE: i64 = -32700;
+
+/// JSON-RPC 2.0 "Invalid Request": what the sender of a request over the frame
+/// cap gets back (the request never reached the other side).
+pub const TOO_LARGE_REQUEST_CODE: i64 = -32600;
+
+/// JSON-RPC 2.0 "Internal error": what the side waiting for a response gets
+/// when the response was over the frame cap and dropped on the way.
+pub const TOO_LARGE_RESPONSE_CODE: i64 = -32603;
 
 /// The line (with its `\n`) the bridge answers a non-JSON line from the peer with.
 /// The id is `null` because an unparsable request has no id we could echo.
 pub const PARSE_ERROR_LINE: &[u8] =
     b"{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32700,\"message\":\"Parse error\"}}\n";
 
-/// Whether `line` is exactly one JSON value (surrounding whitespace allowed).
+/// Whether `line` is exactly one JSON value (surrounding whitespace allowed) in
+/// valid UTF-8. serde_json skips string contents it is told to ignore without
+/// checking their encoding, so UTF-8 is checked first, over the whole line
+/// (std's check runs at memory speed on ASCII).
 pub fn is_json(line: &[u8]) -> bool {
-    serde_json::from_slice::<serde::de::IgnoredAny>(line).is_ok()
+    match std::str::from_utf8(line) {
+        Ok(text) => serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// What a message is, as far as its first bytes tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Has `method` and `id`: someone waits for its response.
+    Request,
+    /// Has `method`, and `id` was not seen.
+    Notification,
+    /// Has `result` or `error`.
+    Response,
+    /// None of those keys was seen in the bytes available.
+    Unknown,
+}
+
+/// The head of a message: its kind and its `id` as raw JSON text, when they can
+/// be read from the bytes available.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub kind: Kind,
+    /// The `id` value exactly as written (a JSON number or string), if seen.
+    pub id: Option<String>,
+}
+
+/// Reads the top-level keys of a JSON object from a (possibly cut) prefix of
+/// it: `id`, `method`, `result`, `error`. Stops at the first thing it cannot
+/// read; never fails. Used for lines too large to keep, so it looks only at the
+/// bytes it is given.
+pub fn peek_head(prefix: &[u8]) -> Head {
+    let mut s = Scan { b: prefix, i: 0 };
+    let (mut id, mut method, mut response) = (None, false, false);
+    let _ = (|| -> Option<()> {
+        s.ws();
+        s.eat(b'{')?;
+        loop {
+            s.ws();
+            if s.peek()? == b'}' {
+                return None;
+            }
+            let key = s.string()?;
+            s.ws();
+            s.eat(b':')?;
+            s.ws();
+            // The key alone tells the kind: its value may be the part that was cut.
+            match key {
+                b"method" => method = true,
+                b"result" | b"error" => response = true,
+                _ => {}
+            }
+            let start = s.i;
+            s.value()?;
+            if key == b"id" {
+                id = valid_id(&prefix[start..s.i]);
+            }
+            s.ws();
+            if s.peek()? == b',' {
+                s.i += 1;
+            } else {
+                return None;
+            }
+        }
+    })();
+    let kind = match (method, response, id.is_some()) {
+        (true, _, true) => Kind::Request,
+        (true, _, false) => Kind::Notification,
+        (false, true, _) => Kind::Response,
+        _ => Kind::Unknown,
+    };
+    Head { kind, id }
+}
+
+/// An id worth echoing: a JSON number or string (JSON-RPC allows no other), as text.
+fn valid_id(raw: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(raw).ok()?;
+    (v.is_number() || v.is_string()).then(|| String::from_utf8_lossy(raw).into_owned())
+}
+
+/// A forgiving cursor over JSON bytes: every method returns `None` when the
+/// input ends or is not what it expects.
+struct Scan<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Scan<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\r' | b'\n')) {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> Option<()> {
+        (self.peek()? == c).then(|| self.i += 1)
+    }
+
+    /// A string; returns its raw content between the quotes.
+    fn string(&mut self) -> Option<&'a [u8]> {
+        self.eat(b'"')?;
+        let start = self.i;
+        loop {
+            match self.peek()? {
+                b'"' => {
+                    self.i += 1;
+                    return Some(&self.b[start..self.i - 1]);
+                }
+                b'\\' => self.i += 2,
+                _ => self.i += 1,
+            }
+        }
+    }
+
+    /// Skips one value of any kind (nested containers counted, strings honoured).
+    fn value(&mut self) -> Option<()> {
+        match self.peek()? {
+            b'"' => self.string().map(|_| ()),
+            b'{' | b'[' => {
+                let mut depth = 0usize;
+                loop {
+                    match self.peek()? {
+                        b'"' => {
+                            self.string()?;
+                            continue;
+                        }
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                self.i += 1;
+                                return Some(());
+                            }
+                        }
+                        _ => {}
+                    }
+                    self.i += 1;
+                }
+            }
+            _ => {
+                // number, true, false, null: up to the next delimiter, which must be there.
+                let start = self.i;
+                while !matches!(self.peek()?, b',' | b'}' | b']' | b' ' | b'\t' | b'\r' | b'\n') {
+                    self.i += 1;
+                }
+                (self.i > start).then_some(())
+            }
+        }
+    }
+}
+
+/// An error response line (with its `\n`): `id` is raw JSON text, `None` for `null`.
+pub fn error_line(id: Option<&str>, code: i64, message: &str, limit: usize) -> Vec<u8> {
+    let msg = serde_json::to_string(message).unwrap_or_else(|_| "\"error\"".into());
+    format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{},\"error\":{{\"code\":{code},\"message\":{msg},\"data\":{{\"limit\":{limit}}}}}}}\n",
+        id.unwrap_or("null")
+    )
+    .into_bytes()
+}
+
+/// What the sender of a request (or of an unreadable line) over the frame cap gets.
+pub fn too_large_request(id: Option<&str>, limit: usize) -> Vec<u8> {
+    error_line(
+        id,
+        TOO_LARGE_REQUEST_CODE,
+        &format!("Message too large: over the bridge's frame limit of {limit} bytes; it was dropped"),
+        limit,
+    )
+}
+
+/// What the side waiting for a response gets when that response was over the cap.
+pub fn too_large_response(id: &str, limit: usize) -> Vec<u8> {
+    error_line(
+        Some(id),
+        TOO_LARGE_RESPONSE_CODE,
+        &format!("Response too large: over the bridge's frame limit of {limit} bytes; it was dropped"),
+        limit,
+    )
 }
 
 #[cfg(test)]
@@ -29,8 +237,55 @@ mod tests {
     fn json_detection() {
         assert!(is_json(br#"{"a":1}"#));
         assert!(is_json(b" [1,2] "));
+        assert!(is_json("{\"t\":\"h\u{e9}llo \u{2713}\"}".as_bytes()));
         assert!(!is_json(b"hello"));
         assert!(!is_json(br#"{"a":1} {"b":2}"#));
         assert!(!is_json(b""));
+    }
+
+    #[test]
+    fn invalid_utf8_inside_a_string_is_not_json() {
+        assert!(!is_json(b"{\"a\":\"\xff\xfe\"}"));
+        assert!(!is_json(b"{\"a\":\"\xc3\"}"), "truncated sequence");
+        assert!(!is_json(b"{\"a\":\"\xed\xa0\x80\"}"), "surrogate encoded as UTF-8");
+    }
+
+    #[test]
+    fn heads_of_cut_messages() {
+        let h = peek_head(br#"{"jsonrpc":"2.0","id":7,"method":"session/prompt","params":{"x":"aaaa"#);
+        assert_eq!(h, Head { kind: Kind::Request, id: Some("7".into()) });
+        let h = peek_head(br#"{"jsonrpc":"2.0","id":"abc-1","result":{"content":"aaa"#);
+        assert_eq!(h, Head { kind: Kind::Response, id: Some("\"abc-1\"".into()) });
+        // `id` after a value that is cut: a response whose id is unknown.
+        let h = peek_head(br#"{"jsonrpc":"2.0","result":{"content":"aaa"#);
+        assert_eq!(h, Head { kind: Kind::Response, id: None });
+        let h = peek_head(br#"{"jsonrpc":"2.0","params":{"content":"aaa"#);
+        assert_eq!(h, Head { kind: Kind::Unknown, id: None });
+        let h = peek_head(br#"{"method":"session/update","params":{"a":[1,{"b":"}"#);
+        assert_eq!(h.kind, Kind::Notification);
+        // Escapes and nesting before the id.
+        let h = peek_head(br#"{"params":{"s":"q\"}{[","n":[1,[2]]},"method":"m","id":-3.5e2,"x"#);
+        assert_eq!(h, Head { kind: Kind::Request, id: Some("-3.5e2".into()) });
+        // A cut number is not an id.
+        assert_eq!(peek_head(br#"{"method":"m","id":12"#).id, None);
+        // Not an object, or garbage.
+        assert_eq!(peek_head(b"[1,2,3"), Head { kind: Kind::Unknown, id: None });
+        assert_eq!(peek_head(b"\xff\xfe"), Head { kind: Kind::Unknown, id: None });
+        // ids JSON-RPC does not allow are not echoed.
+        assert_eq!(peek_head(br#"{"id":{"a":1},"method":"m","#).id, None);
+    }
+
+    #[test]
+    fn error_lines_are_valid_jsonrpc() {
+        let v: serde_json::Value = serde_json::from_slice(&too_large_request(Some("\"r-1\""), 100)).unwrap();
+        assert_eq!(v["id"], "r-1");
+        assert_eq!(v["error"]["code"], TOO_LARGE_REQUEST_CODE);
+        assert_eq!(v["error"]["data"]["limit"], 100);
+        let v: serde_json::Value = serde_json::from_slice(&too_large_request(None, 100)).unwrap();
+        assert!(v["id"].is_null());
+        let line = too_large_response("9", 5);
+        assert!(line.ends_with(b"\n") && !line[..line.len() - 1].contains(&b'\n'));
+        let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!((v["id"].as_i64(), v["error"]["code"].as_i64()), (Some(9), Some(TOO_LARGE_RESPONSE_CODE)));
     }
 }

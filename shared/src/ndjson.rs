@@ -9,9 +9,15 @@
 use bytes::Buf;
 use bytes::{BufMut, Bytes, BytesMut};
 
-/// Largest frame (without its `\n`) either side accepts. ACP messages carry file
-/// contents and tool output; 16 MiB fits any realistic one while bounding memory.
-pub const MAX_FRAME_LEN: usize = 16 * 1024 * 1024;
+/// Default largest frame (without its `\n`). ACP messages carry file contents
+/// and tool output; 32 MiB is the ACP TypeScript SDK's own limit, so whatever
+/// works between an SDK client and an SDK agent without us also works through
+/// us. The bridge takes another value with `--max-frame`.
+pub const MAX_FRAME_LEN: usize = 32 * 1024 * 1024;
+
+/// Smallest frame cap either side accepts as a setting: an ACP `initialize`
+/// exchange must fit.
+pub const MIN_FRAME_LEN: usize = 1024;
 
 /// A line exceeded the frame cap.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -59,45 +65,140 @@ pub fn memchr_newline(hay: &[u8]) -> Option<usize> {
     memchr::memchr(b'\n', hay)
 }
 
-/// Takes every complete line out of `buf` at once, for forwarding without
-/// copying line by line. `keep` decides per line (without its newline); kept
-/// lines come back as runs of contiguous bytes, newlines included, sharing the
-/// buffer's memory. Blank lines are dropped. The unfinished tail stays in `buf`
-/// (`scanned` remembers how much of it holds no newline).
-pub fn take_kept_runs(
-    buf: &mut BytesMut,
-    scanned: &mut usize,
+/// How many bytes of a line over the cap are kept to tell what it was (its
+/// JSON-RPC `id` and kind): message heads are a few dozen bytes, and some
+/// serializers put `params` before `id`, so a little more than one read's worth
+/// of a small message.
+pub const OVERSIZE_PEEK: usize = 4096;
+
+/// One piece of what [`RunSplitter::drain`] took out of its buffer, in stream order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// Kept lines, contiguous, newlines included, sharing the read buffer's memory.
+    Run(Bytes),
+    /// A line `keep` refused; its bytes are gone.
+    Rejected,
+    /// A line over the cap: its first bytes (at most [`OVERSIZE_PEEK`]). The
+    /// rest of it is skipped up to its newline without being buffered.
+    Oversized(Bytes),
+}
+
+/// Splits a byte stream into runs of complete lines for forwarding without a
+/// copy per line, holding at most the cap plus one read of an unfinished line.
+/// A line over the cap costs only itself: it is reported once as
+/// [`Piece::Oversized`] and skipped, and the lines after it go on as usual.
+#[derive(Debug)]
+pub struct RunSplitter {
+    buf: BytesMut,
+    /// Bytes at the start of `buf` already known to hold no newline.
+    scanned: usize,
     max: usize,
-    mut keep: impl FnMut(&[u8]) -> bool,
-) -> Result<Vec<Bytes>, FrameTooLong> {
-    let mut runs = Vec::new();
-    let mut line_start = 0;
-    let mut run_start = 0;
-    let mut pos = (*scanned).min(buf.len());
-    while let Some(off) = memchr_newline(&buf[pos..]) {
-        let nl = pos + off;
-        if nl - line_start > max {
-            return Err(FrameTooLong { max });
-        }
-        let line = &buf[line_start..nl];
-        if is_blank(line) || !keep(line) {
-            if run_start < line_start {
-                runs.push(run_start..line_start);
+    /// Inside a line over the cap: drop everything up to its newline.
+    skipping: bool,
+}
+
+impl RunSplitter {
+    pub fn new(max: usize, capacity: usize) -> Self {
+        Self { buf: BytesMut::with_capacity(capacity), scanned: 0, max, skipping: false }
+    }
+
+    /// The buffer to read into (append only).
+    pub fn buf_mut(&mut self) -> &mut BytesMut {
+        &mut self.buf
+    }
+
+    /// Bytes held for an unfinished line.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Takes every complete line out of the buffer into `out`. `keep` decides per
+    /// line (without its newline); blank lines are dropped silently.
+    pub fn drain(&mut self, mut keep: impl FnMut(&[u8]) -> bool, out: &mut Vec<Piece>) {
+        if self.skipping {
+            match memchr_newline(&self.buf) {
+                None => {
+                    self.buf.clear();
+                    self.scanned = 0;
+                    return;
+                }
+                Some(nl) => {
+                    let _ = self.buf.split_to(nl + 1);
+                    self.skipping = false;
+                    self.scanned = 0;
+                }
             }
-            run_start = nl + 1;
         }
-        line_start = nl + 1;
-        pos = nl + 1;
+        enum R {
+            Run(std::ops::Range<usize>),
+            Rejected,
+            Oversized(std::ops::Range<usize>),
+        }
+        let mut ranges = Vec::new();
+        let mut line_start = 0;
+        let mut run_start = 0;
+        let mut pos = self.scanned.min(self.buf.len());
+        while let Some(off) = memchr_newline(&self.buf[pos..]) {
+            let nl = pos + off;
+            let line = &self.buf[line_start..nl];
+            let verdict = if line.len() > self.max {
+                Some(R::Oversized(line_start..line_start + line.len().min(OVERSIZE_PEEK)))
+            } else if is_blank(line) {
+                Some(R::Run(0..0))
+            } else if !keep(line) {
+                Some(R::Rejected)
+            } else {
+                None
+            };
+            if let Some(v) = verdict {
+                if run_start < line_start {
+                    ranges.push(R::Run(run_start..line_start));
+                }
+                if !matches!(&v, R::Run(_)) {
+                    ranges.push(v);
+                }
+                run_start = nl + 1;
+            }
+            line_start = nl + 1;
+            pos = nl + 1;
+        }
+        if run_start < line_start {
+            ranges.push(R::Run(run_start..line_start));
+        }
+        let tail = self.buf.len() - line_start;
+        let cut = if tail > self.max {
+            ranges.push(R::Oversized(line_start..line_start + tail.min(OVERSIZE_PEEK)));
+            self.skipping = true;
+            self.buf.len()
+        } else {
+            line_start
+        };
+        let done = self.buf.split_to(cut).freeze();
+        self.scanned = self.buf.len();
+        out.extend(ranges.into_iter().map(|r| match r {
+            R::Run(r) => Piece::Run(done.slice(r)),
+            R::Rejected => Piece::Rejected,
+            R::Oversized(r) => Piece::Oversized(done.slice(r)),
+        }));
     }
-    if run_start < line_start {
-        runs.push(run_start..line_start);
+
+    /// At end of stream: the unterminated remainder as a last line (a newline
+    /// added), unless it is blank, refused, or the tail of a skipped line.
+    pub fn finish(&mut self, keep: impl FnOnce(&[u8]) -> bool, out: &mut Vec<Piece>) {
+        let rest = self.buf.split();
+        self.scanned = 0;
+        if std::mem::take(&mut self.skipping) || is_blank(&rest) {
+            return;
+        }
+        if !keep(&rest) {
+            out.push(Piece::Rejected);
+            return;
+        }
+        let mut line = BytesMut::with_capacity(rest.len() + 1);
+        line.extend_from_slice(&rest);
+        line.extend_from_slice(b"\n");
+        out.push(Piece::Run(line.freeze()));
     }
-    let done = buf.split_to(line_start).freeze();
-    *scanned = buf.len();
-    if buf.len() > max {
-        return Err(FrameTooLong { max });
-    }
-    Ok(runs.into_iter().map(|r| done.slice(r)).collect())
 }
 
 /// Whether a frame carries nothing but whitespace (blank lines are skipped by
@@ -287,18 +388,67 @@ mod tests {
         assert_eq!(f.finish().unwrap(), &b"{\"tail\":true}"[..]);
     }
 
+    fn drain_all(s: &mut RunSplitter, keep: impl FnMut(&[u8]) -> bool) -> Vec<Piece> {
+        let mut out = Vec::new();
+        s.drain(keep, &mut out);
+        out
+    }
+
+    fn run(b: &'static [u8]) -> Piece {
+        Piece::Run(Bytes::from_static(b))
+    }
+
     #[test]
-    fn kept_runs_share_the_buffer_and_skip_rejects() {
-        let mut buf = BytesMut::from(&b"[1]\n\n[2]\nbad\n[3]\r\n[4"[..]);
-        let mut scanned = 0;
-        let runs = take_kept_runs(&mut buf, &mut scanned, 100, |l| l != b"bad").unwrap();
-        let runs: Vec<&[u8]> = runs.iter().map(|r| &r[..]).collect();
-        assert_eq!(runs, vec![&b"[1]\n"[..], &b"[2]\n"[..], &b"[3]\r\n"[..]]);
-        assert_eq!(&buf[..], b"[4");
-        assert_eq!(scanned, 2);
-        let mut long = BytesMut::from(&b"123456789"[..]);
-        let mut scanned = 0;
-        assert!(take_kept_runs(&mut long, &mut scanned, 8, |_| true).is_err());
+    fn runs_share_the_buffer_and_skip_rejects() {
+        let mut s = RunSplitter::new(100, 64);
+        s.buf_mut().extend_from_slice(b"[1]\n\n[2]\nbad\n[3]\r\n[4");
+        let out = drain_all(&mut s, |l| l != b"bad");
+        assert_eq!(out, vec![run(b"[1]\n"), run(b"[2]\n"), Piece::Rejected, run(b"[3]\r\n")]);
+        assert_eq!(s.buffered(), 2);
+        let mut out = Vec::new();
+        s.finish(|_| true, &mut out);
+        assert_eq!(out, vec![run(b"[4\n")]);
+    }
+
+    #[test]
+    fn a_line_over_the_cap_costs_only_itself() {
+        let mut s = RunSplitter::new(8, 64);
+        // Complete oversized line between two good ones.
+        s.buf_mut().extend_from_slice(b"[1]\n123456789\n[2]\n");
+        let out = drain_all(&mut s, |_| true);
+        assert_eq!(
+            out,
+            vec![run(b"[1]\n"), Piece::Oversized(Bytes::from_static(b"123456789")), run(b"[2]\n")]
+        );
+        // An unterminated one arriving in pieces: reported once, never held whole.
+        s.buf_mut().extend_from_slice(b"[3]\nabcdefghij");
+        let out = drain_all(&mut s, |_| true);
+        assert_eq!(out, vec![run(b"[3]\n"), Piece::Oversized(Bytes::from_static(b"abcdefghij"))]);
+        assert_eq!(s.buffered(), 0);
+        s.buf_mut().extend_from_slice(b"klmnopqrstuvwxyz");
+        assert_eq!(drain_all(&mut s, |_| true), vec![]);
+        assert_eq!(s.buffered(), 0, "skipped bytes are not kept");
+        s.buf_mut().extend_from_slice(b"still the long line\n[4]\n");
+        assert_eq!(drain_all(&mut s, |_| true), vec![run(b"[4]\n")]);
+        // At EOF inside a skipped line: nothing.
+        s.buf_mut().extend_from_slice(b"0123456789abc");
+        assert_eq!(drain_all(&mut s, |_| true).len(), 1);
+        let mut out = Vec::new();
+        s.buf_mut().extend_from_slice(b"tail");
+        s.finish(|_| true, &mut out);
+        assert!(out.is_empty());
+        // Exactly at the cap is fine.
+        s.buf_mut().extend_from_slice(b"12345678\n");
+        assert_eq!(drain_all(&mut s, |_| true), vec![run(b"12345678\n")]);
+    }
+
+    #[test]
+    fn oversized_peek_is_bounded() {
+        let mut s = RunSplitter::new(10, 64);
+        s.buf_mut().extend_from_slice(&vec![b'x'; OVERSIZE_PEEK * 2]);
+        let out = drain_all(&mut s, |_| true);
+        let [Piece::Oversized(head)] = &out[..] else { panic!("{out:?}") };
+        assert_eq!(head.len(), OVERSIZE_PEEK);
     }
 
     #[test]

@@ -56,8 +56,12 @@ impl Setup {
     /// Stops the running bridge and starts another with `agent_argv` (same home,
     /// so same identity: two at once would share a NodeId).
     async fn restart(&mut self, agent_argv: &[String]) {
+        self.restart_with(&[], agent_argv).await;
+    }
+
+    async fn restart_with(&mut self, extra: &[&str], agent_argv: &[String]) {
         self.bridge.terminate().await;
-        self.bridge = self.bridge_home.bridge("acp", &[], &strs(agent_argv)).await;
+        self.bridge = self.bridge_home.bridge("acp", extra, &strs(agent_argv)).await;
     }
 
     fn path(&self, name: &str) -> String {
@@ -171,7 +175,8 @@ async fn refused_peer_spawns_nothing_then_allow_admits_without_restart() {
     let out = tokio::time::timeout(WAIT, child.wait_with_output()).await.unwrap().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "refused connect must exit non-zero");
-    assert!(err.contains("not allowlisted"), "stderr: {err}");
+    assert!(err.contains("the bridge refused the connection: not allowlisted"), "stderr: {err}");
+    assert!(!err.contains("connected"), "a refused client must not say it connected: {err}");
     assert!(out.stdout.is_empty());
     bridge.log.wait_for("not allowlisted").await;
     assert!(!std::path::Path::new(&pid_file).exists(), "an agent was spawned for a refused peer");
@@ -233,7 +238,8 @@ async fn agent_exit_delivers_the_final_line() {
     let expected = format!("{{\"final\":true,\"payload\":\"{}\"}}\n", "x".repeat(256 * 1024));
     assert_eq!(got.len(), expected.len());
     assert!(got == expected.as_bytes());
-    assert!(conn.close_reason().is_none(), "a normal end is not an active close");
+    // After the last byte: how the agent ended, never a refusal.
+    assert_eq!(closed_with(&conn).await, (2, "agent exited (code 0)".to_string()));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -276,31 +282,98 @@ async fn invalid_json_gets_parse_error_and_never_reaches_agent() {
     assert!(!String::from_utf8_lossy(&out).contains("this is not json"));
 }
 
+/// Writes `len` bytes of one JSON-RPC request line with `id`, without building it in memory.
+async fn write_big_request(send: &mut SendStream, id: u64, len: usize) {
+    let head = format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"big\",\"params\":{{\"pad\":\"");
+    let tail = b"\"}}\n";
+    write_all(send, head.as_bytes()).await;
+    let chunk = vec![b'z'; 1 << 20];
+    let mut left = len - head.len() - tail.len();
+    while left > 0 {
+        let n = left.min(chunk.len());
+        write_all(send, &chunk[..n]).await;
+        left -= n;
+    }
+    write_all(send, tail).await;
+}
+
+fn request(id: u64, method: &str) -> Vec<u8> {
+    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"{method}\"}}\n").into_bytes()
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn oversized_frame_ends_the_session_with_a_reason() {
+async fn oversized_request_costs_only_itself() {
     let mut s = Setup::new("acp", &[], &[], true).await;
     let pid_file = s.path("agent.pid");
-    s.restart(&agent(&["--pid-file", &pid_file, "cat"])).await;
+    s.restart_with(&["--max-frame", "1M"], &agent(&["--pid-file", &pid_file, "respond", "10"])).await;
     let ep = s.client(false).await;
-    let (conn, mut send, _recv) = s.open_session(&ep, b"{\"first\":1}\n").await;
+    let (conn, mut send, mut recv) = s.open_session(&ep, &request(1, "ping")).await;
+    let mut buf = Vec::new();
+    read_until(&mut recv, &mut buf, |v| v["id"] == 1).await;
     let pid = agent_pid(&pid_file).await;
-    // 17 MiB without a newline: over the 16 MiB cap.
-    let chunk = vec![b'7'; 1 << 20];
-    let writer = async {
-        for _ in 0..17 {
-            if send.write_all(&chunk).await.is_err() {
-                break;
-            }
-        }
-    };
-    let ((code, reason), ()) = tokio::join!(closed_with(&conn), writer);
-    assert_eq!((code, reason.as_str()), (1, close::REASON_FRAME_TOO_LARGE));
-    assert!(wait_pid_gone(pid).await, "agent survived the protocol error");
-    // The bridge keeps serving.
-    std::fs::remove_file(&pid_file).unwrap();
-    let (_conn, mut send, mut recv) = s.open_session(&ep, b"{\"again\":1}\n").await;
+    // 3 MiB: over the 1 MiB cap. The peer gets an error carrying the request's id.
+    write_big_request(&mut send, 2, 3 << 20).await;
+    let got = read_until(&mut recv, &mut buf, |v| v["id"] == 2).await;
+    let err = got.last().unwrap();
+    assert_eq!(err["error"]["code"], -32600, "{err}");
+    assert_eq!(err["error"]["data"]["limit"], 1 << 20);
+    // Unreadable head: the error says id null.
+    write_all(&mut send, &vec![b'['; 2 << 20]).await;
+    write_all(&mut send, b"\n").await;
+    let got = read_until(&mut recv, &mut buf, |v| v.get("error").is_some()).await;
+    assert!(got.last().unwrap()["id"].is_null());
+    // The session goes on with the same agent.
+    write_all(&mut send, &request(3, "ping")).await;
+    let got = read_until(&mut recv, &mut buf, |v| v["id"] == 3).await;
+    assert_eq!(got.last().unwrap()["result"]["ok"], true);
+    assert!(pid_alive(pid), "the agent must survive a peer's oversized message");
+    assert!(conn.close_reason().is_none());
+    s.bridge.log.wait_for("over the 1048576-byte frame limit").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn default_frame_limit_carries_a_20_mib_message() {
+    let s = Setup::new("acp", &[], &agent(&["respond", "10"]), true).await;
+    let ep = s.client(false).await;
+    let (_conn, mut send, mut recv) = s.open_session(&ep, &request(1, "ping")).await;
+    write_big_request(&mut send, 2, 20 << 20).await;
+    let mut buf = Vec::new();
+    let got = read_until(&mut recv, &mut buf, |v| v["id"] == 2).await;
+    assert_eq!(got.last().unwrap()["result"]["pad"], "p".repeat(10), "the agent answered the 20 MiB request");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_agent_response_becomes_an_error_for_its_id() {
+    let s = Setup::new("acp", &["--max-frame", "64K"], &agent(&["respond", "200000"]), true).await;
+    let ep = s.client(false).await;
+    let (_conn, mut send, mut recv) = s.open_session(&ep, &request(7, "big")).await;
+    let mut buf = Vec::new();
+    let got = read_until(&mut recv, &mut buf, |v| v["id"] == 7).await;
+    let err = got.last().unwrap();
+    assert_eq!(err["error"]["code"], -32603, "{err}");
+    write_all(&mut send, &request(8, "ping")).await;
+    let got = read_until(&mut recv, &mut buf, |v| v["id"] == 8).await;
+    assert_eq!(got.last().unwrap()["result"]["ok"], true);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_utf8_never_reaches_the_agent() {
+    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let ep = s.client(false).await;
+    let conn = s.dial(&ep, &Protocol::acp()).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    write_all(&mut send, b"{\"s\":\"\xff\xfe bad\"}\n{\"ok\":true}\n").await;
     send.finish().unwrap();
-    assert_eq!(read_all(&mut recv).await, b"{\"again\":1}\n");
+    let out = read_all(&mut recv).await;
+    let lines: Vec<Value> = out
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert!(lines.contains(&json!({"ok": true})));
+    assert!(lines.iter().any(|v| v["error"]["code"] == -32700));
+    assert!(!out.windows(3).any(|w| w == b"bad"));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -483,4 +556,126 @@ async fn ctrl_c_on_connect_closes_the_session_cleanly() {
     assert!(status.success(), "connect after Ctrl-C: {status:?}");
     s.bridge.log.wait_for("client closed").await;
     drop(stdin);
+}
+
+/// Runs `acp connect` as the client home, writes `input`, closes stdin, and
+/// returns its output.
+async fn connect_with(s: &Setup, input: &[u8]) -> std::process::Output {
+    let mut c = s.client_home.cmd();
+    c.args(["acp", "connect", &s.bridge.ticket])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input).await.unwrap();
+    drop(stdin);
+    tokio::time::timeout(WAIT, child.wait_with_output()).await.expect("connect ends in time").unwrap()
+}
+
+fn sh(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn how_the_agent_ended_reaches_connect() {
+    let mut s = Setup::new("acp", &[], &agent(&["exit", "0"]), true).await;
+    let out = connect_with(&s, b"{\"a\":1}\n").await;
+    assert!(out.status.success(), "agent exit 0 → connect exit 0: {}", String::from_utf8_lossy(&out.stderr));
+
+    s.restart(&agent(&["exit", "3"])).await;
+    let out = connect_with(&s, b"{\"a\":1}\n").await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "agent exit 3 → connect must fail; stderr: {err}\nbridge: {}",
+        s.bridge.log.text()
+    );
+    assert!(err.contains("the agent exited with code 3"), "stderr: {err}");
+    s.bridge.log.wait_for("session ended: agent exited (code 3)").await;
+
+    // Answers, then dies of SIGKILL: the answer arrives, and so does the signal.
+    s.restart(&sh("read -r l; echo \"$l\"; kill -9 $$")).await;
+    let out = connect_with(&s, b"{\"last\":1}\n").await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.stdout, b"{\"last\":1}\n");
+    assert!(!out.status.success());
+    assert!(err.contains("killed by signal 9 (SIGKILL)"), "stderr: {err}");
+    assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "one line naming it: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_ends_even_when_a_grandchild_holds_stdout() {
+    let mut s = Setup::new("acp", &[], &[], true).await;
+    let child_pid = s.path("grandchild.pid");
+    // The agent exits at once, leaving a background child holding its stdout.
+    let script = format!("sleep 1004 </dev/null & echo $! > {child_pid}; exit 0");
+    s.restart_with(&["--max-agents", "1"], &sh(&script)).await;
+    let ep = s.client(false).await;
+    for round in 0..2 {
+        let (conn, mut send, _recv) = s.open_session(&ep, b"{\"x\":1}\n").await;
+        let pid: u32 = wait_file(child_pid.as_ref()).await.trim().parse().unwrap();
+        std::fs::remove_file(&child_pid).unwrap();
+        // Writing to the gone agent's stdin fails; the session must still end.
+        let _ = send.write_all(b"{\"y\":2}\n").await;
+        let (code, reason) = closed_with(&conn).await;
+        assert_eq!((code, reason.as_str()), (2, "agent exited (code 0)"), "round {round}");
+        assert!(wait_pid_gone(pid).await, "grandchild {pid} outlived its session");
+    }
+    // The second round got the only slot: the first one's was freed.
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_that_stops_listening_cannot_hold_its_slot() {
+    let mut s = Setup::new("acp", &[], &[], true).await;
+    let pid_file = s.path("agent.pid");
+    // Closes stdin, keeps stdout open, runs on.
+    let script = format!("echo $$ > {pid_file}; exec 0<&-; exec sleep 1004");
+    s.restart_with(&["--max-agents", "1"], &sh(&script)).await;
+    let ep = s.client(false).await;
+    let (conn, mut send, _recv) = s.open_session(&ep, b"{\"x\":1}\n").await;
+    let pid = agent_pid(&pid_file).await;
+    let _ = send.write_all(b"{\"y\":2}\n").await;
+    // The peer leaves: the agent goes and the slot is free for the next peer.
+    conn.close(0u32.into(), b"client closed");
+    assert!(wait_pid_gone(pid).await, "agent {pid} survived its peer");
+    std::fs::remove_file(&pid_file).unwrap();
+    let (_conn, mut send, _recv) = s.open_session(&ep, b"{\"x\":1}\n").await;
+    let pid = agent_pid(&pid_file).await;
+    let _ = send.write_all(b"{\"y\":2}\n").await;
+    // And SIGTERM ends the bridge promptly even with such a session open.
+    let started = std::time::Instant::now();
+    assert!(s.bridge.terminate().await.success());
+    assert!(started.elapsed() < Duration::from_secs(5), "SIGTERM took {:?}", started.elapsed());
+    assert!(!pid_alive(pid));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_of_the_bridge_leaves_no_grandchild() {
+    let mut s = Setup::new("acp", &[], &[], true).await;
+    let child_pid = s.path("grandchild.pid");
+    let cat = test_agent_bin().display().to_string();
+    s.restart(&sh(&format!("sleep 1004 </dev/null & echo $! > {child_pid}; exec {cat} cat"))).await;
+    let ep = s.client(false).await;
+    let (_conn, _send, _recv) = s.open_session(&ep, b"{}\n").await;
+    let pid: u32 = wait_file(child_pid.as_ref()).await.trim().parse().unwrap();
+    signal(s.bridge.pid(), libc::SIGKILL);
+    let _ = s.bridge.child.wait().await;
+    assert!(wait_pid_gone(pid).await, "grandchild {pid} outlived a SIGKILLed bridge");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dial_timeout_is_kept_and_the_exit_is_clean() {
+    let mut s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    s.bridge.terminate().await;
+    let started = std::time::Instant::now();
+    let out = s.client_home.run(&["acp", "connect", "--dial-timeout", "2", &s.bridge.ticket]).await;
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("within 2s"), "stderr: {err}");
+    assert!(!err.contains("ERROR") && !err.contains("Endpoint dropped"), "no shutdown noise: {err}");
+    assert!(!err.contains("connected"), "nothing was connected: {err}");
+    // The dial's own bound plus start-up, not plus seconds of draining.
+    assert!(took < Duration::from_millis(3500), "--dial-timeout 2 took {took:?}");
 }

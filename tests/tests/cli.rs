@@ -128,6 +128,14 @@ async fn malformed_input_gets_one_clear_line() {
     assert_clean_error(&o, "needs the server to run");
     let o = tb.run(&["acp", "--transport", "iroh", "--max-agents", "0"]).await;
     assert_clean_error(&o, "--max-agents must be at least 1");
+    // Absurd values are refused before the banner, never a panic after it.
+    for flag in ["--max-agents", "--max-handshakes", "--per-remote-max"] {
+        let o = tb.run(&["acp", "--transport", "iroh", flag, "2305843009213693952"]).await;
+        assert_clean_error(&o, "more than this bridge allows");
+        assert!(stdout(&o).is_empty(), "no banner for a refused setting");
+    }
+    let o = tb.run(&["acp", "--transport", "iroh", "--max-frame", "10"]).await;
+    assert!(!o.status.success() && stderr(&o).contains("--max-frame"), "{}", stderr(&o));
     let o = tb.run(&["acp", "--transport", "iroh", "--stream-open-timeout=-1"]).await;
     assert_clean_error(&o, "--stream-open-timeout");
     let o = tb

@@ -8,6 +8,8 @@
 //! - `stderr`: print a line on stderr, then behave like `cat`.
 //! - `hang`: ignore stdin and SIGTERM, sleep forever (tests SIGKILL after grace).
 //! - `exit CODE`: exit with CODE immediately.
+//! - `respond SIZE`: answer every request (a line with `id` and `method`) with a
+//!   result; method `big` gets a result padded to SIZE bytes, any other `{"ok":true}`.
 
 use std::io::{BufRead, Read, Write};
 
@@ -54,9 +56,30 @@ fn main() {
             }
         }
         "exit" => std::process::exit(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(0)),
+        "respond" => respond(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(1 << 20)),
         other => {
             eprintln!("test-agent: unknown mode {other}");
             std::process::exit(2);
+        }
+    }
+}
+
+fn respond(size: usize) {
+    let mut out = std::io::stdout().lock();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { return };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        let (Some(id), Some(method)) = (v.get("id"), v.get("method").and_then(|m| m.as_str())) else {
+            continue;
+        };
+        let result = if method == "big" {
+            serde_json::json!({ "pad": "p".repeat(size) })
+        } else {
+            serde_json::json!({ "ok": true })
+        };
+        let reply = serde_json::json!({ "jsonrpc": "2.0", "id": id, "result": result });
+        if writeln!(out, "{reply}").and_then(|_| out.flush()).is_err() {
+            return;
         }
     }
 }
