@@ -4,11 +4,18 @@
 //! We also accept `#` comments, and report unparsable lines by number instead of
 //! silently ignoring them (a typo must not look like a pairing that works).
 //! Edits rewrite the file atomically at 0600 and keep comments and unknown lines.
+//!
+//! Edits from concurrent `iroh allow`/`iroh deny` runs are serialized by an
+//! exclusive lock on a sidecar file (`.allowlist.lock` beside it), so no change
+//! is lost while each reports success; a symlinked allow file is edited at its
+//! target (the link stays). Anything but a regular file is refused with a
+//! message, never opened (a FIFO would block the reader forever).
 
 use std::{
     fs, io,
+    os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 
 use iroh::EndpointId;
@@ -23,16 +30,97 @@ pub use thunderbolt_shared::allowlist::{parse, Allowed};
 pub enum AllowFileError {
     #[error("cannot read allow file {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
+    #[error("allow file {path} is not a regular file (a {kind}); replace it with a plain text file")]
+    NotRegular { path: PathBuf, kind: &'static str },
+    #[error("cannot lock allow file {path} for editing: {source}")]
+    Lock { path: PathBuf, source: io::Error },
     #[error(transparent)]
     Home(#[from] HomeError),
 }
 
+fn kind_of(ft: fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_dir() {
+        "directory"
+    } else if ft.is_fifo() {
+        "FIFO"
+    } else if ft.is_socket() {
+        "socket"
+    } else if ft.is_char_device() || ft.is_block_device() {
+        "device"
+    } else {
+        "special file"
+    }
+}
+
+/// Refuses anything but a regular file (following symlinks); `Ok(None)` when
+/// there is nothing at `path`.
+fn regular_metadata(path: &Path) -> Result<Option<fs::Metadata>, AllowFileError> {
+    match fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(Some(m)),
+        Ok(m) => Err(AllowFileError::NotRegular { path: path.to_path_buf(), kind: kind_of(m.file_type()) }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(AllowFileError::Read { path: path.to_path_buf(), source }),
+    }
+}
+
 fn read_text(path: &Path) -> Result<String, AllowFileError> {
-    match fs::read(path) {
+    if regular_metadata(path)?.is_none() {
+        return Ok(String::new());
+    }
+    // O_NONBLOCK: should the file be swapped for a FIFO after the check, the
+    // open still does not wait for a writer.
+    let read =
+        fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).and_then(|mut f| {
+            let mut b = Vec::new();
+            io::Read::read_to_end(&mut f, &mut b).map(|_| b)
+        });
+    match read {
         Ok(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(String::new()),
         Err(source) => Err(AllowFileError::Read { path: path.to_path_buf(), source }),
     }
+}
+
+/// Where edits go: the target of a symlinked allow file (resolved as far as it
+/// exists), else the path itself.
+fn edit_target(path: &Path) -> PathBuf {
+    let mut p = path.to_path_buf();
+    // A bounded walk: a symlink loop is left for the write to report.
+    for _ in 0..MAX_SYMLINK_HOPS {
+        match fs::read_link(&p) {
+            Ok(target) => p = p.parent().unwrap_or(Path::new("/")).join(target),
+            Err(_) => break,
+        }
+    }
+    p
+}
+
+/// Links followed when editing a symlinked allow file; the kernel's own limit
+/// for path resolution is 40.
+const MAX_SYMLINK_HOPS: usize = 40;
+
+/// An exclusive lock serializing edits of `path` across processes, held until dropped.
+struct EditLock(#[allow(dead_code)] fs::File);
+
+fn lock_for_edit(path: &Path) -> Result<EditLock, AllowFileError> {
+    let err = |source| AllowFileError::Lock { path: path.to_path_buf(), source };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(crate::home::FILE_MODE)
+        .open(dir.join(format!(".{name}.lock")))
+        .map_err(err)?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own; blocks until the other editor is done.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(err(io::Error::last_os_error()));
+    }
+    Ok(EditLock(f))
 }
 
 /// Reads and parses the file; a missing file is an empty list.
@@ -42,6 +130,9 @@ pub fn read(path: &Path) -> Result<Allowed, AllowFileError> {
 
 /// Adds `id`. Returns false when it was already there (file untouched).
 pub fn allow(path: &Path, id: &EndpointId) -> Result<bool, AllowFileError> {
+    ensure_parent(path)?;
+    let path = &edit_target(path);
+    let _lock = lock_for_edit(path)?;
     let text = read_text(path)?;
     if parse(&text).contains(id) {
         return Ok(false);
@@ -51,13 +142,17 @@ pub fn allow(path: &Path, id: &EndpointId) -> Result<bool, AllowFileError> {
         new.push('\n');
     }
     new.push_str(&format!("{id}\n"));
-    ensure_parent(path)?;
     home::write_secure_atomic(path, new.as_bytes())?;
     Ok(true)
 }
 
 /// Removes every line naming `id`. Returns false when it was not there.
 pub fn deny(path: &Path, id: &EndpointId) -> Result<bool, AllowFileError> {
+    let path = &edit_target(path);
+    if regular_metadata(path)?.is_none() {
+        return Ok(false);
+    }
+    let _lock = lock_for_edit(path)?;
     let text = read_text(path)?;
     let mut removed = false;
     let kept: Vec<&str> = text
@@ -90,41 +185,87 @@ fn ensure_parent(path: &Path) -> Result<(), AllowFileError> {
     Ok(())
 }
 
-/// Reads the allow file on every check, so `thunderbolt iroh allow` takes effect
-/// for the next connection without a restart. Re-parses only when the content
-/// changed, and warns about bad lines once per change rather than per peer.
+/// The allow file as the bridge sees it, live: `thunderbolt iroh allow` takes
+/// effect for the next connection without a restart. Each check costs one
+/// `stat`; the file is re-read and re-parsed only when its identity, size or
+/// times changed (an atomic rewrite is a new inode), and bad lines are reported
+/// once per change, the first few by line number and then a count.
 #[derive(Debug)]
 pub struct LiveAllowFile {
     path: PathBuf,
-    cache: Mutex<Option<(String, Allowed)>>,
+    cache: Mutex<Option<(Stamp, Arc<Allowed>)>>,
 }
+
+/// What identifies one version of the file without reading it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Stamp {
+    Missing,
+    File {
+        dev: u64,
+        ino: u64,
+        len: u64,
+        mtime: (i64, i64),
+        ctime: (i64, i64),
+    },
+    /// Unreadable or not a regular file: checked again on every call.
+    Broken,
+}
+
+/// Bad lines reported one by one per reload; the rest are counted.
+const BAD_LINES_REPORTED: usize = 5;
 
 impl LiveAllowFile {
     pub fn new(path: PathBuf) -> Self {
         Self { path, cache: Mutex::new(None) }
     }
 
+    fn stamp(&self) -> Result<Stamp, AllowFileError> {
+        Ok(match regular_metadata(&self.path)? {
+            None => Stamp::Missing,
+            Some(m) => Stamp::File {
+                dev: m.dev(),
+                ino: m.ino(),
+                len: m.len(),
+                mtime: (m.mtime(), m.mtime_nsec()),
+                ctime: (m.ctime(), m.ctime_nsec()),
+            },
+        })
+    }
+
     /// The current list. On a read error, logs it and treats the file as empty
     /// (fail closed: an unreadable allow file admits nobody).
-    pub fn current(&self) -> Allowed {
-        let text = match read_text(&self.path) {
-            Ok(t) => t,
-            Err(e) => {
-                warn!("{e}; treating the manual allow list as empty");
-                return Allowed::default();
-            }
-        };
+    pub fn current(&self) -> Arc<Allowed> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let stamp = self.stamp().unwrap_or(Stamp::Broken);
         if let Some((old, parsed)) = cache.as_ref() {
-            if *old == text {
+            if *old == stamp && stamp != Stamp::Broken {
                 return parsed.clone();
             }
         }
-        let parsed = parse(&text);
-        for bad in &parsed.bad_lines {
+        let parsed = match read_text(&self.path) {
+            Ok(text) => parse(&text),
+            Err(e) => {
+                // Said once per breakage, not once per peer.
+                if !matches!(cache.as_ref(), Some((Stamp::Broken, _))) {
+                    warn!("{e}; treating the manual allow list as empty");
+                }
+                let empty = Arc::new(Allowed::default());
+                *cache = Some((Stamp::Broken, empty.clone()));
+                return empty;
+            }
+        };
+        for bad in parsed.bad_lines.iter().take(BAD_LINES_REPORTED) {
             warn!("{}:{}: ignored: {}", self.path.display(), bad.line_no, bad.error);
         }
-        *cache = Some((text, parsed.clone()));
+        if parsed.bad_lines.len() > BAD_LINES_REPORTED {
+            warn!(
+                "{}: {} more unparsable line(s) ignored (run `thunderbolt iroh list` to see them all)",
+                self.path.display(),
+                parsed.bad_lines.len() - BAD_LINES_REPORTED
+            );
+        }
+        let parsed = Arc::new(parsed);
+        *cache = Some((stamp, parsed.clone()));
         parsed
     }
 
@@ -157,6 +298,58 @@ mod tests {
         assert_eq!(text, format!("# keep me\n{}\n", id(2)));
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn concurrent_edits_lose_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("iroh").join("allowlist");
+        std::thread::scope(|s| {
+            for n in 0..32u8 {
+                let path = &path;
+                s.spawn(move || assert!(allow(path, &id(n)).unwrap()));
+            }
+        });
+        let list = read(&path).unwrap();
+        assert_eq!(list.ids.len(), 32, "every allow must land");
+        std::thread::scope(|s| {
+            for n in 0..16u8 {
+                let path = &path;
+                s.spawn(move || assert!(deny(path, &id(n)).unwrap()));
+            }
+        });
+        let list = read(&path).unwrap();
+        assert_eq!(list.ids.len(), 16);
+        assert!((0..16).all(|n| !list.contains(&id(n))), "every deny must land");
+    }
+
+    #[test]
+    fn symlinked_file_is_edited_at_its_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let iroh = dir.path().join("iroh");
+        fs::create_dir_all(&iroh).unwrap();
+        let target = dir.path().join("shared-allowlist");
+        fs::write(&target, format!("{}\n", id(1))).unwrap();
+        let link = iroh.join("allowlist");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(allow(&link, &id(2)).unwrap());
+        assert!(deny(&link, &id(1)).unwrap());
+        assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link stays a link");
+        assert_eq!(fs::read_to_string(&target).unwrap(), format!("{}\n", id(2)));
+    }
+
+    #[test]
+    fn a_fifo_is_refused_not_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("allowlist");
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: plain syscall on a path we own.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = read(&path).unwrap_err().to_string();
+        assert!(e.contains("not a regular file") && e.contains("FIFO"), "{e}");
+        assert!(allow(&path, &id(1)).is_err());
+        let live = LiveAllowFile::new(path);
+        assert!(!live.contains(&id(1)), "fail closed");
     }
 
     #[test]

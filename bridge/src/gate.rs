@@ -12,6 +12,17 @@
 //!
 //! Over either limit the connection is dropped with `Incoming::ignore` (no
 //! answer at all: the cheapest response to a flood).
+//!
+//! Stalled handshakes (a dial that sends its first packet and then nothing)
+//! cannot lock allowed peers out:
+//! - under pressure (half the handshake slots taken) a connection whose
+//!   address is not yet validated is answered with a QUIC Retry instead of a
+//!   slot ([`Gate::under_pressure`]): a spoofed or fire-and-forget first
+//!   packet never holds state, a real client pays one extra round trip;
+//! - when every slot is taken, the oldest handshake that has run for at least
+//!   [`EVICT_MIN_AGE`] gives its slot to the newcomer ([`HandshakeSlot::evicted`]
+//!   fires for it): slots turn over at the attacker's own rate instead of once
+//!   per handshake timeout.
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -22,6 +33,7 @@ use std::{
 
 use iroh::EndpointId;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// Connections one remote may start per window: a client that reconnects after
 /// a drop, plus a few tabs, fits easily; a loop does not.
@@ -34,6 +46,12 @@ pub const MAX_KEYS: usize = 4096;
 /// Handshakes in flight at once. A handshake costs a few signature operations;
 /// 16 keeps a flood from taking more than a small share of two cores.
 pub const MAX_HANDSHAKES: usize = 16;
+/// A handshake younger than this is never evicted for a newcomer. A QUIC
+/// handshake takes one to two round trips: on a relayed mobile path well under
+/// half a second, so an honest peer finishes before it can be evicted, while
+/// an attacker must spend a fresh dial per slot every half second to hold them.
+pub const EVICT_MIN_AGE: Duration = Duration::from_millis(500);
+
 /// At most one "dropped" log line per this interval (with a count of the rest),
 /// so a flood cannot flood the log too.
 pub const DROP_LOG_INTERVAL: Duration = Duration::from_secs(5);
@@ -118,14 +136,51 @@ struct DropLog {
     suppressed: u64,
 }
 
-/// The gate. Cheap to share (`Arc`).
+/// A handshake in flight: when it started, how to evict it, and its slot.
+#[derive(Debug)]
+struct InFlight {
+    started: Instant,
+    evict: CancellationToken,
+    permit: OwnedSemaphorePermit,
+}
+
+/// The gate. Shared as `Arc<Gate>`.
 #[derive(Debug)]
 pub struct Gate {
     limits: GateLimits,
     clock: Arc<dyn Clock>,
     table: Mutex<Table>,
     handshakes: Arc<Semaphore>,
+    in_flight: Mutex<InFlightTable>,
     drop_log: Mutex<DropLog>,
+}
+
+#[derive(Debug, Default)]
+struct InFlightTable {
+    next_id: u64,
+    slots: HashMap<u64, InFlight>,
+}
+
+/// One handshake slot, held until the handshake has finished (or failed).
+/// Dropping it frees the slot.
+#[derive(Debug)]
+pub struct HandshakeSlot {
+    gate: Arc<Gate>,
+    id: u64,
+    evict: CancellationToken,
+}
+
+impl HandshakeSlot {
+    /// Resolves when the slot was given to a newer handshake: abandon this one.
+    pub fn evicted(&self) -> WaitForCancellationFutureOwned {
+        self.evict.clone().cancelled_owned()
+    }
+}
+
+impl std::ops::Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        self.gate.in_flight.lock().unwrap_or_else(|p| p.into_inner()).slots.remove(&self.id);
+    }
 }
 
 impl Gate {
@@ -135,17 +190,47 @@ impl Gate {
             limits,
             clock,
             table: Mutex::new(Table::default()),
+            in_flight: Mutex::new(InFlightTable::default()),
             drop_log: Mutex::new(DropLog { last: None, suppressed: 0 }),
         }
     }
 
     /// Admits a connection attempt to the handshake, or says why not. The
-    /// permit must be held until the handshake has finished.
-    pub fn admit(&self, key: RemoteKey) -> Result<OwnedSemaphorePermit, Drop> {
+    /// slot must be held until the handshake has finished. When every slot is
+    /// taken, the oldest handshake past [`EVICT_MIN_AGE`] is evicted for this one.
+    pub fn admit(self: &Arc<Self>, key: RemoteKey) -> Result<HandshakeSlot, Drop> {
         if !self.charge(key) {
             return Err(Drop::RemoteBudget);
         }
-        self.handshakes.clone().try_acquire_owned().map_err(|_| Drop::HandshakeCap)
+        let now = self.clock.now();
+        let mut table = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let permit = match self.handshakes.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let oldest = table
+                    .slots
+                    .iter()
+                    .filter(|(_, s)| now.duration_since(s.started) >= EVICT_MIN_AGE)
+                    .min_by_key(|(_, s)| s.started)
+                    .map(|(id, _)| *id);
+                let Some(victim) = oldest.and_then(|id| table.slots.remove(&id)) else {
+                    return Err(Drop::HandshakeCap);
+                };
+                victim.evict.cancel();
+                victim.permit
+            }
+        };
+        table.next_id += 1;
+        let id = table.next_id;
+        let evict = CancellationToken::new();
+        table.slots.insert(id, InFlight { started: now, evict: evict.clone(), permit });
+        Ok(HandshakeSlot { gate: self.clone(), id, evict })
+    }
+
+    /// Whether half or more of the handshake slots are taken: new connections
+    /// should then prove their address (QUIC Retry) before getting one.
+    pub fn under_pressure(&self) -> bool {
+        self.handshakes_in_flight() * 2 >= self.limits.max_handshakes
     }
 
     /// Handshakes in flight right now.
@@ -237,7 +322,8 @@ pub mod tests {
     #[test]
     fn sliding_window_per_remote() {
         let clock = ManualClock::new();
-        let gate = Gate::new(GateLimits { max_handshakes: 100, ..Default::default() }, clock.clone());
+        let gate =
+            Arc::new(Gate::new(GateLimits { max_handshakes: 100, ..Default::default() }, clock.clone()));
         for _ in 0..10 {
             drop(gate.admit(key(1)).unwrap());
             clock.advance(Duration::from_millis(500));
@@ -256,8 +342,11 @@ pub mod tests {
 
     #[test]
     fn handshake_cap_is_global() {
-        let gate = Gate::new(GateLimits { max_handshakes: 2, ..Default::default() }, ManualClock::new());
+        let gate =
+            Arc::new(Gate::new(GateLimits { max_handshakes: 2, ..Default::default() }, ManualClock::new()));
+        assert!(!gate.under_pressure());
         let a = gate.admit(key(1)).unwrap();
+        assert!(gate.under_pressure(), "half the slots taken");
         let _b = gate.admit(key(2)).unwrap();
         assert_eq!(gate.admit(key(3)).unwrap_err(), Drop::HandshakeCap);
         assert_eq!(gate.handshakes_in_flight(), 2);
@@ -265,11 +354,39 @@ pub mod tests {
         assert!(gate.admit(key(3)).is_ok());
     }
 
+    #[tokio::test]
+    async fn stalled_handshakes_give_their_slot_to_newcomers() {
+        use futures::FutureExt;
+        let clock = ManualClock::new();
+        let gate = Arc::new(Gate::new(GateLimits { max_handshakes: 2, ..Default::default() }, clock.clone()));
+        let old = gate.admit(key(1)).unwrap();
+        clock.advance(Duration::from_millis(100));
+        let young = gate.admit(key(2)).unwrap();
+        // Full, and nobody old enough to evict: the newcomer is dropped.
+        assert_eq!(gate.admit(key(3)).unwrap_err(), Drop::HandshakeCap);
+        clock.advance(EVICT_MIN_AGE - Duration::from_millis(100));
+        let newcomer = gate.admit(key(3)).unwrap();
+        // The oldest one was evicted for it, and is told so; the cap still holds.
+        assert!(old.evicted().now_or_never().is_some(), "the oldest handshake is told to stop");
+        assert!(young.evicted().now_or_never().is_none());
+        assert_eq!(gate.handshakes_in_flight(), 2);
+        drop(old);
+        assert_eq!(gate.handshakes_in_flight(), 2, "the evicted slot now belongs to the newcomer");
+        assert_eq!(
+            gate.admit(key(4)).unwrap_err(),
+            Drop::HandshakeCap,
+            "both holders are under the minimum age"
+        );
+        drop(newcomer);
+        drop(young);
+        assert_eq!(gate.handshakes_in_flight(), 0);
+    }
+
     #[test]
     fn key_table_is_capped_lru() {
         let clock = ManualClock::new();
         let limits = GateLimits { max_keys: 3, per_remote_max: 1, max_handshakes: 100, ..Default::default() };
-        let gate = Gate::new(limits, clock);
+        let gate = Arc::new(Gate::new(limits, clock));
         for n in 1..=3 {
             drop(gate.admit(key(n)));
         }

@@ -79,9 +79,20 @@ impl Home {
 
 /// Forces a file to 0600 (we do this on every load: a key copied with `cp`
 /// from another machine often arrives world-readable).
+/// A change is logged (once: the next load finds 0600), so a user who made the
+/// file readable on purpose learns why it is not any more.
 pub fn force_file_mode(path: &Path) -> Result<(), HomeError> {
-    fs::set_permissions(path, fs::Permissions::from_mode(FILE_MODE))
-        .map_err(|source| HomeError::Chmod { path: path.to_path_buf(), source })
+    let chmod_err = |source| HomeError::Chmod { path: path.to_path_buf(), source };
+    let mode = fs::metadata(path).map_err(chmod_err)?.permissions().mode() & 0o7777;
+    if mode == FILE_MODE {
+        return Ok(());
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(FILE_MODE)).map_err(chmod_err)?;
+    tracing::warn!(
+        "{} was mode {mode:04o}; set to {FILE_MODE:04o} (it holds a secret: only you may read it)",
+        path.display()
+    );
+    Ok(())
 }
 
 /// Replaces `path` with `contents` atomically: written to a 0600 temporary file

@@ -50,6 +50,16 @@ pub const MIN_FRAME: usize = thunderbolt_shared::ndjson::MIN_FRAME_LEN;
 /// already lets 16 sessions ask for 32 GiB; anything above is a mistake.
 pub const MAX_FRAME: usize = 1 << 30;
 
+/// Bytes a peer may send on its stream before we read them: QUIC's own
+/// default, sized for 100 Mbit/s at 100 ms round trip (the bulk figures were
+/// measured with it); more buys nothing on the paths we serve.
+pub const STREAM_RECEIVE_WINDOW: u32 = 1_250_000;
+
+/// Bytes a peer may have in flight to us over the whole connection: the one
+/// stream's window plus room for the handshake's crypto frames. With one
+/// stream allowed this bounds what an admitted peer makes the bridge hold.
+pub const CONNECTION_RECEIVE_WINDOW: u32 = 1_500_000;
+
 /// Bytes asked for per read from the stream or the agent. 64 KiB amortises
 /// syscalls and QUIC chunking without holding much per session.
 pub const READ_CHUNK: usize = 64 * 1024;
@@ -57,6 +67,25 @@ pub const READ_CHUNK: usize = 64 * 1024;
 /// Longest agent stderr line we log as one record; the rest is cut. Keeps a
 /// runaway agent from writing megabyte log lines.
 pub const MAX_STDERR_LINE: usize = 4096;
+
+/// Agent stderr lines logged at once before the rate below applies: a start-up
+/// banner or a stack trace gets through whole.
+pub const STDERR_LOG_BURST: u32 = 200;
+
+/// Agent stderr lines logged per second after the burst: a chatty agent stays
+/// readable; one writing hundreds of MiB cannot grow the log or slow the other
+/// sessions (measured before this bound: 200 MiB of stderr made a 402 MB log and
+/// other sessions' dials 17× slower).
+pub const STDERR_LOG_PER_SEC: f64 = 50.0;
+
+/// Refusals (`not allowlisted`) logged at once: a user pairing a new device
+/// sees each of its first attempts.
+pub const REFUSAL_LOG_BURST: u32 = 20;
+
+/// Refusals logged per second after the burst (one per 5 s, like the gate's
+/// drop reports); the rest are counted in the next line. Measured before this
+/// bound: 58 000 refusals in 150 s, one log line each.
+pub const REFUSAL_LOG_PER_SEC: f64 = 0.2;
 
 /// How long startup waits for a relay connection before printing a ticket with
 /// direct addresses only (the reference waits forever and hangs offline).

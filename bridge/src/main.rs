@@ -22,6 +22,7 @@ mod redact;
 mod serve;
 mod session;
 mod signals;
+mod throttle;
 mod trust;
 
 use std::{ffi::OsString, process::ExitCode, sync::Arc, time::Duration};
@@ -195,9 +196,12 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         max_handshakes: l.max_handshakes,
     };
     let (key, origin) = identity::load_or_create(home, &protocol)?;
-    let endpoint = net.bind(key, vec![protocol.alpn()]).await?;
+    let endpoint = net.bind_bridge(key, vec![protocol.alpn()]).await?;
     let addr = net::reachable_addr(&endpoint, &net.relays).await;
 
+    if let Err(e @ allowfile::AllowFileError::NotRegular { .. }) = allowfile::read(&home.allowlist_path()) {
+        return Err(e.into());
+    }
     let allow = Arc::new(allowfile::LiveAllowFile::new(home.allowlist_path()));
     let manual_peers = allow.current().ids.len();
     let account = start_account(home, endpoint.id()).await;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use iroh::{
     address_lookup::{DnsAddressLookup, PkarrPublisher, PkarrResolver},
-    endpoint::{presets, PortmapperConfig},
+    endpoint::{presets, PortmapperConfig, QuicTransportConfig},
     Endpoint, EndpointAddr, RelayMode, RelayUrl, SecretKey, Watcher,
 };
 use tracing::{debug, warn};
@@ -114,8 +114,25 @@ impl NetConfig {
 
     /// Binds an endpoint with `key`, accepting `alpns` (empty for a dial-only endpoint).
     pub async fn bind(&self, key: SecretKey, alpns: Vec<Vec<u8>>) -> Result<Endpoint> {
-        let mut b =
-            Endpoint::builder(presets::Minimal).secret_key(key).alpns(alpns).relay_mode(self.relays.mode());
+        self.bind_with(key, alpns, QuicTransportConfig::default()).await
+    }
+
+    /// [`Self::bind`] for the bridge: its peers get [`bridge_transport`]'s limits.
+    pub async fn bind_bridge(&self, key: SecretKey, alpns: Vec<Vec<u8>>) -> Result<Endpoint> {
+        self.bind_with(key, alpns, bridge_transport()).await
+    }
+
+    async fn bind_with(
+        &self,
+        key: SecretKey,
+        alpns: Vec<Vec<u8>>,
+        transport: QuicTransportConfig,
+    ) -> Result<Endpoint> {
+        let mut b = Endpoint::builder(presets::Minimal)
+            .secret_key(key)
+            .alpns(alpns)
+            .relay_mode(self.relays.mode())
+            .transport_config(transport);
         if self.discovery == Discovery::N0 {
             b = b
                 .address_lookup(PkarrPublisher::n0_dns())
@@ -140,6 +157,21 @@ impl NetConfig {
         let ep = b.bind().await.context("cannot bind the iroh endpoint")?;
         Ok(ep)
     }
+}
+
+/// What a peer may make the bridge hold, set in QUIC itself: a session is one
+/// bidirectional stream, so a peer may open exactly one and no unidirectional
+/// ones (left at QUIC's defaults, 100 + 100 streams of 1.25 MB windows let one
+/// admitted peer park gigabytes in the bridge), may not send datagrams, and all
+/// it sends unread is bounded by the connection window.
+pub fn bridge_transport() -> QuicTransportConfig {
+    QuicTransportConfig::builder()
+        .max_concurrent_bidi_streams(1u32.into())
+        .max_concurrent_uni_streams(0u32.into())
+        .stream_receive_window(limits::STREAM_RECEIVE_WINDOW.into())
+        .receive_window(limits::CONNECTION_RECEIVE_WINDOW.into())
+        .datagram_receive_buffer_size(None)
+        .build()
 }
 
 /// Waits (bounded) until the endpoint knows how it can be reached, then returns

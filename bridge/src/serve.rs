@@ -23,6 +23,7 @@ use crate::{
     account::Account,
     gate::{Drop as GateDrop, Gate, RemoteKey},
     session::{self, refuse, SessionConfig},
+    throttle::LogBudget,
     trust::{Grant, TrustPolicy},
 };
 
@@ -91,6 +92,8 @@ struct Shared {
     agents: Arc<Semaphore>,
     session: Arc<SessionConfig>,
     shutdown: CancellationToken,
+    /// A stranger dialing in a loop costs a few log lines, not one per dial.
+    refusal_log: Mutex<LogBudget>,
 }
 
 /// A running bridge.
@@ -118,6 +121,11 @@ impl Bridge {
             admission,
             session: Arc::new(session),
             shutdown: CancellationToken::new(),
+            refusal_log: Mutex::new(LogBudget::new(
+                crate::limits::REFUSAL_LOG_BURST,
+                crate::limits::REFUSAL_LOG_PER_SEC,
+                std::time::Instant::now(),
+            )),
         });
         Self { endpoint, shared }
     }
@@ -180,6 +188,14 @@ fn remote_key(addr: &IncomingAddr) -> RemoteKey {
 async fn handle_incoming(incoming: Incoming, shared: Arc<Shared>) {
     let addr = incoming.remote_addr();
     let key = remote_key(&addr);
+    if shared.gate.under_pressure() && !incoming.remote_addr_validated() {
+        // Prove the address first: costs us one stateless packet, not a slot.
+        debug!(%key, "handshake slots under pressure: asking for address validation (QUIC Retry)");
+        if let Err(e) = incoming.retry() {
+            debug!(%key, "retry failed: {e}");
+        }
+        return;
+    }
     let handshake_slot = match shared.gate.admit(key) {
         Ok(permit) => permit,
         Err(why) => {
@@ -215,15 +231,28 @@ async fn handle_incoming(incoming: Incoming, shared: Arc<Shared>) {
                 return;
             }
         },
+        _ = handshake_slot.evicted() => {
+            debug!(%from, "dropping a stalled handshake: its slot went to a newer connection");
+            return;
+        }
         _ = shared.shutdown.cancelled() => return,
     };
     drop(handshake_slot);
     let peer = conn.remote_id();
     let Some(grant) = shared.trust.check(&peer) else {
-        info!(
-            peer = %peer.fmt_short(),
-            "refused {peer}: not allowlisted (to admit it: thunderbolt iroh allow {peer})"
-        );
+        let budget =
+            shared.refusal_log.lock().unwrap_or_else(|p| p.into_inner()).take(std::time::Instant::now());
+        if let Some(suppressed) = budget {
+            let more = if suppressed > 0 {
+                format!(" ({suppressed} more refused since the last report)")
+            } else {
+                String::new()
+            };
+            info!(
+                peer = %peer.fmt_short(),
+                "refused {peer}: not allowlisted (to admit it: thunderbolt iroh allow {peer}){more}"
+            );
+        }
         refuse(&conn, close::REASON_NOT_ALLOWLISTED);
         return;
     };

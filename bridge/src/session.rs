@@ -36,6 +36,7 @@ use crate::{
     limits,
     pump::{self, PumpError},
     reaper,
+    throttle::LogBudget,
 };
 
 /// Closes `conn` as a refusal with one of the contract's reasons.
@@ -272,13 +273,26 @@ fn peer_gone(conn: &Connection, e: PumpError) -> End {
 const REPLY_QUEUE: usize = 64;
 
 /// Agent stderr goes to our log, line by line, tagged with the peer; never to
-/// the peer. Lines are cut at [`limits::MAX_STDERR_LINE`] so memory stays bounded.
+/// the peer. Lines are cut at [`limits::MAX_STDERR_LINE`] so memory stays
+/// bounded, and at most [`limits::STDERR_LOG_BURST`] lines at once and
+/// [`limits::STDERR_LOG_PER_SEC`] a second are logged: the rest is read (the
+/// agent never blocks on a full pipe) and counted, and the count is logged.
 async fn log_stderr(mut stderr: tokio::process::ChildStderr, peer: String) {
     let mut buf: Vec<u8> = Vec::with_capacity(limits::MAX_STDERR_LINE);
     let mut chunk = vec![0u8; limits::MAX_STDERR_LINE];
-    let emit = |line: &[u8]| {
-        let text = String::from_utf8_lossy(line);
-        info!(peer = %peer, "agent stderr: {}", text.trim_end());
+    let mut budget =
+        LogBudget::new(limits::STDERR_LOG_BURST, limits::STDERR_LOG_PER_SEC, Instant::now().into_std());
+    let report = |n: u64| {
+        if n > 0 {
+            warn!(peer = %peer, "agent stderr: {n} line(s) not logged (over {} lines/s)", limits::STDERR_LOG_PER_SEC);
+        }
+    };
+    let mut emit = |line: &[u8]| {
+        if let Some(suppressed) = budget.take(Instant::now().into_std()) {
+            report(suppressed);
+            let text = String::from_utf8_lossy(line);
+            info!(peer = %peer, "agent stderr: {}", text.trim_end());
+        }
     };
     loop {
         let n = match stderr.read(&mut chunk).await {
@@ -286,15 +300,18 @@ async fn log_stderr(mut stderr: tokio::process::ChildStderr, peer: String) {
                 if !buf.is_empty() {
                     emit(&buf);
                 }
+                report(budget.take_suppressed());
                 return;
             }
             Ok(n) => n,
         };
         buf.extend_from_slice(&chunk[..n]);
-        while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
-            emit(&buf[..pos]);
-            buf.drain(..=pos);
+        let mut start = 0;
+        while let Some(off) = thunderbolt_shared::ndjson::memchr_newline(&buf[start..]) {
+            emit(&buf[start..start + off]);
+            start += off + 1;
         }
+        buf.drain(..start);
         if buf.len() >= limits::MAX_STDERR_LINE {
             emit(&buf);
             buf.clear();

@@ -24,11 +24,14 @@ pub struct Allowed {
     /// In file order, without duplicates.
     pub ids: Vec<EndpointId>,
     pub bad_lines: Vec<BadLine>,
+    /// The same ids for lookups: a check runs per handshake and per heartbeat,
+    /// and a long file must not make each one a scan.
+    index: HashSet<EndpointId>,
 }
 
 impl Allowed {
     pub fn contains(&self, id: &EndpointId) -> bool {
-        self.ids.contains(id)
+        self.index.contains(id)
     }
 }
 
@@ -55,7 +58,7 @@ pub fn classify(raw: &str) -> Line {
 /// Parses a whole file.
 pub fn parse(text: &str) -> Allowed {
     let mut out = Allowed::default();
-    let mut seen = HashSet::new();
+    let seen = &mut out.index;
     for (i, raw) in text.lines().enumerate() {
         match classify(raw) {
             Line::Skip => {}

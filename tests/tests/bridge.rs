@@ -679,3 +679,46 @@ async fn dial_timeout_is_kept_and_the_exit_is_clean() {
     // The dial's own bound plus start-up, not plus seconds of draining.
     assert!(took < Duration::from_millis(3500), "--dial-timeout 2 took {took:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_peer_gets_one_stream_and_nothing_else() {
+    use futures::FutureExt;
+    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let ep = s.client(false).await;
+    let (conn, _send, mut recv) = s.open_session(&ep, b"{\"a\":1}\n").await;
+    let mut buf = Vec::new();
+    // The session runs: the bridge's transport parameters are known to us now.
+    read_until(&mut recv, &mut buf, |v| v["a"] == 1).await;
+    assert!(conn.open_uni().now_or_never().is_none(), "no unidirectional stream may be opened");
+    assert!(conn.open_bi().now_or_never().is_none(), "no second bidirectional stream may be opened");
+    assert_eq!(conn.max_datagram_size(), None, "the bridge takes no datagrams");
+    // A default endpoint would have granted all of these (the check can fail).
+    let other = client_endpoint(SecretKey::generate(), None, false).await;
+    let echo_alpn = b"test/echo".to_vec();
+    let server =
+        loopback_endpoint(SecretKey::generate(), None, false, vec![echo_alpn.clone()]).await.unwrap();
+    let addr = server.addr();
+    let accept = tokio::spawn(async move {
+        let c = server.accept().await.unwrap().await.unwrap();
+        let _ = c.closed().await;
+    });
+    let c = other.connect(addr, &echo_alpn).await.unwrap();
+    assert!(c.open_uni().await.is_ok());
+    assert!(c.max_datagram_size().is_some());
+    c.close(0u32.into(), b"done");
+    let _ = accept.await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_on_agent_stderr_is_counted_not_logged() {
+    let cat = test_agent_bin().display().to_string();
+    let s = Setup::new("acp", &[], &sh(&format!("yes noise-line | head -n 20000 >&2; exec {cat} cat")), true)
+        .await;
+    let ep = s.client(false).await;
+    let (_conn, mut send, mut recv) = s.open_session(&ep, b"{\"a\":1}\n").await;
+    send.finish().unwrap();
+    assert_eq!(read_all(&mut recv).await, b"{\"a\":1}\n", "the session works through the flood");
+    s.bridge.log.wait_for("line(s) not logged").await;
+    let logged = s.bridge.log.text().lines().filter(|l| l.contains("agent stderr: noise-line")).count();
+    assert!((1..=250).contains(&logged), "{logged} of 20000 stderr lines logged");
+}

@@ -41,8 +41,13 @@ async fn identities_are_private_hex_and_stable() {
     // A key copied in world-readable is tightened on load.
     let path = tb.identity_path("acp");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    tb.node_id("acp").await;
+    let o = tb.run(&["iroh", "id", "--json"]).await;
+    assert!(o.status.success());
     assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    // Said once, when it happened; not on every later load.
+    assert!(stderr(&o).contains("was mode 0644; set to 0600"), "stderr: {}", stderr(&o));
+    let o = tb.run(&["iroh", "id", "--json"]).await;
+    assert!(!stderr(&o).contains("was mode"), "stderr: {}", stderr(&o));
 }
 
 #[tokio::test]
@@ -213,4 +218,45 @@ async fn offline_startup_does_not_hang() {
     let t: thunderbolt_shared::Target = bridge.ticket.parse().unwrap();
     assert!(t.endpoint_addr().ip_addrs().next().is_some(), "ticket lacks direct addresses");
     bridge.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_allow_and_deny_lose_nothing() {
+    let tb = Tb::new(None);
+    let ids: Vec<String> =
+        (0..24u8).map(|n| iroh::SecretKey::from_bytes(&[n + 1; 32]).public().to_string()).collect();
+    let runs = ids.iter().map(|id| async { tb.run(&["iroh", "allow", id]).await });
+    for o in futures::future::join_all(runs).await {
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let listed = stdout(&tb.run(&["iroh", "list"]).await);
+    for id in &ids {
+        assert!(listed.contains(id.as_str()), "allow of {id} was lost:\n{listed}");
+    }
+    let runs = ids[..12].iter().map(|id| async { tb.run(&["iroh", "deny", id]).await });
+    for o in futures::future::join_all(runs).await {
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let listed = stdout(&tb.run(&["iroh", "list"]).await);
+    for id in &ids[..12] {
+        assert!(!listed.contains(id.as_str()), "deny of {id} was lost: a revocation that did not happen");
+    }
+    for id in &ids[12..] {
+        assert!(listed.contains(id.as_str()));
+    }
+}
+
+#[tokio::test]
+async fn an_allow_file_that_is_not_a_regular_file_is_refused() {
+    let tb = Tb::new(None);
+    let iroh = tb.home().join("iroh");
+    std::fs::create_dir_all(&iroh).unwrap();
+    let path = iroh.join("allowlist");
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: plain syscall on a path we own.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let o = tb.run(&["acp", "--transport", "iroh"]).await;
+    assert_clean_error(&o, "not a regular file");
+    let o = tb.run(&["iroh", "list"]).await;
+    assert_clean_error(&o, "not a regular file");
 }
