@@ -3,9 +3,10 @@
 //! An agent runs in its own process group so that ending it also ends whatever
 //! it started (language servers, shells): when a session ends the whole group
 //! is killed, also when the agent itself had already exited and left children
-//! behind. On Linux the agent also gets `PR_SET_PDEATHSIG`, and every group is
-//! known to the [`crate::reaper`], so even a bridge killed with SIGKILL leaves
-//! no process of the group behind.
+//! behind. Every group is known to the [`crate::reaper`], so even a bridge
+//! killed with SIGKILL leaves no process of the group behind (should the
+//! watcher not run, the agent gets `PR_SET_PDEATHSIG` instead, which covers the
+//! agent itself but not its children).
 //!
 //! What escapes: a process that leaves the group on purpose (`setsid`,
 //! `setpgid`), as daemons do. Nothing short of a cgroup per agent follows
@@ -77,15 +78,21 @@ impl AgentCommand {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .process_group(0);
+        // With the watcher running, the spawn needs no code in the child, so
+        // std uses posix_spawn (no copy of the bridge's page tables: the cost
+        // does not grow with the bridge's memory). Without it, fall back to the
+        // parent-death signal, which needs a fork.
         #[cfg(target_os = "linux")]
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
+        if !crate::reaper::is_running() {
+            // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         cmd.spawn()
     }

@@ -67,6 +67,11 @@ pub fn start() {
     }
 }
 
+/// Whether the watcher was started and still takes our messages.
+pub fn is_running() -> bool {
+    WATCHER.get().is_some_and(|w| w.stdin.lock().unwrap_or_else(|p| p.into_inner()).is_some())
+}
+
 fn tell(line: String) {
     let Some(w) = WATCHER.get() else { return };
     let mut guard = w.stdin.lock().unwrap_or_else(|p| p.into_inner());

@@ -204,3 +204,30 @@ test("errors are typed: bad input, wrong protocol, bad frames, dial timeout", as
     timeout: "timeout", retryable: true,
   });
 });
+
+test("a crashed agent reaches the page as a typed error, after everything it wrote", async () => {
+  // Echoes one message, then dies of SIGKILL.
+  const crashing = await startBridge(["sh", "-c", 'read -r l; echo "$l"; kill -9 $$']);
+  allow(crashing, await page.textContent("#node-id"));
+  const r = await page.evaluate(async (ticket) => {
+    const client = window.thunderbolt.state.client;
+    const conn = await client.connectProtocol(ticket, "acp");
+    const reader = conn.messages().getReader();
+    await conn.send({ jsonrpc: "2.0", id: 5, method: "ping" });
+    const first = await reader.read();
+    const out = { echoed: first.value && first.value.id };
+    try {
+      const next = await reader.read();
+      out.next = next.done ? "done" : "message";
+    } catch (e) {
+      out.kind = e.kind; out.code = e.code; out.signal = e.signal; out.reason = e.reason; out.retryable = e.retryable;
+    }
+    const closed = await conn.closed();
+    out.closed = { kind: closed.kind, code: closed.code, signal: closed.signal };
+    return out;
+  }, crashing.ticket);
+  assert.deepEqual(r, {
+    echoed: 5, kind: "agent", code: 2, signal: 9, reason: "agent killed by signal 9 (SIGKILL)", retryable: true,
+    closed: { kind: "agent", code: 2, signal: 9 },
+  });
+});

@@ -2,7 +2,12 @@
 //! registered; logged without any payload (the relay never sees plaintext
 //! anyway: QUIC is end-to-end between endpoints).
 
-use std::{collections::HashSet, path::PathBuf, sync::Mutex, time::SystemTime};
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    sync::Mutex,
+    time::SystemTime,
+};
 
 use iroh_base::EndpointId;
 use iroh_relay::server::{Access, AccessControl, ClientRequest};
@@ -57,12 +62,37 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-impl AccessControl for RelayAccess {
+/// The policy plus who is connected under it, so a policy that changes while
+/// the relay runs (the allow file) can end the connections it no longer admits.
+#[derive(Debug)]
+pub struct Gatekeeper {
+    pub policy: RelayAccess,
+    /// Endpoint → its live connections (an endpoint may hold a few briefly).
+    connected: Mutex<HashMap<EndpointId, usize>>,
+}
+
+impl Gatekeeper {
+    pub fn new(policy: RelayAccess) -> Self {
+        Self { policy, connected: Mutex::new(HashMap::new()) }
+    }
+
+    /// Connected endpoints the allow file no longer lists (re-read if it changed).
+    /// Empty for every other policy: those cannot change at run time.
+    pub fn revoked(&self) -> Vec<EndpointId> {
+        let RelayAccess::AllowFile(file) = &self.policy else { return Vec::new() };
+        let ids: Vec<EndpointId> =
+            self.connected.lock().unwrap_or_else(|p| p.into_inner()).keys().copied().collect();
+        ids.into_iter().filter(|id| !file.contains(id)).collect()
+    }
+}
+
+impl AccessControl for Gatekeeper {
     async fn on_connect(&self, req: &ClientRequest) -> Access {
         let id = req.endpoint_id();
-        match self.decide(req) {
+        match self.policy.decide(req) {
             Ok(()) => {
                 info!(endpoint = %id.fmt_short(), "client connected: {id}");
+                *self.connected.lock().unwrap_or_else(|p| p.into_inner()).entry(id).or_default() += 1;
                 Access::Allow
             }
             Err(why) => {
@@ -74,6 +104,13 @@ impl AccessControl for RelayAccess {
 
     fn on_disconnect(&self, endpoint_id: EndpointId, _connection_id: iroh_relay::server::ConnectionId) {
         info!(endpoint = %endpoint_id.fmt_short(), "client disconnected");
+        let mut connected = self.connected.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = connected.get_mut(&endpoint_id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                connected.remove(&endpoint_id);
+            }
+        }
     }
 }
 

@@ -24,12 +24,16 @@ use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 use tracing::info;
 
 use crate::{
-    access::{LiveAllowFile, RelayAccess},
+    access::{Gatekeeper, LiveAllowFile, RelayAccess},
     config::{AccessConfig, CertMode, Config},
 };
 
 /// Where `--dev` listens: loopback only, the port iroh's own dev relay uses.
 const DEV_BIND: &str = "127.0.0.1:3340";
+
+/// How often the allow file is checked for endpoints to disconnect: a `stat`
+/// per second is nothing, and a removed device loses the relay within a second.
+const ALLOW_FILE_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -77,8 +81,9 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<()> {
-    let (server_config, summary) = if args.dev {
-        dev_config(args.bind, args.metrics)?
+    let (server_config, summary, gatekeeper) = if args.dev {
+        let (c, s) = dev_config(args.bind, args.metrics)?;
+        (c, s, None)
     } else if let Some(path) = &args.config {
         let cfg = Config::load(path)?;
         operator_config(cfg)?
@@ -100,6 +105,10 @@ fn run(args: Args) -> Result<()> {
             println!("quic address discovery on {addr}");
         }
         info!("{summary}");
+        if let Some(gk) = gatekeeper {
+            let clients = server.relay_service().map(|s| s.clients().clone());
+            tokio::spawn(drop_revoked(gk, clients));
+        }
         tokio::select! {
             _ = tokio::signal::ctrl_c() => info!("Ctrl-C: shutting down"),
             _ = term.recv() => info!("SIGTERM: shutting down"),
@@ -141,7 +150,22 @@ fn load_tls(cert: &std::path::Path, key: &std::path::Path) -> Result<rustls::Ser
     Ok(cfg)
 }
 
-fn operator_config(cfg: Config) -> Result<(ServerConfig, String)> {
+/// Ends the live connections of endpoints removed from the allow file (new
+/// connections are checked on arrival; these were admitted before the edit).
+async fn drop_revoked(gk: Arc<Gatekeeper>, clients: Option<iroh_relay::server::clients::Clients>) {
+    let Some(clients) = clients else { return };
+    let mut tick = tokio::time::interval(ALLOW_FILE_RECHECK);
+    loop {
+        tick.tick().await;
+        for id in gk.revoked() {
+            if clients.disconnect(id, None) {
+                info!(endpoint = %id.fmt_short(), "disconnected {id}: removed from the allow file");
+            }
+        }
+    }
+}
+
+fn operator_config(cfg: Config) -> Result<(ServerConfig, String, Option<Arc<Gatekeeper>>)> {
     let access = match cfg.access.clone() {
         AccessConfig::Everyone => RelayAccess::Everyone,
         AccessConfig::SharedToken(t) => RelayAccess::SharedToken(t),
@@ -150,6 +174,7 @@ fn operator_config(cfg: Config) -> Result<(ServerConfig, String)> {
         AccessConfig::Denylist(ids) => RelayAccess::Denylist(ids.into_iter().collect()),
     };
     let summary = format!("access: {}", access.describe());
+    let gatekeeper = Arc::new(Gatekeeper::new(access));
     let http_bind =
         cfg.http_bind_addr.unwrap_or_else(|| config::DEFAULT_HTTP_BIND.parse().expect("constant"));
 
@@ -201,7 +226,7 @@ fn operator_config(cfg: Config) -> Result<(ServerConfig, String)> {
         let mut relay = RelayConfig::new(http_bind);
         relay.limits = limits;
         relay.key_cache_capacity = cfg.key_cache_capacity;
-        relay.access = Arc::new(access);
+        relay.access = gatekeeper.clone();
         if let Some((tls, q)) = tls {
             relay.tls = Some(tls);
             quic_bind = q;
@@ -217,5 +242,5 @@ fn operator_config(cfg: Config) -> Result<(ServerConfig, String)> {
             cfg.metrics_bind_addr.unwrap_or_else(|| config::DEFAULT_METRICS_BIND.parse().expect("constant")),
         );
     }
-    Ok((server, summary))
+    Ok((server, summary, Some(gatekeeper)))
 }

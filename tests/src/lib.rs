@@ -207,19 +207,24 @@ impl Log {
         self.text.lock().unwrap().contains(needle)
     }
 
-    /// Waits until the log contains `needle` (event-driven; bounded by [`WAIT`]).
-    pub async fn wait_for(&self, needle: &str) {
+    /// Waits until the log contains `needle` at least `n` times (event-driven; bounded by [`WAIT`]).
+    pub async fn wait_for_count(&self, needle: &str, n: usize) {
         let res = tokio::time::timeout(WAIT, async {
             loop {
                 let notified = self.changed.notified();
-                if self.contains(needle) {
+                if self.text.lock().unwrap().matches(needle).count() >= n {
                     return;
                 }
                 notified.await;
             }
         })
         .await;
-        assert!(res.is_ok(), "log never showed {needle:?}; log was:\n{}", self.text());
+        assert!(res.is_ok(), "log never showed {needle:?} {n} times; log was:\n{}", self.text());
+    }
+
+    /// Waits until the log contains `needle` (event-driven; bounded by [`WAIT`]).
+    pub async fn wait_for(&self, needle: &str) {
+        self.wait_for_count(needle, 1).await;
     }
 }
 

@@ -218,6 +218,15 @@ async fn allow_file_admits_only_listed_devices_and_reloads() {
     let conn = round_trip(&ep, relay_only(&bridge.ticket)).await;
     assert_relay_path(&conn, &relay.url);
     relay.log.wait_for(&format!("client connected: {}", stranger.public())).await;
+
+    // Removed again: its live relay connection ends too (not only new ones), and
+    // the endpoint's own reconnect is refused.
+    std::fs::write(&allow, format!("# my devices\n{bridge_id}\n")).unwrap();
+    relay.log.wait_for(&format!("disconnected {}: removed from the allow file", stranger.public())).await;
+    let refusals = relay.log.text().matches(&format!("client refused: {}", stranger.public())).count();
+    relay.log.wait_for_count(&format!("client refused: {}", stranger.public()), refusals + 1).await;
+    drop(conn);
+    ep.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -85,6 +85,8 @@ enum Section {
     Memory,
     /// An allowed peer's setup while fresh identities flood the bridge.
     Flood,
+    /// The per-line JSON check (valid UTF-8 JSON) against the check without UTF-8, in-process.
+    Check,
 }
 
 /// Which sections this run measures.

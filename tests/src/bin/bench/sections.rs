@@ -93,6 +93,9 @@ pub async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<(
     eprintln!("bench: plan {plan:?}");
 
     let mut rows = Vec::new();
+    if only.has(Section::Check) {
+        rows.extend(check_rows(&plan));
+    }
     for relay_only in [false, true] {
         let p = Path::open(&b, relay_only).await?;
         if only.has(Section::Setup) {
@@ -338,4 +341,62 @@ pub async fn flood_rows(b: &Bench) -> Result<Vec<Row>> {
         calm,
         false,
     )])
+}
+
+/// ACP-shaped ndjson of about `bytes`: streamed reply chunks with non-ASCII
+/// text, tool calls, and a file's content per 64 messages (the big lines that
+/// dominate bulk traffic).
+fn acp_corpus(bytes: usize) -> Vec<u8> {
+    // File text as it travels in JSON: escaped quotes and newlines.
+    let file = r#"fn main() { println!(\"héllo, wörld ✓\"); }\n"#.repeat(1500);
+    let mut out = Vec::with_capacity(bytes + 128 * 1024);
+    let mut i = 0u64;
+    while out.len() < bytes {
+        let line = match i % 64 {
+            0 => format!(r#"{{"jsonrpc":"2.0","id":{i},"result":{{"content":"{file}"}}}}"#),
+            n if n % 2 == 0 => format!(
+                r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"s-1","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"Réponse n° {i}: 日本語のテキスト — ok ✓"}}}}}}}}"#
+            ),
+            _ => format!(
+                r#"{{"jsonrpc":"2.0","id":{i},"method":"fs/read_text_file","params":{{"sessionId":"s-1","path":"/home/me/src/lib-{i}.rs","line":1,"limit":200}}}}"#
+            ),
+        };
+        out.extend_from_slice(line.as_bytes());
+        out.push(b'\n');
+        i += 1;
+    }
+    out
+}
+
+/// MB/s of `check` over every line of `corpus` (all must pass).
+fn check_throughput(corpus: &[u8], check: impl Fn(&[u8]) -> bool) -> f64 {
+    let started = Instant::now();
+    let (mut ok, mut lines) = (0usize, 0usize);
+    for line in corpus.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        ok += usize::from(check(std::hint::black_box(line)));
+        lines += 1;
+    }
+    assert!(lines > 0 && ok == lines, "{ok} of {lines} corpus lines pass the check");
+    corpus.len() as f64 / started.elapsed().as_secs_f64() / 1e6
+}
+
+/// The line check the bridge runs on every message, in both directions: one
+/// valid UTF-8 JSON value (today), against the same check without UTF-8
+/// validation of string contents (before). Alternating rounds, one process.
+pub fn check_rows(plan: &Plan) -> Vec<Row> {
+    let corpus = acp_corpus(plan.bulk_bytes);
+    let (mut with_utf8, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..plan.bulk_reps.max(3) {
+        with_utf8.push(check_throughput(&corpus, thunderbolt_shared::jsonrpc::is_json));
+        without
+            .push(check_throughput(&corpus, |l| serde_json::from_slice::<serde::de::IgnoredAny>(l).is_ok()));
+    }
+    vec![row(
+        &format!("JSON line check over {} MiB of ACP ndjson", plan.bulk_bytes >> 20),
+        "MB/s",
+        with_utf8,
+        "the check without UTF-8",
+        without,
+        true,
+    )]
 }
