@@ -220,21 +220,14 @@ async fn drive(
         Some(s) => s,
         None => {
             let wait = tokio::time::timeout(limits::AGENT_EXIT_AFTER_EOF, child.wait());
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => {
-                    refuse(conn, close::REASON_SHUTTING_DOWN);
-                    return End::Shutdown;
+            match or_ended(conn, shutdown, wait).await {
+                Err(end) => return end,
+                Ok(Ok(s)) => s.ok().and_then(agent::end_of),
+                Ok(Err(_)) => {
+                    debug!(peer = %peer, "the agent closed its stdout but did not exit; ending it");
+                    agent::terminate(child, cfg.term_grace).await;
+                    child.try_wait().ok().flatten().and_then(agent::end_of)
                 }
-                err = conn.closed() => return End::PeerGone(err.to_string()),
-                r = wait => match r {
-                    Ok(s) => s.ok().and_then(agent::end_of),
-                    Err(_) => {
-                        debug!(peer = %peer, "the agent closed its stdout but did not exit; ending it");
-                        agent::terminate(child, cfg.term_grace).await;
-                        child.try_wait().ok().flatten().and_then(agent::end_of)
-                    }
-                },
             }
         }
     };
@@ -260,6 +253,24 @@ async fn drive(
         }
     }
     End::AgentEnded(status)
+}
+
+/// Runs `fut` unless the bridge shuts down (the peer is told) or the peer
+/// leaves first; those end the session.
+async fn or_ended<T>(
+    conn: &Connection,
+    shutdown: &CancellationToken,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, End> {
+    tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => {
+            refuse(conn, close::REASON_SHUTTING_DOWN);
+            Err(End::Shutdown)
+        }
+        err = conn.closed() => Err(End::PeerGone(err.to_string())),
+        v = fut => Ok(v),
+    }
 }
 
 /// The peer went away; the connection's close reason (e.g. the client's

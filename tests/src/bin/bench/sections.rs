@@ -326,22 +326,49 @@ pub async fn flood_rows(b: &Bench) -> Result<Vec<Row>> {
         .await
         .is_ok();
     eprintln!("bench: flood {} the handshake cap", if hit_cap { "reached" } else { "did not reach" });
+    let pid = builtin.pid();
+    let before = rss_kib(pid)?;
     let mut attacked = Vec::new();
     for _ in 0..b.plan.setup_reps {
         attacked.push(ms(first_response(&ep, &addr, &acp, INIT).await?));
     }
-    let _ = flood.kill().await;
+    let _ = flood.wait().await;
+    let during = rss_kib(pid)?;
+    // What the bridge keeps once strangers stop: after the per-remote windows
+    // and QUIC's draining periods have passed.
+    tokio::time::sleep(FLOOD_SETTLE).await;
+    let after = rss_kib(pid)?;
+    // An agent spawned now costs what it cost before the flood.
+    let spawn_after = ms(first_response(&ep, &addr, &acp, INIT).await?);
+    eprintln!("bench: bridge RSS before the flood {before:.0} KiB, at its end {during:.0} KiB, {FLOOD_SETTLE:?} later {after:.0} KiB; a dial after it {spawn_after:.2} ms");
     builtin.terminate().await;
     ep.close().await;
-    Ok(vec![row(
-        "allowed peer dial → first response under flood (relay)",
-        "ms",
-        attacked,
-        "same, no flood",
-        calm,
-        false,
-    )])
+    Ok(vec![
+        row(
+            "allowed peer dial → first response under flood (relay)",
+            "ms",
+            attacked,
+            "same, no flood",
+            calm.clone(),
+            false,
+        ),
+        row_stats("bridge RSS at the end of the flood", "KiB", during, before, false)
+            .named_baseline("before the flood"),
+        row_stats("bridge RSS after the flood", "KiB", after, before, false)
+            .named_baseline("before the flood"),
+        row(
+            "allowed peer dial → first response after the flood (relay)",
+            "ms",
+            vec![spawn_after],
+            "same, before the flood",
+            calm,
+            false,
+        ),
+    ])
 }
+
+/// How long after a flood the bridge's memory is read again.
+const FLOOD_SETTLE: Duration = Duration::from_secs(15);
 
 /// ACP-shaped ndjson of about `bytes`: streamed reply chunks with non-ASCII
 /// text, tool calls, and a file's content per 64 messages (the big lines that
