@@ -189,6 +189,11 @@ pub struct LimitArgs {
     #[arg(long, default_value_t = crate::limits::STREAM_OPEN_TIMEOUT.as_secs_f64(), value_name = "SECS")]
     pub stream_open_timeout: f64,
 
+    /// Seconds of silence after which a peer is taken for gone and its session ended (a client
+    /// killed without closing, or whose network vanished). Keep-alives flow every 3 s.
+    #[arg(long, default_value_t = crate::limits::IDLE_TIMEOUT.as_secs_f64(), value_name = "SECS")]
+    pub idle_timeout: f64,
+
     /// Seconds a QUIC handshake may take before the connection is dropped.
     #[arg(long, default_value_t = crate::limits::HANDSHAKE_TIMEOUT.as_secs_f64(), value_name = "SECS")]
     pub handshake_timeout: f64,

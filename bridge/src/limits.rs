@@ -60,6 +60,17 @@ pub const STREAM_RECEIVE_WINDOW: u32 = 1_250_000;
 /// stream allowed this bounds what an admitted peer makes the bridge hold.
 pub const CONNECTION_RECEIVE_WINDOW: u32 = 1_500_000;
 
+/// How long a session's peer may be silent before the bridge takes it for
+/// gone (QUIC idle timeout; the smaller of both sides' values applies). A
+/// client killed without a close, or whose network vanished, frees its agent
+/// after this instead of QUIC's default 30 s. Three keep-alive intervals: a
+/// live path that loses two keep-alives in a row is not dropped.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Keep-alive period on the bridge's connections (iroh's default is 5 s; a
+/// shorter one lets [`IDLE_TIMEOUT`] be short without false alarms).
+pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(3);
+
 /// Bytes asked for per read from the stream or the agent. 64 KiB amortises
 /// syscalls and QUIC chunking without holding much per session.
 pub const READ_CHUNK: usize = 64 * 1024;

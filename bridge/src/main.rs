@@ -177,6 +177,13 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     if admission.heartbeat.is_zero() {
         bail!("--heartbeat-interval must be above zero");
     }
+    let idle_timeout = secs(l.idle_timeout, "--idle-timeout")?;
+    if idle_timeout <= limits::KEEP_ALIVE_INTERVAL {
+        bail!(
+            "--idle-timeout must be longer than the {}s keep-alive interval",
+            limits::KEEP_ALIVE_INTERVAL.as_secs()
+        );
+    }
     for (flag, v) in [
         ("--max-agents", l.max_agents),
         ("--max-handshakes", l.max_handshakes),
@@ -196,7 +203,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         max_handshakes: l.max_handshakes,
     };
     let (key, origin) = identity::load_or_create(home, &protocol)?;
-    let endpoint = net.bind_bridge(key, vec![protocol.alpn()]).await?;
+    let endpoint = net.bind_bridge(key, vec![protocol.alpn()], idle_timeout).await?;
     let addr = net::reachable_addr(&endpoint, &net.relays).await;
 
     if let Err(e @ allowfile::AllowFileError::NotRegular { .. }) = allowfile::read(&home.allowlist_path()) {

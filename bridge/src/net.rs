@@ -118,8 +118,8 @@ impl NetConfig {
     }
 
     /// [`Self::bind`] for the bridge: its peers get [`bridge_transport`]'s limits.
-    pub async fn bind_bridge(&self, key: SecretKey, alpns: Vec<Vec<u8>>) -> Result<Endpoint> {
-        self.bind_with(key, alpns, bridge_transport()).await
+    pub async fn bind_bridge(&self, key: SecretKey, alpns: Vec<Vec<u8>>, idle: Duration) -> Result<Endpoint> {
+        self.bind_with(key, alpns, bridge_transport(idle)?).await
     }
 
     async fn bind_with(
@@ -164,14 +164,21 @@ impl NetConfig {
 /// ones (left at QUIC's defaults, 100 + 100 streams of 1.25 MB windows let one
 /// admitted peer park gigabytes in the bridge), may not send datagrams, and all
 /// it sends unread is bounded by the connection window.
-pub fn bridge_transport() -> QuicTransportConfig {
-    QuicTransportConfig::builder()
+///
+/// A peer that vanishes without a close (killed, path gone) is noticed after
+/// `idle` of silence: both sides send keep-alives every
+/// [`limits::KEEP_ALIVE_INTERVAL`], so a live peer is never idle that long.
+pub fn bridge_transport(idle: Duration) -> Result<QuicTransportConfig> {
+    let idle = idle.try_into().with_context(|| format!("--idle-timeout {idle:?} is too long"))?;
+    Ok(QuicTransportConfig::builder()
         .max_concurrent_bidi_streams(1u32.into())
         .max_concurrent_uni_streams(0u32.into())
         .stream_receive_window(limits::STREAM_RECEIVE_WINDOW.into())
         .receive_window(limits::CONNECTION_RECEIVE_WINDOW.into())
         .datagram_receive_buffer_size(None)
-        .build()
+        .keep_alive_interval(limits::KEEP_ALIVE_INTERVAL)
+        .max_idle_timeout(Some(idle))
+        .build())
 }
 
 /// Waits (bounded) until the endpoint knows how it can be reached, then returns

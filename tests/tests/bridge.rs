@@ -722,3 +722,29 @@ async fn a_flood_on_agent_stderr_is_counted_not_logged() {
     let logged = s.bridge.log.text().lines().filter(|l| l.contains("agent stderr: noise-line")).count();
     assert!((1..=250).contains(&logged), "{logged} of 20000 stderr lines logged");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_killed_without_a_close_frees_its_agent_after_the_idle_timeout() {
+    use tokio::io::AsyncBufReadExt;
+    let mut s = Setup::new("acp", &[], &[], true).await;
+    let pid_file = s.path("agent.pid");
+    s.restart_with(&["--idle-timeout", "4"], &agent(&["--pid-file", &pid_file, "cat"])).await;
+    let mut c = s.client_home.cmd();
+    c.args(["acp", "connect", &s.bridge.ticket]).stdin(Stdio::piped()).stdout(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"{\"hello\":1}\n").await.unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let echoed = tokio::time::timeout(WAIT, lines.next_line()).await.unwrap().unwrap();
+    assert_eq!(echoed.as_deref(), Some("{\"hello\":1}"));
+    let pid = agent_pid(&pid_file).await;
+    // No close frame, no more packets: only the silence tells.
+    signal(child.id().unwrap(), libc::SIGKILL);
+    let killed = std::time::Instant::now();
+    assert!(wait_pid_gone(pid).await, "agent {pid} outlived its vanished client");
+    let took = killed.elapsed();
+    // The idle timeout (4 s) plus the agent's termination, not QUIC's default 30 s.
+    assert!(took < Duration::from_secs(9), "the agent was freed after {took:?}");
+    s.bridge.log.wait_for("peer gone").await;
+    drop(stdin);
+}
