@@ -205,8 +205,8 @@ pub enum BackendError {
     Server(u16),
     #[error("the backend answered with unexpected status {0}")]
     Status(u16),
-    #[error("the backend did not answer within {}s", BACKEND_TIMEOUT.as_secs())]
-    Timeout,
+    #[error("the backend did not answer within {0:?}")]
+    Timeout(Duration),
     #[error("cannot reach the backend: {0}")]
     Network(String),
     #[error("the backend sent malformed JSON: {0}")]
@@ -224,9 +224,9 @@ fn status_error(status: u16) -> BackendError {
     }
 }
 
-fn net_error(e: reqwest::Error) -> BackendError {
+fn net_error(e: reqwest::Error, timeout: Duration) -> BackendError {
     if e.is_timeout() {
-        BackendError::Timeout
+        BackendError::Timeout(timeout)
     } else {
         // Walk the chain for the useful part ("connection refused", DNS, TLS).
         let mut msg = e.to_string();
@@ -244,6 +244,8 @@ fn net_error(e: reqwest::Error) -> BackendError {
 pub struct Backend {
     http: reqwest::Client,
     cred: Credential,
+    /// Every call's bound, for the error that says it ran out.
+    timeout: Duration,
 }
 
 impl Backend {
@@ -256,7 +258,7 @@ impl Backend {
             .user_agent(concat!("thunderbolt-iroh/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| BackendError::Network(e.to_string()))?;
-        Ok(Self { http, cred })
+        Ok(Self { http, cred, timeout })
     }
 
     pub fn base(&self) -> &reqwest::Url {
@@ -282,7 +284,7 @@ impl Backend {
             .json(&body)
             .send()
             .await
-            .map_err(net_error)?;
+            .map_err(|e| net_error(e, self.timeout))?;
         let status = resp.status().as_u16();
         if resp.status().is_success() {
             Ok(())
@@ -293,12 +295,16 @@ impl Backend {
 
     /// `GET {base}/devices/allowlist` → the NodeIds (null and unparsable ones skipped).
     pub async fn allowlist(&self) -> Result<HashSet<EndpointId>, BackendError> {
-        let resp = self.auth(self.http.get(self.url("devices/allowlist"))).send().await.map_err(net_error)?;
+        let resp = self
+            .auth(self.http.get(self.url("devices/allowlist")))
+            .send()
+            .await
+            .map_err(|e| net_error(e, self.timeout))?;
         let status = resp.status().as_u16();
         if !resp.status().is_success() {
             return Err(status_error(status));
         }
-        let bytes = resp.bytes().await.map_err(net_error)?;
+        let bytes = resp.bytes().await.map_err(|e| net_error(e, self.timeout))?;
         let list: Allowlist =
             serde_json::from_slice(&bytes).map_err(|e| BackendError::Malformed(e.to_string()))?;
         let mut ids = HashSet::new();

@@ -94,6 +94,8 @@ struct Shared {
     shutdown: CancellationToken,
     /// A stranger dialing in a loop costs a few log lines, not one per dial.
     refusal_log: Mutex<LogBudget>,
+    /// A heartbeat is running (at most one at a time).
+    beating: std::sync::atomic::AtomicBool,
 }
 
 /// A running bridge.
@@ -126,6 +128,7 @@ impl Bridge {
                 crate::limits::REFUSAL_LOG_PER_SEC,
                 std::time::Instant::now(),
             )),
+            beating: std::sync::atomic::AtomicBool::new(false),
         });
         Self { endpoint, shared }
     }
@@ -141,9 +144,23 @@ impl Bridge {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = heartbeat.tick() => {
-                    // Runs as a task so a slow backend never stalls accepting.
-                    let shared = self.shared.clone();
-                    tasks.spawn(async move { beat(&shared).await });
+                    // Runs as a task so a slow backend never stalls accepting. One
+                    // beat at a time: with a backend slower than the heartbeat,
+                    // overlapping refreshes could apply an older allowlist after
+                    // a newer one; a beat that finds the last still running is skipped.
+                    if self.shared.beating.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                        debug!("heartbeat skipped: the previous one is still waiting on the backend");
+                    } else {
+                        let shared = self.shared.clone();
+                        tasks.spawn(async move {
+                            tokio::select! {
+                                _ = beat(&shared) => {}
+                                // Shutdown never waits on a hung backend.
+                                _ = shared.shutdown.cancelled() => {}
+                            }
+                            shared.beating.store(false, std::sync::atomic::Ordering::Release);
+                        });
+                    }
                 }
                 incoming = self.endpoint.accept() => {
                     let Some(incoming) = incoming else { break };

@@ -182,7 +182,7 @@ async fn failed_refreshes_keep_the_last_good_list() {
         (Reply::Status(500), "failed (500)"),
         (Reply::Status(401), "credential was rejected (401)"),
         (Reply::Garbage, "malformed JSON"),
-        (Reply::Slow(Duration::from_secs(2)), "did not answer within"),
+        (Reply::Slow(Duration::from_secs(2)), "did not answer within 300ms"),
     ] {
         let before = w.backend.count("GET", "/v1/devices/allowlist");
         w.backend.set_allowlist(reply.clone());
@@ -416,4 +416,25 @@ async fn flood_of_fresh_identities_is_capped_and_an_allowed_peer_still_gets_in()
     let max = *in_flight.iter().max().unwrap();
     assert!(max <= CAP, "{max} handshakes in flight, cap is {CAP}");
     assert!(log.contains("too many handshakes in flight"), "the flood never hit the cap");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_backend_neither_stacks_refreshes_nor_delays_shutdown() {
+    let w = World::new().await;
+    w.backend.set_node_ids(vec![Some(w.own.to_string())]);
+    // Backend timeout (20 s) far longer than the heartbeat (0.2 s).
+    let mut bridge = w.bridge(&[], &cat_agent(None), &[("THUNDERBOLT_BACKEND_TIMEOUT_SECS", "20")]).await;
+    let before = w.backend.count("GET", "/v1/devices/allowlist");
+    w.backend.set_allowlist(Reply::Slow(Duration::from_secs(60)));
+    w.backend.wait_requests("GET", "/v1/devices/allowlist", before + 1).await;
+    let hung = w.backend.count("GET", "/v1/devices/allowlist");
+    // Ten heartbeats pass while that refresh hangs: none starts another (an
+    // older list could otherwise land after a newer one).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(w.backend.count("GET", "/v1/devices/allowlist"), hung, "refreshes overlapped");
+    // SIGTERM does not wait for the hung request.
+    let started = std::time::Instant::now();
+    assert!(bridge.terminate().await.success());
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(8), "shutdown waited {took:?} on the backend");
 }
