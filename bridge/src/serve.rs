@@ -218,16 +218,18 @@ fn remote_key(addr: &IncomingAddr) -> RemoteKey {
 async fn handle_incoming(incoming: Incoming, shared: Arc<Shared>) {
     let addr = incoming.remote_addr();
     let key = remote_key(&addr);
-    if shared.gate.under_pressure() && !incoming.remote_addr_validated() {
-        // Prove the address first: costs us one stateless packet, not a slot.
-        debug!(%key, "handshake slots under pressure: asking for address validation (QUIC Retry)");
-        if let Err(e) = incoming.retry() {
-            debug!(%key, "retry failed: {e}");
-        }
-        return;
-    }
     let handshake_slot = match shared.gate.admit(key) {
         Ok(permit) => permit,
+        Err(GateDrop::HandshakeCap) if !incoming.remote_addr_validated() => {
+            // Every slot is young and busy: ask the sender to prove its address
+            // (one stateless packet). A real client comes back validated and may
+            // find a slot to take over; a spoofed or stalled one never does.
+            debug!(%key, "handshake slots full: asking for address validation (QUIC Retry)");
+            if let Err(e) = incoming.retry() {
+                debug!(%key, "retry failed: {e}");
+            }
+            return;
+        }
         Err(why) => {
             if let Some(suppressed) = shared.gate.should_log_drop() {
                 let why = match why {

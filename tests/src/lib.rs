@@ -18,6 +18,7 @@ use tokio::{
 };
 
 pub mod backend;
+pub mod hostile;
 
 /// Upper bound for anything a test waits on. Generous because two-core CI
 /// machines run several test binaries at once; a passing test never waits it out.

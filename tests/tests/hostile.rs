@@ -2,65 +2,11 @@
 //! addresses must not lock an allowed peer out. Everything on loopback; every
 //! loop is bounded.
 
-use std::{collections::HashSet, net::SocketAddr, time::Duration};
+use std::{net::SocketAddr, time::Duration};
 
-use iroh::{EndpointAddr, EndpointId, SecretKey};
 use thunderbolt_shared::{EndpointTicket, Protocol};
-use thunderbolt_tests::*;
+use thunderbolt_tests::{hostile::capture_initials, *};
 use tokio::net::UdpSocket;
-
-/// The destination connection id of a QUIC v1 long-header Initial packet, if
-/// `d` is one (type bits 00).
-fn initial_dcid(d: &[u8]) -> Option<&[u8]> {
-    if d.len() < 6 || d[0] & 0xf0 != 0xc0 || d[1..5] != [0, 0, 0, 1] {
-        return None;
-    }
-    let len = d[5] as usize;
-    d.get(6..6 + len)
-}
-
-/// The first packet of `n` real dial attempts to `bridge`, each a QUIC Initial
-/// with its own connection id: what a client that stalls after its first
-/// packet sends. A UDP trap stands in for the bridge; each attempt is dropped
-/// once its first packet was caught.
-async fn capture_initials(n: usize, bridge: EndpointId) -> Vec<Vec<u8>> {
-    let trap = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let dialer = client_endpoint(SecretKey::generate(), None, false).await;
-    let addr = EndpointAddr::new(bridge).with_ip_addr(trap.local_addr().unwrap());
-    let alpn = Protocol::acp().alpn();
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 4096];
-    for _ in 0..n * 4 {
-        if out.len() == n {
-            break;
-        }
-        let dial = dialer.connect(addr.clone(), &alpn);
-        tokio::pin!(dial);
-        let got = tokio::time::timeout(WAIT, async {
-            loop {
-                tokio::select! {
-                    r = trap.recv_from(&mut buf) => {
-                        let len = r.unwrap().0;
-                        // Retransmissions and closes of earlier attempts reuse their id.
-                        if let Some(dcid) = initial_dcid(&buf[..len]) {
-                            if seen.insert(dcid.to_vec()) {
-                                return buf[..len].to_vec();
-                            }
-                        }
-                    }
-                    _ = &mut dial => panic!("a dial to the trap cannot complete"),
-                }
-            }
-        })
-        .await
-        .expect("a dial sends its first packet");
-        out.push(got);
-    }
-    assert_eq!(out.len(), n, "captured {} distinct initials", out.len());
-    dialer.close().await;
-    out
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stalled_handshakes_from_many_addresses_do_not_lock_out_an_allowed_peer() {

@@ -87,6 +87,8 @@ enum Section {
     Flood,
     /// The per-line JSON check (valid UTF-8 JSON) against the check without UTF-8, in-process.
     Check,
+    /// An allowed peer's setup while 16 addresses send stalled handshakes (direct).
+    Stall,
 }
 
 /// Which sections this run measures.

@@ -118,6 +118,9 @@ pub async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<(
             if only.has(Section::Memory) {
                 rows.extend(memory_rows(&b, &p).await?);
             }
+            if only.has(Section::Stall) {
+                rows.extend(stall_rows(&b, &p).await?);
+            }
         }
         p.close().await;
     }
@@ -431,4 +434,74 @@ pub fn check_rows(plan: &Plan) -> Vec<Row> {
         without,
         true,
     )]
+}
+
+/// Stalled handshakes sent per second during the stall section, and from how
+/// many source addresses (127.0.0.2 and up): the attack of the hardening report.
+const STALL_RATE: u64 = 20;
+const STALL_SOURCES: u8 = 16;
+
+/// Admission under stalled handshakes: real first packets of dials that never
+/// continue, replayed from 16 loopback addresses at 20/s, while an allowed
+/// peer dials; against the same peer's dials with no attack.
+pub async fn stall_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
+    let acp = Protocol::acp().alpn();
+    let mut bridge = b.cat_bridge().await;
+    let addr = p.addr_of(&bridge)?;
+    let target = *addr.ip_addrs().next().context("the bridge has a direct address")?;
+    let line = b"{}\n";
+    first_response(&p.ep, &addr, &acp, line).await?;
+    let mut calm = Vec::new();
+    for _ in 0..b.plan.setup_reps {
+        calm.push(ms(first_response(&p.ep, &addr, &acp, line).await?));
+    }
+    // Enough packets to last the measurement and then some.
+    let count = (b.plan.setup_reps as u64 * 2 + 4) * STALL_RATE;
+    let initials = thunderbolt_tests::hostile::capture_initials(count as usize, bridge.node_id).await;
+    let mut sources = Vec::new();
+    for n in 0..STALL_SOURCES {
+        sources.push(tokio::net::UdpSocket::bind(std::net::SocketAddr::from(([127, 0, 0, n + 2], 0))).await?);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attack = {
+        let stop = stop.clone();
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(1000 / STALL_RATE));
+            for (i, packet) in initials.iter().enumerate() {
+                tick.tick().await;
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let _ = sources[i % sources.len()].send_to(packet, target).await;
+            }
+        }
+    };
+    let measure = async {
+        // Two seconds of attack first: every slot is taken by then.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut attacked = Vec::new();
+        let mut failed = 0usize;
+        for _ in 0..b.plan.setup_reps {
+            match tokio::time::timeout(WAIT, first_response(&p.ep, &addr, &acp, line)).await {
+                Ok(Ok(d)) => attacked.push(ms(d)),
+                _ => failed += 1,
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (attacked, failed)
+    };
+    let ((), (attacked, failed)) = tokio::join!(attack, measure);
+    bridge.terminate().await;
+    eprintln!("bench: stalled handshakes: {failed} of {} allowed dials failed", b.plan.setup_reps);
+    if attacked.is_empty() {
+        bail!("every allowed dial failed under stalled handshakes");
+    }
+    Ok(vec![row(
+        &format!("allowed peer dial → first response under stalled handshakes (direct, {failed} failed)"),
+        "ms",
+        attacked,
+        "same, no attack",
+        calm,
+        false,
+    )])
 }
