@@ -34,11 +34,25 @@ PATH=/usr/lib/llvm-22/bin:/usr/local/bin:/usr/bin:/bin \
 RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1 \
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER=wasm-ld \
 CC_wasm32_unknown_unknown=clang-22 AR_wasm32_unknown_unknown=llvm-ar \
-CARGO_PROFILE_RELEASE_DEBUG=false \
 RUSTFLAGS='--cfg getrandom_backend="wasm_js"' \
-  /usr/bin/cargo build --release --locked --target wasm32-unknown-unknown \
+  /usr/bin/cargo build --profile wasm-release --locked --target wasm32-unknown-unknown \
     -Zbuild-std=std,panic_abort -p thunderbolt-client-wasm --target-dir target/wasm
 
 wasm-bindgen --target web --out-dir "$here/pkg" \
-  target/wasm/wasm32-unknown-unknown/release/thunderbolt_client_wasm.wasm
+  target/wasm/wasm32-unknown-unknown/wasm-release/thunderbolt_client_wasm.wasm
+
+# Size: binaryen's wasm-opt from npm (a maintained build that installs anywhere
+# npm does; Debian's binaryen 108 produces modules that fail at runtime).
+binaryen_version=132.0.0
+tools="$here/.tools"
+if [ ! -x "$tools/node_modules/.bin/wasm-opt" ] \
+   || [ "$("$tools/node_modules/.bin/wasm-opt" --version | awk '{print $3}')" != "(version_${binaryen_version%%.*})" ]; then
+  echo "build.sh: installing binaryen $binaryen_version (wasm-opt) from npm" >&2
+  mkdir -p "$tools"
+  npm install --prefix "$tools" --no-audit --no-fund --silent --no-save "binaryen@$binaryen_version"
+fi
+wasm="$here/pkg/thunderbolt_client_wasm_bg.wasm"
+"$tools/node_modules/.bin/wasm-opt" -Oz --detect-features --strip-debug --strip-producers "$wasm" -o "$wasm.opt"
+mv "$wasm.opt" "$wasm"
 ls -l "$here/pkg"
+echo "build.sh: $(stat -c %s "$wasm") bytes raw, $(gzip -9 -c "$wasm" | wc -c) gzipped"
