@@ -54,5 +54,15 @@ fi
 wasm="$here/pkg/thunderbolt_client_wasm_bg.wasm"
 "$tools/node_modules/.bin/wasm-opt" -Oz --detect-features --strip-debug --strip-producers "$wasm" -o "$wasm.opt"
 mv "$wasm.opt" "$wasm"
+# The name the Thunderbolt app imports its client under: the same module, so
+# the app can switch to this client by copying pkg/ and nothing else.
+cat > "$here/pkg/thunderbolt_acp_client.js" <<'JS'
+export * from "./thunderbolt_client_wasm.js";
+export { default } from "./thunderbolt_client_wasm.js";
+JS
+cat > "$here/pkg/thunderbolt_acp_client.d.ts" <<'TS'
+export * from "./thunderbolt_client_wasm.js";
+export { default } from "./thunderbolt_client_wasm.js";
+TS
 ls -l "$here/pkg"
 echo "build.sh: $(stat -c %s "$wasm") bytes raw, $(gzip -9 -c "$wasm" | wc -c) gzipped"

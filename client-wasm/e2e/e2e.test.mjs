@@ -179,6 +179,28 @@ test("closing the page's connection kills the agent on the bridge", async () => 
   assert.deepEqual(agentPids(bridge).filter(alive), []);
 });
 
+test("drop-in: the app's module name and base32 NodeIds", async () => {
+  const r = await page.evaluate(async (ticket) => {
+    const alias = await import("../pkg/thunderbolt_acp_client.js");
+    const out = { sameClass: alias.IrohClient === window.thunderbolt.IrohClient, init: typeof alias.default };
+    // The bridge's NodeId as the app's form writes it: unpadded base32 (a-z2-7).
+    const hex = window.thunderbolt.state.client.nodeId();
+    const bytes = hex.match(/../g).map((h) => parseInt(h, 16));
+    const abc = "abcdefghijklmnopqrstuvwxyz234567";
+    let bits = 0, acc = 0, b32 = "";
+    for (const b of bytes) { acc = (acc << 8) | b; bits += 8; while (bits >= 5) { bits -= 5; b32 += abc[(acc >> bits) & 31]; } acc &= (1 << bits) - 1; }
+    if (bits > 0) b32 += abc[(acc << (5 - bits)) & 31];
+    out.b32 = /^[a-z2-7]{52}$/.test(b32);
+    // Dialing our own NodeId in base32 must get past parsing (it then fails to connect: kind is not "input").
+    try { await window.thunderbolt.state.client.connectProtocol(b32, "acp", 500); } catch (e) { out.kind = e.kind; }
+    return out;
+  }, bridge.ticket);
+  assert.equal(r.sameClass, true);
+  assert.equal(r.init, "function");
+  assert.equal(r.b32, true);
+  assert.notEqual(r.kind, "input", "a base32 NodeId must parse");
+});
+
 test("errors are typed: bad input, wrong protocol, bad frames, dial timeout", async () => {
   const r = await page.evaluate(async (ticket) => {
     const client = window.thunderbolt.state.client;

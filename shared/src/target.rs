@@ -8,6 +8,10 @@ use iroh_tickets::endpoint::EndpointTicket;
 /// Length of a NodeId written as lowercase hex (32 bytes).
 pub const NODE_ID_HEX_LEN: usize = 64;
 
+/// Length of a NodeId written as unpadded RFC 4648 base32 (the form the
+/// Thunderbolt app's own forms take: `^[a-z2-7]{52,}$`).
+pub const NODE_ID_BASE32_LEN: usize = 52;
+
 /// Every iroh endpoint ticket starts with this kind prefix.
 pub const TICKET_PREFIX: &str = "endpoint";
 
@@ -16,10 +20,12 @@ pub const TICKET_PREFIX: &str = "endpoint";
 pub enum TargetError {
     #[error("empty target: expected a ticket (endpoint…) or a 64-character hex NodeId")]
     Empty,
-    #[error("malformed NodeId '{shown}': expected 64 hex characters, got {len}")]
+    #[error("malformed NodeId '{shown}': expected 64 hex characters (or 52 base32), got {len}")]
     WrongLength { shown: String, len: usize },
     #[error("malformed NodeId '{shown}': only hex digits 0-9 a-f are allowed")]
     NotHex { shown: String },
+    #[error("malformed NodeId '{shown}': only base32 letters a-z and digits 2-7 are allowed")]
+    NotBase32 { shown: String },
     #[error("malformed NodeId '{shown}': not a valid ed25519 public key")]
     NotAKey { shown: String },
     #[error("malformed ticket: {0}")]
@@ -37,12 +43,18 @@ fn shown(s: &str) -> String {
     }
 }
 
-/// Parses a NodeId written as 64 hex characters (case-insensitive; surrounding
-/// whitespace ignored).
+/// Parses a NodeId written as 64 hex characters, or as 52 characters of
+/// unpadded base32 (case-insensitive; surrounding whitespace ignored). We print
+/// hex, as the reference does; base32 is accepted because the app's forms
+/// produce it.
 pub fn parse_node_id(s: &str) -> Result<EndpointId, TargetError> {
     let s = s.trim();
     if s.is_empty() {
         return Err(TargetError::Empty);
+    }
+    if s.len() == NODE_ID_BASE32_LEN {
+        let bytes = base32_key(s).ok_or_else(|| TargetError::NotBase32 { shown: shown(s) })?;
+        return EndpointId::from_bytes(&bytes).map_err(|_| TargetError::NotAKey { shown: shown(s) });
     }
     if s.len() != NODE_ID_HEX_LEN {
         return Err(TargetError::WrongLength { shown: shown(s), len: s.chars().count() });
@@ -57,6 +69,29 @@ pub fn parse_node_id(s: &str) -> Result<EndpointId, TargetError> {
         }
     }
     EndpointId::from_bytes(&bytes).map_err(|_| TargetError::NotAKey { shown: shown(s) })
+}
+
+/// 52 base32 characters → 32 bytes; the 4 bits left over must be zero (one
+/// key, one spelling).
+fn base32_key(s: &str) -> Option<[u8; 32]> {
+    let mut out = [0u8; 32];
+    let (mut acc, mut bits, mut n) = (0u32, 0u32, 0usize);
+    for c in s.bytes() {
+        let v = match c.to_ascii_lowercase() {
+            c @ b'a'..=b'z' => c - b'a',
+            c @ b'2'..=b'7' => c - b'2' + 26,
+            _ => return None,
+        };
+        acc = (acc << 5) | v as u32;
+        bits += 5;
+        if bits >= 8 {
+            bits -= 8;
+            *out.get_mut(n)? = (acc >> bits) as u8;
+            n += 1;
+            acc &= (1 << bits) - 1;
+        }
+    }
+    (n == 32 && acc == 0).then_some(out)
 }
 
 fn hex_val(c: u8) -> Option<u8> {
@@ -102,7 +137,7 @@ impl FromStr for Target {
         if s.is_empty() {
             return Err(TargetError::Empty);
         }
-        if s.starts_with(TICKET_PREFIX) {
+        if s.starts_with(TICKET_PREFIX) && s.len() != NODE_ID_BASE32_LEN {
             return s
                 .parse::<EndpointTicket>()
                 .map(Target::Ticket)
@@ -128,6 +163,45 @@ mod tests {
     // A fixed valid key: the public key of the all-ones secret.
     fn sample_id() -> EndpointId {
         iroh_base::SecretKey::from_bytes(&[1u8; 32]).public()
+    }
+
+    /// RFC 4648 base32, lowercase, unpadded (test-only encoder).
+    fn base32(bytes: &[u8]) -> String {
+        const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz234567";
+        let (mut out, mut acc, mut bits) = (String::new(), 0u32, 0u32);
+        for &b in bytes {
+            acc = (acc << 8) | b as u32;
+            bits += 8;
+            while bits >= 5 {
+                bits -= 5;
+                out.push(ALPHABET[((acc >> bits) & 31) as usize] as char);
+            }
+            acc &= (1 << bits) - 1;
+        }
+        if bits > 0 {
+            out.push(ALPHABET[((acc << (5 - bits)) & 31) as usize] as char);
+        }
+        out
+    }
+
+    #[test]
+    fn base32_node_ids_as_the_app_writes_them() {
+        let id = sample_id();
+        let b32 = base32(id.as_bytes());
+        assert_eq!(b32.len(), NODE_ID_BASE32_LEN);
+        assert!(b32.bytes().all(|c| c.is_ascii_lowercase() || (b'2'..=b'7').contains(&c)));
+        assert_eq!(parse_node_id(&b32).unwrap(), id);
+        assert_eq!(parse_node_id(&b32.to_uppercase()).unwrap(), id);
+        assert_eq!(b32.parse::<Target>().unwrap(), Target::NodeId(id));
+        // Wrong alphabet, and non-zero leftover bits (a second spelling of the same key).
+        let mut bad = b32.clone();
+        bad.replace_range(0..1, "1");
+        assert!(matches!(parse_node_id(&bad), Err(TargetError::NotBase32 { .. })));
+        // The last character carries one bit of the key and four zero bits: 'a' or 'q'.
+        let last = b32.as_bytes()[51];
+        assert!(last == b'a' || last == b'q');
+        let padded = format!("{}{}", &b32[..51], (last + 1) as char);
+        assert!(matches!(parse_node_id(&padded), Err(TargetError::NotBase32 { .. })));
     }
 
     #[test]
