@@ -8,9 +8,8 @@
 //! answers unparsable lines with ([`jsonrpc`]) and the account backend's JSON
 //! shapes ([`backend`]).
 //!
-//! The core is runtime-free (no tokio, no filesystem) so it compiles for
-//! `wasm32-unknown-unknown`; the `codec` feature adds a `tokio-util` codec for
-//! native streams.
+//! It is runtime-free (no tokio, no filesystem) so it compiles for
+//! `wasm32-unknown-unknown`.
 //!
 //! ```
 //! use thunderbolt_shared::protocol::Protocol;

@@ -2,11 +2,9 @@
 //!
 //! The framer never holds more than [`MAX_FRAME_LEN`] bytes of an unfinished
 //! line: a peer that never sends a newline cannot make us buffer without bound.
-//! [`LineFramer`] is the runtime-free core (used by the wasm client);
-//! [`NdjsonCodec`] wraps the same logic as a `tokio-util` codec.
+//! [`LineFramer`] is the push-based framer of the wasm client; [`RunSplitter`]
+//! the bridge's zero-copy one.
 
-#[cfg(feature = "codec")]
-use bytes::Buf;
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// Default largest frame (without its `\n`). ACP messages carry file contents
@@ -277,80 +275,6 @@ impl LineFramer {
     }
 }
 
-/// `tokio-util` codec for ndjson frames with the frame cap.
-#[cfg(feature = "codec")]
-#[derive(Debug, Clone)]
-pub struct NdjsonCodec {
-    scanned: usize,
-    max: usize,
-}
-
-#[cfg(feature = "codec")]
-impl Default for NdjsonCodec {
-    fn default() -> Self {
-        Self::new(MAX_FRAME_LEN)
-    }
-}
-
-#[cfg(feature = "codec")]
-impl NdjsonCodec {
-    pub fn new(max: usize) -> Self {
-        Self { scanned: 0, max }
-    }
-}
-
-/// Codec errors: I/O or a frame over the cap.
-#[cfg(feature = "codec")]
-#[derive(Debug, thiserror::Error)]
-pub enum CodecError {
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-    #[error(transparent)]
-    TooLong(#[from] FrameTooLong),
-    #[error(transparent)]
-    Encode(#[from] EncodeError),
-}
-
-#[cfg(feature = "codec")]
-impl tokio_util::codec::Decoder for NdjsonCodec {
-    type Item = BytesMut;
-    type Error = CodecError;
-
-    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<BytesMut>, CodecError> {
-        Ok(take_line(src, &mut self.scanned, self.max)?)
-    }
-
-    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<BytesMut>, CodecError> {
-        if let Some(line) = self.decode(src)? {
-            return Ok(Some(line));
-        }
-        if src.is_empty() {
-            Ok(None)
-        } else {
-            self.scanned = 0;
-            let rest = src.split();
-            Ok(Some(rest))
-        }
-    }
-}
-
-#[cfg(feature = "codec")]
-impl<T: Buf> tokio_util::codec::Encoder<T> for NdjsonCodec {
-    type Error = CodecError;
-
-    fn encode(&mut self, item: T, dst: &mut BytesMut) -> Result<(), CodecError> {
-        let chunk = item.chunk();
-        if chunk.len() == item.remaining() {
-            encode_frame(chunk, dst, self.max)?;
-        } else {
-            let mut item = item;
-            let v = item.copy_to_bytes(item.remaining());
-            encode_frame(&v, dst, self.max)?;
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -465,16 +389,5 @@ mod tests {
         assert!(is_blank(b""));
         assert!(is_blank(b" \t\r"));
         assert!(!is_blank(b" {} "));
-    }
-
-    #[cfg(feature = "codec")]
-    #[test]
-    fn codec_decodes_and_flushes_eof() {
-        use tokio_util::codec::Decoder;
-        let mut c = NdjsonCodec::new(100);
-        let mut src = BytesMut::from(&b"[1]\n[2"[..]);
-        assert_eq!(c.decode(&mut src).unwrap().unwrap(), &b"[1]"[..]);
-        assert_eq!(c.decode(&mut src).unwrap(), None);
-        assert_eq!(c.decode_eof(&mut src).unwrap().unwrap(), &b"[2"[..]);
     }
 }
