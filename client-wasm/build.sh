@@ -46,7 +46,7 @@ wasm-bindgen --target web --out-dir "$here/pkg" \
 binaryen_version=132.0.0
 tools="$here/.tools"
 if [ ! -x "$tools/node_modules/.bin/wasm-opt" ] \
-   || [ "$("$tools/node_modules/.bin/wasm-opt" --version | awk '{print $3}')" != "(version_${binaryen_version%%.*})" ]; then
+   || [ "$("$tools/node_modules/.bin/wasm-opt" --version | awk '{print $3}')" != "${binaryen_version%%.*}" ]; then
   echo "build.sh: installing binaryen $binaryen_version (wasm-opt) from npm" >&2
   mkdir -p "$tools"
   npm install --prefix "$tools" --no-audit --no-fund --silent --no-save "binaryen@$binaryen_version"
