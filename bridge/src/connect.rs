@@ -172,7 +172,10 @@ async fn pipe(
 
     let outcome = {
         let upload = async {
-            let r = tokio::io::copy(&mut local_in, &mut send).await;
+            // Large reads: stdin is read on tokio's blocking pool, one hand-off per
+            // read, and `copy`'s own buffer is 8 KiB.
+            let mut local_in = tokio::io::BufReader::with_capacity(limits::READ_CHUNK, &mut local_in);
+            let r = tokio::io::copy_buf(&mut local_in, &mut send).await;
             let _ = send.finish();
             r
         };
