@@ -88,24 +88,24 @@ impl AgentEnd {
     pub fn reason(&self) -> String {
         match *self {
             Self::Exited(code) => format!("{EXITED_PREFIX}{code})"),
-            Self::Signaled(sig) => match signal_name(sig) {
-                Some(name) => format!("{SIGNALED_PREFIX}{sig} ({name})"),
-                None => format!("{SIGNALED_PREFIX}{sig}"),
-            },
+            Self::Signaled(sig) => format!("{SIGNALED_PREFIX}{}", signal_text(sig)),
         }
     }
-}
 
-impl AgentEnd {
     /// One line for a person, naming the code or the signal.
     pub fn describe(&self) -> String {
         match *self {
             Self::Exited(code) => format!("the agent exited with code {code}"),
-            Self::Signaled(sig) => match signal_name(sig) {
-                Some(name) => format!("the agent was killed by signal {sig} ({name})"),
-                None => format!("the agent was killed by signal {sig}"),
-            },
+            Self::Signaled(sig) => format!("the agent was killed by signal {}", signal_text(sig)),
         }
+    }
+}
+
+/// `9 (SIGKILL)`, or just the number for a signal without a common name.
+fn signal_text(sig: i32) -> String {
+    match signal_name(sig) {
+        Some(name) => format!("{sig} ({name})"),
+        None => sig.to_string(),
     }
 }
 
