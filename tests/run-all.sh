@@ -17,6 +17,12 @@ cd "$(dirname "$0")/.."
 
 if [ -z "${TB_IN_NETNS:-}" ]; then
   cargo build --workspace --bins --tests --locked
+  if ! command -v nft >/dev/null; then
+    # The resume tests cut a bridge's path with nftables inside the namespace.
+    echo "run-all: installing nftables for the outage tests" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends nftables >/dev/null
+  fi
   if [ "${TB_SKIP_BROWSER:-}" != 1 ]; then
     if ! command -v chromium >/dev/null; then
       echo "run-all: installing Debian's chromium for the browser tests" >&2

@@ -24,6 +24,8 @@ pub struct Banner<'a> {
     pub manual_peers: usize,
     pub account_trust: &'a str,
     pub app_url: Option<&'a str>,
+    /// Resumable sessions: grace and buffer, or `None` when off.
+    pub resume: Option<crate::hub::ResumeConfig>,
 }
 
 impl Banner<'_> {
@@ -57,6 +59,19 @@ impl Banner<'_> {
             }
         }
         let _ = writeln!(s, "  Agent:   {}", self.command);
+        match &self.resume {
+            Some(r) => {
+                let _ = writeln!(
+                    s,
+                    "  Resume:  a lost connection keeps its session {}s (ALPN thunderbolt/{p}/r1, buffer {} MiB)",
+                    r.grace.as_secs(),
+                    r.buffer >> 20
+                );
+            }
+            None => {
+                let _ = writeln!(s, "  Resume:  off (a session ends with its connection)");
+            }
+        }
         let _ = writeln!(
             s,
             "  Trust:   allow file {} ({} peer{}); same-account auto-trust: {}",

@@ -123,6 +123,18 @@ pub struct ConnectArgs {
     #[arg(long, default_value_t = crate::connect::DEFAULT_DIAL_TIMEOUT_SECS, value_name = "SECS")]
     pub dial_timeout: u64,
 
+    /// Offer only thunderbolt/<p>/0: a lost connection ends the session. By default the
+    /// resumable protocol (thunderbolt/<p>/r1) is offered first, and a lost connection is redialed
+    /// and the session carried on, every message delivered once and in order (bridges without
+    /// it are served the plain protocol).
+    #[arg(long)]
+    pub no_resume: bool,
+
+    /// Seconds of silence after which the connection is taken for lost (then redialed when
+    /// resuming). Keep-alives flow every 3 s (every third of this when shorter). At least 0.3.
+    #[arg(long, default_value_t = crate::limits::IDLE_TIMEOUT.as_secs_f64(), value_name = "SECS")]
+    pub idle_timeout: f64,
+
     #[command(flatten)]
     pub net: NetArgs,
 
@@ -189,8 +201,9 @@ pub struct LimitArgs {
     #[arg(long, default_value_t = crate::limits::STREAM_OPEN_TIMEOUT.as_secs_f64(), value_name = "SECS")]
     pub stream_open_timeout: f64,
 
-    /// Seconds of silence after which a peer is taken for gone and its session ended (a client
-    /// killed without closing, or whose network vanished). Keep-alives flow every 3 s.
+    /// Seconds of silence after which a peer is taken for gone (a client killed without closing,
+    /// or whose network vanished): its session ends, or waits for it (--resume-grace).
+    /// Keep-alives flow every 3 s (every third of this when shorter). At least 0.3.
     #[arg(long, default_value_t = crate::limits::IDLE_TIMEOUT.as_secs_f64(), value_name = "SECS")]
     pub idle_timeout: f64,
 
@@ -213,6 +226,23 @@ pub struct LimitArgs {
     /// Seconds between heartbeats: refresh the account allowlist and close sessions no longer allowed.
     #[arg(long, default_value_t = crate::account::HEARTBEAT_INTERVAL.as_secs_f64(), value_name = "SECS")]
     pub heartbeat_interval: f64,
+
+    /// Seconds a resumable session (clients that offer ALPN thunderbolt/<p>/r1, like
+    /// `thunderbolt acp connect`) keeps its agent running after its connection was lost without
+    /// the client closing it, for the client to come back and carry on. Output the agent writes
+    /// meanwhile is kept (see --resume-buffer). Clients of thunderbolt/<p>/0 are not affected.
+    #[arg(long, default_value_t = crate::limits::RESUME_GRACE.as_secs_f64(), value_name = "SECS")]
+    pub resume_grace: f64,
+
+    /// Most agent output (bytes; K, M, G suffixes) a resumable session holds for its client: not
+    /// yet acknowledged, or written while the client was away. Past it, with the client away, the
+    /// session ends.
+    #[arg(long, default_value = "32M", value_name = "BYTES", value_parser = frame_size)]
+    pub resume_buffer: usize,
+
+    /// Serve thunderbolt/<p>/0 only: every session ends with its connection.
+    #[arg(long)]
+    pub no_resume: bool,
 }
 
 /// A frame size: bytes, or with a K/M/G suffix (binary units), within the bounds of

@@ -11,15 +11,15 @@
 use std::{process::Stdio, time::Duration};
 
 use anyhow::{anyhow, bail, Context, Result};
-use iroh::endpoint::{Connection, ConnectionError, VarInt};
+use iroh::endpoint::{ConnectOptions, Connection, ConnectionError, VarInt};
 use thunderbolt_shared::{
     close::{self, is_alpn_refusal},
-    Protocol, Target,
+    resume, Protocol, Target,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info};
 
-use crate::{cli::ConnectArgs, home::Home, identity, limits, net::NetConfig};
+use crate::{cli::ConnectArgs, home::Home, identity, limits, net::NetConfig, redial};
 
 /// How long a dial may take by default: covers relay fallback and discovery on
 /// a slow link; a user waiting longer than this wants an error.
@@ -88,7 +88,11 @@ pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<(
     let net = NetConfig::from_args(&args.net)?;
     // `connect` always dials with the ACP identity: the NodeId `iroh id` prints.
     let (key, _) = identity::load_or_create(home, &Protocol::acp())?;
-    let ep = net.bind(key, vec![]).await?;
+    // Keep-alives and a short idle timeout: a dead path is noticed (and, when
+    // resuming, redialed) in seconds.
+    let idle = Duration::try_from_secs_f64(args.idle_timeout)
+        .map_err(|_| anyhow!("invalid --idle-timeout: {}", args.idle_timeout))?;
+    let ep = net.bind_bridge(key, vec![], idle).await?;
     let mut reached = false;
     let result = dial_and_pipe(&ep, &target, &protocol, args, &mut reached).await;
     // Only a connection that reached the bridge has a close frame worth waiting for.
@@ -107,11 +111,17 @@ async fn dial_and_pipe(
     let alpn = protocol.alpn();
     debug!(target = %target.id(), "dialing");
     let dial_started = tokio::time::Instant::now();
-    let dial = tokio::time::timeout(
-        Duration::from_secs(args.dial_timeout),
-        ep.connect(target.endpoint_addr(), &alpn),
-    )
-    .await;
+    let dial = async {
+        if args.no_resume {
+            return ep.connect(target.endpoint_addr(), &alpn).await.map_err(anyhow::Error::from);
+        }
+        // The resumable protocol first; a bridge without it picks the plain one.
+        let opts = ConnectOptions::new().with_additional_alpns(vec![alpn.clone()]);
+        let connecting =
+            ep.connect_with_opts(target.endpoint_addr(), &resume::resume_alpn(protocol), opts).await?;
+        Ok(connecting.await?)
+    };
+    let dial = tokio::time::timeout(Duration::from_secs(args.dial_timeout), dial).await;
     let conn = match dial {
         Err(_) => bail!(
             "could not reach {} within {}s (is the bridge running, and does the ticket carry a \
@@ -137,19 +147,30 @@ async fn dial_and_pipe(
     debug!(bridge = %conn.remote_id().fmt_short(), "handshake done");
     let settle =
         (dial_started.elapsed() * ADMISSION_SETTLE_FACTOR).clamp(ADMISSION_SETTLE_MIN, ADMISSION_SETTLE_MAX);
-    let result = pipe(&conn, protocol, args.command, settle).await;
+    let result = pipe(ep, target, &conn, protocol, args.command, settle).await;
     conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_CLIENT_CLOSED.as_bytes());
     result
 }
 
+/// How long a local client whose stdin we closed gets to exit by itself.
+const LOCAL_CLIENT_EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// The local client gets its stdin closed (by the caller); it may exit by itself, briefly.
+async fn wait_local_client(mut c: tokio::process::Child) {
+    if tokio::time::timeout(LOCAL_CLIENT_EXIT_WAIT, c.wait()).await.is_err() {
+        let _ = c.kill().await;
+    }
+}
+
 /// Runs the two copy directions until the bridge finishes its side.
 async fn pipe(
+    ep: &iroh::Endpoint,
+    target: &Target,
     conn: &Connection,
     protocol: &Protocol,
     command: Vec<std::ffi::OsString>,
     settle: Duration,
 ) -> Result<()> {
-    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| anyhow!(describe_close(&e, protocol)))?;
     let (mut local_in, mut local_out, mut child): (
         Box<dyn AsyncRead + Unpin + Send>,
         Box<dyn AsyncWrite + Unpin + Send>,
@@ -166,6 +187,21 @@ async fn pipe(
         (Box::new(out), Box::new(inp), Some(child))
     };
     let mut term = crate::signals::Terminate::new();
+    if conn.alpn().ends_with(resume::RESUME_ALPN_SUFFIX) {
+        let finish = redial::run(ep, target, protocol, conn.clone(), local_in, local_out, &mut term).await;
+        if let Some(c) = child.take() {
+            wait_local_client(c).await;
+        }
+        return match finish? {
+            redial::Finish::AgentEnded(Some(end)) if !end.is_success() => Err(anyhow!(end.describe())),
+            redial::Finish::AgentEnded(Some(end)) => {
+                debug!("{}", end.describe());
+                Ok(())
+            }
+            redial::Finish::AgentEnded(None) | redial::Finish::Stopped => Ok(()),
+        };
+    }
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| anyhow!(describe_close(&e, protocol)))?;
     let announce = |how: &str| info!(bridge = %conn.remote_id().fmt_short(), "connected ({how})");
     let mut announced = false;
     let mut ended: Option<close::AgentEnd> = None;
@@ -242,12 +278,9 @@ async fn pipe(
         }
     }
     let _ = local_out.shutdown().await;
-    if let Some(mut c) = child.take() {
-        // The local client gets its stdin closed; give it a moment to exit by itself.
+    if let Some(c) = child.take() {
         drop(local_out);
-        if tokio::time::timeout(Duration::from_secs(5), c.wait()).await.is_err() {
-            let _ = c.kill().await;
-        }
+        wait_local_client(c).await;
     }
     // A refusal can race the stream: prefer the bridge's stated reason.
     if let (Err(_), Some(reason)) = (&outcome, conn.close_reason()) {

@@ -67,8 +67,26 @@ pub const CONNECTION_RECEIVE_WINDOW: u32 = 1_500_000;
 /// live path that loses two keep-alives in a row is not dropped.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a resumable session (`thunderbolt/<p>/r1`) whose connection was
+/// lost keeps its agent for the client to come back: a phone's locked screen,
+/// a laptop's short sleep, a network switch or a relay restart all fit in 5
+/// minutes; an abandoned agent is not kept much longer than that.
+pub const RESUME_GRACE: Duration = Duration::from_secs(300);
+
+/// Most bytes of agent output a resumable session holds for its client
+/// (unacknowledged, or written while it was away): one largest frame fits
+/// (32 MiB, the default `--max-frame`). With 16 agents that bounds the
+/// bridge's held output at 512 MiB; what an agent writes while nobody reads is
+/// usually far less (a reply in progress).
+pub const RESUME_BUFFER: usize = 32 << 20;
+
+/// Shortest `--idle-timeout`: a few round trips on a slow path (shorter would
+/// drop live connections).
+pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_millis(300);
+
 /// Keep-alive period on the bridge's connections (iroh's default is 5 s; a
-/// shorter one lets [`IDLE_TIMEOUT`] be short without false alarms).
+/// shorter one lets [`IDLE_TIMEOUT`] be short without false alarms). A
+/// shorter idle timeout gets keep-alives every third of it.
 pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(3);
 
 /// Bytes asked for per read from the stream or the agent. 64 KiB amortises

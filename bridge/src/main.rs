@@ -12,6 +12,7 @@ mod cli;
 mod connect;
 mod gate;
 mod home;
+mod hub;
 mod identity;
 mod iroh_cmd;
 mod limits;
@@ -19,6 +20,7 @@ mod net;
 mod pump;
 mod reaper;
 mod redact;
+mod redial;
 mod serve;
 mod session;
 mod signals;
@@ -178,11 +180,8 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         bail!("--heartbeat-interval must be above zero");
     }
     let idle_timeout = secs(l.idle_timeout, "--idle-timeout")?;
-    if idle_timeout <= limits::KEEP_ALIVE_INTERVAL {
-        bail!(
-            "--idle-timeout must be longer than the {}s keep-alive interval",
-            limits::KEEP_ALIVE_INTERVAL.as_secs()
-        );
+    if idle_timeout < limits::MIN_IDLE_TIMEOUT {
+        bail!("--idle-timeout must be at least {}s", limits::MIN_IDLE_TIMEOUT.as_secs_f64());
     }
     for (flag, v) in [
         ("--max-agents", l.max_agents),
@@ -203,7 +202,23 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         max_handshakes: l.max_handshakes,
     };
     let (key, origin) = identity::load_or_create(home, &protocol)?;
-    let endpoint = net.bind_bridge(key, vec![protocol.alpn()], idle_timeout).await?;
+    let resume = if l.no_resume {
+        None
+    } else {
+        let grace = secs(l.resume_grace, "--resume-grace")?;
+        if grace.is_zero() {
+            bail!("--resume-grace must be above zero (use --no-resume to switch resuming off)");
+        }
+        Some(hub::ResumeConfig { grace, buffer: l.resume_buffer })
+    };
+    // The server's order decides (rustls picks its first ALPN the client
+    // offers): r1 first, so a client offering both gets the resumable protocol.
+    let mut alpns = Vec::new();
+    if resume.is_some() {
+        alpns.push(thunderbolt_shared::resume::resume_alpn(&protocol));
+    }
+    alpns.push(protocol.alpn());
+    let endpoint = net.bind_bridge(key, alpns, idle_timeout).await?;
     let addr = net::reachable_addr(&endpoint, &net.relays).await;
 
     if let Err(e @ allowfile::AllowFileError::NotRegular { .. }) = allowfile::read(&home.allowlist_path()) {
@@ -232,6 +247,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         manual_peers,
         account_trust: &account_status,
         app_url: app_url.as_deref(),
+        resume,
     };
     // Before the banner: a SIGTERM right after it must shut down cleanly.
     let term = signals::Terminate::new();
@@ -243,7 +259,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     tokio::spawn(stop_on_signal(term, stop.clone()));
     let gate = Arc::new(gate::Gate::new(gate_limits, Arc::new(gate::SystemClock)));
     reaper::start();
-    let session = SessionConfig { max_frame: l.max_frame, ..SessionConfig::new(agent) };
+    let session = SessionConfig { max_frame: l.max_frame, resume, ..SessionConfig::new(agent) };
     let bridge = Bridge::new(endpoint, trust, gate, account.ok().map(Arc::new), admission, session);
     bridge.run(stop).await;
     info!("bridge stopped");

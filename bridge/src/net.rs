@@ -113,6 +113,7 @@ impl NetConfig {
     }
 
     /// Binds an endpoint with `key`, accepting `alpns` (empty for a dial-only endpoint).
+    #[allow(dead_code)]
     pub async fn bind(&self, key: SecretKey, alpns: Vec<Vec<u8>>) -> Result<Endpoint> {
         self.bind_with(key, alpns, QuicTransportConfig::default()).await
     }
@@ -167,8 +168,13 @@ impl NetConfig {
 ///
 /// A peer that vanishes without a close (killed, path gone) is noticed after
 /// `idle` of silence: both sides send keep-alives every
-/// [`limits::KEEP_ALIVE_INTERVAL`], so a live peer is never idle that long.
+/// [`limits::KEEP_ALIVE_INTERVAL`] (or a third of `idle` when that is
+/// shorter), so a live peer is never idle that long.
 pub fn bridge_transport(idle: Duration) -> Result<QuicTransportConfig> {
+    if idle < limits::MIN_IDLE_TIMEOUT {
+        anyhow::bail!("an idle timeout of {idle:?} is below the {:?} minimum", limits::MIN_IDLE_TIMEOUT);
+    }
+    let keep_alive = keep_alive(idle);
     let idle = idle.try_into().with_context(|| format!("--idle-timeout {idle:?} is too long"))?;
     Ok(QuicTransportConfig::builder()
         .max_concurrent_bidi_streams(1u32.into())
@@ -176,9 +182,15 @@ pub fn bridge_transport(idle: Duration) -> Result<QuicTransportConfig> {
         .stream_receive_window(limits::STREAM_RECEIVE_WINDOW.into())
         .receive_window(limits::CONNECTION_RECEIVE_WINDOW.into())
         .datagram_receive_buffer_size(None)
-        .keep_alive_interval(limits::KEEP_ALIVE_INTERVAL)
+        .keep_alive_interval(keep_alive)
         .max_idle_timeout(Some(idle))
         .build())
+}
+
+/// Keep-alive period for an idle timeout: two keep-alives may be lost in a row
+/// before a live path is taken for dead.
+pub fn keep_alive(idle: Duration) -> Duration {
+    limits::KEEP_ALIVE_INTERVAL.min(idle / 3)
 }
 
 /// Waits (bounded) until the endpoint knows how it can be reached, then returns

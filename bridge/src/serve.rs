@@ -22,6 +22,7 @@ use tracing::{debug, info, warn};
 use crate::{
     account::Account,
     gate::{Drop as GateDrop, Gate, RemoteKey},
+    hub::{self, Hub, HubLink, Hubs},
     session::{self, refuse, SessionConfig},
     throttle::LogBudget,
     trust::{Grant, TrustPolicy},
@@ -87,6 +88,8 @@ struct Shared {
     trust: Arc<dyn TrustPolicy>,
     gate: Arc<Gate>,
     sessions: Sessions,
+    /// Resumable sessions, attached or waiting for their client.
+    hubs: Hubs,
     account: Option<Arc<Account>>,
     admission: Admission,
     agents: Arc<Semaphore>,
@@ -118,6 +121,7 @@ impl Bridge {
             trust,
             gate,
             sessions: Sessions::default(),
+            hubs: Hubs::default(),
             account,
             agents: Arc::new(Semaphore::new(admission.max_agents)),
             admission,
@@ -189,8 +193,8 @@ async fn beat(shared: &Shared) {
     if let Some(account) = &shared.account {
         account.refresh().await;
     }
-    let closed = shared.sessions.recheck(shared.trust.as_ref());
-    tracing::debug!(open = shared.sessions.len(), closed, "heartbeat");
+    let closed = shared.sessions.recheck(shared.trust.as_ref()) + shared.hubs.recheck(shared.trust.as_ref());
+    tracing::debug!(open = shared.sessions.len(), detached = shared.hubs.detached(), closed, "heartbeat");
     give_back_memory();
 }
 
@@ -314,10 +318,89 @@ async fn admitted(conn: Connection, peer: EndpointId, grant: Grant, shared: Arc<
             return;
         }
     };
+    if let Some(resume) = shared.session.resume {
+        // The endpoint accepts our protocol's two ALPNs only: the suffix tells them apart.
+        if conn.alpn().ends_with(thunderbolt_shared::resume::RESUME_ALPN_SUFFIX) {
+            return resumable(conn, peer, send, recv, resume, shared.clone()).await;
+        }
+    }
     let Ok(permit) = shared.agents.clone().try_acquire_owned() else {
         warn!(peer = %short, "refusing: {} ({} agents running)", close::REASON_AT_CAPACITY, shared.admission.max_agents);
         refuse(&conn, close::REASON_AT_CAPACITY);
         return;
     };
     session::run(conn, send, recv, shared.session.clone(), permit, shared.shutdown.clone()).await;
+}
+
+/// A connection speaking `thunderbolt/<p>/r1`: starts a session, or re-attaches
+/// to one of this peer's.
+async fn resumable(
+    conn: Connection,
+    peer: EndpointId,
+    send: iroh::endpoint::SendStream,
+    mut recv: iroh::endpoint::RecvStream,
+    resume: hub::ResumeConfig,
+    shared: Arc<Shared>,
+) {
+    let short = peer.fmt_short().to_string();
+    let hello = tokio::select! {
+        r = tokio::time::timeout(shared.admission.stream_open_timeout, hub::read_hello(&mut recv)) => r,
+        _ = shared.shutdown.cancelled() => {
+            refuse(&conn, close::REASON_SHUTTING_DOWN);
+            return;
+        }
+    };
+    let (token, received, leftover) = match hello {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
+            info!(peer = %short, "closing: {e}");
+            refuse(&conn, hub::REASON_PROTOCOL);
+            return;
+        }
+        Err(_) => {
+            info!(peer = %short, "closing: {}", close::REASON_IDLE);
+            refuse(&conn, close::REASON_IDLE);
+            return;
+        }
+    };
+    if let Some(token) = token {
+        // Only the NodeId that started a session finds it.
+        let attached = match shared.hubs.find(&token, &peer) {
+            Some(hub) => hub.attach(conn.clone(), send, recv, received, leftover),
+            None => Err("no such session for this peer".into()),
+        };
+        if let Err(why) = attached {
+            info!(peer = %short, "refusing a resume: {why}");
+            refuse(&conn, close::REASON_UNKNOWN_SESSION);
+        }
+        return;
+    }
+    if received != 0 {
+        info!(peer = %short, "closing: a new session cannot have received frames");
+        refuse(&conn, hub::REASON_PROTOCOL);
+        return;
+    }
+    let Ok(permit) = shared.agents.clone().try_acquire_owned() else {
+        warn!(peer = %short, "refusing: {} ({} agents running)", close::REASON_AT_CAPACITY, shared.admission.max_agents);
+        refuse(&conn, close::REASON_AT_CAPACITY);
+        return;
+    };
+    let (hub, inbox, outbox) = Hub::new(peer, resume, shared.session.max_frame);
+    let _registered = shared.hubs.insert(&hub);
+    if let Err(e) = hub.attach(conn.clone(), send, recv, 0, leftover) {
+        warn!(peer = %short, "could not start a resumable session: {e}");
+        return;
+    }
+    debug!(peer = %short, "resumable session");
+    session::run_on(
+        HubLink(hub.clone()),
+        outbox,
+        inbox,
+        &short,
+        shared.session.clone(),
+        permit,
+        shared.shutdown.clone(),
+    )
+    .await;
+    hub.release();
 }

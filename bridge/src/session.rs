@@ -14,7 +14,7 @@
 //! left running goes too), the agent is reaped and its slot freed. Bad frames
 //! never end a session: the pump answers them (see [`crate::pump`]).
 
-use std::{sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use iroh::endpoint::{Connection, RecvStream, SendStream, VarInt};
@@ -23,7 +23,7 @@ use thunderbolt_shared::{
     ndjson::MAX_FRAME_LEN,
 };
 use tokio::{
-    io::AsyncReadExt,
+    io::{AsyncRead, AsyncReadExt, AsyncWrite},
     process::Child,
     sync::{mpsc, OwnedSemaphorePermit},
     time::Instant,
@@ -44,6 +44,58 @@ pub fn refuse(conn: &Connection, reason: &str) {
     conn.close(VarInt::from_u32(close::CLOSE_CODE_REFUSED), reason.as_bytes());
 }
 
+/// The peer's side of a session as the session core sees it: one plain
+/// connection, or a resumable session that outlives its connections
+/// ([`crate::hub`]).
+pub trait Link: Send + Sync {
+    /// Where the agent's output goes.
+    type Out: AsyncWrite + Unpin + Send + 'static;
+    /// Resolves when the peer is gone for good, with why.
+    fn gone(&self) -> impl Future<Output = String> + Send;
+    /// Why the peer went away, once it did and said so.
+    fn gone_reason(&self) -> Option<String>;
+    /// Ends the session towards the peer with a close code and reason.
+    fn close(&self, code: u32, reason: &str);
+    /// The agent's output is all in `out`: tell the peer nothing more comes.
+    fn finish(&self, out: &mut Self::Out);
+    /// Resolves once the peer holds everything written to `out`.
+    fn delivered(&self, out: &mut Self::Out) -> impl Future<Output = ()> + Send;
+    /// How long [`Link::delivered`] may take before the session is closed anyway.
+    fn linger(&self, cfg: &SessionConfig) -> Duration;
+}
+
+/// A session that is exactly one connection (`thunderbolt/<p>/0`).
+pub struct Plain(pub Connection);
+
+impl Link for Plain {
+    type Out = SendStream;
+
+    fn gone(&self) -> impl Future<Output = String> + Send {
+        let conn = self.0.clone();
+        async move { conn.closed().await.to_string() }
+    }
+
+    fn gone_reason(&self) -> Option<String> {
+        self.0.close_reason().map(|r| r.to_string())
+    }
+
+    fn close(&self, code: u32, reason: &str) {
+        self.0.close(VarInt::from_u32(code), reason.as_bytes());
+    }
+
+    fn finish(&self, out: &mut SendStream) {
+        let _ = out.finish();
+    }
+
+    async fn delivered(&self, out: &mut SendStream) {
+        let _ = out.stopped().await;
+    }
+
+    fn linger(&self, cfg: &SessionConfig) -> Duration {
+        cfg.finish_linger
+    }
+}
+
 /// Settings every session shares.
 #[derive(Debug)]
 pub struct SessionConfig {
@@ -51,6 +103,8 @@ pub struct SessionConfig {
     pub max_frame: usize,
     pub term_grace: Duration,
     pub finish_linger: Duration,
+    /// Resumable sessions, unless switched off.
+    pub resume: Option<crate::hub::ResumeConfig>,
 }
 
 impl SessionConfig {
@@ -60,6 +114,7 @@ impl SessionConfig {
             max_frame: MAX_FRAME_LEN,
             term_grace: limits::AGENT_TERM_GRACE,
             finish_linger: limits::FINISH_LINGER,
+            resume: None,
         }
     }
 }
@@ -97,12 +152,27 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> End {
     let peer = conn.remote_id().fmt_short().to_string();
+    run_on(Plain(conn), send, recv, &peer, cfg, permit, shutdown).await
+}
+
+/// Runs the agent for a session's `link`: its output goes to `out`, its input
+/// comes from `input`.
+pub async fn run_on<L: Link>(
+    link: L,
+    out: L::Out,
+    input: impl AsyncRead + Unpin + Send + 'static,
+    peer: &str,
+    cfg: Arc<SessionConfig>,
+    permit: OwnedSemaphorePermit,
+    shutdown: CancellationToken,
+) -> End {
+    let peer = peer.to_string();
     let mut child = match cfg.agent.spawn() {
         Ok(c) => c,
         Err(e) => {
             warn!(peer = %peer, "failed to spawn '{}': {e}", cfg.agent.argv0());
             let reason = close::failed_to_spawn(&cfg.agent.argv0());
-            refuse(&conn, &reason);
+            link.close(close::CLOSE_CODE_REFUSED, &reason);
             return End::Refused(reason);
         }
     };
@@ -115,7 +185,7 @@ pub async fn run(
     info!(peer = %peer, pid = pgid, "agent started: {}", cfg.agent.redacted());
     let stderr =
         child.stderr.take().map(|e| AbortOnDropHandle::new(tokio::spawn(log_stderr(e, peer.clone()))));
-    let end = drive(&conn, send, recv, &mut child, &cfg, &peer, &shutdown).await;
+    let end = drive(&link, out, input, &mut child, &cfg, &peer, &shutdown).await;
     agent::terminate(&mut child, cfg.term_grace).await;
     if let Some(pgid) = pgid {
         agent::kill_group(pgid, libc::SIGKILL);
@@ -132,10 +202,10 @@ pub async fn run(
 }
 
 /// Pumps both directions until the session's end, then ends it towards the peer.
-async fn drive(
-    conn: &Connection,
-    send: SendStream,
-    recv: RecvStream,
+async fn drive<L: Link>(
+    link: &L,
+    send: L::Out,
+    recv: impl AsyncRead + Unpin + Send + 'static,
     child: &mut Child,
     cfg: &SessionConfig,
     peer: &str,
@@ -174,16 +244,16 @@ async fn drive(
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => {
-                refuse(conn, close::REASON_SHUTTING_DOWN);
+                link.close(close::CLOSE_CODE_REFUSED, close::REASON_SHUTTING_DOWN);
                 return End::Shutdown;
             }
-            err = conn.closed() => return End::PeerGone(err.to_string()),
+            why = link.gone() => return End::PeerGone(why),
             Some(e) = inbound_err.recv() => match e {
                 PumpError::Write(..) => {
                     debug!(peer = %peer, "the agent's stdin is closed");
                     cut_off.get_or_insert(Instant::now() + limits::AGENT_EXIT_AFTER_EOF);
                 }
-                e => return peer_gone(conn, e),
+                e => return peer_gone(link, e),
             },
             s = child.wait(), if status.is_none() => {
                 status = Some(s.ok().and_then(agent::end_of));
@@ -192,7 +262,7 @@ async fn drive(
             }
             res = &mut outbound => match res {
                 Ok(send) => break send,
-                Err(e) => return peer_gone(conn, e),
+                Err(e) => return peer_gone(link, e),
             },
             _ = deadline => {
                 match status {
@@ -215,12 +285,12 @@ async fn drive(
 
     // Everything the agent said is handed to the stream: finish at once so the
     // peer gets it all, then learn how the agent ended.
-    let _ = send.finish();
+    link.finish(&mut send);
     let status = match status {
         Some(s) => s,
         None => {
             let wait = tokio::time::timeout(limits::AGENT_EXIT_AFTER_EOF, child.wait());
-            match or_ended(conn, shutdown, wait).await {
+            match or_ended(link, shutdown, wait).await {
                 Err(end) => return end,
                 Ok(Ok(s)) => s.ok().and_then(agent::end_of),
                 Ok(Err(_)) => {
@@ -234,22 +304,20 @@ async fn drive(
 
     // Let the peer take the data, then tell it how the agent ended (a peer
     // that closes first, as clients that predate the close did, ends it too).
-    let delivered = async {
-        let _ = send.stopped().await;
-    };
+    let linger = link.linger(cfg);
     tokio::select! {
         biased;
         _ = shutdown.cancelled() => {
-            refuse(conn, close::REASON_SHUTTING_DOWN);
+            link.close(close::CLOSE_CODE_REFUSED, close::REASON_SHUTTING_DOWN);
             return End::Shutdown;
         }
-        _ = conn.closed() => {}
-        r = tokio::time::timeout(cfg.finish_linger, delivered) => {
+        _ = link.gone() => {}
+        r = tokio::time::timeout(linger, link.delivered(&mut send)) => {
             if r.is_err() {
-                debug!(peer = %peer, "peer did not take the agent's last output within {:?}", cfg.finish_linger);
+                debug!(peer = %peer, "peer did not take the agent's last output within {linger:?}");
             }
             let reason = status.map_or_else(|| "agent ended".to_string(), |s| s.reason());
-            conn.close(VarInt::from_u32(close::CLOSE_CODE_AGENT_ENDED), reason.as_bytes());
+            link.close(close::CLOSE_CODE_AGENT_ENDED, &reason);
         }
     }
     End::AgentEnded(status)
@@ -258,25 +326,25 @@ async fn drive(
 /// Runs `fut` unless the bridge shuts down (the peer is told) or the peer
 /// leaves first; those end the session.
 async fn or_ended<T>(
-    conn: &Connection,
+    link: &impl Link,
     shutdown: &CancellationToken,
     fut: impl std::future::Future<Output = T>,
 ) -> Result<T, End> {
     tokio::select! {
         biased;
         _ = shutdown.cancelled() => {
-            refuse(conn, close::REASON_SHUTTING_DOWN);
+            link.close(close::CLOSE_CODE_REFUSED, close::REASON_SHUTTING_DOWN);
             Err(End::Shutdown)
         }
-        err = conn.closed() => Err(End::PeerGone(err.to_string())),
+        why = link.gone() => Err(End::PeerGone(why)),
         v = fut => Ok(v),
     }
 }
 
 /// The peer went away; the connection's close reason (e.g. the client's
 /// `client closed`) says more than the stream error that noticed it.
-fn peer_gone(conn: &Connection, e: PumpError) -> End {
-    End::PeerGone(conn.close_reason().map(|r| r.to_string()).unwrap_or_else(|| e.to_string()))
+fn peer_gone(link: &impl Link, e: PumpError) -> End {
+    End::PeerGone(link.gone_reason().unwrap_or_else(|| e.to_string()))
 }
 
 /// Bridge-written lines queued for either side (parse and size errors). A small

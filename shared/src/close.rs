@@ -31,6 +31,9 @@ pub const REASON_CLIENT_CLOSED: &str = "client closed";
 pub const REASON_FRAME_TOO_LARGE: &str = "frame too large";
 /// Ours: the bridge is shutting down (Ctrl-C / SIGTERM).
 pub const REASON_SHUTTING_DOWN: &str = "bridge shutting down";
+/// A resume (`thunderbolt/<p>/r1`) named a session the bridge does not hold for
+/// this peer: it ended (grace over, agent gone) or never was.
+pub const REASON_UNKNOWN_SESSION: &str = "unknown session";
 
 const SPAWN_PREFIX: &str = "failed to spawn '";
 
@@ -151,6 +154,7 @@ pub enum Refusal {
     FailedToSpawn(String),
     FrameTooLarge,
     ShuttingDown,
+    UnknownSession,
     /// Code 1 with a reason this version does not know.
     Other(String),
 }
@@ -171,6 +175,7 @@ impl Refusal {
             REASON_HANDSHAKE_TIMEOUT => Self::HandshakeTimeout,
             REASON_FRAME_TOO_LARGE => Self::FrameTooLarge,
             REASON_SHUTTING_DOWN => Self::ShuttingDown,
+            REASON_UNKNOWN_SESSION => Self::UnknownSession,
             r => match r.strip_prefix(SPAWN_PREFIX).and_then(|r| r.strip_suffix('\'')) {
                 Some(argv0) => Self::FailedToSpawn(argv0.to_string()),
                 None => Self::Other(r.to_string()),
@@ -220,6 +225,7 @@ impl Refusal {
             Self::FailedToSpawn(a) => failed_to_spawn(a),
             Self::FrameTooLarge => REASON_FRAME_TOO_LARGE.into(),
             Self::ShuttingDown => REASON_SHUTTING_DOWN.into(),
+            Self::UnknownSession => REASON_UNKNOWN_SESSION.into(),
             Self::Other(r) => r.clone(),
         }
     }

@@ -5,8 +5,8 @@
 //! the ALPN derived from them ([`protocol`]), how a dial target is written
 //! ([`target`]), the close code and reasons a bridge refuses with ([`close`]), the
 //! ndjson framing with its frame cap ([`ndjson`]), the JSON-RPC error the bridge
-//! answers unparsable lines with ([`jsonrpc`]) and the account backend's JSON
-//! shapes ([`backend`]).
+//! answers unparsable lines with ([`jsonrpc`]), the resumable session protocol
+//! ([`resume`]) and the account backend's JSON shapes ([`backend`]).
 //!
 //! It is runtime-free (no tokio, no filesystem) so it compiles for
 //! `wasm32-unknown-unknown`.
@@ -24,6 +24,7 @@ pub mod close;
 pub mod jsonrpc;
 pub mod ndjson;
 pub mod protocol;
+pub mod resume;
 pub mod target;
 
 pub use iroh_base::{EndpointAddr, EndpointId};

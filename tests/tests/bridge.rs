@@ -730,7 +730,8 @@ async fn a_client_killed_without_a_close_frees_its_agent_after_the_idle_timeout(
     let pid_file = s.path("agent.pid");
     s.restart_with(&["--idle-timeout", "4"], &agent(&["--pid-file", &pid_file, "cat"])).await;
     let mut c = s.client_home.cmd();
-    c.args(["acp", "connect", &s.bridge.ticket]).stdin(Stdio::piped()).stdout(Stdio::piped());
+    // The plain protocol: a resumable session would wait for the client (tests/tests/resume.rs).
+    c.args(["acp", "connect", "--no-resume", &s.bridge.ticket]).stdin(Stdio::piped()).stdout(Stdio::piped());
     let mut child = c.spawn().unwrap();
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(b"{\"hello\":1}\n").await.unwrap();

@@ -1,0 +1,525 @@
+//! The resumable session protocol, `thunderbolt/<protocol>/r1`: one session
+//! carried over any number of connections, every frame delivered exactly once
+//! and in order in both directions.
+//!
+//! # Negotiation
+//!
+//! A client that can resume offers the ALPN `thunderbolt/<p>/r1` ahead of
+//! `thunderbolt/<p>/0`. A bridge that knows `r1` picks it; one that does not
+//! picks `/0`, and the client then speaks the plain protocol (one connection,
+//! one session, no control lines) exactly as a `/0`-only client would. A client
+//! that offers only `/0` gets the plain protocol from every bridge.
+//!
+//! # On the stream
+//!
+//! As in the plain protocol, each connection carries one bidirectional stream
+//! (the client opens it) of `\n`-terminated lines. A line that starts with `!`
+//! is a *control line*: `!` followed by one JSON object. Every other line is a
+//! *frame* (the JSON-RPC message, unchanged). A JSON value never starts with
+//! `!`; a client relaying a local line that does (not JSON anyway) sends it
+//! with one space in front. Frames are counted per direction from 0 over the
+//! whole session; both sides count every frame line, valid or not.
+//!
+//! ```text
+//! client → bridge   !{"hello":1,"session":null,"received":0}        new session
+//!                   !{"hello":1,"session":"<token>","received":N}  resume: I hold your first N frames
+//! bridge → client   !{"session":"<token>","received":M,"grace_ms":G}
+//!                   I hold your first M frames; resend from M. A session is kept G ms after
+//!                   a connection is lost without a close.
+//! either way        !{"ack":N}     I hold your first N frames: drop them from your replay buffer
+//! client → bridge   !{"eof":N}     my input ended after N frames (the agent's stdin is closed)
+//! bridge → client   !{"end":N}     the agent ended after N frames; ack N and the bridge closes
+//!                                  with code 2 and how the agent ended
+//! ```
+//!
+//! The hello is the client's first line and the welcome the bridge's first
+//! line; after the welcome each side first resends what the other does not
+//! hold, then carries on. Unknown control lines and unknown fields are ignored
+//! (room for later versions). A resume the bridge cannot honour (no such
+//! session, another NodeId's, or it ended) is closed with code 1 and
+//! [`crate::close::REASON_UNKNOWN_SESSION`]. The client's close (code 0,
+//! `client closed`) ends the session at once; any other loss detaches it for
+//! the grace period, during which the agent runs on and its output is kept.
+
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
+use serde_json::{json, Value};
+
+use crate::protocol::Protocol;
+
+/// The byte that starts a control line.
+pub const CONTROL_PREFIX: u8 = b'!';
+
+/// Longest control line accepted (they are a few dozen bytes): a longer line
+/// starting with `!` is carried as a frame.
+pub const MAX_CONTROL_LINE: usize = 1024;
+
+/// A receiver acknowledges after this many frames at the latest: with small
+/// messages, one ack per this many keeps the replay buffer short at the cost
+/// of a few bytes per hundred frames.
+pub const ACK_EVERY_FRAMES: u64 = 128;
+
+/// ... or after this many bytes: bulk transfers ack a few times per receive
+/// window, so the sender's buffer never holds much more than what is in flight.
+pub const ACK_EVERY_BYTES: u64 = 256 * 1024;
+
+/// ... or this long after the first frame not yet acknowledged, so a quiet
+/// session's buffer empties too (milliseconds: not on any reply's path).
+pub const ACK_DELAY_MS: u64 = 50;
+
+/// How the resumable ALPN ends (the plain one ends in `/0`).
+pub const RESUME_ALPN_SUFFIX: &[u8] = b"/r1";
+
+/// `thunderbolt/<p>/r1`.
+pub fn resume_alpn(protocol: &Protocol) -> Vec<u8> {
+    let mut alpn = format!("thunderbolt/{}", protocol.as_str()).into_bytes();
+    alpn.extend_from_slice(RESUME_ALPN_SUFFIX);
+    alpn
+}
+
+/// A control line's meaning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Control {
+    Hello { session: Option<String>, received: u64 },
+    Welcome { session: String, received: u64, grace_ms: u64 },
+    Ack(u64),
+    Eof(u64),
+    End(u64),
+}
+
+impl Control {
+    /// The line, `!` to `\n`.
+    pub fn encode(&self) -> Bytes {
+        let v = match self {
+            Self::Hello { session, received } => {
+                json!({"hello": 1, "session": session, "received": received})
+            }
+            Self::Welcome { session, received, grace_ms } => {
+                json!({"session": session, "received": received, "grace_ms": grace_ms})
+            }
+            Self::Ack(n) => json!({ "ack": n }),
+            Self::Eof(n) => json!({ "eof": n }),
+            Self::End(n) => json!({ "end": n }),
+        };
+        let mut line = Vec::with_capacity(48);
+        line.push(CONTROL_PREFIX);
+        serde_json::to_writer(&mut line, &v).expect("a JSON object serializes");
+        line.push(b'\n');
+        line.into()
+    }
+
+    /// Reads a control line (with or without its `!` and `\n`). `None` for a
+    /// line this version does not understand (to be ignored).
+    pub fn parse(line: &[u8]) -> Option<Self> {
+        let line = line.strip_prefix(&[CONTROL_PREFIX]).unwrap_or(line);
+        let v: Value = serde_json::from_slice(line.trim_ascii()).ok()?;
+        let o = v.as_object()?;
+        let num = |k: &str| o.get(k).and_then(Value::as_u64);
+        if o.contains_key("hello") {
+            let session = match o.get("session") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(_) => return None,
+            };
+            return Some(Self::Hello { session, received: num("received")? });
+        }
+        if let Some(n) = num("ack") {
+            return Some(Self::Ack(n));
+        }
+        if let Some(n) = num("eof") {
+            return Some(Self::Eof(n));
+        }
+        if let Some(n) = num("end") {
+            return Some(Self::End(n));
+        }
+        if let Some(Value::String(s)) = o.get("session") {
+            return Some(Self::Welcome {
+                session: s.clone(),
+                received: num("received")?,
+                grace_ms: num("grace_ms").unwrap_or(0),
+            });
+        }
+        None
+    }
+}
+
+/// Frames sent and not yet acknowledged, to resend after a reconnect. Holds
+/// the chunks as written (runs of whole lines), so pushing costs one
+/// reference count and a newline count.
+#[derive(Debug, Default)]
+pub struct ReplayLog {
+    /// Runs of whole lines, with how many lines each holds.
+    chunks: VecDeque<(Bytes, u64)>,
+    /// Index of the first frame still held.
+    base: u64,
+    /// Frames pushed over the session.
+    total: u64,
+    bytes: usize,
+}
+
+/// An acknowledgement or resume point outside what was sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("peer claims frame {claimed}, but frames {base}..{total} are the ones held")]
+pub struct BadPosition {
+    pub claimed: u64,
+    pub base: u64,
+    pub total: u64,
+}
+
+impl ReplayLog {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends a run of whole lines; returns how many frames it held.
+    pub fn push(&mut self, run: Bytes) -> u64 {
+        debug_assert!(run.last() == Some(&b'\n'), "runs are whole lines");
+        let n = memchr::memchr_iter(b'\n', &run).count() as u64;
+        if n == 0 {
+            return 0;
+        }
+        self.total += n;
+        self.bytes += run.len();
+        self.chunks.push_back((run, n));
+        n
+    }
+
+    /// Frames pushed so far.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Index of the oldest frame still held (everything before was acknowledged).
+    pub fn acked(&self) -> u64 {
+        self.base
+    }
+
+    /// Bytes held for a possible resend.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Drops everything before frame `n`.
+    pub fn ack(&mut self, n: u64) -> Result<(), BadPosition> {
+        self.check(n)?;
+        while self.base < n {
+            let (run, lines) = self.chunks.pop_front().expect("base < n <= total");
+            if self.base + lines <= n {
+                self.base += lines;
+                self.bytes -= run.len();
+            } else {
+                let rest = skip_lines(&run, n - self.base);
+                self.bytes -= run.len() - rest.len();
+                self.chunks.push_front((rest, self.base + lines - n));
+                self.base = n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Everything from frame `n` on, as runs to write in order.
+    pub fn since(&self, n: u64) -> Result<Vec<Bytes>, BadPosition> {
+        self.check(n)?;
+        let mut at = self.base;
+        let mut out = Vec::new();
+        for (run, lines) in &self.chunks {
+            if at + lines <= n {
+                at += lines;
+                continue;
+            }
+            out.push(if at < n { skip_lines(run, n - at) } else { run.clone() });
+            at += lines;
+        }
+        Ok(out)
+    }
+
+    fn check(&self, n: u64) -> Result<(), BadPosition> {
+        if n < self.base || n > self.total {
+            return Err(BadPosition { claimed: n, base: self.base, total: self.total });
+        }
+        Ok(())
+    }
+}
+
+/// `run` without its first `n` lines.
+fn skip_lines(run: &Bytes, n: u64) -> Bytes {
+    let cut = memchr::memchr_iter(b'\n', run).nth(n as usize - 1).map_or(run.len(), |i| i + 1);
+    run.slice(cut..)
+}
+
+/// What a receiver got.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Frame bytes to pass on, and how many frames they complete. A frame over
+    /// the receiver's cap is passed on in pieces (`frames` 0 until its end);
+    /// all others arrive whole.
+    Data { bytes: Bytes, frames: u64 },
+    /// A control line (`None`: one this version does not understand).
+    Control(Option<Control>),
+}
+
+/// Splits what arrives on a resumable stream into frames and control lines.
+#[derive(Debug)]
+pub struct Receiver {
+    buf: BytesMut,
+    max: usize,
+    /// Inside a frame over `max`, already partly passed on.
+    passing: bool,
+}
+
+impl Receiver {
+    /// `max`: the longest frame held back whole (an unfinished frame is never
+    /// passed on, so a lost connection cannot leave half of one behind).
+    pub fn new(max: usize) -> Self {
+        Self { buf: BytesMut::new(), max: max.max(MAX_CONTROL_LINE), passing: false }
+    }
+
+    pub fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+
+    /// Where the next read should go (saves a copy).
+    pub fn buf_mut(&mut self) -> &mut BytesMut {
+        &mut self.buf
+    }
+
+    /// Drops an unfinished line: the connection carrying it is gone and the
+    /// sender resends it whole.
+    pub fn reset(&mut self) {
+        self.buf.clear();
+        self.passing = false;
+    }
+
+    /// Bytes held of an unfinished line.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Everything complete so far, in order.
+    pub fn drain(&mut self, out: &mut Vec<Event>) {
+        if self.passing {
+            match memchr::memchr(b'\n', &self.buf) {
+                Some(i) => {
+                    self.passing = false;
+                    out.push(Event::Data { bytes: self.buf.split_to(i + 1).freeze(), frames: 1 });
+                }
+                None => {
+                    if !self.buf.is_empty() {
+                        out.push(Event::Data { bytes: self.buf.split().freeze(), frames: 0 });
+                    }
+                    return;
+                }
+            }
+        }
+        // One pass: runs of frame lines end at a control line or at the last newline.
+        let mut spans: Vec<(usize, usize, Option<u64>)> = Vec::new();
+        let (mut run_start, mut run_frames, mut line_start) = (0, 0u64, 0);
+        for nl in memchr::memchr_iter(b'\n', &self.buf) {
+            if self.buf[line_start] == CONTROL_PREFIX && nl - line_start < MAX_CONTROL_LINE {
+                if run_frames > 0 {
+                    spans.push((run_start, line_start, Some(run_frames)));
+                }
+                spans.push((line_start, nl + 1, None));
+                run_start = nl + 1;
+                run_frames = 0;
+            } else {
+                run_frames += 1;
+            }
+            line_start = nl + 1;
+        }
+        if run_frames > 0 {
+            spans.push((run_start, line_start, Some(run_frames)));
+        }
+        if line_start > 0 {
+            let done = self.buf.split_to(line_start).freeze();
+            for (s, e, frames) in spans {
+                out.push(match frames {
+                    Some(frames) => Event::Data { bytes: done.slice(s..e), frames },
+                    None => Event::Control(Control::parse(&done[s..e])),
+                });
+            }
+        }
+        if self.buf.len() > self.max {
+            self.passing = true;
+            out.push(Event::Data { bytes: self.buf.split().freeze(), frames: 0 });
+        }
+    }
+}
+
+/// When a receiver should acknowledge (see [`ACK_EVERY_FRAMES`],
+/// [`ACK_EVERY_BYTES`], [`ACK_DELAY_MS`]). Time is the caller's.
+#[derive(Debug, Default)]
+pub struct AckPolicy {
+    received: u64,
+    acked: u64,
+    bytes_since: u64,
+}
+
+impl AckPolicy {
+    /// Starts at a resume point (what the welcome or hello said was held).
+    pub fn at(received: u64) -> Self {
+        Self { received, acked: received, bytes_since: 0 }
+    }
+
+    /// Records frames taken; true when an ack is due now.
+    pub fn took(&mut self, frames: u64, bytes: usize) -> bool {
+        self.received += frames;
+        self.bytes_since += bytes as u64;
+        self.received - self.acked >= ACK_EVERY_FRAMES || self.bytes_since >= ACK_EVERY_BYTES
+    }
+
+    /// Frames held.
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    /// Whether anything is unacknowledged (then ack within [`ACK_DELAY_MS`]).
+    pub fn pending(&self) -> bool {
+        self.received > self.acked
+    }
+
+    /// The ack to send now, if any.
+    pub fn ack(&mut self) -> Option<Control> {
+        self.bytes_since = 0;
+        if self.received > self.acked {
+            self.acked = self.received;
+            Some(Control::Ack(self.received))
+        } else {
+            None
+        }
+    }
+
+    /// After a reconnect everything held is acknowledged again by the hello or welcome.
+    pub fn resumed(&mut self) {
+        self.acked = self.received;
+        self.bytes_since = 0;
+    }
+}
+
+/// A local line that would read as a control line gets one space in front.
+pub fn escape_run(run: Bytes) -> Bytes {
+    let starts_control = |i: usize| run.get(i) == Some(&CONTROL_PREFIX);
+    let mut need = starts_control(0);
+    if !need {
+        need = memchr::memchr_iter(b'\n', &run).any(|i| starts_control(i + 1));
+    }
+    if !need {
+        return run;
+    }
+    let mut out = Vec::with_capacity(run.len() + 8);
+    let mut at_start = true;
+    for &b in run.iter() {
+        if at_start && b == CONTROL_PREFIX {
+            out.push(b' ');
+        }
+        out.push(b);
+        at_start = b == b'\n';
+    }
+    out.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(r: &mut Receiver, data: &[u8]) -> Vec<Event> {
+        r.push(data);
+        let mut out = Vec::new();
+        r.drain(&mut out);
+        out
+    }
+
+    #[test]
+    fn control_lines_round_trip() {
+        for c in [
+            Control::Hello { session: None, received: 0 },
+            Control::Hello { session: Some("ab12".into()), received: 7 },
+            Control::Welcome { session: "ab12".into(), received: 3, grace_ms: 300_000 },
+            Control::Ack(128),
+            Control::Eof(9),
+            Control::End(10),
+        ] {
+            let line = c.encode();
+            assert_eq!(line[0], b'!');
+            assert_eq!(*line.last().unwrap(), b'\n');
+            assert_eq!(Control::parse(&line), Some(c));
+        }
+        assert_eq!(Control::parse(b"!{\"future\":1}"), None, "unknown kinds are ignored");
+        assert_eq!(Control::parse(b"!not json"), None);
+    }
+
+    #[test]
+    fn receiver_separates_frames_and_controls() {
+        let mut r = Receiver::new(1024);
+        let got = events(&mut r, b"{\"a\":1}\n{\"b\":2}\n!{\"ack\":5}\n{\"c\":");
+        assert_eq!(
+            got,
+            vec![
+                Event::Data { bytes: Bytes::from_static(b"{\"a\":1}\n{\"b\":2}\n"), frames: 2 },
+                Event::Control(Some(Control::Ack(5))),
+            ]
+        );
+        assert_eq!(r.buffered(), 5, "the unfinished frame is held back");
+        let got = events(&mut r, b"3}\n");
+        assert_eq!(got, vec![Event::Data { bytes: Bytes::from_static(b"{\"c\":3}\n"), frames: 1 }]);
+        r.push(b"{\"d\":");
+        r.reset();
+        assert_eq!(events(&mut r, b"!{\"end\":3}\n"), vec![Event::Control(Some(Control::End(3)))]);
+    }
+
+    #[test]
+    fn a_frame_over_the_cap_passes_in_pieces_and_counts_once() {
+        let mut r = Receiver::new(1024);
+        let big = vec![b'x'; 3000];
+        let got = events(&mut r, &big);
+        assert!(matches!(&got[..], [Event::Data { frames: 0, .. }]));
+        let got = events(&mut r, b"x\n{}\n");
+        assert_eq!(
+            got,
+            vec![
+                Event::Data { bytes: Bytes::from_static(b"x\n"), frames: 1 },
+                Event::Data { bytes: Bytes::from_static(b"{}\n"), frames: 1 }
+            ]
+        );
+    }
+
+    #[test]
+    fn replay_log_resends_from_any_point_and_acks_free_memory() {
+        let mut log = ReplayLog::new();
+        assert_eq!(log.push(Bytes::from_static(b"0\n1\n2\n")), 3);
+        assert_eq!(log.push(Bytes::from_static(b"3\n")), 1);
+        assert_eq!(log.push(Bytes::from_static(b"4\n5\n")), 2);
+        assert_eq!(log.total(), 6);
+        assert_eq!(log.since(2).unwrap().concat(), b"2\n3\n4\n5\n");
+        log.ack(1).unwrap();
+        assert_eq!(log.bytes(), 10);
+        assert_eq!(log.since(1).unwrap().concat(), b"1\n2\n3\n4\n5\n");
+        log.ack(4).unwrap();
+        assert_eq!(log.since(4).unwrap().concat(), b"4\n5\n");
+        assert_eq!(log.since(6).unwrap(), Vec::<Bytes>::new());
+        assert!(log.since(3).is_err(), "acked frames are gone");
+        assert!(log.ack(7).is_err(), "never sent");
+        log.ack(6).unwrap();
+        assert_eq!(log.bytes(), 0);
+    }
+
+    #[test]
+    fn local_lines_never_read_as_control() {
+        assert_eq!(escape_run(Bytes::from_static(b"{}\n")), Bytes::from_static(b"{}\n"));
+        assert_eq!(escape_run(Bytes::from_static(b"!x\n{}\n!y\n")), Bytes::from_static(b" !x\n{}\n !y\n"));
+    }
+
+    #[test]
+    fn acks_are_due_by_count_or_bytes() {
+        let mut p = AckPolicy::at(10);
+        assert!(!p.took(1, 10));
+        assert!(p.pending());
+        assert_eq!(p.ack(), Some(Control::Ack(11)));
+        assert!(p.took(ACK_EVERY_FRAMES, 10));
+        assert!(p.ack().is_some());
+        assert!(p.took(1, ACK_EVERY_BYTES as usize));
+        assert_eq!(p.ack(), Some(Control::Ack(10 + 2 + ACK_EVERY_FRAMES)));
+        assert_eq!(p.ack(), None);
+    }
+}

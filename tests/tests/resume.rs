@@ -1,0 +1,411 @@
+//! Sessions that outlive their connection (`thunderbolt/<p>/r1`): real
+//! bridges, real agents, `thunderbolt acp connect` and in-process clients, and
+//! real outages (all UDP to the bridge dropped with nftables in the test's own
+//! network namespace).
+
+use std::process::Stdio;
+
+use iroh::{
+    endpoint::{Connection, ConnectionError, RecvStream, SendStream, VarInt},
+    Endpoint,
+};
+use serde_json::Value;
+use thunderbolt_shared::{
+    close,
+    resume::{resume_alpn, Control},
+    EndpointTicket, Protocol,
+};
+use thunderbolt_tests::*;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+fn agent(args: &[&str]) -> Vec<String> {
+    let mut v = vec![test_agent_bin().display().to_string()];
+    v.extend(args.iter().map(|s| s.to_string()));
+    v
+}
+
+/// A bridge with no relay (direct loopback only, so one port carries it all)
+/// and a client home allowed on it.
+struct Setup {
+    bridge_home: Tb,
+    client_home: Tb,
+    bridge: RunningBridge,
+    work: tempfile::TempDir,
+}
+
+impl Setup {
+    async fn new(extra: &[&str], agent_argv: &[String]) -> Self {
+        init_tracing();
+        let bridge_home = Tb::new(None);
+        let client_home = Tb::new(None);
+        bridge_home.allow(&client_home.node_id("acp").await).await;
+        let argv: Vec<&str> = agent_argv.iter().map(String::as_str).collect();
+        let bridge = bridge_home.bridge("acp", extra, &argv).await;
+        Self { bridge_home, client_home, bridge, work: tempfile::tempdir().unwrap() }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.work.path().join(name).display().to_string()
+    }
+
+    /// The bridge's UDP port (from its banner's direct address).
+    fn port(&self) -> u16 {
+        let reach = self.bridge.banner.lines().find(|l| l.contains("Reach:")).expect("banner has Reach");
+        let addr = reach.split("direct ").nth(1).unwrap().split([' ', ',']).next().unwrap();
+        addr.rsplit(':').next().unwrap().parse().expect("port")
+    }
+
+    /// `thunderbolt acp connect` with piped stdio; its stderr goes to the returned log.
+    fn connect(&self, extra: &[&str]) -> (tokio::process::Child, Log) {
+        let mut c = self.client_home.cmd();
+        c.args(["acp", "connect"]).args(extra).arg(&self.bridge.ticket);
+        c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let log = Log::default();
+        log.capture_stderr(child.stderr.take().unwrap());
+        (child, log)
+    }
+
+    async fn endpoint(&self, home: &Tb) -> Endpoint {
+        client_endpoint(home.secret_key("acp").await, None, false).await
+    }
+
+    async fn dial(&self, ep: &Endpoint, alpn: &[u8]) -> Connection {
+        let ticket: EndpointTicket = self.bridge.ticket.parse().unwrap();
+        tokio::time::timeout(WAIT, ep.connect(ticket.endpoint_addr().clone(), alpn))
+            .await
+            .expect("dial in time")
+            .expect("dial succeeds")
+    }
+}
+
+async fn agent_pid(pid_file: &str) -> u32 {
+    wait_file(pid_file.as_ref()).await.trim().parse().expect("pid file holds a pid")
+}
+
+/// All UDP to and from `port` dropped while it lives (nftables, this namespace only).
+struct Outage {
+    table: String,
+}
+
+impl Outage {
+    fn start(port: u16, n: usize) -> Self {
+        let table = format!("tb_outage_{port}_{n}");
+        let script = format!(
+            "add table inet {table}\n\
+             add chain inet {table} out {{ type filter hook output priority 0; }}\n\
+             add rule inet {table} out udp dport {port} drop\n\
+             add rule inet {table} out udp sport {port} drop\n"
+        );
+        nft(&script);
+        Self { table }
+    }
+}
+
+impl Drop for Outage {
+    fn drop(&mut self) {
+        nft(&format!("delete table inet {}\n", self.table));
+    }
+}
+
+fn nft(script: &str) {
+    use std::io::Write;
+    let mut c = std::process::Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nft runs (install nftables; the tests run as root in their own network namespace)");
+    c.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
+    let out = c.wait_with_output().unwrap();
+    assert!(out.status.success(), "nft failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Opens a resumable stream: sends the hello, returns the stream and the
+/// bridge's welcome (or how it closed the connection).
+async fn hello(
+    conn: &Connection,
+    session: Option<&str>,
+    received: u64,
+) -> (SendStream, RecvStream, Result<(String, u64), (u64, String)>) {
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let h = Control::Hello { session: session.map(str::to_string), received };
+    send.write_all(&h.encode()).await.unwrap();
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    let got = tokio::time::timeout(WAIT, async {
+        loop {
+            match recv.read(&mut byte).await {
+                Ok(Some(1)) if byte[0] == b'\n' => return Ok(()),
+                Ok(Some(1)) => line.push(byte[0]),
+                _ => return Err(()),
+            }
+        }
+    })
+    .await
+    .expect("welcome or close in time");
+    let res = match got {
+        Ok(()) => match Control::parse(&line) {
+            Some(Control::Welcome { session, received, .. }) => Ok((session, received)),
+            other => panic!("expected a welcome, got {other:?}"),
+        },
+        Err(()) => Err(app_close(&tokio::time::timeout(WAIT, conn.closed()).await.unwrap())),
+    };
+    (send, recv, res)
+}
+
+fn app_close(err: &ConnectionError) -> (u64, String) {
+    match err {
+        ConnectionError::ApplicationClosed(ac) => {
+            (ac.error_code.into_inner(), String::from_utf8_lossy(&ac.reason).into_owned())
+        }
+        e => panic!("expected an application close, got {e:?}"),
+    }
+}
+
+/// The next frame from the bridge (control lines skipped), with its newline.
+async fn next_frame(recv: &mut RecvStream, buf: &mut Vec<u8>) -> Vec<u8> {
+    loop {
+        while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=i).collect();
+            if line[0] != b'!' {
+                return line;
+            }
+        }
+        let mut chunk = vec![0u8; 64 * 1024];
+        let n =
+            tokio::time::timeout(WAIT, recv.read(&mut chunk)).await.unwrap().unwrap().expect("stream open");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A connection lost without the client's close (any code but 0 reads as a loss).
+fn lose(conn: &Connection) {
+    conn.close(VarInt::from_u32(7), b"test: path lost");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ten_thousand_messages_each_way_survive_twenty_outages() {
+    const ROUNDS: usize = 20;
+    const PER_ROUND: usize = 500;
+    const TOTAL: usize = ROUNDS * PER_ROUND;
+    let work = tempfile::tempdir().unwrap();
+    let pid_file = work.path().join("agent.pid").display().to_string();
+    let s = Setup::new(&["--idle-timeout", "0.6"], &agent(&["--pid-file", &pid_file, "cat"])).await;
+    let port = s.port();
+    let (mut child, log) = s.connect(&["--idle-timeout", "0.6"]);
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let reader = tokio::spawn(async move {
+        let mut lines = BufReader::new(stdout).lines();
+        let mut n = 0usize;
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let v: Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("line {n} is not JSON ({e}): {line}"));
+            assert_eq!(v["n"].as_u64(), Some(n as u64), "message {n} out of order, lost or repeated");
+            n += 1;
+        }
+        n
+    });
+    log.wait_for("connected (resumable session)").await;
+    let pid = agent_pid(&pid_file).await;
+    let mut next = 0usize;
+    let mut write = |k: usize| {
+        let mut buf = String::new();
+        for _ in 0..k {
+            buf.push_str(&format!("{{\"jsonrpc\":\"2.0\",\"method\":\"note\",\"n\":{next}}}\n"));
+            next += 1;
+        }
+        buf
+    };
+    for round in 1..=ROUNDS {
+        stdin.write_all(write(PER_ROUND / 2).as_bytes()).await.unwrap();
+        let outage = Outage::start(port, round);
+        // Written while the path is down: held and delivered after the resume.
+        stdin.write_all(write(PER_ROUND / 2).as_bytes()).await.unwrap();
+        log.wait_for_count("; reconnecting", round).await;
+        drop(outage);
+        log.wait_for_count("reconnected: session resumed", round).await;
+    }
+    drop(stdin);
+    let status = tokio::time::timeout(WAIT, child.wait()).await.expect("connect ends").unwrap();
+    let received = reader.await.unwrap();
+    assert_eq!(received, TOTAL, "every message came back once");
+    assert!(status.success(), "connect failed: {}", log.text());
+    s.bridge.log.wait_for("session ended: agent exited (code 0)").await;
+    let text = s.bridge.log.text();
+    assert_eq!(text.matches("agent started").count(), 1, "one agent for the whole session:\n{text}");
+    assert!(text.contains(&format!("pid={pid}")), "{text}");
+    assert!(text.matches("session resumed").count() >= ROUNDS, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_client_leaves_its_agent_running_until_the_grace_ends_and_it_holds_a_slot() {
+    let work = tempfile::tempdir().unwrap();
+    let pid_file = work.path().join("agent.pid").display().to_string();
+    let s = Setup::new(
+        &["--idle-timeout", "0.6", "--resume-grace", "3", "--max-agents", "1"],
+        &agent(&["--pid-file", &pid_file, "cat"]),
+    )
+    .await;
+    let (mut child, log) = s.connect(&[]);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"{\"hello\":1}\n").await.unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let echoed = tokio::time::timeout(WAIT, lines.next_line()).await.unwrap().unwrap();
+    assert_eq!(echoed.as_deref(), Some("{\"hello\":1}"));
+    log.wait_for("resumable").await;
+    let pid = agent_pid(&pid_file).await;
+    signal(child.id().unwrap(), libc::SIGKILL);
+    s.bridge.log.wait_for("the agent keeps running").await;
+    assert!(pid_alive(pid), "the agent must outlive the lost connection");
+
+    // The detached session holds the only slot.
+    let out = s.client_home.run(&["acp", "connect", "--no-resume", &s.bridge.ticket]).await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(close::REASON_AT_CAPACITY), "stderr: {err}");
+
+    // Nobody comes back: the grace ends the session and frees the slot.
+    assert!(wait_pid_gone(pid).await, "agent {pid} outlived the grace");
+    s.bridge.log.wait_for("did not come back within").await;
+    let (mut c2, log2) = s.connect(&[]);
+    let mut stdin2 = c2.stdin.take().unwrap();
+    stdin2.write_all(b"{\"again\":1}\n").await.unwrap();
+    drop(stdin2);
+    let out = tokio::time::timeout(WAIT, c2.wait_with_output()).await.unwrap().unwrap();
+    assert!(out.status.success(), "{}", log2.text());
+    assert_eq!(out.stdout, b"{\"again\":1}\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_sessions_own_node_can_attach() {
+    let s = Setup::new(&[], &agent(&["cat"])).await;
+    let other = Tb::new(None);
+    s.bridge_home.allow(&other.node_id("acp").await).await;
+    let alpn = resume_alpn(&Protocol::acp());
+
+    let ep = s.endpoint(&s.client_home).await;
+    let conn = s.dial(&ep, &alpn).await;
+    let (mut send, mut recv, welcome) = hello(&conn, None, 0).await;
+    let (token, received) = welcome.expect("a new session is welcomed");
+    assert_eq!(received, 0);
+    assert_eq!(token.len(), 32, "128-bit token");
+    send.write_all(b"{\"a\":1}\n").await.unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(next_frame(&mut recv, &mut buf).await, b"{\"a\":1}\n");
+    lose(&conn);
+    s.bridge.log.wait_for("the agent keeps running").await;
+
+    // Another allowed node with the right token: refused, and the session survives.
+    let ep_b = s.endpoint(&other).await;
+    let conn_b = s.dial(&ep_b, &alpn).await;
+    let (_s, _r, res) = hello(&conn_b, Some(&token), 1).await;
+    assert_eq!(res, Err((close::CLOSE_CODE_REFUSED as u64, close::REASON_UNKNOWN_SESSION.to_string())));
+    // A made-up token from the owner: refused too.
+    let conn_c = s.dial(&ep, &alpn).await;
+    let (_s, _r, res) = hello(&conn_c, Some("00000000000000000000000000000000"), 0).await;
+    assert_eq!(res, Err((close::CLOSE_CODE_REFUSED as u64, close::REASON_UNKNOWN_SESSION.to_string())));
+
+    // The owner resumes: it holds the echo (1 frame) and the bridge holds its 1 frame.
+    let conn2 = s.dial(&ep, &alpn).await;
+    let (mut send, mut recv, res) = hello(&conn2, Some(&token), 1).await;
+    assert_eq!(res, Ok((token.clone(), 1)));
+    send.write_all(b"{\"b\":2}\n").await.unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(
+        next_frame(&mut recv, &mut buf).await,
+        b"{\"b\":2}\n",
+        "same agent, next message, nothing replayed twice"
+    );
+    assert_eq!(s.bridge.log.text().matches("agent started").count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn output_past_the_buffer_while_away_ends_the_session_with_its_reason() {
+    let work = tempfile::tempdir().unwrap();
+    let pid_file = work.path().join("agent.pid").display().to_string();
+    let s =
+        Setup::new(&["--resume-buffer", "1M"], &agent(&["--pid-file", &pid_file, "respond", "65536"])).await;
+    let ep = s.endpoint(&s.client_home).await;
+    let conn = s.dial(&ep, &resume_alpn(&Protocol::acp())).await;
+    let (mut send, mut recv, welcome) = hello(&conn, None, 0).await;
+    welcome.expect("welcomed");
+    // 40 replies of 64 KiB, never read or acknowledged: 2.5 MiB against a 1 MiB buffer.
+    let mut reqs = String::new();
+    for i in 0..40 {
+        reqs.push_str(&format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"big\"}}\n"));
+    }
+    send.write_all(reqs.as_bytes()).await.unwrap();
+    let pid = agent_pid(&pid_file).await;
+    // The agent is answering (so the bridge has the requests); then the path goes.
+    next_frame(&mut recv, &mut Vec::new()).await;
+    lose(&conn);
+    s.bridge.log.wait_for("more than the resume buffer").await;
+    assert!(wait_pid_gone(pid).await, "the agent outlived its session");
+    s.bridge.log.wait_for("session ended: peer gone (the agent wrote more than the resume buffer").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_peers_detached_session_ends_at_the_next_heartbeat() {
+    let work = tempfile::tempdir().unwrap();
+    let pid_file = work.path().join("agent.pid").display().to_string();
+    let s = Setup::new(&["--heartbeat-interval", "0.5"], &agent(&["--pid-file", &pid_file, "cat"])).await;
+    let ep = s.endpoint(&s.client_home).await;
+    let conn = s.dial(&ep, &resume_alpn(&Protocol::acp())).await;
+    let (_send, _recv, welcome) = hello(&conn, None, 0).await;
+    welcome.expect("welcomed");
+    let pid = agent_pid(&pid_file).await;
+    lose(&conn);
+    s.bridge.log.wait_for("the agent keeps running").await;
+    let id = s.client_home.node_id("acp").await.to_string();
+    let out = s.bridge_home.run(&["iroh", "deny", &id]).await;
+    assert!(out.status.success());
+    s.bridge.log.wait_for(&format!("ending the session: {}", close::REASON_MEMBERSHIP_REVOKED)).await;
+    assert!(wait_pid_gone(pid).await, "the revoked peer's agent outlived the heartbeat");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_alpn_sessions_end_with_their_connection_as_before() {
+    let work = tempfile::tempdir().unwrap();
+    let pid_file = work.path().join("agent.pid").display().to_string();
+    let s = Setup::new(&[], &agent(&["--pid-file", &pid_file, "cat"])).await;
+    let ep = s.endpoint(&s.client_home).await;
+    let conn = s.dial(&ep, &Protocol::acp().alpn()).await;
+    assert_eq!(conn.alpn(), Protocol::acp().alpn().as_slice());
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(b"{\"a\":1}\n").await.unwrap();
+    let mut buf = vec![0u8; 64];
+    let n = tokio::time::timeout(WAIT, recv.read(&mut buf)).await.unwrap().unwrap().unwrap();
+    assert_eq!(&buf[..n], b"{\"a\":1}\n", "no control lines on the plain protocol");
+    let pid = agent_pid(&pid_file).await;
+    lose(&conn);
+    assert!(wait_pid_gone(pid).await, "a plain session's agent ends with its connection");
+    assert!(!s.bridge.log.contains("keeps running"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connect_speaks_the_plain_protocol_to_a_bridge_without_resume() {
+    let s = Setup::new(&["--no-resume"], &agent(&["cat"])).await;
+    assert!(s.bridge.banner.contains("Resume:  off"), "{}", s.bridge.banner);
+    let (mut child, log) = s.connect(&[]);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"{\"a\":1}\n{\"b\":2}").await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(WAIT, child.wait_with_output()).await.unwrap().unwrap();
+    assert!(out.status.success(), "{}", log.text());
+    assert_eq!(out.stdout, b"{\"a\":1}\n{\"b\":2}\n");
+    assert!(log.contains("connected (the bridge answered)"), "{}", log.text());
+    assert!(!log.contains("resumable"), "{}", log.text());
+    // The endpoint does not even offer r1.
+    let ep = s.endpoint(&s.client_home).await;
+    let ticket: EndpointTicket = s.bridge.ticket.parse().unwrap();
+    let r = tokio::time::timeout(
+        WAIT,
+        ep.connect(ticket.endpoint_addr().clone(), &resume_alpn(&Protocol::acp())),
+    )
+    .await
+    .unwrap();
+    assert!(r.is_err(), "r1 refused by a --no-resume bridge");
+    let _ = s.path("unused");
+}
