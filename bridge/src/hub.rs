@@ -305,8 +305,9 @@ impl Hub {
                 } else {
                     Vec::new()
                 };
-                // Acks ride along with output; a quiet session acks after a short delay.
-                if st.ack_due || (!runs.is_empty() && st.ack.pending()) {
+                // Acks go by count or bytes, else after a short delay: never one
+                // per message (a request/response session would pay for it twice).
+                if st.ack_due {
                     st.ack_due = false;
                     controls.extend(st.ack.ack());
                 }

@@ -28,10 +28,10 @@ use thunderbolt_shared::{
 };
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
-    sync::{mpsc, Notify},
+    sync::Notify,
     time::Instant,
 };
-use tokio_util::task::AbortOnDropHandle;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{connect::describe_close, limits, signals::Terminate};
@@ -41,16 +41,19 @@ use crate::{connect::describe_close, limits, signals::Terminate};
 /// bridge's default buffer for the other direction.
 pub const SEND_BUFFER: usize = limits::RESUME_BUFFER;
 
-/// First pause between redials; doubled after each failed attempt.
+/// First pause between starting redials; doubled after each start.
 const REDIAL_FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Longest pause between redials: a path that comes back is found within
-/// about this long.
-const REDIAL_MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Longest pause between starting redials: a path that comes back is found
+/// within about this long (plus one handshake).
+const REDIAL_MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-/// One redial attempt's limit: a dial that has not reached the bridge by now
-/// is abandoned for a fresh one (a path may have come back meanwhile).
+/// One redial attempt's limit: covers a handshake over a slow relay path with
+/// a retransmission or two.
 const REDIAL_ATTEMPT: Duration = Duration::from_secs(5);
+
+/// Redial attempts in flight at once (each is one handshake's state).
+const REDIAL_IN_FLIGHT: usize = 4;
 
 /// How long the bridge's welcome may take after our hello (one round trip).
 const WELCOME_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,6 +70,7 @@ pub enum Finish {
 /// Why one connection stopped carrying the session.
 enum ConnEnd {
     Lost(String),
+    Protocol(String),
     Closed(ConnectionError),
     Stopped,
     LocalOutputClosed,
@@ -104,16 +108,14 @@ pub async fn run(
     local_out: Box<dyn AsyncWrite + Unpin + Send>,
     term: &mut Terminate,
 ) -> Result<Finish> {
-    let (in_tx, mut in_rx) = mpsc::channel::<Bytes>(4);
-    let _reader = AbortOnDropHandle::new(tokio::spawn(read_lines(local_in, in_tx)));
-    let (out_tx, out_rx) = mpsc::channel::<Bytes>(16);
-    let writer = tokio::spawn(write_out(local_out, out_rx));
+    let mut input = LocalInput { r: local_in, buf: BytesMut::new(), done: false };
+    let mut output = local_out;
     let alpn = resume::resume_alpn(protocol);
     let st = RefCell::new(State::default());
     let mut conn = first;
     let mut attached_before = false;
     let result = loop {
-        let end = carry(&conn, &st, &mut in_rx, &out_tx, term, attached_before, protocol).await;
+        let end = carry(&conn, &st, &mut input, &mut output, term, attached_before, protocol).await;
         attached_before = attached_before || st.borrow().token.is_some();
         match end {
             Ok(ConnEnd::Stopped) => {
@@ -122,6 +124,13 @@ pub async fn run(
                     close::REASON_CLIENT_CLOSED.as_bytes(),
                 );
                 break Ok(Finish::Stopped);
+            }
+            Ok(ConnEnd::Protocol(e)) => {
+                conn.close(
+                    VarInt::from_u32(close::CLOSE_CODE_CLIENT),
+                    close::REASON_CLIENT_CLOSED.as_bytes(),
+                );
+                break Err(anyhow!("the bridge broke the resume protocol: {e}"));
             }
             Ok(ConnEnd::LocalOutputClosed) => {
                 conn.close(
@@ -164,9 +173,7 @@ pub async fn run(
             }
         }
     };
-    // Whatever was delivered reaches our output before we go.
-    drop(out_tx);
-    let _ = writer.await;
+    let _ = output.shutdown().await;
     result
 }
 
@@ -187,31 +194,45 @@ fn closed(err: &ConnectionError, st: &State, protocol: &Protocol) -> Result<Fini
     Err(anyhow!(describe_close(err, protocol)))
 }
 
-/// Redials until a connection with the resumable protocol is made, or `deadline`.
+/// Redials until a connection with the resumable protocol is made, or
+/// `deadline`. Attempts are staggered and overlap: a handshake whose first
+/// packet went out while the path was still down waits for QUIC's
+/// retransmission (a second or more), while a fresh attempt started after
+/// the path came back gets through in one round trip.
 async fn redial(ep: &Endpoint, target: &Target, alpn: &[u8], deadline: Instant) -> Result<Connection> {
-    let mut backoff = REDIAL_FIRST_BACKOFF;
+    let mut attempts = tokio::task::JoinSet::new();
+    let mut gap = REDIAL_FIRST_BACKOFF;
+    let mut next_start = Instant::now();
     let mut last = String::from("no attempt made");
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
+        let now = Instant::now();
+        if now >= deadline {
             bail!("could not reach the bridge again while it kept the session (last attempt: {last})");
         }
-        match tokio::time::timeout(left.min(REDIAL_ATTEMPT), ep.connect(target.endpoint_addr(), alpn)).await {
-            Ok(Ok(c)) => return Ok(c),
-            Ok(Err(e)) => {
-                let text = format!("{e:#}");
-                if close::is_alpn_refusal(&text) {
-                    bail!(
-                        "the bridge no longer offers resumable sessions (it was restarted with --no-resume?)"
-                    );
-                }
-                last = text;
-            }
-            Err(_) => last = "timed out".into(),
+        if now >= next_start && attempts.len() < REDIAL_IN_FLIGHT {
+            let (ep, addr, alpn) = (ep.clone(), target.endpoint_addr(), alpn.to_vec());
+            attempts
+                .spawn(async move { tokio::time::timeout(REDIAL_ATTEMPT, ep.connect(addr, &alpn)).await });
+            next_start = now + gap;
+            gap = (gap * 2).min(REDIAL_MAX_BACKOFF);
         }
-        debug!("redial failed ({last}); next in {backoff:?}");
-        tokio::time::sleep(backoff.min(deadline.saturating_duration_since(Instant::now()))).await;
-        backoff = (backoff * 2).min(REDIAL_MAX_BACKOFF);
+        let wake = next_start.min(deadline);
+        tokio::select! {
+            Some(r) = attempts.join_next(), if !attempts.is_empty() => match r {
+                Ok(Ok(Ok(c))) => return Ok(c),
+                Ok(Ok(Err(e))) => {
+                    let text = format!("{e:#}");
+                    if close::is_alpn_refusal(&text) {
+                        bail!("the bridge no longer offers resumable sessions (it was restarted with --no-resume?)");
+                    }
+                    debug!("redial failed: {text}");
+                    last = text;
+                }
+                Ok(Err(_)) => last = "timed out".into(),
+                Err(e) => last = e.to_string(),
+            },
+            _ = tokio::time::sleep_until(wake) => {}
+        }
     }
 }
 
@@ -220,8 +241,8 @@ async fn redial(ep: &Endpoint, target: &Target, alpn: &[u8], deadline: Instant) 
 async fn carry(
     conn: &Connection,
     st: &RefCell<State>,
-    in_rx: &mut mpsc::Receiver<Bytes>,
-    out_tx: &mpsc::Sender<Bytes>,
+    input: &mut LocalInput,
+    output: &mut (dyn AsyncWrite + Unpin + Send),
     term: &mut Terminate,
     resumed: bool,
     protocol: &Protocol,
@@ -276,26 +297,49 @@ async fn carry(
 
     let ack_wake = Notify::new();
     let room = Notify::new();
-    let upload = upload(&mut send, st, in_rx, replay, &ack_wake, &room);
-    let download = download(&mut recv, leftover, st, out_tx, &ack_wake, &room);
+    // The download writes our output itself (no hand-off on the reply path);
+    // it is never dropped mid-write, only stopped at its next read, so a line
+    // is either delivered and counted or neither.
+    let stop = CancellationToken::new();
+    let upload = upload(&mut send, st, input, replay, &ack_wake, &room);
+    let download = download(&mut recv, leftover, st, output, &ack_wake, &room, &stop);
     tokio::pin!(upload, download);
     let end = tokio::select! {
         biased;
         err = conn.closed() => classify(err),
-        r = &mut download => match r {
-            Err(Down::LocalClosed) => ConnEnd::LocalOutputClosed,
-            Err(Down::Protocol(e)) => return Err(anyhow!(e)),
-            Err(Down::Lost(e)) => lost_or_closed(conn, e),
-        },
+        r = &mut download => return Ok(down_end(conn, r)),
         r = &mut upload => match r {
             Err(Up::Lost(e)) => lost_or_closed(conn, e),
         },
         which = term.recv() => {
             info!("{which}: closing the session");
-            ConnEnd::Stopped
+            return Ok(ConnEnd::Stopped);
         }
     };
+    stop.cancel();
+    tokio::select! {
+        r = &mut download => {
+            if let ConnEnd::LocalOutputClosed = down_end(conn, r) {
+                return Ok(ConnEnd::LocalOutputClosed);
+            }
+        }
+        which = term.recv() => {
+            info!("{which}: closing the session");
+            return Ok(ConnEnd::Stopped);
+        }
+    }
     Ok(end)
+}
+
+fn down_end(conn: &Connection, r: Result<std::convert::Infallible, Down>) -> ConnEnd {
+    match r {
+        Err(Down::LocalClosed) => ConnEnd::LocalOutputClosed,
+        Err(Down::Protocol(e)) => {
+            warn!("{e}; closing the session");
+            ConnEnd::Protocol(e)
+        }
+        Err(Down::Lost(e)) => lost_or_closed(conn, e),
+    }
 }
 
 /// The bridge's close ends the session; anything else (a timeout, a reset,
@@ -324,7 +368,7 @@ enum Up {
 async fn upload(
     send: &mut SendStream,
     st: &RefCell<State>,
-    in_rx: &mut mpsc::Receiver<Bytes>,
+    input: &mut LocalInput,
     mut replay: Vec<Bytes>,
     ack_wake: &Notify,
     room: &Notify,
@@ -352,7 +396,7 @@ async fn upload(
         tokio::select! {
             biased;
             _ = ack_wake.notified() => {}
-            r = in_rx.recv(), if has_room && input_open => {
+            r = input.next_run(), if has_room && input_open => {
                 let mut chunks = Vec::with_capacity(2);
                 {
                     let mut s = st.borrow_mut();
@@ -360,11 +404,6 @@ async fn upload(
                         Some(run) => {
                             s.out.push(run.clone());
                             chunks.push(run);
-                            // Acks ride along with our messages.
-                            if s.ack.pending() {
-                                s.ack_due = false;
-                                chunks.extend(s.ack.ack().map(|a| a.encode()));
-                            }
                         }
                         None => {
                             let n = s.out.total();
@@ -396,9 +435,10 @@ async fn download(
     recv: &mut RecvStream,
     leftover: Bytes,
     st: &RefCell<State>,
-    out_tx: &mpsc::Sender<Bytes>,
+    output: &mut (dyn AsyncWrite + Unpin + Send),
     ack_wake: &Notify,
     room: &Notify,
+    stop: &CancellationToken,
 ) -> Result<std::convert::Infallible, Down> {
     let mut rx = Receiver::new(limits::MAX_FRAME);
     rx.push(&leftover);
@@ -409,8 +449,8 @@ async fn download(
             match ev {
                 Event::Data { bytes, frames } => {
                     let len = bytes.len();
-                    let permit = out_tx.reserve().await.map_err(|_| Down::LocalClosed)?;
-                    permit.send(bytes);
+                    output.write_all(&bytes).await.map_err(|_| Down::LocalClosed)?;
+                    output.flush().await.map_err(|_| Down::LocalClosed)?;
                     let mut s = st.borrow_mut();
                     if s.ack.took(frames, len) || s.all_delivered() {
                         s.ack_due = true;
@@ -438,9 +478,16 @@ async fn download(
         }
         let buf = rx.buf_mut();
         buf.reserve(limits::READ_CHUNK);
-        match recv.read_buf(buf).await {
+        let read = tokio::select! {
+            r = recv.read_buf(buf) => r,
+            _ = stop.cancelled() => return Err(Down::Lost("stopped".into())),
+        };
+        match read {
             // The bridge never finishes its stream mid-session: wait for the close.
-            Ok(0) => std::future::pending::<()>().await,
+            Ok(0) => {
+                stop.cancelled().await;
+                return Err(Down::Lost("stopped".into()));
+            }
             Ok(_) => {}
             Err(e) => return Err(Down::Lost(e.to_string())),
         }
@@ -467,46 +514,40 @@ pub async fn read_line(recv: &mut RecvStream) -> Result<(Bytes, Bytes), String> 
     }
 }
 
-/// Local input, cut into runs of whole lines. At the end an unterminated last
-/// line gets its newline (as the bridge's plain protocol does).
-async fn read_lines(mut input: Box<dyn AsyncRead + Unpin + Send>, tx: mpsc::Sender<Bytes>) {
-    let mut buf = BytesMut::with_capacity(limits::READ_CHUNK);
-    loop {
-        buf.reserve(limits::READ_CHUNK);
-        let n = match input.read_buf(&mut buf).await {
-            Ok(n) => n,
-            Err(e) => {
-                warn!("reading our input failed: {e}; ending it");
-                0
-            }
-        };
-        let run = if n == 0 {
-            if !buf.is_empty() && buf.last() != Some(&b'\n') {
-                buf.extend_from_slice(b"\n");
-            }
-            buf.split().freeze()
-        } else {
-            match memchr::memrchr(b'\n', &buf) {
-                Some(i) => buf.split_to(i + 1).freeze(),
-                None => continue,
-            }
-        };
-        if !run.is_empty() && tx.send(escape_run(run)).await.is_err() {
-            return;
-        }
-        if n == 0 {
-            return;
-        }
-    }
+/// Local input, cut into runs of whole lines. Outlives connections: its
+/// buffer keeps a line read in part, and reading is cancel-safe.
+struct LocalInput {
+    r: Box<dyn AsyncRead + Unpin + Send>,
+    buf: BytesMut,
+    done: bool,
 }
 
-/// Local output: everything delivered, in order, flushed as it comes.
-async fn write_out(mut out: Box<dyn AsyncWrite + Unpin + Send>, mut rx: mpsc::Receiver<Bytes>) {
-    while let Some(b) = rx.recv().await {
-        if out.write_all(&b).await.is_err() || out.flush().await.is_err() {
-            // Dropping the receiver tells the download side.
-            return;
+impl LocalInput {
+    /// The next run of whole lines; `None` once the input ended. At the end an
+    /// unterminated last line gets its newline (as the plain protocol's bridge does).
+    async fn next_run(&mut self) -> Option<Bytes> {
+        loop {
+            if self.done {
+                return None;
+            }
+            if let Some(i) = memchr::memrchr(b'\n', &self.buf) {
+                return Some(escape_run(self.buf.split_to(i + 1).freeze()));
+            }
+            self.buf.reserve(limits::READ_CHUNK);
+            let n = match self.r.read_buf(&mut self.buf).await {
+                Ok(n) => n,
+                Err(e) => {
+                    warn!("reading our input failed: {e}; ending it");
+                    0
+                }
+            };
+            if n == 0 {
+                self.done = true;
+                if !self.buf.is_empty() {
+                    self.buf.extend_from_slice(b"\n");
+                    return Some(escape_run(self.buf.split().freeze()));
+                }
+            }
         }
     }
-    let _ = out.shutdown().await;
 }

@@ -113,6 +113,14 @@ impl Control {
     /// line this version does not understand (to be ignored).
     pub fn parse(line: &[u8]) -> Option<Self> {
         let line = line.strip_prefix(&[CONTROL_PREFIX]).unwrap_or(line);
+        // Acks are nearly every control line: read them without a JSON tree.
+        if let Some(digits) =
+            line.trim_ascii_end().strip_prefix(b"{\"ack\":").and_then(|r| r.strip_suffix(b"}"))
+        {
+            if !digits.is_empty() && digits.len() <= 19 && digits.iter().all(u8::is_ascii_digit) {
+                return std::str::from_utf8(digits).ok()?.parse().ok().map(Self::Ack);
+            }
+        }
         let v: Value = serde_json::from_slice(line.trim_ascii()).ok()?;
         let o = v.as_object()?;
         let num = |k: &str| o.get(k).and_then(Value::as_u64);

@@ -385,3 +385,71 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+
+/// A path outage made with nftables in this process's network namespace
+/// (the tests and the bench run in one of their own); lifted when dropped.
+pub struct Outage {
+    table: String,
+}
+
+impl Outage {
+    /// All UDP to and from `port` dropped (a bridge's direct path).
+    pub fn udp_port(port: u16) -> Self {
+        Self::rules(&[format!("udp dport {port} drop"), format!("udp sport {port} drop")])
+    }
+
+    /// All TCP to and from `port` dropped (a relay).
+    pub fn tcp_port(port: u16) -> Self {
+        Self::rules(&[format!("tcp dport {port} drop"), format!("tcp sport {port} drop")])
+    }
+
+    fn rules(rules: &[String]) -> Self {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let table = format!("tb_outage_{}_{n}", std::process::id());
+        let mut script = format!(
+            "add table inet {table}\nadd chain inet {table} out {{ type filter hook output priority 0; }}\n"
+        );
+        for r in rules {
+            script.push_str(&format!("add rule inet {table} out {r}\n"));
+        }
+        nft(&script);
+        Self { table }
+    }
+
+    /// Whether outages can be made here (nft present and allowed).
+    pub fn available() -> bool {
+        std::process::Command::new("nft")
+            .args(["list", "tables"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Outage {
+    fn drop(&mut self) {
+        nft(&format!("delete table inet {}\n", self.table));
+    }
+}
+
+fn nft(script: &str) {
+    use std::io::Write;
+    let mut c = std::process::Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nft runs (install nftables; outages need root in a network namespace of their own)");
+    c.stdin.take().expect("stdin").write_all(script.as_bytes()).expect("nft reads its script");
+    let out = c.wait_with_output().expect("nft finishes");
+    assert!(out.status.success(), "nft failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The first direct UDP port in a bridge's banner (`Reach: direct 127.0.0.1:PORT`).
+pub fn banner_port(banner: &str) -> u16 {
+    let reach = banner.lines().find(|l| l.contains("Reach:")).expect("banner has Reach");
+    let addr = reach.split("direct ").nth(1).expect("direct").split([' ', ',']).next().expect("addr");
+    addr.rsplit(':').next().expect("port").parse().expect("numeric port")
+}

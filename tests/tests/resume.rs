@@ -48,11 +48,8 @@ impl Setup {
         self.work.path().join(name).display().to_string()
     }
 
-    /// The bridge's UDP port (from its banner's direct address).
     fn port(&self) -> u16 {
-        let reach = self.bridge.banner.lines().find(|l| l.contains("Reach:")).expect("banner has Reach");
-        let addr = reach.split("direct ").nth(1).unwrap().split([' ', ',']).next().unwrap();
-        addr.rsplit(':').next().unwrap().parse().expect("port")
+        banner_port(&self.bridge.banner)
     }
 
     /// `thunderbolt acp connect` with piped stdio; its stderr goes to the returned log.
@@ -81,44 +78,6 @@ impl Setup {
 
 async fn agent_pid(pid_file: &str) -> u32 {
     wait_file(pid_file.as_ref()).await.trim().parse().expect("pid file holds a pid")
-}
-
-/// All UDP to and from `port` dropped while it lives (nftables, this namespace only).
-struct Outage {
-    table: String,
-}
-
-impl Outage {
-    fn start(port: u16, n: usize) -> Self {
-        let table = format!("tb_outage_{port}_{n}");
-        let script = format!(
-            "add table inet {table}\n\
-             add chain inet {table} out {{ type filter hook output priority 0; }}\n\
-             add rule inet {table} out udp dport {port} drop\n\
-             add rule inet {table} out udp sport {port} drop\n"
-        );
-        nft(&script);
-        Self { table }
-    }
-}
-
-impl Drop for Outage {
-    fn drop(&mut self) {
-        nft(&format!("delete table inet {}\n", self.table));
-    }
-}
-
-fn nft(script: &str) {
-    use std::io::Write;
-    let mut c = std::process::Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("nft runs (install nftables; the tests run as root in their own network namespace)");
-    c.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
-    let out = c.wait_with_output().unwrap();
-    assert!(out.status.success(), "nft failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Opens a resumable stream: sends the hello, returns the stream and the
@@ -220,7 +179,7 @@ async fn ten_thousand_messages_each_way_survive_twenty_outages() {
     };
     for round in 1..=ROUNDS {
         stdin.write_all(write(PER_ROUND / 2).as_bytes()).await.unwrap();
-        let outage = Outage::start(port, round);
+        let outage = Outage::udp_port(port);
         // Written while the path is down: held and delivered after the resume.
         stdin.write_all(write(PER_ROUND / 2).as_bytes()).await.unwrap();
         log.wait_for_count("; reconnecting", round).await;

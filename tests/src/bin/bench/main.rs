@@ -37,21 +37,23 @@ use tokio::{
 mod measure;
 mod peers;
 mod report;
+mod resume;
 mod sections;
 
 use measure::*;
 use peers::*;
 use report::*;
+use resume::*;
 use sections::*;
 
 /// How much each section measures.
 #[derive(Debug, Clone, Copy)]
-struct Plan {
+pub struct Plan {
     setup_reps: usize,
-    bulk_bytes: usize,
-    bulk_reps: usize,
+    pub bulk_bytes: usize,
+    pub bulk_reps: usize,
     /// Sequential request/response round trips per measurement.
-    rtts: usize,
+    pub rtts: usize,
     /// Bytes each of the 16 concurrent sessions streams.
     per_session_bytes: usize,
 }
@@ -89,6 +91,8 @@ enum Section {
     Check,
     /// An allowed peer's setup while 16 addresses send stalled handshakes (direct).
     Stall,
+    /// The resumable protocol against the plain one through `connect`; resume time; detached RSS.
+    Resume,
 }
 
 /// Which sections this run measures.

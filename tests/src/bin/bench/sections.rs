@@ -12,11 +12,11 @@ pub const ROUND_TRIP_BLOCKS: usize = 10;
 /// What every section shares: the plan, the relay, the bridge's home and the
 /// measuring client's identity (allowed in that home).
 pub struct Bench {
-    plan: Plan,
+    pub plan: Plan,
     relay_url: RelayUrl,
-    tb: Tb,
+    pub tb: Tb,
     client_key: SecretKey,
-    agent: String,
+    pub agent: String,
 }
 
 /// The first request of the setup measures: ACP `initialize`.
@@ -26,8 +26,13 @@ pub const INIT: &[u8] =
 impl Bench {
     /// A bridge on the local relay running `argv` (the built-in agent when empty).
     async fn bridge(&self, argv: Vec<String>) -> RunningBridge {
+        self.bridge_with(&[], argv, "warn").await
+    }
+
+    /// [`Self::bridge`] with more flags and a log level.
+    pub async fn bridge_with(&self, extra: &[&str], argv: Vec<String>, log: &str) -> RunningBridge {
         let mut c = self.tb.cmd();
-        c.env("THUNDERBOLT_IROH_RELAY_URL", self.relay_url.to_string()).env("RUST_LOG", "warn");
+        c.env("THUNDERBOLT_IROH_RELAY_URL", self.relay_url.to_string()).env("RUST_LOG", log);
         if let Ok(w) = std::env::var("BENCH_BRIDGE_WORKERS") {
             c.env("TOKIO_WORKER_THREADS", w);
         }
@@ -35,7 +40,7 @@ impl Bench {
         c.args(["acp", "--transport", "iroh", "--per-remote-max", "1000000"]);
         // Heartbeats return freed memory: frequent ones let the flood section
         // read what the bridge keeps for good, not what it has yet to give back.
-        c.args(["--heartbeat-interval", "10"]);
+        c.args(["--heartbeat-interval", "10"]).args(extra);
         if !argv.is_empty() {
             c.arg("--").args(argv);
         }
@@ -120,6 +125,9 @@ pub async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<(
             }
             if only.has(Section::Stall) {
                 rows.extend(stall_rows(&b, &p).await?);
+            }
+            if only.has(Section::Resume) {
+                rows.extend(resume_rows(&b).await?);
             }
         }
         p.close().await;

@@ -1,0 +1,170 @@
+//! The `resume` section: what the resumable protocol (`thunderbolt/<p>/r1`)
+//! costs against the plain one, through the same client (`thunderbolt acp
+//! connect`, with and without `--no-resume`) in the same run; how long a
+//! resume takes once the path is back; what a detached session holds.
+
+use super::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Outages measured per path: each is a few seconds (the client's idle timeout
+/// to notice, then the resume).
+const RESUME_REPS: usize = 5;
+
+/// The connect client's idle timeout in the resume measure: the loss is
+/// noticed after this; the measure starts when the path is back.
+const CLIENT_IDLE: &str = "1";
+
+/// Detached sessions held for the memory row (the bridge's agent cap).
+const DETACHED: usize = SESSIONS;
+
+/// A `thunderbolt acp connect` process with piped stdio.
+struct ConnectProc {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::process::ChildStdout,
+    log: Log,
+}
+
+impl ConnectProc {
+    async fn start(tb: &Tb, target: &str, extra: &[&str]) -> Result<Self> {
+        let mut c = tb.cmd();
+        c.env("RUST_LOG", "info").args(["acp", "connect"]).args(extra).arg(target);
+        c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn()?;
+        let log = Log::default();
+        log.capture_stderr(child.stderr.take().context("stderr")?);
+        let stdin = child.stdin.take().context("stdin")?;
+        let stdout = child.stdout.take().context("stdout")?;
+        Ok(Self { child, stdin, stdout, log })
+    }
+
+    async fn round_trip(&mut self, buf: &mut [u8]) -> Result<Duration> {
+        let t0 = Instant::now();
+        self.stdin.write_all(SMALL_REQUEST).await?;
+        self.stdout.read_exact(buf).await?;
+        Ok(t0.elapsed())
+    }
+
+    async fn round_trips(&mut self, n: usize) -> Result<Vec<f64>> {
+        let mut buf = vec![0u8; SMALL_REQUEST.len()];
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(self.round_trip(&mut buf).await?.as_secs_f64() * 1e6);
+        }
+        Ok(out)
+    }
+
+    async fn finish(mut self) -> Result<()> {
+        drop(self.stdin);
+        let status = tokio::time::timeout(WAIT, self.child.wait()).await??;
+        if !status.success() {
+            bail!("connect failed: {}", self.log.text());
+        }
+        Ok(())
+    }
+}
+
+/// Bulk and round trips through `connect` with and without resume, a resume's
+/// time after an outage (direct, and relay when outages can be made), and the
+/// bridge's RSS per detached session.
+pub async fn resume_rows(b: &Bench) -> Result<Vec<Row>> {
+    let client = Tb::new(None);
+    b.tb.allow(&client.node_id("acp").await).await;
+    let mut rows = Vec::new();
+    let mut cat = b.bridge_with(&["--idle-timeout", "2"], vec![b.agent.clone(), "cat".into()], "info").await;
+
+    // Bulk: one session per transfer, r1 and plain taking turns.
+    let total = b.plan.bulk_bytes;
+    let (mut r1, mut plain) = (Vec::new(), Vec::new());
+    for _ in 0..b.plan.bulk_reps {
+        for (resume, out) in [(true, &mut r1), (false, &mut plain)] {
+            let extra: &[&str] = if resume { &[] } else { &["--no-resume"] };
+            let c = ConnectProc::start(&client, &cat.ticket, extra).await?;
+            let ConnectProc { child, stdin, stdout, log } = c;
+            out.push(transfer(stdin, stdout, total).await?);
+            ConnectProc::finish_child(child, log).await?;
+        }
+    }
+    let name = format!("bulk {} MiB through connect, resumable (direct)", total >> 20);
+    rows.push(row(&name, "MB/s", r1, "connect --no-resume (plain ALPN)", plain, true));
+
+    // Round trips: both sessions open, alternating blocks.
+    let mut a = ConnectProc::start(&client, &cat.ticket, &[]).await?;
+    let mut p = ConnectProc::start(&client, &cat.ticket, &["--no-resume"]).await?;
+    a.round_trips(ROUND_TRIP_WARMUP).await?;
+    p.round_trips(ROUND_TRIP_WARMUP).await?;
+    let per = b.plan.rtts / ROUND_TRIP_BLOCKS;
+    let (mut a50, mut p50) = (Vec::new(), Vec::new());
+    for _ in 0..ROUND_TRIP_BLOCKS {
+        a50.push(percentile(&a.round_trips(per).await?, 0.5));
+        p50.push(percentile(&p.round_trips(per).await?, 0.5));
+    }
+    a.finish().await?;
+    p.finish().await?;
+    let name = format!(
+        "~200 B request/response p50 through connect, resumable (median of {ROUND_TRIP_BLOCKS} blocks)"
+    );
+    rows.push(row(&name, "µs", a50, "connect --no-resume (plain ALPN)", p50, false));
+
+    cat.terminate().await;
+
+    // What a detached session costs the bridge (a fresh one: nothing freed to reuse).
+    let mut cat = b.bridge_with(&["--idle-timeout", "1"], vec![b.agent.clone(), "cat".into()], "info").await;
+    let pid = cat.pid();
+    let before = rss_kib(pid)?;
+    let mut held = Vec::new();
+    for _ in 0..DETACHED {
+        let mut c = ConnectProc::start(&client, &cat.ticket, &[]).await?;
+        c.round_trips(1).await?;
+        held.push(c);
+    }
+    for c in &mut held {
+        let _ = c.child.start_kill();
+    }
+    cat.log.wait_for_count("the agent keeps running", DETACHED).await;
+    let after = rss_kib(pid)?;
+    eprintln!("bench: bridge RSS {before:.0} KiB, with {DETACHED} detached sessions {after:.0} KiB");
+    rows.push(
+        row_stats("bridge RSS per detached session", "KiB", (after - before) / DETACHED as f64, 256.0, false)
+            .named_baseline("target"),
+    );
+    cat.terminate().await;
+
+    if !Outage::available() {
+        eprintln!("bench: skipping resume times: nftables is not usable here (tests/bench.sh runs as root in a namespace)");
+        return Ok(rows);
+    }
+    // Direct: all UDP to the bridge dropped until the client noticed; then lifted.
+    let cat = b.bridge_with(&[], vec![b.agent.clone(), "cat".into()], "info").await;
+    let port = banner_port(&cat.banner);
+    let mut times = Vec::new();
+    let mut c = ConnectProc::start(&client, &cat.ticket, &["--idle-timeout", CLIENT_IDLE]).await?;
+    c.round_trips(1).await?;
+    let mut buf = vec![0u8; SMALL_REQUEST.len()];
+    for n in 1..=RESUME_REPS {
+        let outage = Outage::udp_port(port);
+        c.stdin.write_all(SMALL_REQUEST).await?;
+        c.log.wait_for_count("; reconnecting", n).await;
+        let t0 = Instant::now();
+        drop(outage);
+        c.stdout.read_exact(&mut buf).await?;
+        times.push(ms(t0.elapsed()));
+    }
+    c.finish().await?;
+    drop(cat);
+    rows.push(
+        row("path back → first resumed frame (direct)", "ms", times.clone(), "—", times, false)
+            .named_baseline("—"),
+    );
+    Ok(rows)
+}
+
+impl ConnectProc {
+    async fn finish_child(mut child: tokio::process::Child, log: Log) -> Result<()> {
+        let status = tokio::time::timeout(WAIT, child.wait()).await??;
+        if !status.success() {
+            bail!("connect failed: {}", log.text());
+        }
+        Ok(())
+    }
+}
