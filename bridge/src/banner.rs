@@ -26,6 +26,8 @@ pub struct Banner<'a> {
     pub app_url: Option<&'a str>,
     /// Resumable sessions: grace and buffer, or `None` when off.
     pub resume: Option<crate::hub::ResumeConfig>,
+    /// `--keep-warm`, when on.
+    pub keep_warm: Option<std::time::Duration>,
 }
 
 impl Banner<'_> {
@@ -71,6 +73,13 @@ impl Banner<'_> {
             None => {
                 let _ = writeln!(s, "  Resume:  off (a session ends with its connection)");
             }
+        }
+        if let Some(w) = self.keep_warm {
+            let _ = writeln!(
+                s,
+                "  Warm:    plain sessions' agents wait {}s for the same peer's next connection",
+                w.as_secs()
+            );
         }
         let _ = writeln!(
             s,

@@ -243,6 +243,15 @@ pub struct LimitArgs {
     /// Serve thunderbolt/<p>/0 only: every session ends with its connection.
     #[arg(long)]
     pub no_resume: bool,
+
+    /// Seconds a plain session's agent (clients of thunderbolt/<p>/0, which cannot resume:
+    /// the app's shipped client, acpx, `connect --no-resume`) keeps running after its
+    /// connection ends, however it ended; the next plain connection from the same NodeId
+    /// attaches to it instead of spawning one, so in-memory sessions survive (`session/load`).
+    /// Output the agent writes while no client is attached is dropped; requests it sends
+    /// then, or left unanswered, get a JSON-RPC error (-32000). Off by default.
+    #[arg(long, value_name = "SECS")]
+    pub keep_warm: Option<f64>,
 }
 
 /// A frame size: bytes, or with a K/M/G suffix (binary units), within the bounds of

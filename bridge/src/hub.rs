@@ -15,12 +15,23 @@
 //!   agent runs on, and the session ends only if nobody re-attaches within
 //!   the grace period. Only the NodeId that started the session can attach.
 //!
+//! With `--keep-warm` plain (`thunderbolt/<p>/0`) sessions run through a hub
+//! too ([`HubKind::Warm`]): a connection's end, whatever it was, detaches the
+//! session, and the next plain connection from the same NodeId attaches to the
+//! running agent instead of spawning one (so `session/load` of an in-memory
+//! session works). Nothing is replayed there: output the agent writes while no
+//! client is attached is dropped (it answers requests of a connection that is
+//! gone, and must never be read as answers to the next one's), and every
+//! request the agent sent that the vanished client did not answer, or sends
+//! while none is attached, is answered for it with a JSON-RPC error
+//! ([`thunderbolt_shared::jsonrpc::client_gone`]) so the agent never hangs.
+//!
 //! The hub never holds a connection's tasks past its detach: each attached
 //! connection runs in one task the hub owns (aborted when it is replaced or
 //! the session ends).
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     future::Future,
     io,
     pin::Pin,
@@ -36,6 +47,8 @@ use iroh::{
 };
 use thunderbolt_shared::{
     close,
+    jsonrpc::{self, Kind},
+    ndjson::OVERSIZE_PEEK,
     resume::{AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS, MAX_CONTROL_LINE},
 };
 use tokio::{
@@ -78,17 +91,32 @@ pub fn new_token() -> String {
     hex::encode(b)
 }
 
-/// One resumable session's state between connections.
+/// What kind of connections drive a hub.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HubKind {
+    /// `thunderbolt/<p>/r1`: frames counted, replayed after a loss.
+    Resumable,
+    /// `thunderbolt/<p>/0` with `--keep-warm`: the agent outlives each
+    /// connection; nothing is replayed.
+    Warm,
+}
+
+/// One session's state between connections.
 #[derive(Debug)]
 pub struct Hub {
     token: String,
+    kind: HubKind,
     owner: EndpointId,
     peer: String,
+    /// For a warm hub, `grace` is the keep-warm window.
     cfg: ResumeConfig,
     max_frame: usize,
     state: Mutex<State>,
     /// Anything changed: new output, an ack, attach, detach, the end.
     changed: Notify,
+    /// Lines the bridge writes to the agent itself (answers for a vanished
+    /// client), ahead of the client's.
+    inject: mpsc::UnboundedSender<Bytes>,
 }
 
 #[derive(Debug)]
@@ -106,6 +134,12 @@ struct State {
     next_conn: u64,
     /// The agent-output side, waiting for room in the log.
     writer: Option<Waker>,
+    /// Warm: ids of the agent's requests the attached client has not answered.
+    pending: HashSet<String>,
+    /// Warm: the client's output is all delivered (the plain stream finished).
+    plain_done: bool,
+    /// Warm: lines the agent wrote while no client was attached (dropped).
+    dropped: u64,
 }
 
 #[derive(Debug)]
@@ -123,10 +157,18 @@ impl State {
 
 impl Hub {
     /// A new session for `owner`, and the two ends the agent's pumps use.
-    pub fn new(owner: EndpointId, cfg: ResumeConfig, max_frame: usize) -> (Arc<Self>, Inbox, Outbox) {
+    pub fn new(
+        kind: HubKind,
+        owner: EndpointId,
+        cfg: ResumeConfig,
+        max_frame: usize,
+    ) -> (Arc<Self>, Inbox, Outbox) {
         let (tx, rx) = mpsc::channel(INBOX_QUEUE);
+        let (inject, injected) = mpsc::unbounded_channel();
         let hub = Arc::new(Self {
             token: new_token(),
+            kind,
+            inject,
             owner,
             peer: owner.fmt_short().to_string(),
             cfg,
@@ -142,11 +184,14 @@ impl Hub {
                 gone: None,
                 next_conn: 0,
                 writer: None,
+                pending: HashSet::new(),
+                plain_done: false,
+                dropped: 0,
             }),
             changed: Notify::new(),
         });
         let outbox = Outbox { hub: hub.clone() };
-        (hub, Inbox { rx, cur: Bytes::new() }, outbox)
+        (hub, Inbox { rx, injected, cur: Bytes::new() }, outbox)
     }
 
     /// The token's first characters, for logs (the token itself is never logged).
@@ -256,7 +301,18 @@ impl Hub {
             Some(ConnectionError::ApplicationClosed(ac)) if ac.error_code.into_inner() == close::CLOSE_CODE_CLIENT as u64
         );
         let attached = st.attached.take();
-        if clean {
+        if self.kind == HubKind::Warm {
+            if st.gone.is_none() {
+                st.detached_since = Some(Instant::now());
+                let answered = self.answer_for_vanished_client(&mut st);
+                info!(
+                    peer = %self.peer,
+                    "client left ({why}); the agent stays warm {:?} for this peer's next connection{}",
+                    self.cfg.grace,
+                    if answered > 0 { format!(" ({answered} of its request(s) answered with an error)") } else { String::new() }
+                );
+            }
+        } else if clean {
             st.gone.get_or_insert_with(|| close::REASON_CLIENT_CLOSED.to_string());
         } else if st.gone.is_none() {
             st.detached_since = Some(Instant::now());
@@ -274,6 +330,156 @@ impl Hub {
         self.wake(writer);
         // Last: this may be the very task running us.
         drop(attached);
+    }
+
+    /// Warm: answers every request of the agent's that the client can no longer
+    /// answer (sent and unanswered, or never sent) and forgets undelivered
+    /// output. Returns how many were answered.
+    fn answer_for_vanished_client(&self, st: &mut State) -> usize {
+        let mut ids: Vec<String> = st.pending.drain().collect();
+        let unsent = st.out.since(st.out.acked()).unwrap_or_default();
+        for run in &unsent {
+            for line in run.split_inclusive(|b| *b == b'\n') {
+                let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
+                if let (Kind::Request, Some(id)) = (head.kind, head.id) {
+                    ids.push(id);
+                }
+            }
+        }
+        let total = st.out.total();
+        let _ = st.out.ack(total);
+        for id in &ids {
+            let _ = self.inject.send(jsonrpc::client_gone(id).into());
+        }
+        ids.len()
+    }
+
+    /// Warm: attaches a plain connection to the running agent.
+    /// The streams come back when the session ended meanwhile.
+    pub fn attach_plain(
+        self: &Arc<Self>,
+        conn: Connection,
+        send: SendStream,
+        recv: RecvStream,
+    ) -> Result<(), (SendStream, RecvStream)> {
+        let mut st = self.lock();
+        if st.gone.is_some() {
+            return Err((send, recv));
+        }
+        let id = st.next_conn;
+        st.next_conn += 1;
+        if id > 0 {
+            info!(
+                peer = %self.peer,
+                "attached to the warm agent ({} message(s) it wrote meanwhile were dropped)",
+                std::mem::take(&mut st.dropped)
+            );
+        }
+        let task = tokio::spawn(self.clone().serve_plain(id, conn.clone(), send, recv));
+        let old = st.attached.replace(Attached { id, conn, _task: AbortOnDropHandle::new(task) });
+        st.detached_since = None;
+        let writer = st.writer.take();
+        drop(st);
+        if let Some(old) = old {
+            old.conn.close(VarInt::from_u32(close::CLOSE_CODE_REFUSED), REASON_SUPERSEDED.as_bytes());
+        }
+        self.wake(writer);
+        Ok(())
+    }
+
+    async fn serve_plain(
+        self: Arc<Self>,
+        id: u64,
+        conn: Connection,
+        mut send: SendStream,
+        mut recv: RecvStream,
+    ) {
+        let why = tokio::select! {
+            e = self.write_plain(id, &mut send) => e,
+            e = self.read_plain(id, &mut recv) => e,
+            err = conn.closed() => err.to_string(),
+        };
+        self.lost(id, &conn, &why);
+    }
+
+    /// Warm: the agent's output as it comes, nothing kept once written; at the
+    /// agent's end the stream is finished and its delivery awaited.
+    async fn write_plain(&self, id: u64, send: &mut SendStream) -> String {
+        let mut cursor = self.lock().out.total();
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let (mut runs, end) = {
+                let st = self.lock();
+                if !st.is_attached(id) {
+                    return "replaced".into();
+                }
+                let runs = st.out.since(cursor).unwrap_or_default();
+                cursor = st.out.total();
+                (runs, st.end_at.is_some_and(|n| n == cursor))
+            };
+            if !runs.is_empty() {
+                if let Err(e) = send.write_all_chunks(&mut runs).await {
+                    return e.to_string();
+                }
+                let mut st = self.lock();
+                let _ = st.out.ack(cursor);
+                let writer = st.writer.take();
+                drop(st);
+                if let Some(w) = writer {
+                    w.wake();
+                }
+                continue;
+            }
+            if end {
+                let _ = send.finish();
+                let _ = send.stopped().await;
+                self.lock().plain_done = true;
+                self.changed.notify_waiters();
+                std::future::pending::<()>().await;
+            }
+            notified.await;
+        }
+    }
+
+    /// Warm: the client's lines, whole, into the agent's queue; its answers to
+    /// the agent's requests are noted. The client finishing its stream closes
+    /// the agent's input, as on the plain protocol.
+    async fn read_plain(&self, id: u64, recv: &mut RecvStream) -> String {
+        let mut rx = Receiver::plain(self.max_frame);
+        let mut events = Vec::new();
+        loop {
+            rx.drain(&mut events);
+            for ev in events.drain(..) {
+                if let Event::Data { bytes, frames } = &ev {
+                    if *frames > 0 {
+                        let mut st = self.lock();
+                        for line in bytes.split_inclusive(|b| *b == b'\n') {
+                            let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
+                            if let (Kind::Response, Some(id)) = (head.kind, head.id) {
+                                st.pending.remove(&id);
+                            }
+                        }
+                    }
+                }
+                if let Err(e) = self.take(id, ev).await {
+                    return e;
+                }
+            }
+            let buf = rx.buf_mut();
+            buf.reserve(READ_CHUNK);
+            match recv.read_buf(buf).await {
+                Ok(0) => {
+                    if self.lock().inbox.take().is_some() {
+                        debug!(peer = %self.peer, "the client finished its stream: closing the agent's input");
+                    }
+                    std::future::pending::<()>().await;
+                }
+                Ok(_) => {}
+                Err(e) => return e.to_string(),
+            }
+        }
     }
 
     /// Sends the welcome, then the agent's output from frame `cursor` on, acks
@@ -460,7 +666,10 @@ impl Link for HubLink {
                             _ = tokio::time::sleep_until(at) => {
                                 let mut st = hub.lock();
                                 if st.detached_since == Some(since) && st.gone.is_none() {
-                                    let why = format!("the client did not come back within {:?}", hub.cfg.grace);
+                                    let why = match hub.kind {
+                                        HubKind::Resumable => format!("the client did not come back within {:?}", hub.cfg.grace),
+                                        HubKind::Warm => format!("no client for {:?} (--keep-warm)", hub.cfg.grace),
+                                    };
                                     st.gone = Some(why.clone());
                                     return why;
                                 }
@@ -496,7 +705,12 @@ impl Link for HubLink {
                 notified.as_mut().enable();
                 {
                     let st = hub.lock();
-                    if st.end_at.is_some_and(|n| st.out.acked() >= n) {
+                    let done = match hub.kind {
+                        HubKind::Resumable => st.end_at.is_some_and(|n| st.out.acked() >= n),
+                        // Nobody to deliver to, or the plain stream was taken whole.
+                        HubKind::Warm => st.plain_done || st.attached.is_none(),
+                    };
+                    if done {
                         return;
                     }
                 }
@@ -525,6 +739,25 @@ impl AsyncWrite for Outbox {
         let mut st = hub.lock();
         if let Some(why) = &st.gone {
             return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, why.clone())));
+        }
+        if hub.kind == HubKind::Warm {
+            let attached = st.attached.is_some();
+            for line in buf.split_inclusive(|b| *b == b'\n') {
+                let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
+                match (head.kind, head.id, attached) {
+                    (Kind::Request, Some(id), true) => {
+                        st.pending.insert(id);
+                    }
+                    (Kind::Request, Some(id), false) => {
+                        let _ = hub.inject.send(jsonrpc::client_gone(&id).into());
+                    }
+                    (_, _, false) => st.dropped += 1,
+                    _ => {}
+                }
+            }
+            if !attached {
+                return Poll::Ready(Ok(buf.len()));
+            }
         }
         let held = st.out.bytes();
         if held > 0 && held + buf.len() > hub.cfg.buffer {
@@ -563,6 +796,7 @@ impl AsyncWrite for Outbox {
 #[derive(Debug)]
 pub struct Inbox {
     rx: mpsc::Receiver<Bytes>,
+    injected: mpsc::UnboundedReceiver<Bytes>,
     cur: Bytes,
 }
 
@@ -573,6 +807,11 @@ impl AsyncRead for Inbox {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         while self.cur.is_empty() {
+            // Items are whole lines: switching between the queues keeps lines whole.
+            if let Poll::Ready(Some(b)) = self.injected.poll_recv(cx) {
+                self.cur = b;
+                continue;
+            }
             match self.rx.poll_recv(cx) {
                 Poll::Ready(Some(b)) => self.cur = b,
                 Poll::Ready(None) => return Poll::Ready(Ok(())),
@@ -635,6 +874,19 @@ impl Hubs {
     /// The session `token` if `peer` owns it.
     pub fn find(&self, token: &str, peer: &EndpointId) -> Option<Arc<Hub>> {
         self.lock().get(token).filter(|h| h.owner == *peer).cloned()
+    }
+
+    /// A warm agent of `peer`'s that no connection drives now.
+    pub fn warm_for(&self, peer: &EndpointId) -> Option<Arc<Hub>> {
+        self.lock()
+            .values()
+            .find(|h| {
+                h.kind == HubKind::Warm && h.owner == *peer && {
+                    let st = h.lock();
+                    st.attached.is_none() && st.gone.is_none()
+                }
+            })
+            .cloned()
     }
 
     /// Ends every session (attached or not) whose owner `trust` no longer admits.

@@ -211,6 +211,16 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         }
         Some(hub::ResumeConfig { grace, buffer: l.resume_buffer })
     };
+    let keep_warm = match l.keep_warm {
+        None => None,
+        Some(v) => {
+            let d = secs(v, "--keep-warm")?;
+            if d.is_zero() {
+                bail!("--keep-warm must be above zero (leave it out to switch it off)");
+            }
+            Some(d)
+        }
+    };
     // The server's order decides (rustls picks its first ALPN the client
     // offers): r1 first, so a client offering both gets the resumable protocol.
     let mut alpns = Vec::new();
@@ -248,6 +258,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         account_trust: &account_status,
         app_url: app_url.as_deref(),
         resume,
+        keep_warm,
     };
     // Before the banner: a SIGTERM right after it must shut down cleanly.
     let term = signals::Terminate::new();
@@ -259,7 +270,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     tokio::spawn(stop_on_signal(term, stop.clone()));
     let gate = Arc::new(gate::Gate::new(gate_limits, Arc::new(gate::SystemClock)));
     reaper::start();
-    let session = SessionConfig { max_frame: l.max_frame, resume, ..SessionConfig::new(agent) };
+    let session = SessionConfig { max_frame: l.max_frame, resume, keep_warm, ..SessionConfig::new(agent) };
     let bridge = Bridge::new(endpoint, trust, gate, account.ok().map(Arc::new), admission, session);
     bridge.run(stop).await;
     info!("bridge stopped");

@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 use crate::{
     account::Account,
     gate::{Drop as GateDrop, Gate, RemoteKey},
-    hub::{self, Hub, HubLink, Hubs},
+    hub::{self, Hub, HubKind, HubLink, Hubs},
     session::{self, refuse, SessionConfig},
     throttle::LogBudget,
     trust::{Grant, TrustPolicy},
@@ -324,6 +324,9 @@ async fn admitted(conn: Connection, peer: EndpointId, grant: Grant, shared: Arc<
             return resumable(conn, peer, send, recv, resume, shared.clone()).await;
         }
     }
+    if let Some(window) = shared.session.keep_warm {
+        return warm(conn, peer, send, recv, window, shared.clone()).await;
+    }
     let Ok(permit) = shared.agents.clone().try_acquire_owned() else {
         warn!(peer = %short, "refusing: {} ({} agents running)", close::REASON_AT_CAPACITY, shared.admission.max_agents);
         refuse(&conn, close::REASON_AT_CAPACITY);
@@ -385,13 +388,56 @@ async fn resumable(
         refuse(&conn, close::REASON_AT_CAPACITY);
         return;
     };
-    let (hub, inbox, outbox) = Hub::new(peer, resume, shared.session.max_frame);
+    let (hub, inbox, outbox) = Hub::new(HubKind::Resumable, peer, resume, shared.session.max_frame);
     let _registered = shared.hubs.insert(&hub);
     if let Err(e) = hub.attach(conn.clone(), send, recv, 0, leftover) {
         warn!(peer = %short, "could not start a resumable session: {e}");
         return;
     }
     debug!(peer = %short, "resumable session");
+    session::run_on(
+        HubLink(hub.clone()),
+        outbox,
+        inbox,
+        &short,
+        shared.session.clone(),
+        permit,
+        shared.shutdown.clone(),
+    )
+    .await;
+    hub.release();
+}
+
+/// A plain connection with `--keep-warm`: attaches to this peer's warm agent
+/// if one waits, else starts one that will outlive the connection.
+async fn warm(
+    conn: Connection,
+    peer: EndpointId,
+    mut send: iroh::endpoint::SendStream,
+    mut recv: iroh::endpoint::RecvStream,
+    window: std::time::Duration,
+    shared: Arc<Shared>,
+) {
+    let short = peer.fmt_short().to_string();
+    if let Some(hub) = shared.hubs.warm_for(&peer) {
+        match hub.attach_plain(conn.clone(), send, recv) {
+            Ok(()) => return,
+            // It ended just now: start a fresh one.
+            Err(streams) => (send, recv) = streams,
+        }
+    }
+    let Ok(permit) = shared.agents.clone().try_acquire_owned() else {
+        warn!(peer = %short, "refusing: {} ({} agents running)", close::REASON_AT_CAPACITY, shared.admission.max_agents);
+        refuse(&conn, close::REASON_AT_CAPACITY);
+        return;
+    };
+    let buffer = shared.session.resume.map_or(crate::limits::RESUME_BUFFER, |r| r.buffer);
+    let cfg = hub::ResumeConfig { grace: window, buffer };
+    let (hub, inbox, outbox) = Hub::new(HubKind::Warm, peer, cfg, shared.session.max_frame);
+    let _registered = shared.hubs.insert(&hub);
+    if hub.attach_plain(conn.clone(), send, recv).is_err() {
+        return;
+    }
     session::run_on(
         HubLink(hub.clone()),
         outbox,

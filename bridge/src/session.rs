@@ -105,6 +105,8 @@ pub struct SessionConfig {
     pub finish_linger: Duration,
     /// Resumable sessions, unless switched off.
     pub resume: Option<crate::hub::ResumeConfig>,
+    /// `--keep-warm`: plain sessions' agents outlive their connection this long.
+    pub keep_warm: Option<Duration>,
 }
 
 impl SessionConfig {
@@ -115,6 +117,7 @@ impl SessionConfig {
             term_grace: limits::AGENT_TERM_GRACE,
             finish_linger: limits::FINISH_LINGER,
             resume: None,
+            keep_warm: None,
         }
     }
 }

@@ -203,6 +203,18 @@ pub fn error_line(id: Option<&str>, code: i64, message: &str, limit: usize) -> V
     .into_bytes()
 }
 
+/// JSON-RPC error code (implementation-defined server range) for an agent's
+/// request whose client went away before answering it.
+pub const CLIENT_GONE_CODE: i64 = -32000;
+
+/// What an agent gets for a request its client can no longer answer (the
+/// client's connection ended; see the bridge's `--keep-warm`).
+pub fn client_gone(id: &str) -> Vec<u8> {
+    let msg = "Client disconnected: the request was not answered";
+    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{{\"code\":{CLIENT_GONE_CODE},\"message\":\"{msg}\"}}}}\n")
+        .into_bytes()
+}
+
 /// What the sender of a request (or of an unreadable line) over the frame cap gets.
 pub fn too_large_request(id: Option<&str>, limit: usize) -> Vec<u8> {
     error_line(

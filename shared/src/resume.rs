@@ -274,13 +274,20 @@ pub struct Receiver {
     max: usize,
     /// Inside a frame over `max`, already partly passed on.
     passing: bool,
+    /// No control lines (the plain protocol): every line is a frame.
+    plain: bool,
 }
 
 impl Receiver {
     /// `max`: the longest frame held back whole (an unfinished frame is never
     /// passed on, so a lost connection cannot leave half of one behind).
     pub fn new(max: usize) -> Self {
-        Self { buf: BytesMut::new(), max: max.max(MAX_CONTROL_LINE), passing: false }
+        Self { buf: BytesMut::new(), max: max.max(MAX_CONTROL_LINE), passing: false, plain: false }
+    }
+
+    /// A receiver for the plain protocol: whole lines only, no control lines.
+    pub fn plain(max: usize) -> Self {
+        Self { plain: true, ..Self::new(max) }
     }
 
     pub fn push(&mut self, data: &[u8]) {
@@ -324,7 +331,7 @@ impl Receiver {
         let mut spans: Vec<(usize, usize, Option<u64>)> = Vec::new();
         let (mut run_start, mut run_frames, mut line_start) = (0, 0u64, 0);
         for nl in memchr::memchr_iter(b'\n', &self.buf) {
-            if self.buf[line_start] == CONTROL_PREFIX && nl - line_start < MAX_CONTROL_LINE {
+            if !self.plain && self.buf[line_start] == CONTROL_PREFIX && nl - line_start < MAX_CONTROL_LINE {
                 if run_frames > 0 {
                     spans.push((run_start, line_start, Some(run_frames)));
                 }

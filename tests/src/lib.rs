@@ -100,6 +100,11 @@ impl Tb {
         Self { dir: tempfile::tempdir().expect("tempdir"), relay: relay.map(|r| r.url.clone()) }
     }
 
+    /// A home whose processes use the relay at `url` (e.g. a relay process).
+    pub fn with_relay_url(url: &RelayUrl) -> Self {
+        Self { dir: tempfile::tempdir().expect("tempdir"), relay: Some(url.clone()) }
+    }
+
     pub fn home(&self) -> &Path {
         self.dir.path()
     }
@@ -452,4 +457,24 @@ pub fn banner_port(banner: &str) -> u16 {
     let reach = banner.lines().find(|l| l.contains("Reach:")).expect("banner has Reach");
     let addr = reach.split("direct ").nth(1).expect("direct").split([' ', ',']).next().expect("addr");
     addr.rsplit(':').next().expect("port").parse().expect("numeric port")
+}
+
+/// `thunderbolt-relay --dev` as a process on `bind` (port 0 for any), and its URL.
+pub async fn relay_process(bind: &str) -> (Child, RelayUrl) {
+    let mut child = Command::new(bin_dir().join("thunderbolt-relay"))
+        .args(["--dev", "--bind", bind])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("thunderbolt-relay runs");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(WAIT, lines.next_line())
+        .await
+        .expect("relay banner in time")
+        .expect("read relay stdout")
+        .expect("relay printed its address");
+    let url = line.strip_prefix("relay listening on ").expect("relay banner").parse().expect("relay url");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, url)
 }

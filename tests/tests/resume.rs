@@ -368,3 +368,171 @@ async fn connect_speaks_the_plain_protocol_to_a_bridge_without_resume() {
     assert!(r.is_err(), "r1 refused by a --no-resume bridge");
     let _ = s.path("unused");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_killed_and_restarted_mid_session_loses_nothing() {
+    init_tracing();
+    let (mut relay, url) = relay_process("127.0.0.1:0").await;
+    let relay_addr = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap());
+    let bridge_home = Tb::with_relay_url(&url);
+    let client_home = Tb::with_relay_url(&url);
+    bridge_home.allow(&client_home.node_id("acp").await).await;
+    let work = tempfile::tempdir().unwrap();
+    let pid_file = work.path().join("agent.pid").display().to_string();
+    let argv = agent(&["--pid-file", &pid_file, "cat"]);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let bridge = bridge_home.bridge("acp", &[], &argv).await;
+    assert!(bridge.banner.contains(url.as_str().trim_end_matches('/')), "{}", bridge.banner);
+    // The relay is the only path: no UDP between the client and the bridge.
+    let _direct_off = Outage::udp_port(banner_port(&bridge.banner));
+
+    let mut c = client_home.cmd();
+    c.args(["acp", "connect", "--idle-timeout", "1", &bridge.ticket]);
+    c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let log = Log::default();
+    log.capture_stderr(child.stderr.take().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut expect = 0u64;
+    let mut next = 0u64;
+    let mut send = |k: u64| {
+        let mut b = String::new();
+        for _ in 0..k {
+            b.push_str(&format!("{{\"n\":{next}}}\n"));
+            next += 1;
+        }
+        b
+    };
+    stdin.write_all(send(100).as_bytes()).await.unwrap();
+    for _ in 0..100 {
+        let l = tokio::time::timeout(WAIT, lines.next_line()).await.unwrap().unwrap().unwrap();
+        assert_eq!(serde_json::from_str::<Value>(&l).unwrap()["n"], expect);
+        expect += 1;
+    }
+    let pid = agent_pid(&pid_file).await;
+    assert!(!log.contains("; reconnecting"), "the path held until the relay went: {}", log.text());
+
+    relay.kill().await.unwrap();
+    // Written while the relay is down.
+    stdin.write_all(send(100).as_bytes()).await.unwrap();
+    log.wait_for("; reconnecting").await;
+    let (_relay2, url2) = relay_process(&relay_addr).await;
+    assert_eq!(url2, url, "the relay came back at the same address");
+    log.wait_for("reconnected: session resumed").await;
+    stdin.write_all(send(100).as_bytes()).await.unwrap();
+    drop(stdin);
+    while let Some(l) = tokio::time::timeout(WAIT, lines.next_line()).await.unwrap().unwrap() {
+        assert_eq!(serde_json::from_str::<Value>(&l).unwrap()["n"], expect, "in order, once");
+        expect += 1;
+    }
+    assert_eq!(expect, 300, "every message came back");
+    let status = tokio::time::timeout(WAIT, child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{}", log.text());
+    assert!(!pid_alive(pid) || wait_pid_gone(pid).await);
+    assert_eq!(bridge.log.text().matches("agent started").count(), 1, "{}", bridge.log.text());
+}
+
+/// Sends one JSON-RPC request on a plain stream and reads until its response.
+async fn call(
+    send: &mut SendStream,
+    recv: &mut RecvStream,
+    buf: &mut Vec<u8>,
+    id: u64,
+    method: &str,
+    params: Value,
+) -> Value {
+    let req = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    send.write_all(format!("{req}\n").as_bytes()).await.unwrap();
+    loop {
+        let line = next_frame(recv, buf).await;
+        let v: Value = serde_json::from_slice(&line).unwrap();
+        if v["id"] == id {
+            return v;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keep_warm_lets_a_plain_client_load_its_session_after_reconnecting() {
+    // The built-in agent keeps sessions in memory and supports session/load.
+    let s = Setup::new(&["--keep-warm", "30"], &[]).await;
+    assert!(s.bridge.banner.contains("Warm:"), "{}", s.bridge.banner);
+    let ep = s.endpoint(&s.client_home).await;
+    let acp = Protocol::acp().alpn();
+
+    let conn = s.dial(&ep, &acp).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let mut buf = Vec::new();
+    call(&mut send, &mut recv, &mut buf, 1, "initialize", serde_json::json!({"protocolVersion": 1})).await;
+    let new = call(
+        &mut send,
+        &mut recv,
+        &mut buf,
+        2,
+        "session/new",
+        serde_json::json!({"cwd": "/", "mcpServers": []}),
+    )
+    .await;
+    let sid = new["result"]["sessionId"].as_str().unwrap().to_string();
+    let prompt = serde_json::json!({"sessionId": sid, "prompt": [{"type": "text", "text": "remember me"}]});
+    let r = call(&mut send, &mut recv, &mut buf, 3, "session/prompt", prompt).await;
+    assert_eq!(r["result"]["stopReason"], "end_turn");
+    // The app's client closes as it always does.
+    conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_CLIENT_CLOSED.as_bytes());
+    s.bridge.log.wait_for("the agent stays warm").await;
+
+    let conn = s.dial(&ep, &acp).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let mut buf = Vec::new();
+    // Ids start over, as a fresh client's do: nothing from before answers them.
+    let init =
+        call(&mut send, &mut recv, &mut buf, 1, "initialize", serde_json::json!({"protocolVersion": 1}))
+            .await;
+    assert!(init["result"]["agentCapabilities"]["loadSession"].as_bool().unwrap());
+    let load = serde_json::json!({"sessionId": sid, "cwd": "/", "mcpServers": []});
+    let loaded = call(&mut send, &mut recv, &mut buf, 2, "session/load", load).await;
+    assert!(loaded.get("error").is_none(), "session/load after reconnecting: {loaded}");
+    assert_eq!(s.bridge.log.text().matches("agent started").count(), 1, "{}", s.bridge.log.text());
+    assert!(s.bridge.log.contains("attached to the warm agent"));
+    conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_CLIENT_CLOSED.as_bytes());
+
+    // Another peer never gets this agent.
+    let other = Tb::new(None);
+    s.bridge_home.allow(&other.node_id("acp").await).await;
+    s.bridge.log.wait_for_count("the agent stays warm", 2).await;
+    let ep_b = s.endpoint(&other).await;
+    let conn = s.dial(&ep_b, &acp).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let mut buf = Vec::new();
+    call(&mut send, &mut recv, &mut buf, 1, "initialize", serde_json::json!({"protocolVersion": 1})).await;
+    let load = serde_json::json!({"sessionId": sid, "cwd": "/", "mcpServers": []});
+    let refused = call(&mut send, &mut recv, &mut buf, 2, "session/load", load).await;
+    assert!(refused.get("error").is_some(), "another peer's fresh agent knows nothing: {refused}");
+    s.bridge.log.wait_for_count("agent started", 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn keep_warm_answers_the_vanished_clients_requests_and_ends_after_its_window() {
+    let work = tempfile::tempdir().unwrap();
+    let pid_file = work.path().join("agent.pid").display().to_string();
+    let s = Setup::new(&["--keep-warm", "2"], &agent(&["--pid-file", &pid_file, "ask"])).await;
+    let ep = s.endpoint(&s.client_home).await;
+    let conn = s.dial(&ep, &Protocol::acp().alpn()).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"hello\"}\n").await.unwrap();
+    let mut buf = Vec::new();
+    let q: Value = serde_json::from_slice(&next_frame(&mut recv, &mut buf).await).unwrap();
+    assert_eq!(q["id"], "q1");
+    let pid = agent_pid(&pid_file).await;
+    // Gone without answering the agent's request.
+    lose(&conn);
+    s.bridge.log.wait_for("answer: ").await;
+    let text = s.bridge.log.text();
+    let answer = text.lines().find(|l| l.contains("answer: ")).unwrap();
+    assert!(answer.contains("\"q1\"") && answer.contains("-32000"), "{answer}");
+    assert!(pid_alive(pid), "the agent stays warm");
+    // Nobody comes: the window ends it.
+    assert!(wait_pid_gone(pid).await, "the warm agent outlived its window");
+    s.bridge.log.wait_for("no client for").await;
+}

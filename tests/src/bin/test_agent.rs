@@ -8,6 +8,9 @@
 //! - `stderr`: print a line on stderr, then behave like `cat`.
 //! - `hang`: ignore stdin and SIGTERM, sleep forever (tests SIGKILL after grace).
 //! - `exit CODE`: exit with CODE immediately.
+//! - `ask`: for every line read, send the client a request (`id` "q<N>",
+//!   method `fs/read_text_file`) and log the answer to it on stderr
+//!   (`answer: <line>`); answer lines are not asked about.
 //! - `respond SIZE`: answer every request (a line with `id` and `method`) with a
 //!   result; method `big` gets a result padded to SIZE bytes, any other `{"ok":true}`.
 
@@ -56,10 +59,29 @@ fn main() {
             }
         }
         "exit" => std::process::exit(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(0)),
+        "ask" => ask(),
         "respond" => respond(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(1 << 20)),
         other => {
             eprintln!("test-agent: unknown mode {other}");
             std::process::exit(2);
+        }
+    }
+}
+
+fn ask() {
+    let mut out = std::io::stdout().lock();
+    let mut n = 0;
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { return };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        if v.get("result").is_some() || v.get("error").is_some() {
+            eprintln!("answer: {line}");
+            continue;
+        }
+        n += 1;
+        let q = serde_json::json!({"jsonrpc": "2.0", "id": format!("q{n}"), "method": "fs/read_text_file", "params": {"path": "/x"}});
+        if writeln!(out, "{q}").and_then(|_| out.flush()).is_err() {
+            return;
         }
     }
 }
