@@ -253,3 +253,55 @@ test("a crashed agent reaches the page as a typed error, after everything it wro
     closed: { kind: "agent", code: 2, signal: 9 },
   });
 });
+
+test("a page reload in the middle of a streamed reply resumes the session: the reply completes", async () => {
+  const nodeId = await page.textContent("#node-id");
+  allow(bridge, nodeId);
+  const words = Array.from({ length: 400 }, (_, i) => `w${i}`).join(" ");
+  const before = await page.evaluate(async ({ ticket, words }) => {
+    const client = window.thunderbolt.state.client;
+    const conn = await client.connectProtocol(ticket, "acp");
+    const reader = conn.messages().getReader();
+    const call = async (id, method, params) => {
+      await conn.send({ jsonrpc: "2.0", id, method, params });
+      for (;;) {
+        const { value } = await reader.read();
+        if (value.id === id) return value;
+      }
+    };
+    await call(1, "initialize", { protocolVersion: 1 });
+    const sid = (await call(2, "session/new", { cwd: "/", mcpServers: [] })).result.sessionId;
+    await conn.send({ jsonrpc: "2.0", id: 3, method: "session/prompt", params: { sessionId: sid, prompt: [{ type: "text", text: words }] } });
+    // Take two chunks of the reply, then go away mid-reply (state stored after each message).
+    let text = "";
+    for (let n = 0; n < 2; ) {
+      const { value } = await reader.read();
+      sessionStorage.setItem("tb_session", JSON.stringify(conn.sessionState()));
+      if (value.method === "session/update") { text += value.params.update.content.text; n++; }
+    }
+    sessionStorage.setItem("tb_text", text);
+    return { resumable: conn.resumable, state: conn.sessionState() };
+  }, { ticket: bridge.ticket, words });
+  assert.equal(before.resumable, true);
+  assert.match(before.state.session, /^[0-9a-f]{32}$/);
+  const agentsBefore = agentPids(bridge).filter(alive);
+  await page.reload();
+  await page.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+  const after = await page.evaluate(async (ticket) => {
+    const client = window.thunderbolt.state.client;
+    const events = [];
+    const session = JSON.parse(sessionStorage.getItem("tb_session"));
+    const conn = await client.connectProtocol(ticket, "acp", undefined, undefined, { session, onEvent: (e) => events.push(e.type) });
+    const reader = conn.messages().getReader();
+    let text = sessionStorage.getItem("tb_text");
+    for (;;) {
+      const { value } = await reader.read();
+      if (value.method === "session/update") text += value.params.update.content.text;
+      if (value.id === 3) return { text, stop: value.result.stopReason, events };
+    }
+  }, bridge.ticket);
+  assert.equal(after.stop, "end_turn");
+  assert.equal(after.text, `You said: ${words}`, "every chunk once, in order, across the reload");
+  const agentsAfter = agentPids(bridge).filter(alive);
+  for (const pid of agentsBefore) assert.ok(agentsAfter.includes(pid), "the same agent served the resumed session");
+});

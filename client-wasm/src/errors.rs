@@ -24,6 +24,10 @@ pub enum ErrorKind {
     Input,
     /// Anything else on the network path.
     Network,
+    /// A resumable session ended while its client was away: the bridge no
+    /// longer holds it (its grace ran out, or it restarted). A new session
+    /// starts a new agent.
+    SessionGone,
 }
 
 impl ErrorKind {
@@ -36,6 +40,7 @@ impl ErrorKind {
             ErrorKind::Frame => "frame",
             ErrorKind::Input => "input",
             ErrorKind::Network => "network",
+            ErrorKind::SessionGone => "session_gone",
         }
     }
 
@@ -46,7 +51,7 @@ impl ErrorKind {
                 Refusal::from_close(*code, reason.as_bytes()).is_none_or(|r| r.is_retryable())
             }
             // A new session starts a new agent.
-            ErrorKind::Agent(_) | ErrorKind::Timeout | ErrorKind::Network => true,
+            ErrorKind::Agent(_) | ErrorKind::Timeout | ErrorKind::Network | ErrorKind::SessionGone => true,
             ErrorKind::Alpn | ErrorKind::Frame | ErrorKind::Input => false,
         }
     }

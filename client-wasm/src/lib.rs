@@ -22,8 +22,19 @@
 //! error) with an `Error` whose `kind` is `"closed"` and which carries the
 //! bridge's `code` and `reason` (`not allowlisted`, `bridge at capacity`, …),
 //! distinguishable from `"timeout"` (dial timeout) and `"network"`.
+//!
+//! `connectProtocol` sessions resume by default (ALPN `thunderbolt/<p>/r1`
+//! offered ahead of `/0`): after a lost connection the client redials by itself
+//! and the page's message stream goes on, every message once and in order.
+//! `connectProtocol(target, protocol, timeoutMs, maxFrame, { onEvent, session,
+//! resume })`: `onEvent({type})` hears `reconnecting`, `resumed` and `gone`;
+//! `session` is a stored `conn.sessionState()` (resume after a page reload);
+//! `resume: false` offers the plain protocol only. When the bridge no longer
+//! holds the session, the stream errors with `kind: "session_gone"`.
 
 pub mod errors;
 
+#[cfg(target_arch = "wasm32")]
+mod resumable;
 #[cfg(target_arch = "wasm32")]
 mod wasm;

@@ -29,12 +29,12 @@ const READ_CHUNK: usize = 256 * 1024;
 /// does, and the stream then simply ends).
 const AGENT_END_WAIT: Duration = Duration::from_secs(5);
 
-fn set(obj: &JsValue, key: &str, value: JsValue) {
+pub(crate) fn set(obj: &JsValue, key: &str, value: JsValue) {
     let _ = Reflect::set(obj, &JsValue::from_str(key), &value);
 }
 
 /// An `Error` with `kind`, `retryable` and, for closes, `code` and `reason`.
-fn js_error(kind: &ErrorKind, message: &str) -> JsValue {
+pub(crate) fn js_error(kind: &ErrorKind, message: &str) -> JsValue {
     let e = JsError::new(message);
     e.set_name("IrohError");
     let v: JsValue = e.into();
@@ -52,7 +52,7 @@ fn js_error(kind: &ErrorKind, message: &str) -> JsValue {
 }
 
 /// `code` 2, `reason`, and `exitCode` or `signal`.
-fn set_agent_end(v: &JsValue, end: &close::AgentEnd) {
+pub(crate) fn set_agent_end(v: &JsValue, end: &close::AgentEnd) {
     set(v, "code", JsValue::from_f64(close::CLOSE_CODE_AGENT_ENDED as f64));
     set(v, "reason", end.reason().into());
     match *end {
@@ -102,8 +102,8 @@ fn input_error(msg: impl std::fmt::Display) -> JsValue {
     js_error(&ErrorKind::Input, &msg.to_string())
 }
 
-struct ClientInner {
-    ep: Endpoint,
+pub(crate) struct ClientInner {
+    pub(crate) ep: Endpoint,
     secret: SecretKey,
     relay: Option<RelayUrl>,
 }
@@ -174,10 +174,12 @@ impl IrohClient {
     }
 
     /// Dials `target` for a protocol by name (`acp`, `mcp`): the ALPN is derived
-    /// (`thunderbolt/<protocol>/0`) and messages are framed as ndjson.
+    /// (`thunderbolt/<protocol>/0`, with `thunderbolt/<protocol>/r1` offered first
+    /// unless `options.resume` is `false`) and messages are framed as ndjson.
     /// `maxFrame`: the longest message sent or received, in bytes (default
     /// 32 MiB, the ACP SDK's own limit; set it to what the bridge's
-    /// `--max-frame` is).
+    /// `--max-frame` is). `options`: `{ resume?: boolean, session?: {session,
+    /// received} (a stored sessionState()), onEvent?: ({type, detail}) => void }`.
     #[wasm_bindgen(js_name = connectProtocol, unchecked_return_type = "Promise<FramedConnection>")]
     pub fn connect_protocol(
         &self,
@@ -185,6 +187,7 @@ impl IrohClient {
         protocol: String,
         timeout_ms: Option<u32>,
         max_frame: Option<u32>,
+        options: JsValue,
     ) -> Promise {
         let inner = self.inner.clone();
         future_to_promise(async move {
@@ -194,8 +197,41 @@ impl IrohClient {
                 Some(n) if n >= MIN_FRAME_LEN as u32 => n as usize,
                 Some(n) => return Err(input_error(format!("maxFrame {n} is below {MIN_FRAME_LEN} bytes"))),
             };
-            let c = dial(&inner, &target, p.alpn(), timeout_ms).await?;
-            Ok(FramedConnection { inner: c, max_frame }.into())
+            let get = |k: &str| {
+                if options.is_object() {
+                    Reflect::get(&options, &JsValue::from_str(k)).unwrap_or(JsValue::UNDEFINED)
+                } else {
+                    JsValue::UNDEFINED
+                }
+            };
+            let resume = get("resume").as_bool().unwrap_or(true);
+            let on_event = get("onEvent").dyn_into::<js_sys::Function>().ok();
+            let stored = get("session");
+            let restore = if stored.is_object() {
+                let token = Reflect::get(&stored, &"session".into()).ok().and_then(|v| v.as_string());
+                let received = Reflect::get(&stored, &"received".into()).ok().and_then(|v| v.as_f64());
+                match (token, received) {
+                    (Some(token), Some(r)) if r >= 0.0 => {
+                        Some(crate::resumable::Restore { token, received: r as u64 })
+                    }
+                    _ => return Err(input_error("options.session must be a stored sessionState()")),
+                }
+            } else {
+                None
+            };
+            if !resume {
+                let c = dial(&inner, &target, p.alpn(), timeout_ms).await?;
+                return Ok(FramedConnection { inner: Framed::Plain(c), max_frame }.into());
+            }
+            let r1 = thunderbolt_shared::resume::resume_alpn(&p);
+            let (conn, addr) = dial_conn(&inner, &target, &r1, Some(p.alpn()), timeout_ms).await?;
+            if conn.alpn() != r1.as_slice() {
+                // A bridge without resume: the plain protocol, as before.
+                let c = open_plain(conn).await?;
+                return Ok(FramedConnection { inner: Framed::Plain(c), max_frame }.into());
+            }
+            let r = crate::resumable::Resumable::start(inner.clone(), addr, r1, conn, restore, on_event);
+            Ok(FramedConnection { inner: Framed::Resumable(r), max_frame }.into())
         })
     }
 
@@ -222,6 +258,19 @@ async fn dial(
     alpn: Vec<u8>,
     timeout_ms: Option<u32>,
 ) -> Result<Rc<ConnInner>, JsValue> {
+    let (conn, _) = dial_conn(client, target, &alpn, None, timeout_ms).await?;
+    open_plain(conn).await
+}
+
+/// Dials `target` with `alpn` (and `fallback` as a second choice); returns the
+/// connection and the address dialed.
+async fn dial_conn(
+    client: &ClientInner,
+    target: &str,
+    alpn: &[u8],
+    fallback: Option<Vec<u8>>,
+    timeout_ms: Option<u32>,
+) -> Result<(Connection, iroh::EndpointAddr), JsValue> {
     let target: Target = target.parse().map_err(input_error)?;
     let mut addr = target.endpoint_addr();
     // A bare NodeId carries no address: assume the bridge uses our relay.
@@ -233,24 +282,23 @@ async fn dial(
     let ms = timeout_ms.unwrap_or(DEFAULT_DIAL_TIMEOUT_MS);
     let fut = async {
         client.ep.online().await;
-        client.ep.connect(addr, &alpn).await
+        match fallback {
+            Some(plain) => crate::resumable::connect_either(client, addr.clone(), alpn, plain).await,
+            None => client.ep.connect(addr.clone(), alpn).await.map_err(|e| e.to_string()),
+        }
     };
-    let conn = match n0_future::time::timeout(Duration::from_millis(ms as u64), fut).await {
+    match n0_future::time::timeout(Duration::from_millis(ms as u64), fut).await {
         Err(_) => {
-            return Err(js_error(
-                &ErrorKind::Timeout,
-                &format!("could not reach {} within {ms} ms", target.id()),
-            ))
+            Err(js_error(&ErrorKind::Timeout, &format!("could not reach {} within {ms} ms", target.id())))
         }
-        Ok(Err(e)) => {
-            let text = e.to_string();
-            return Err(js_error(
-                &classify_text(&text),
-                &format!("could not connect to {}: {text}", target.id()),
-            ));
+        Ok(Err(text)) => {
+            Err(js_error(&classify_text(&text), &format!("could not connect to {}: {text}", target.id())))
         }
-        Ok(Ok(c)) => c,
-    };
+        Ok(Ok(c)) => Ok((c, addr)),
+    }
+}
+
+async fn open_plain(conn: Connection) -> Result<Rc<ConnInner>, JsValue> {
     let (send, recv) = conn.open_bi().await.map_err(|e| conn_error(&e))?;
     Ok(Rc::new(ConnInner { conn, send: AsyncMutex::new(send), recv: RefCell::new(Some(recv)) }))
 }
@@ -409,10 +457,43 @@ impl IrohConnection {
     }
 }
 
+/// A framed session: one connection, or a resumable session over many.
+#[derive(Clone)]
+enum Framed {
+    Plain(Rc<ConnInner>),
+    Resumable(Rc<crate::resumable::Resumable>),
+}
+
+impl Framed {
+    async fn finish(&self) -> Result<(), JsValue> {
+        match self {
+            Framed::Plain(c) => c.finish().await,
+            Framed::Resumable(r) => {
+                r.finish();
+                Ok(())
+            }
+        }
+    }
+
+    fn close(&self) {
+        match self {
+            Framed::Plain(c) => c.close(),
+            Framed::Resumable(r) => r.close(),
+        }
+    }
+
+    fn closed(&self) -> Promise {
+        match self {
+            Framed::Plain(c) => c.closed(),
+            Framed::Resumable(r) => r.closed(),
+        }
+    }
+}
+
 /// One session carrying JSON-RPC messages, one ndjson frame each.
 #[wasm_bindgen]
 pub struct FramedConnection {
-    inner: Rc<ConnInner>,
+    inner: Framed,
     max_frame: usize,
 }
 
@@ -440,7 +521,10 @@ impl FramedConnection {
             let mut buf = bytes::BytesMut::new();
             encode_frame(text.trim().as_bytes(), &mut buf, max_frame)
                 .map_err(|e| js_error(&ErrorKind::Frame, &e.to_string()))?;
-            inner.write(&buf).await?;
+            match &inner {
+                Framed::Plain(c) => c.write(&buf).await?,
+                Framed::Resumable(r) => r.send(buf.freeze())?,
+            }
             Ok(JsValue::UNDEFINED)
         })
     }
@@ -450,8 +534,18 @@ impl FramedConnection {
     /// stream (and closes the session).
     #[wasm_bindgen(unchecked_return_type = "ReadableStream<any>")]
     pub fn messages(&self) -> Result<web_sys::ReadableStream, JsValue> {
-        let chunks = self.inner.chunks()?;
-        let inner = self.inner.clone();
+        let conn =
+            match &self.inner {
+                Framed::Plain(c) => c.clone(),
+                Framed::Resumable(r) => {
+                    let s = futures::stream::unfold(r.clone(), |r| async move {
+                        r.next_message().await.map(|m| (m, r))
+                    });
+                    return Ok(wasm_streams::ReadableStream::from_stream(s).into_raw());
+                }
+            };
+        let chunks = conn.chunks()?;
+        let inner = conn.clone();
         let framed = futures::stream::unfold(
             (Box::pin(chunks), LineFramer::new(self.max_frame), std::collections::VecDeque::new(), false),
             move |(mut chunks, mut framer, mut ready, mut done)| {
@@ -500,7 +594,27 @@ impl FramedConnection {
     }
 }
 
-fn parse_frame(frame: &[u8]) -> Result<JsValue, JsValue> {
+#[wasm_bindgen]
+impl FramedConnection {
+    /// `{session, received}` of a resumable session (store it after each message
+    /// taken to resume after a page reload: `connectProtocol(..., {session})`);
+    /// `null` on the plain protocol.
+    #[wasm_bindgen(js_name = sessionState)]
+    pub fn session_state(&self) -> JsValue {
+        match &self.inner {
+            Framed::Plain(_) => JsValue::NULL,
+            Framed::Resumable(r) => r.state(),
+        }
+    }
+
+    /// Whether this session resumes after a lost connection (the bridge speaks r1).
+    #[wasm_bindgen(getter)]
+    pub fn resumable(&self) -> bool {
+        matches!(self.inner, Framed::Resumable(_))
+    }
+}
+
+pub(crate) fn parse_frame(frame: &[u8]) -> Result<JsValue, JsValue> {
     let text = std::str::from_utf8(frame).map_err(|_| js_error(&ErrorKind::Frame, "frame is not UTF-8"))?;
     js_sys::JSON::parse(text).map_err(|_| js_error(&ErrorKind::Frame, "frame is not JSON"))
 }

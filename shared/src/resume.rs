@@ -180,6 +180,12 @@ impl ReplayLog {
         Self::default()
     }
 
+    /// An empty log whose next frame is number `n` (a client restored from
+    /// stored state: the frames before were sent by an earlier instance).
+    pub fn starting_at(n: u64) -> Self {
+        Self { base: n, total: n, ..Self::default() }
+    }
+
     /// Appends a run of whole lines; returns how many frames it held.
     pub fn push(&mut self, run: Bytes) -> u64 {
         debug_assert!(run.last() == Some(&b'\n'), "runs are whole lines");

@@ -1,0 +1,534 @@
+//! The browser side of the resumable protocol (`thunderbolt/<p>/r1`, specified
+//! in `thunderbolt_shared::resume`): `connectProtocol` sessions that survive a
+//! lost connection, and a page reload when the page keeps `sessionState()`.
+//!
+//! One driver task owns the connection of the moment and redials after a
+//! loss (bounded backoff, within the grace the bridge announced). The page
+//! sees one stream of messages: each delivered once, in order. A frame
+//! counts as held once the page has *taken* it from `messages()`: that count
+//! is what acknowledgements and resumes use, so a reloaded page that stored
+//! `sessionState()` after each message gets exactly the ones it had not
+//! taken. Frames already queued for the page when a connection drops are not
+//! queued twice (the replay skips them).
+
+use std::{cell::RefCell, collections::VecDeque, rc::Rc, time::Duration};
+
+use bytes::{Bytes, BytesMut};
+use futures::{channel::mpsc, FutureExt, StreamExt};
+use iroh::{
+    endpoint::{ConnectOptions, Connection, ConnectionError, VarInt},
+    EndpointAddr,
+};
+use js_sys::{Function, Object, Promise};
+use thunderbolt_shared::{
+    close::{self, AgentEnd, Refusal},
+    resume::{AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS, MAX_CONTROL_LINE},
+};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+
+use crate::{
+    errors::ErrorKind,
+    wasm::{js_error, set, set_agent_end, ClientInner},
+};
+
+/// First pause between starting redials; doubled after each start.
+const REDIAL_FIRST_BACKOFF: Duration = Duration::from_millis(200);
+/// Longest pause between starting redials.
+const REDIAL_MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// One redial attempt's limit (a relay handshake with a retransmission or two).
+const REDIAL_ATTEMPT: Duration = Duration::from_secs(10);
+/// How long the welcome may take after our hello.
+const WELCOME_TIMEOUT: Duration = Duration::from_secs(15);
+/// Most bytes of our messages held until the bridge acknowledges them; past
+/// it `send` waits. The bridge's default for the other direction.
+const SEND_BUFFER: usize = 32 << 20;
+
+/// Where a stored session resumes (from `sessionState()`).
+#[derive(Debug, Clone)]
+pub struct Restore {
+    pub token: String,
+    pub received: u64,
+}
+
+/// What the driver knows about the session.
+#[derive(Default)]
+struct State {
+    out: ReplayLog,
+    /// Frames the page took; what acks and hellos say.
+    ack: AckPolicy,
+    ack_due: bool,
+    /// Frames queued for the page (taken or not).
+    queued: u64,
+    token: Option<String>,
+    grace: Duration,
+    eof: bool,
+    end_at: Option<u64>,
+    /// How the session ended, once it did (what `closed()` resolves with).
+    ended: Option<JsValue>,
+    conn: Option<Connection>,
+    closing: bool,
+}
+
+/// A resumable session.
+pub struct Resumable {
+    st: RefCell<State>,
+    /// Messages for the page (the driver pushes, `messages()` pulls).
+    inbox: RefCell<VecDeque<Result<JsValue, JsValue>>>,
+    inbox_wake: RefCell<Option<futures::channel::oneshot::Sender<()>>>,
+    /// Our frames and end of input, to the driver.
+    outgoing: mpsc::UnboundedSender<Outgoing>,
+    /// Wakes the driver: an ack is due, or the page took frames.
+    poke: mpsc::UnboundedSender<()>,
+    on_event: Option<Function>,
+    ended_wake: RefCell<Vec<futures::channel::oneshot::Sender<()>>>,
+}
+
+enum Outgoing {
+    Frame(Bytes),
+    Eof,
+}
+
+impl Resumable {
+    /// Starts the driver on `first` (a connection that negotiated r1).
+    pub fn start(
+        client: Rc<ClientInner>,
+        addr: EndpointAddr,
+        alpn: Vec<u8>,
+        first: Connection,
+        restore: Option<Restore>,
+        on_event: Option<Function>,
+    ) -> Rc<Self> {
+        let (outgoing, out_rx) = mpsc::unbounded();
+        let (poke, poke_rx) = mpsc::unbounded();
+        let mut st = State::default();
+        if let Some(r) = restore {
+            st.token = Some(r.token);
+            st.ack = AckPolicy::at(r.received);
+            st.queued = r.received;
+            st.out = ReplayLog::new();
+        }
+        let me = Rc::new(Self {
+            st: RefCell::new(st),
+            inbox: RefCell::new(VecDeque::new()),
+            inbox_wake: RefCell::new(None),
+            outgoing,
+            poke,
+            on_event,
+            ended_wake: RefCell::new(Vec::new()),
+        });
+        wasm_bindgen_futures::spawn_local(me.clone().drive(client, addr, alpn, first, out_rx, poke_rx));
+        me
+    }
+
+    fn event(&self, kind: &str, detail: Option<&str>) {
+        if let Some(f) = &self.on_event {
+            let v: JsValue = Object::new().into();
+            set(&v, "type", kind.into());
+            if let Some(d) = detail {
+                set(&v, "detail", d.into());
+            }
+            let _ = f.call1(&JsValue::NULL, &v);
+        }
+    }
+
+    fn push_message(&self, m: Result<JsValue, JsValue>) {
+        self.inbox.borrow_mut().push_back(m);
+        if let Some(w) = self.inbox_wake.borrow_mut().take() {
+            let _ = w.send(());
+        }
+    }
+
+    /// The next message for the page; counts it as taken.
+    pub async fn next_message(self: &Rc<Self>) -> Option<Result<JsValue, JsValue>> {
+        loop {
+            if let Some(m) = self.inbox.borrow_mut().pop_front() {
+                if m.is_ok() {
+                    let due = self.st.borrow_mut().ack.took(1, 0);
+                    if due {
+                        self.st.borrow_mut().ack_due = true;
+                    }
+                    // The driver decides when to ack (also after a short delay).
+                    let _ = self.poke.unbounded_send(());
+                }
+                return Some(m);
+            }
+            if self.st.borrow().ended.is_some() {
+                return None;
+            }
+            let (tx, rx) = futures::channel::oneshot::channel();
+            *self.inbox_wake.borrow_mut() = Some(tx);
+            let _ = rx.await;
+        }
+    }
+
+    /// Queues one frame (a whole line); it is delivered exactly once, across reconnects.
+    pub fn send(&self, line: Bytes) -> Result<(), JsValue> {
+        if self.st.borrow().ended.is_some() {
+            return Err(js_error(&ErrorKind::SessionGone, "the session has ended"));
+        }
+        self.outgoing
+            .unbounded_send(Outgoing::Frame(line))
+            .map_err(|_| js_error(&ErrorKind::SessionGone, "the session has ended"))
+    }
+
+    pub fn finish(&self) {
+        let _ = self.outgoing.unbounded_send(Outgoing::Eof);
+    }
+
+    /// Ends the session at once (code 0: the bridge ends the agent).
+    pub fn close(&self) {
+        let mut st = self.st.borrow_mut();
+        st.closing = true;
+        if let Some(c) = &st.conn {
+            c.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_CLIENT_CLOSED.as_bytes());
+        }
+        drop(st);
+        let _ = self.poke.unbounded_send(());
+    }
+
+    /// `{session, received}` to store, for resuming after a reload.
+    pub fn state(&self) -> JsValue {
+        let st = self.st.borrow();
+        let v: JsValue = Object::new().into();
+        if let Some(t) = &st.token {
+            set(&v, "session", t.as_str().into());
+        }
+        set(&v, "received", JsValue::from_f64(st.ack.received() as f64));
+        v
+    }
+
+    /// Resolves with how the session ended (`{kind, code?, reason, …}`).
+    pub fn closed(self: &Rc<Self>) -> Promise {
+        let me = self.clone();
+        future_to_promise(async move {
+            loop {
+                if let Some(v) = me.st.borrow().ended.clone() {
+                    return Ok(v);
+                }
+                let (tx, rx) = futures::channel::oneshot::channel();
+                me.ended_wake.borrow_mut().push(tx);
+                let _ = rx.await;
+            }
+        })
+    }
+
+    fn end(&self, how: JsValue, error: Option<JsValue>) {
+        {
+            let mut st = self.st.borrow_mut();
+            if st.ended.is_some() {
+                return;
+            }
+            st.ended = Some(how);
+            st.conn = None;
+        }
+        if let Some(e) = error {
+            self.push_message(Err(e));
+        } else if let Some(w) = self.inbox_wake.borrow_mut().take() {
+            let _ = w.send(());
+        }
+        for w in self.ended_wake.borrow_mut().drain(..) {
+            let _ = w.send(());
+        }
+    }
+
+    async fn drive(
+        self: Rc<Self>,
+        client: Rc<ClientInner>,
+        addr: EndpointAddr,
+        alpn: Vec<u8>,
+        first: Connection,
+        mut out_rx: mpsc::UnboundedReceiver<Outgoing>,
+        mut poke_rx: mpsc::UnboundedReceiver<()>,
+    ) {
+        let mut conn = first;
+        let mut resumed = false;
+        loop {
+            self.st.borrow_mut().conn = Some(conn.clone());
+            let lost = self.carry(&conn, &mut out_rx, &mut poke_rx, resumed).await;
+            let why = match lost {
+                Ok(why) => why,
+                Err((how, err)) => return self.end(how, err),
+            };
+            if self.st.borrow().closing {
+                return self.end(closed_obj("closed", Some(0), close::REASON_CLIENT_CLOSED), None);
+            }
+            let grace = self.st.borrow().grace;
+            self.event("reconnecting", Some(&why));
+            match redial(&client, &addr, &alpn, grace).await {
+                Ok(c) => {
+                    conn = c;
+                    resumed = true;
+                }
+                Err(e) => {
+                    let msg = format!(
+                        "the session is gone: could not reach the bridge again within {grace:?} ({e})"
+                    );
+                    self.event("gone", Some(&msg));
+                    return self.end(
+                        closed_obj("session_gone", None, &msg),
+                        Some(js_error(&ErrorKind::SessionGone, &msg)),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Carries the session over `conn`. `Ok(why)`: lost, redial; `Err`: ended.
+    async fn carry(
+        &self,
+        conn: &Connection,
+        out_rx: &mut mpsc::UnboundedReceiver<Outgoing>,
+        poke_rx: &mut mpsc::UnboundedReceiver<()>,
+        resumed: bool,
+    ) -> Result<String, (JsValue, Option<JsValue>)> {
+        let (mut send, mut recv) = match conn.open_bi().await {
+            Ok(s) => s,
+            Err(e) => return self.conn_end(e),
+        };
+        let hello = {
+            let st = self.st.borrow();
+            Control::Hello { session: st.token.clone(), received: st.ack.received() }
+        };
+        if send.write_all(&hello.encode()).await.is_err() {
+            return self.conn_end(conn.closed().await);
+        }
+        // The welcome: the first line.
+        let mut rx = Receiver::new(usize::MAX / 2);
+        let mut buf = BytesMut::new();
+        let welcome = loop {
+            if let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+                let line = buf.split_to(nl + 1);
+                rx.push(&buf);
+                break Control::parse(&line);
+            }
+            if buf.len() > MAX_CONTROL_LINE {
+                break None;
+            }
+            let read = futures::select! {
+                r = recv.read_chunk(64 * 1024).fuse() => r,
+                _ = n0_future::time::sleep(WELCOME_TIMEOUT).fuse() => return Ok("the bridge did not answer our hello".into()),
+            };
+            match read {
+                Ok(Some(c)) => buf.extend_from_slice(&c),
+                _ => return self.conn_end(conn.closed().await),
+            }
+        };
+        let Some(Control::Welcome { session, received, grace_ms }) = welcome else {
+            let msg = "the bridge answered our hello with something else";
+            return Err((closed_obj("frame", None, msg), Some(js_error(&ErrorKind::Frame, msg))));
+        };
+        let replay = {
+            let mut st = self.st.borrow_mut();
+            // A restored page holds none of its old frames: number new ones from the bridge's count.
+            if st.out.total() == 0 && st.out.acked() == 0 && received > 0 {
+                st.out = ReplayLog::starting_at(received);
+            }
+            if let Err(e) = st.out.ack(received) {
+                let msg = format!("the bridge's resume point is wrong: {e}");
+                return Err((closed_obj("frame", None, &msg), Some(js_error(&ErrorKind::Frame, &msg))));
+            }
+            st.token = Some(session);
+            st.grace = Duration::from_millis(grace_ms);
+            st.ack.resumed();
+            st.ack_due = false;
+            let mut r = st.out.since(received).unwrap_or_default();
+            if st.eof {
+                r.push(Control::Eof(st.out.total()).encode());
+            }
+            r
+        };
+        // Frames from the page's count on; those already queued for it are skipped.
+        let mut index = self.st.borrow().ack.received();
+        if resumed {
+            self.event("resumed", None);
+        }
+        if send.write_all_chunks(&mut replay.clone()).await.is_err() {
+            return self.conn_end(conn.closed().await);
+        }
+
+        let upload = async {
+            loop {
+                let ack = {
+                    let mut st = self.st.borrow_mut();
+                    if st.ack_due {
+                        st.ack_due = false;
+                        st.ack.ack()
+                    } else {
+                        None
+                    }
+                };
+                if let Some(a) = ack {
+                    if send.write_all(&a.encode()).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                let (room, pending, eof) = {
+                    let st = self.st.borrow();
+                    (st.out.bytes() < SEND_BUFFER, st.ack.pending(), st.eof)
+                };
+                let mut next =
+                    if room && !eof { out_rx.next().fuse() } else { futures::future::Fuse::terminated() };
+                futures::select_biased! {
+                    _ = poke_rx.next().fuse() => {}
+                    o = next => {
+                        let line = match o {
+                            Some(Outgoing::Frame(b)) => {
+                                self.st.borrow_mut().out.push(b.clone());
+                                b
+                            }
+                            Some(Outgoing::Eof) | None => {
+                                let mut st = self.st.borrow_mut();
+                                st.eof = true;
+                                Control::Eof(st.out.total()).encode()
+                            }
+                        };
+                        if send.write_chunk(line).await.is_err() {
+                            return;
+                        }
+                    }
+                    _ = sleep_if(pending).fuse() => self.st.borrow_mut().ack_due = true,
+                }
+            }
+        };
+        let download = async {
+            let mut events = Vec::new();
+            loop {
+                rx.drain(&mut events);
+                for ev in events.drain(..) {
+                    match ev {
+                        Event::Data { bytes, frames } => {
+                            if frames == 0 {
+                                continue;
+                            }
+                            for line in bytes.split_inclusive(|b| *b == b'\n') {
+                                let queued = self.st.borrow().queued;
+                                if index >= queued {
+                                    let text = line.strip_suffix(b"\n").unwrap_or(line);
+                                    if !text.iter().all(u8::is_ascii_whitespace) {
+                                        self.push_message(crate::wasm::parse_frame(text));
+                                    }
+                                    self.st.borrow_mut().queued += 1;
+                                }
+                                index += 1;
+                            }
+                        }
+                        Event::Control(Some(Control::Ack(n))) => {
+                            let _ = self.st.borrow_mut().out.ack(n);
+                            let _ = self.poke.unbounded_send(());
+                        }
+                        Event::Control(Some(Control::End(n))) => {
+                            let mut st = self.st.borrow_mut();
+                            st.end_at = Some(n);
+                            st.ack_due = true;
+                            drop(st);
+                            let _ = self.poke.unbounded_send(());
+                        }
+                        Event::Control(_) => {}
+                    }
+                }
+                match recv.read_chunk(256 * 1024).await {
+                    Ok(Some(c)) => rx.push(&c),
+                    _ => return,
+                }
+            }
+        };
+        futures::pin_mut!(upload, download);
+        let closed = conn.closed().fuse();
+        futures::pin_mut!(closed);
+        futures::select! {
+            _ = upload.fuse() => {}
+            _ = download.fuse() => {}
+            _ = closed => {}
+        }
+        self.conn_end(conn.closed().await)
+    }
+
+    /// The connection ended: the bridge's close ends the session; anything
+    /// else is a loss to resume from.
+    fn conn_end(&self, err: ConnectionError) -> Result<String, (JsValue, Option<JsValue>)> {
+        match &err {
+            ConnectionError::ApplicationClosed(ac) => {
+                let code = ac.error_code.into_inner();
+                let reason = String::from_utf8_lossy(&ac.reason).into_owned();
+                if let Some(end) = AgentEnd::from_close(code, &ac.reason) {
+                    let v = closed_obj("agent", None, &reason);
+                    set_agent_end(&v, &end);
+                    let e = (!end.is_success()).then(|| js_error(&ErrorKind::Agent(end), &end.describe()));
+                    return Err((v, e));
+                }
+                if Refusal::from_close(code, &ac.reason) == Some(Refusal::UnknownSession) {
+                    let msg = "the session is gone: the bridge no longer holds it";
+                    self.event("gone", Some(msg));
+                    return Err((
+                        closed_obj("session_gone", Some(code), &reason),
+                        Some(js_error(&ErrorKind::SessionGone, msg)),
+                    ));
+                }
+                let msg = format!("the bridge closed the connection: {reason} (code {code})");
+                Err((
+                    closed_obj("closed", Some(code), &reason),
+                    Some(js_error(&ErrorKind::Closed { code, reason: reason.clone() }, &msg)),
+                ))
+            }
+            ConnectionError::LocallyClosed => {
+                Err((closed_obj("closed", Some(0), close::REASON_CLIENT_CLOSED), None))
+            }
+            e => Ok(e.to_string()),
+        }
+    }
+}
+
+fn closed_obj(kind: &str, code: Option<u64>, reason: &str) -> JsValue {
+    let v: JsValue = Object::new().into();
+    set(&v, "kind", kind.into());
+    if let Some(c) = code {
+        set(&v, "code", JsValue::from_f64(c as f64));
+    }
+    set(&v, "reason", reason.into());
+    v
+}
+
+async fn sleep_if(on: bool) {
+    if on {
+        n0_future::time::sleep(Duration::from_millis(ACK_DELAY_MS)).await
+    } else {
+        std::future::pending::<()>().await
+    }
+}
+
+/// Redials until a connection with the resumable protocol is made, or the grace is over.
+async fn redial(
+    client: &ClientInner,
+    addr: &EndpointAddr,
+    alpn: &[u8],
+    grace: Duration,
+) -> Result<Connection, String> {
+    let deadline = n0_future::time::Instant::now() + grace;
+    let mut backoff = REDIAL_FIRST_BACKOFF;
+    let mut last = String::from("no attempt");
+    while n0_future::time::Instant::now() < deadline {
+        let attempt = n0_future::time::timeout(REDIAL_ATTEMPT, client.ep.connect(addr.clone(), alpn)).await;
+        match attempt {
+            Ok(Ok(c)) => return Ok(c),
+            Ok(Err(e)) => last = e.to_string(),
+            Err(_) => last = "timed out".into(),
+        }
+        n0_future::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(REDIAL_MAX_BACKOFF);
+    }
+    Err(last)
+}
+
+/// Dials with the resumable ALPN first and the plain one as a fallback.
+pub async fn connect_either(
+    client: &ClientInner,
+    addr: EndpointAddr,
+    resume_alpn: &[u8],
+    plain_alpn: Vec<u8>,
+) -> Result<Connection, String> {
+    let opts = ConnectOptions::new().with_additional_alpns(vec![plain_alpn]);
+    let connecting = client.ep.connect_with_opts(addr, resume_alpn, opts).await.map_err(|e| e.to_string())?;
+    connecting.await.map_err(|e| e.to_string())
+}
