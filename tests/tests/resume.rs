@@ -536,3 +536,32 @@ async fn keep_warm_answers_the_vanished_clients_requests_and_ends_after_its_wind
     assert!(wait_pid_gone(pid).await, "the warm agent outlived its window");
     s.bridge.log.wait_for("no client for").await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sigkilled_plain_client_started_again_gets_the_same_warm_agent() {
+    let work = tempfile::tempdir().unwrap();
+    let pid_file = work.path().join("agent.pid").display().to_string();
+    let s =
+        Setup::new(&["--keep-warm", "30", "--idle-timeout", "1"], &agent(&["--pid-file", &pid_file, "cat"]))
+            .await;
+    let s = &s;
+    let round = |n: u32| async move {
+        let (mut child, log) = s.connect(&["--no-resume"]);
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(format!("{{\"round\":{n}}}\n").as_bytes()).await.unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let echoed = tokio::time::timeout(WAIT, lines.next_line()).await.unwrap().unwrap();
+        assert_eq!(echoed, Some(format!("{{\"round\":{n}}}")), "{}", log.text());
+        (child, stdin)
+    };
+    let (child, _stdin) = round(1).await;
+    let pid = agent_pid(&pid_file).await;
+    signal(child.id().unwrap(), libc::SIGKILL);
+    s.bridge.log.wait_for("the agent stays warm").await;
+    // Started again with the same identity: the same agent answers.
+    let (mut child, stdin) = round(2).await;
+    assert!(pid_alive(pid));
+    assert_eq!(s.bridge.log.text().matches("agent started").count(), 1, "{}", s.bridge.log.text());
+    drop(stdin);
+    let _ = tokio::time::timeout(WAIT, child.wait()).await;
+}
