@@ -75,9 +75,14 @@ pub async fn flood(relay: RelayUrl, ticket: EndpointTicket, dur: Duration) -> Re
 
 /// `thunderbolt-relay --dev` on a free loopback port, and its URL.
 pub async fn start_relay() -> Result<(tokio::process::Child, RelayUrl)> {
+    start_relay_at("127.0.0.1:0").await
+}
+
+/// `thunderbolt-relay --dev` on `bind`, and its URL.
+pub async fn start_relay_at(bind: &str) -> Result<(tokio::process::Child, RelayUrl)> {
     let bin = bin_dir().join("thunderbolt-relay");
     let mut child = Command::new(&bin)
-        .args(["--dev", "--bind", "127.0.0.1:0"])
+        .args(["--dev", "--bind", bind])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)

@@ -156,6 +156,34 @@ pub async fn resume_rows(b: &Bench) -> Result<Vec<Row>> {
         row("path back → first resumed frame (direct)", "ms", times.clone(), "—", times, false)
             .named_baseline("—"),
     );
+
+    // Relay: a relay of its own, killed and started again on its port; UDP between
+    // the client and the bridge dropped throughout, so the relay is the only path.
+    // The time includes both ends reconnecting to the relay.
+    let (mut relay, url) = start_relay().await?;
+    let relay_bind = format!("127.0.0.1:{}", url.port().context("relay port")?);
+    let client = Tb::with_relay_url(&url);
+    b.tb.allow(&client.node_id("acp").await).await;
+    let cat = b.bridge_on(&url, &[], vec![b.agent.clone(), "cat".into()], "info").await;
+    let _direct_off = Outage::udp_port(banner_port(&cat.banner));
+    let mut times = Vec::new();
+    let mut c = ConnectProc::start(&client, &cat.ticket, &["--idle-timeout", CLIENT_IDLE]).await?;
+    c.round_trips(1).await?;
+    for n in 1..=RESUME_REPS {
+        relay.kill().await?;
+        c.stdin.write_all(SMALL_REQUEST).await?;
+        c.log.wait_for_count("; reconnecting", n).await;
+        let t0 = Instant::now();
+        relay = start_relay_at(&relay_bind).await?.0;
+        c.stdout.read_exact(&mut buf).await?;
+        times.push(ms(t0.elapsed()));
+    }
+    c.finish().await?;
+    drop(cat);
+    rows.push(
+        row("relay back → first resumed frame (relay only)", "ms", times.clone(), "—", times, false)
+            .named_baseline("—"),
+    );
     Ok(rows)
 }
 

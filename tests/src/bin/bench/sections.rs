@@ -31,8 +31,19 @@ impl Bench {
 
     /// [`Self::bridge`] with more flags and a log level.
     pub async fn bridge_with(&self, extra: &[&str], argv: Vec<String>, log: &str) -> RunningBridge {
+        self.bridge_on(&self.relay_url.clone(), extra, argv, log).await
+    }
+
+    /// [`Self::bridge_with`] on another relay.
+    pub async fn bridge_on(
+        &self,
+        relay: &RelayUrl,
+        extra: &[&str],
+        argv: Vec<String>,
+        log: &str,
+    ) -> RunningBridge {
         let mut c = self.tb.cmd();
-        c.env("THUNDERBOLT_IROH_RELAY_URL", self.relay_url.to_string()).env("RUST_LOG", log);
+        c.env("THUNDERBOLT_IROH_RELAY_URL", relay.to_string()).env("RUST_LOG", log);
         if let Ok(w) = std::env::var("BENCH_BRIDGE_WORKERS") {
             c.env("TOKIO_WORKER_THREADS", w);
         }
