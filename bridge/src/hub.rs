@@ -112,8 +112,11 @@ pub struct Hub {
     cfg: ResumeConfig,
     max_frame: usize,
     state: Mutex<State>,
-    /// Anything changed: new output, an ack, attach, detach, the end.
+    /// The session's state changed: attach, detach, an ack, the end.
     changed: Notify,
+    /// Something for the attached connection's writer: new output, an ack due.
+    /// Apart from `changed` so output wakes only the writer, not the session.
+    output: Notify,
     /// Lines the bridge writes to the agent itself (answers for a vanished
     /// client), ahead of the client's.
     inject: mpsc::UnboundedSender<Bytes>,
@@ -189,6 +192,7 @@ impl Hub {
                 dropped: 0,
             }),
             changed: Notify::new(),
+            output: Notify::new(),
         });
         let outbox = Outbox { hub: hub.clone() };
         (hub, Inbox { rx, injected, cur: Bytes::new() }, outbox)
@@ -209,6 +213,13 @@ impl Hub {
             w.wake();
         }
         self.changed.notify_waiters();
+        self.output.notify_waiters();
+    }
+
+    /// Resolves on either notification (a writer's wait). Enable it before
+    /// reading the state so nothing is missed in between.
+    fn notified_any(&self) -> NotifiedAny<'_> {
+        NotifiedAny { a: Box::pin(self.changed.notified()), b: Box::pin(self.output.notified()) }
     }
 
     /// Attaches a connection whose client holds the first `received` frames of
@@ -407,7 +418,7 @@ impl Hub {
     async fn write_plain(&self, id: u64, send: &mut SendStream) -> String {
         let mut cursor = self.lock().out.total();
         loop {
-            let notified = self.changed.notified();
+            let notified = self.notified_any();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let (mut runs, end) = {
@@ -496,7 +507,7 @@ impl Hub {
         let mut sent_end = false;
         let mut controls = Vec::new();
         loop {
-            let notified = self.changed.notified();
+            let notified = self.notified_any();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let (mut runs, ack_pending) = {
@@ -589,7 +600,7 @@ impl Hub {
                 if st.ack.took(frames, len) {
                     st.ack_due = true;
                     drop(st);
-                    self.changed.notify_waiters();
+                    self.output.notify_waiters();
                 }
             }
             Event::Control(Some(Control::Ack(n))) => {
@@ -634,6 +645,31 @@ impl Hub {
     pub fn release(&self) {
         let attached = self.lock().attached.take();
         drop(attached);
+    }
+}
+
+/// Two `Notified`s as one future (see [`Hub::notified_any`]).
+struct NotifiedAny<'a> {
+    a: Pin<Box<tokio::sync::futures::Notified<'a>>>,
+    b: Pin<Box<tokio::sync::futures::Notified<'a>>>,
+}
+
+impl NotifiedAny<'_> {
+    fn enable(self: Pin<&mut Self>) {
+        let me = self.get_mut();
+        me.a.as_mut().enable();
+        me.b.as_mut().enable();
+    }
+}
+
+impl Future for NotifiedAny<'_> {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let me = self.get_mut();
+        if me.a.as_mut().poll(cx).is_ready() || me.b.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 }
 
@@ -694,6 +730,7 @@ impl Link for HubLink {
         st.end_at = Some(st.out.total());
         drop(st);
         self.0.changed.notify_waiters();
+        self.0.output.notify_waiters();
     }
 
     fn delivered(&self, _out: &mut Outbox) -> impl Future<Output = ()> + Send {
@@ -778,7 +815,7 @@ impl AsyncWrite for Outbox {
         // The pump writes whole lines only: each write is one run of frames.
         st.out.push(Bytes::copy_from_slice(buf));
         drop(st);
-        hub.changed.notify_waiters();
+        hub.output.notify_waiters();
         Poll::Ready(Ok(buf.len()))
     }
 
