@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! thunderbolt acp --transport iroh [-- <agent-cmd…>]     serve an ACP agent over iroh
+//! thunderbolt acp --transport wss [--port N]             … or on a loopback WebSocket for the desktop app
 //! thunderbolt mcp --transport iroh -- <server-cmd…>      serve an MCP server over iroh
 //! thunderbolt acp connect <ticket|nodeid> [-- <cmd…>]     dial a bridge (stdio or a local client)
 //! thunderbolt acp serve                                   the built-in ACP agent, on stdio
@@ -91,8 +92,11 @@ pub enum ProtocolAction {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Transport {
-    /// Peer-to-peer QUIC via iroh (the only transport of this build).
+    /// Peer-to-peer QUIC via iroh, end-to-end encrypted, from anywhere (the default).
     Iroh,
+    /// A WebSocket on 127.0.0.1 for the desktop app on this machine
+    /// (`ws://127.0.0.1:<port>/?token=…`, printed at start).
+    Wss,
 }
 
 #[derive(Debug, Args)]
@@ -100,6 +104,11 @@ pub struct ServeArgs {
     /// How peers reach this bridge.
     #[arg(long, value_enum, default_value = "iroh")]
     pub transport: Transport,
+
+    /// With --transport wss: the loopback port (default 8839 for ACP, 8840 for MCP; 0 picks
+    /// a free one). Extra allowed origins come from THUNDERBOLT_APP_ORIGIN (comma-separated).
+    #[arg(long, value_name = "PORT")]
+    pub port: Option<u16>,
 
     #[command(flatten)]
     pub net: NetArgs,

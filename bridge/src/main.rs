@@ -26,6 +26,7 @@ mod session;
 mod signals;
 mod throttle;
 mod trust;
+mod wss;
 
 use std::{ffi::OsString, process::ExitCode, sync::Arc, time::Duration};
 
@@ -166,6 +167,12 @@ fn secs(v: f64, what: &str) -> Result<Duration> {
 }
 
 async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Result<()> {
+    if args.transport == cli::Transport::Wss {
+        return serve_wss(protocol, args).await;
+    }
+    if args.port.is_some() {
+        bail!("--port is for --transport wss (iroh picks its own port; see --bind)");
+    }
     let agent = agent_command(&protocol, args.command)?;
     agent.check_program().map_err(anyhow::Error::msg)?;
     let net = net::NetConfig::from_args(&args.net)?;
@@ -273,6 +280,45 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     let session = SessionConfig { max_frame: l.max_frame, resume, keep_warm, ..SessionConfig::new(agent) };
     let bridge = Bridge::new(endpoint, trust, gate, account.ok().map(Arc::new), admission, session);
     bridge.run(stop).await;
+    info!("bridge stopped");
+    Ok(())
+}
+
+/// `--transport wss`: the loopback WebSocket bridge.
+async fn serve_wss(protocol: Protocol, args: ServeArgs) -> Result<()> {
+    let agent = agent_command(&protocol, args.command)?;
+    agent.check_program().map_err(anyhow::Error::msg)?;
+    let l = &args.limits;
+    if l.max_agents == 0 || l.max_agents > limits::MAX_COUNT_FLAG {
+        bail!("--max-agents must be within 1..={}", limits::MAX_COUNT_FLAG);
+    }
+    let port = args.port.unwrap_or_else(|| wss::default_port(&protocol));
+    let listener = wss::bind(port).await?;
+    let addr = listener.local_addr()?;
+    let token = wss::new_token();
+    let origins = wss::origins(std::env::var("THUNDERBOLT_APP_ORIGIN").ok().as_deref());
+    let term = signals::Terminate::new();
+    // The one place the token is shown: the URL the user pastes into the app.
+    println!("thunderbolt {protocol} bridge is listening on ws://{addr} (WebSocket, this machine only)");
+    println!("  Agent:   {}", agent.redacted());
+    println!("  Origins: {}", origins.join(", "));
+    println!("  Paste into the app: ws://{addr}/?token={token}");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let stop = CancellationToken::new();
+    tokio::spawn(stop_on_signal(term, stop.clone()));
+    reaper::start();
+    let session = SessionConfig { max_frame: l.max_frame, ..SessionConfig::new(agent) };
+    let server = wss::WssServer {
+        listener,
+        token,
+        origins,
+        agents: Arc::new(tokio::sync::Semaphore::new(l.max_agents)),
+        max_agents: l.max_agents,
+        handshake_timeout: secs(l.handshake_timeout, "--handshake-timeout")?,
+        session: Arc::new(session),
+    };
+    server.run(stop).await;
     info!("bridge stopped");
     Ok(())
 }

@@ -305,3 +305,55 @@ test("a page reload in the middle of a streamed reply resumes the session: the r
   const agentsAfter = agentPids(bridge).filter(alive);
   for (const pid of agentsBefore) assert.ok(agentsAfter.includes(pid), "the same agent served the resumed session");
 });
+
+test("--transport wss: a page from the app's origin runs an ACP exchange over the printed URL", async () => {
+  const home = mkdtempSync(join(tmpdir(), "tb-e2e-wss-"));
+  const p = run(join(BIN, "thunderbolt"), ["acp", "--transport", "wss", "--port", "0"], bridgeEnv(home));
+  const url = await waitFor(() => {
+    const l = p.out.map((x) => x.trim()).find((x) => x.startsWith("Paste into the app: "));
+    return l && l.slice("Paste into the app: ".length);
+  }, "wss banner");
+  assert.match(url, /^ws:\/\/127\.0\.0\.1:\d+\/\?token=[0-9a-f]{64}$/);
+  // The desktop app's origin: http://localhost:1420.
+  const appServer = await startServer(1420, "127.0.0.1");
+  const appPage = await browser.newPage();
+  try {
+    await appPage.goto("http://localhost:1420/www/");
+    const r = await appPage.evaluate(async (url) => {
+      const ws = new WebSocket(url);
+      const inbox = [];
+      let wake = null;
+      ws.onmessage = (e) => { inbox.push(JSON.parse(e.data)); wake && wake(); };
+      await new Promise((res, rej) => { ws.onopen = res; ws.onerror = () => rej(new Error("ws error")); });
+      const next = async (pred) => {
+        for (;;) {
+          const i = inbox.findIndex(pred);
+          if (i >= 0) return inbox.splice(i, 1)[0];
+          await new Promise((res) => (wake = res));
+        }
+      };
+      ws.send(JSON.stringify({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: 1 } }));
+      const init = await next((m) => m.id === 1);
+      ws.send(JSON.stringify({ jsonrpc: "2.0", id: 2, method: "session/new", params: { cwd: "/", mcpServers: [] } }));
+      const sid = (await next((m) => m.id === 2)).result.sessionId;
+      ws.send(JSON.stringify({ jsonrpc: "2.0", id: 3, method: "session/prompt", params: { sessionId: sid, prompt: [{ type: "text", text: "hello over wss" }] } }));
+      const done = await next((m) => m.id === 3);
+      const text = inbox.filter((m) => m.method === "session/update").map((m) => m.params.update.content.text).join("");
+      const closed = new Promise((res) => (ws.onclose = (e) => res(e.code)));
+      ws.close();
+      return { version: init.result.protocolVersion, stop: done.result.stopReason, text, closed: await closed };
+    }, url);
+    assert.deepEqual({ version: r.version, stop: r.stop, text: r.text }, { version: 1, stop: "end_turn", text: "You said: hello over wss" });
+    // A page from any other origin is refused before anything runs.
+    const refused = await page.evaluate(async (url) => new Promise((res) => {
+      const ws = new WebSocket(url);
+      ws.onopen = () => res("open");
+      ws.onclose = (e) => res(`closed ${e.code}`);
+    }), url);
+    assert.equal(refused, "closed 1006", "the demo page's origin (127.0.0.1:<port>) is not the app's");
+  } finally {
+    await appPage.close();
+    appServer.close();
+    p.child.kill("SIGTERM");
+  }
+});

@@ -1,0 +1,192 @@
+//! `--transport wss`: the loopback WebSocket bridge, with real processes and a
+//! real WebSocket client (the browser test is in client-wasm/e2e).
+
+use std::process::Stdio;
+
+use futures::{SinkExt, StreamExt};
+use serde_json::Value;
+use thunderbolt_tests::*;
+use tokio::{
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+    net::TcpStream,
+};
+use tokio_websockets::{ClientBuilder, Message};
+
+const ORIGIN: &str = "http://localhost:1420";
+
+/// A wss bridge on a free port: its URL (with the token) and log.
+struct Wss {
+    _home: Tb,
+    child: tokio::process::Child,
+    url: String,
+    port: u16,
+    log: Log,
+    _work: tempfile::TempDir,
+    pid_file: String,
+}
+
+impl Wss {
+    async fn start(extra: &[&str], agent_mode: &[&str]) -> Self {
+        init_tracing();
+        let home = Tb::new(None);
+        let work = tempfile::tempdir().unwrap();
+        let pid_file = work.path().join("agent.pid").display().to_string();
+        let mut c = home.cmd();
+        c.args(["acp", "--transport", "wss", "--port", "0"]).args(extra).arg("--");
+        c.arg(test_agent_bin()).args(["--pid-file", &pid_file]).args(agent_mode);
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let log = Log::default();
+        log.capture_stderr(child.stderr.take().unwrap());
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let url = tokio::time::timeout(WAIT, async {
+            while let Some(l) = out.next_line().await.unwrap() {
+                if let Some(u) = l.trim().strip_prefix("Paste into the app: ") {
+                    return u.to_string();
+                }
+            }
+            panic!("no URL in the banner");
+        })
+        .await
+        .expect("banner in time");
+        tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
+        let port = url.split(':').nth(2).unwrap().split('/').next().unwrap().parse().unwrap();
+        Self { _home: home, child, url, port, log, _work: work, pid_file }
+    }
+
+    async fn ws(
+        &self,
+        url: &str,
+        origin: &str,
+    ) -> tokio_websockets::WebSocketStream<tokio_websockets::MaybeTlsStream<TcpStream>> {
+        let (ws, _) = ClientBuilder::new()
+            .uri(url)
+            .unwrap()
+            .add_header(http::header::ORIGIN, http::HeaderValue::from_str(origin).unwrap())
+            .unwrap()
+            .connect()
+            .await
+            .expect("upgrade accepted");
+        ws
+    }
+
+    /// The raw HTTP answer to `request`.
+    async fn http(&self, request: &str) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        tokio::time::timeout(WAIT, s.read_to_string(&mut out)).await.unwrap().unwrap();
+        out
+    }
+}
+
+fn upgrade(path: &str, origin: Option<&str>) -> String {
+    let origin = origin.map(|o| format!("Origin: {o}\r\n")).unwrap_or_default();
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n{origin}\r\n"
+    )
+}
+
+async fn next_text(
+    ws: &mut (impl futures::Stream<Item = Result<Message, tokio_websockets::Error>> + Unpin),
+) -> Value {
+    loop {
+        let m =
+            tokio::time::timeout(WAIT, ws.next()).await.expect("frame in time").expect("open").expect("ok");
+        if let Some(t) = m.as_text() {
+            return serde_json::from_str(t).expect("one JSON value per frame");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refusals_are_plain_http_and_spawn_nothing() {
+    let b = Wss::start(&[], &["cat"]).await;
+    let token = b.url.split("token=").nth(1).unwrap().to_string();
+    assert_eq!(token.len(), 64, "32 random bytes, hex");
+    let ok_path = format!("/?token={token}");
+    let cases = [
+        (upgrade(&format!("/other?token={token}"), Some(ORIGIN)), "404"),
+        (format!("GET {ok_path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"), "426"),
+        (upgrade(&ok_path, Some("http://evil.example")), "403"),
+        (upgrade(&ok_path, None), "403"),
+        (upgrade("/?token=0000", Some(ORIGIN)), "401"),
+        (upgrade("/", Some(ORIGIN)), "401"),
+    ];
+    for (req, status) in cases {
+        let answer = b.http(&req).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{status} expected for {req:?}, got {answer:?}"
+        );
+    }
+    assert!(
+        b.http(&upgrade(&ok_path, Some("http://evil.example"))).await.contains("http://evil.example"),
+        "403 names the origin"
+    );
+    assert!(!std::path::Path::new(&b.pid_file).exists(), "nothing spawned for a refusal");
+    assert!(!b.log.contains(&token), "the token is never logged");
+    // Bound to 127.0.0.1 itself, not every address: another loopback address is refused.
+    assert!(TcpStream::connect(("127.0.0.1", b.port)).await.is_ok());
+    assert!(TcpStream::connect(("127.0.0.2", b.port)).await.is_err(), "reachable beyond 127.0.0.1");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_carries_one_message_per_frame_and_ends_with_the_agent() {
+    let b = Wss::start(&[], &["cat"]).await;
+    let mut ws = b.ws(&b.url, ORIGIN).await;
+    // A pretty-printed message still reaches the agent as one line.
+    ws.send(Message::text("{\"jsonrpc\":\"2.0\",\n \"id\":1,\"method\":\"ping\"}".to_string()))
+        .await
+        .unwrap();
+    let echoed = next_text(&mut ws).await;
+    assert_eq!(echoed["id"], 1);
+    ws.send(Message::text("not json".to_string())).await.unwrap();
+    let err = next_text(&mut ws).await;
+    assert_eq!(err["error"]["code"], -32700, "non-JSON frames get a parse error");
+    let pid: u32 = wait_file(b.pid_file.as_ref()).await.trim().parse().unwrap();
+    // The client goes: the agent goes.
+    ws.close().await.unwrap();
+    assert!(wait_pid_gone(pid).await, "the agent outlived its socket");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_exit_codes_map_to_close_codes() {
+    for (mode, code, reason) in [
+        (vec!["exit", "0"], 1000u16, "agent exited (code 0)"),
+        (vec!["exit", "3"], 1011, "agent exited (code 3)"),
+    ] {
+        let b = Wss::start(&[], &mode).await;
+        let mut ws = b.ws(&b.url, ORIGIN).await;
+        let m = loop {
+            let m = tokio::time::timeout(WAIT, ws.next()).await.unwrap().unwrap().unwrap();
+            if m.is_close() {
+                break m;
+            }
+        };
+        let (c, r) = m.as_close().unwrap();
+        assert_eq!((u16::from(c), r), (code, reason));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_seventeenth_socket_is_closed_with_1013() {
+    let b = Wss::start(&[], &["cat"]).await;
+    let mut open = Vec::new();
+    for i in 0..16 {
+        let mut ws = b.ws(&b.url, ORIGIN).await;
+        ws.send(Message::text(format!("{{\"n\":{i}}}"))).await.unwrap();
+        assert_eq!(next_text(&mut ws).await["n"], i);
+        open.push(ws);
+    }
+    let mut second = b.ws(&b.url, ORIGIN).await;
+    let m = tokio::time::timeout(WAIT, second.next()).await.unwrap().unwrap().unwrap();
+    let (c, r) = m.as_close().expect("a close frame");
+    assert_eq!((u16::from(c), r), (1013, "bridge at capacity"));
+    drop(open);
+    let mut child = b.child;
+    signal(child.id().unwrap(), libc::SIGTERM);
+    let status = tokio::time::timeout(WAIT, child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{}", b.log.text());
+}
