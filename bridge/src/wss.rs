@@ -442,11 +442,14 @@ impl Link for WsLink {
     }
 }
 
+/// Lines being handed to the socket's writer (`Err`: the socket is gone).
+type Handing = Pin<Box<dyn Future<Output = Result<(), ()>> + Send>>;
+
 /// The agent's output (runs of whole lines) into frames, one per line.
 pub struct WsOut {
     tx: mpsc::Sender<Out>,
     pending: BytesMut,
-    sending: Option<Pin<Box<dyn Future<Output = Result<(), ()>> + Send>>>,
+    sending: Option<Handing>,
 }
 
 impl AsyncWrite for WsOut {
@@ -472,7 +475,7 @@ impl AsyncWrite for WsOut {
         }
         if !lines.is_empty() {
             let tx = self.tx.clone();
-            let mut f: Pin<Box<dyn Future<Output = Result<(), ()>> + Send>> = Box::pin(async move {
+            let mut f: Handing = Box::pin(async move {
                 for l in lines {
                     tx.send(Out::Line(l)).await.map_err(|_| ())?;
                 }
