@@ -62,6 +62,10 @@ pub trait Link: Send + Sync {
     fn delivered(&self, out: &mut Self::Out) -> impl Future<Output = ()> + Send;
     /// How long [`Link::delivered`] may take before the session is closed anyway.
     fn linger(&self, cfg: &SessionConfig) -> Duration;
+    /// The agent's stdin is closed (it cannot hear the peer any more). A link
+    /// whose contract ends the session then does so (wss); by default the
+    /// session goes on until the agent ends.
+    fn input_closed(&self) {}
 }
 
 /// A session that is exactly one connection (`thunderbolt/<p>/0`).
@@ -254,6 +258,7 @@ async fn drive<L: Link>(
             Some(e) = inbound_err.recv() => match e {
                 PumpError::Write(..) => {
                     debug!(peer = %peer, "the agent's stdin is closed");
+                    link.input_closed();
                     cut_off.get_or_insert(Instant::now() + limits::AGENT_EXIT_AFTER_EOF);
                 }
                 e => return peer_gone(link, e),

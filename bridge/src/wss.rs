@@ -440,7 +440,21 @@ impl Link for WsLink {
     fn linger(&self, cfg: &SessionConfig) -> Duration {
         cfg.finish_linger
     }
+
+    /// The contract: the agent's stdin gone ends the session, 1011.
+    fn input_closed(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .gone_why
+            .get_or_insert(REASON_STDIN_CLOSED.into());
+        self.close(0, REASON_STDIN_CLOSED);
+        self.gone.cancel();
+    }
 }
+
+/// Close reason (1011) when the agent's stdin is gone.
+const REASON_STDIN_CLOSED: &str = "agent stdin closed";
 
 /// Lines being handed to the socket's writer (`Err`: the socket is gone).
 type Handing = Pin<Box<dyn Future<Output = Result<(), ()>> + Send>>;

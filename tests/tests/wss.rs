@@ -156,13 +156,33 @@ async fn agent_exit_codes_map_to_close_codes() {
     for (mode, code, reason) in [
         (vec!["exit", "0"], 1000u16, "agent exited (code 0)"),
         (vec!["exit", "3"], 1011, "agent exited (code 3)"),
+        (vec!["close-stdin"], 1011, "agent stdin closed"),
     ] {
         let b = Wss::start(&[], &mode).await;
         let mut ws = b.ws(&b.url, ORIGIN).await;
-        let m = loop {
-            let m = tokio::time::timeout(WAIT, ws.next()).await.unwrap().unwrap().unwrap();
-            if m.is_close() {
-                break m;
+        let m = if mode[0] == "close-stdin" {
+            // A write lands in the pipe until the agent has closed it: keep writing
+            // (bounded) until the bridge's write fails and the close comes.
+            wait_file(b.pid_file.as_ref()).await;
+            let mut close = None;
+            for _ in 0..100 {
+                let _ = ws.send(Message::text("{\"a\":1}".to_string())).await;
+                if let Ok(Some(Ok(m))) =
+                    tokio::time::timeout(std::time::Duration::from_millis(100), ws.next()).await
+                {
+                    if m.is_close() {
+                        close = Some(m);
+                        break;
+                    }
+                }
+            }
+            close.expect("a close after the agent's stdin went")
+        } else {
+            loop {
+                let m = tokio::time::timeout(WAIT, ws.next()).await.unwrap().unwrap().unwrap();
+                if m.is_close() {
+                    break m;
+                }
             }
         };
         let (c, r) = m.as_close().unwrap();

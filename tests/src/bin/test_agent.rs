@@ -8,6 +8,7 @@
 //! - `stderr`: print a line on stderr, then behave like `cat`.
 //! - `hang`: ignore stdin and SIGTERM, sleep forever (tests SIGKILL after grace).
 //! - `exit CODE`: exit with CODE immediately.
+//! - `close-stdin`: close stdin, then sleep (the bridge's writes to it fail).
 //! - `ask`: for every line read, send the client a request (`id` "q<N>",
 //!   method `fs/read_text_file`) and log the answer to it on stderr
 //!   (`answer: <line>`); answer lines are not asked about.
@@ -60,6 +61,13 @@ fn main() {
         }
         "exit" => std::process::exit(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(0)),
         "ask" => ask(),
+        "close-stdin" => {
+            // SAFETY: plain libc call on our own stdin.
+            unsafe {
+                libc::close(0);
+            }
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
         "respond" => respond(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(1 << 20)),
         other => {
             eprintln!("test-agent: unknown mode {other}");
