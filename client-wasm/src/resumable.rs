@@ -305,9 +305,8 @@ impl Resumable {
             if buf.len() > MAX_CONTROL_LINE {
                 break None;
             }
-            let read = futures::select! {
-                r = recv.read_chunk(64 * 1024).fuse() => r,
-                _ = n0_future::time::sleep(WELCOME_TIMEOUT).fuse() => return Ok("the bridge did not answer our hello".into()),
+            let Ok(read) = n0_future::time::timeout(WELCOME_TIMEOUT, recv.read_chunk(64 * 1024)).await else {
+                return Ok("the bridge did not answer our hello".into());
             };
             match read {
                 Ok(Some(c)) => buf.extend_from_slice(&c),
@@ -435,13 +434,10 @@ impl Resumable {
             }
         };
         futures::pin_mut!(upload, download);
-        let closed = conn.closed().fuse();
+        let closed = conn.closed();
         futures::pin_mut!(closed);
-        futures::select! {
-            _ = upload.fuse() => {}
-            _ = download.fuse() => {}
-            _ = closed => {}
-        }
+        // Whichever stops first: the connection is over either way.
+        let _ = futures::future::select(upload, futures::future::select(download, closed)).await;
         self.conn_end(conn.closed().await)
     }
 

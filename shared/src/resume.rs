@@ -44,7 +44,7 @@
 use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::protocol::Protocol;
 
@@ -91,21 +91,21 @@ pub enum Control {
 impl Control {
     /// The line, `!` to `\n`.
     pub fn encode(&self) -> Bytes {
-        let v = match self {
+        // Written by hand (no JSON tree): the browser client carries every byte of code.
+        let text = |t: &str| serde_json::to_string(t).expect("a string serializes");
+        let line = match self {
             Self::Hello { session, received } => {
-                json!({"hello": 1, "session": session, "received": received})
+                let session = session.as_deref().map_or_else(|| "null".to_string(), text);
+                format!("!{{\"hello\":1,\"session\":{session},\"received\":{received}}}\n")
             }
-            Self::Welcome { session, received, grace_ms } => {
-                json!({"session": session, "received": received, "grace_ms": grace_ms})
-            }
-            Self::Ack(n) => json!({ "ack": n }),
-            Self::Eof(n) => json!({ "eof": n }),
-            Self::End(n) => json!({ "end": n }),
+            Self::Welcome { session, received, grace_ms } => format!(
+                "!{{\"session\":{},\"received\":{received},\"grace_ms\":{grace_ms}}}\n",
+                text(session)
+            ),
+            Self::Ack(n) => format!("!{{\"ack\":{n}}}\n"),
+            Self::Eof(n) => format!("!{{\"eof\":{n}}}\n"),
+            Self::End(n) => format!("!{{\"end\":{n}}}\n"),
         };
-        let mut line = Vec::with_capacity(48);
-        line.push(CONTROL_PREFIX);
-        serde_json::to_writer(&mut line, &v).expect("a JSON object serializes");
-        line.push(b'\n');
         line.into()
     }
 
