@@ -25,6 +25,7 @@ const WAIT_MS = 30_000;
 const procs = [];
 let relayUrl, server, browser, page, baseUrl;
 let bridge; // { child, ticket, home, log }
+let relayProc; // the relay process (the last test restarts it)
 
 function waitFor(cond, what, ms = WAIT_MS) {
   return new Promise((res, rej) => {
@@ -98,6 +99,7 @@ function alive(pid) {
 before(async () => {
   mkdirSync(ARTIFACTS, { recursive: true });
   const relay = run(join(BIN, "thunderbolt-relay"), ["--dev", "--bind", "127.0.0.1:0"]);
+  relayProc = relay;
   await waitFor(() => relay.out.find((l) => l.startsWith("relay listening on ")), "relay");
   relayUrl = relay.out.find((l) => l.startsWith("relay listening on ")).split(" ").pop();
   bridge = await startBridge();
@@ -356,4 +358,40 @@ test("--transport wss: a page from the app's origin runs an ACP exchange over th
     appServer.close();
     p.child.kill("SIGTERM");
   }
+});
+
+// Last: it restarts the shared relay.
+test("the relay killed and restarted mid-session: the page's session resumes by itself", async () => {
+  allow(bridge, await page.textContent("#node-id"));
+  await page.evaluate(async (ticket) => {
+    const client = window.thunderbolt.state.client;
+    window.rEvents = [];
+    const conn = await client.connectProtocol(ticket, "acp", undefined, undefined, {
+      idleTimeoutMs: 1500, onEvent: (e) => window.rEvents.push(e.type),
+    });
+    window.rConn = conn;
+    window.rReader = conn.messages().getReader();
+    await conn.send({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: 1 } });
+    const { value } = await window.rReader.read();
+    if (value.id !== 1) throw new Error("no initialize reply");
+  }, bridge.ticket);
+  const agentsBefore = agentPids(bridge).filter(alive);
+  const port = new URL(relayUrl).port;
+  relayProc.child.kill("SIGKILL");
+  await page.waitForFunction(() => window.rEvents.includes("reconnecting"), null, { timeout: WAIT_MS });
+  // Sent while the path is down: delivered after the resume.
+  await page.evaluate(() => window.rConn.send({ jsonrpc: "2.0", id: 2, method: "session/new", params: { cwd: "/", mcpServers: [] } }));
+  const again = run(join(BIN, "thunderbolt-relay"), ["--dev", "--bind", `127.0.0.1:${port}`]);
+  await waitFor(() => again.out.find((l) => l.startsWith("relay listening on ")), "the relay back");
+  relayProc = again;
+  const r = await page.evaluate(async () => {
+    const { value } = await window.rReader.read();
+    return { id: value.id, sid: value.result && value.result.sessionId, events: window.rEvents };
+  });
+  assert.equal(r.id, 2, "the message sent while the relay was down was answered");
+  assert.match(r.sid, /^sess-/);
+  assert.deepEqual(r.events.filter((e) => e !== "reconnecting"), ["resumed"]);
+  const agentsAfter = agentPids(bridge).filter(alive);
+  for (const pid of agentsBefore) assert.ok(agentsAfter.includes(pid), "the same agent served the resumed session");
+  await page.evaluate(() => window.rConn.close());
 });

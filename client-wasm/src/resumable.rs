@@ -16,7 +16,7 @@ use std::{cell::RefCell, collections::VecDeque, rc::Rc, time::Duration};
 use bytes::{Bytes, BytesMut};
 use futures::{channel::mpsc, FutureExt, StreamExt};
 use iroh::{
-    endpoint::{ConnectOptions, Connection, ConnectionError, VarInt},
+    endpoint::{ConnectOptions, Connection, ConnectionError, QuicTransportConfig, VarInt},
     EndpointAddr,
 };
 use js_sys::{Function, Object, Promise};
@@ -38,6 +38,25 @@ const REDIAL_FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const REDIAL_MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// One redial attempt's limit (a relay handshake with a retransmission or two).
 const REDIAL_ATTEMPT: Duration = Duration::from_secs(10);
+/// The first redial attempt's limit; doubled per attempt up to [`REDIAL_ATTEMPT`].
+const REDIAL_FIRST_ATTEMPT: Duration = Duration::from_secs(1);
+/// How long a resumable connection may be silent before it is taken for lost
+/// (and redialed), unless `options.idleTimeoutMs` says otherwise: as the bridge.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Shortest idle timeout accepted: a few round trips through a relay.
+pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_millis(300);
+/// Keep-alive period (a third of the idle timeout when that is shorter).
+const KEEP_ALIVE: Duration = Duration::from_secs(3);
+
+/// The transport of resumable connections: keep-alives and an idle timeout
+/// so a dead path is noticed in seconds.
+pub fn transport(idle: Duration) -> Result<QuicTransportConfig, String> {
+    let idle_t = idle.try_into().map_err(|_| "the idle timeout is too long".to_string())?;
+    Ok(QuicTransportConfig::builder()
+        .keep_alive_interval(KEEP_ALIVE.min(idle / 3))
+        .max_idle_timeout(Some(idle_t))
+        .build())
+}
 /// How long the welcome may take after our hello.
 const WELCOME_TIMEOUT: Duration = Duration::from_secs(15);
 /// Most bytes of our messages held until the bridge acknowledges them; past
@@ -98,6 +117,7 @@ impl Resumable {
         first: Connection,
         restore: Option<Restore>,
         on_event: Option<Function>,
+        transport: QuicTransportConfig,
     ) -> Rc<Self> {
         let (outgoing, out_rx) = mpsc::unbounded();
         let (poke, poke_rx) = mpsc::unbounded();
@@ -117,7 +137,9 @@ impl Resumable {
             on_event,
             ended_wake: RefCell::new(Vec::new()),
         });
-        wasm_bindgen_futures::spawn_local(me.clone().drive(client, addr, alpn, first, out_rx, poke_rx));
+        wasm_bindgen_futures::spawn_local(
+            me.clone().drive(client, addr, alpn, first, out_rx, poke_rx, transport),
+        );
         me
     }
 
@@ -240,6 +262,7 @@ impl Resumable {
         first: Connection,
         mut out_rx: mpsc::UnboundedReceiver<Outgoing>,
         mut poke_rx: mpsc::UnboundedReceiver<()>,
+        transport: QuicTransportConfig,
     ) {
         let mut conn = first;
         let mut resumed = false;
@@ -255,14 +278,15 @@ impl Resumable {
             }
             let grace = self.st.borrow().grace;
             self.event("reconnecting", Some(&why));
-            match redial(&client, &addr, &alpn, grace).await {
+            match redial(&client, &addr, &alpn, grace, &transport).await {
                 Ok(c) => {
                     conn = c;
                     resumed = true;
                 }
                 Err(e) => {
                     let msg = format!(
-                        "the session is gone: could not reach the bridge again within {grace:?} ({e})"
+                        "the session is gone: could not reach the bridge again within {} s ({e})",
+                        grace.as_secs()
                     );
                     self.event("gone", Some(&msg));
                     return self.end(
@@ -494,25 +518,41 @@ async fn sleep_if(on: bool) {
     }
 }
 
-/// Redials until a connection with the resumable protocol is made, or the grace is over.
+/// Redials until a connection with the resumable protocol is made, or the
+/// grace is over. The first attempts are cut short (1 s, then doubling): a
+/// handshake started while the path was down waits for QUIC's
+/// retransmission, while a fresh one after the path came back goes through
+/// in one round trip. (Overlapping attempts, as `connect` makes, cost the
+/// browser module more code than they win here.)
 async fn redial(
     client: &ClientInner,
     addr: &EndpointAddr,
     alpn: &[u8],
     grace: Duration,
+    transport: &QuicTransportConfig,
 ) -> Result<Connection, String> {
-    let deadline = n0_future::time::Instant::now() + grace;
+    use n0_future::time::Instant;
+    let deadline = Instant::now() + grace;
     let mut backoff = REDIAL_FIRST_BACKOFF;
+    let mut attempt_limit = REDIAL_FIRST_ATTEMPT;
     let mut last = String::from("no attempt");
-    while n0_future::time::Instant::now() < deadline {
-        let attempt = n0_future::time::timeout(REDIAL_ATTEMPT, client.ep.connect(addr.clone(), alpn)).await;
-        match attempt {
+    while Instant::now() < deadline {
+        let opts = ConnectOptions::new().with_transport_config(transport.clone());
+        let dial = async {
+            let connecting =
+                client.ep.connect_with_opts(addr.clone(), alpn, opts).await.map_err(|e| e.to_string())?;
+            connecting.await.map_err(|e| e.to_string())
+        };
+        match n0_future::time::timeout(attempt_limit, dial).await {
             Ok(Ok(c)) => return Ok(c),
-            Ok(Err(e)) => last = e.to_string(),
+            Ok(Err(e)) => {
+                last = e;
+                n0_future::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(REDIAL_MAX_BACKOFF);
+            }
             Err(_) => last = "timed out".into(),
         }
-        n0_future::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(REDIAL_MAX_BACKOFF);
+        attempt_limit = (attempt_limit * 2).min(REDIAL_ATTEMPT);
     }
     Err(last)
 }
@@ -523,8 +563,9 @@ pub async fn connect_either(
     addr: EndpointAddr,
     resume_alpn: &[u8],
     plain_alpn: Vec<u8>,
+    transport: QuicTransportConfig,
 ) -> Result<Connection, String> {
-    let opts = ConnectOptions::new().with_additional_alpns(vec![plain_alpn]);
+    let opts = ConnectOptions::new().with_additional_alpns(vec![plain_alpn]).with_transport_config(transport);
     let connecting = client.ep.connect_with_opts(addr, resume_alpn, opts).await.map_err(|e| e.to_string())?;
     connecting.await.map_err(|e| e.to_string())
 }

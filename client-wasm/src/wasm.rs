@@ -179,7 +179,9 @@ impl IrohClient {
     /// `maxFrame`: the longest message sent or received, in bytes (default
     /// 32 MiB, the ACP SDK's own limit; set it to what the bridge's
     /// `--max-frame` is). `options`: `{ resume?: boolean, session?: {session,
-    /// received} (a stored sessionState()), onEvent?: ({type, detail}) => void }`.
+    /// received} (a stored sessionState()), onEvent?: ({type, detail}) => void,
+    /// idleTimeoutMs?: number }` (silence after which a resumable connection is
+    /// taken for lost and redialed; default 10 000, at least 300).
     #[wasm_bindgen(js_name = connectProtocol, unchecked_return_type = "Promise<FramedConnection>")]
     pub fn connect_protocol(
         &self,
@@ -205,6 +207,14 @@ impl IrohClient {
                 }
             };
             let resume = get("resume").as_bool().unwrap_or(true);
+            let idle = match get("idleTimeoutMs").as_f64() {
+                None => crate::resumable::DEFAULT_IDLE_TIMEOUT,
+                Some(ms) if ms >= crate::resumable::MIN_IDLE_TIMEOUT.as_millis() as f64 && ms.is_finite() => {
+                    Duration::from_millis(ms as u64)
+                }
+                Some(_) => return Err(input_error("idleTimeoutMs must be a number of at least 300")),
+            };
+            let transport = crate::resumable::transport(idle).map_err(input_error)?;
             let on_event = get("onEvent").dyn_into::<js_sys::Function>().ok();
             let stored = get("session");
             let restore = if stored.is_object() {
@@ -224,13 +234,22 @@ impl IrohClient {
                 return Ok(FramedConnection { inner: Framed::Plain(c), max_frame }.into());
             }
             let r1 = thunderbolt_shared::resume::resume_alpn(&p);
-            let (conn, addr) = dial_conn(&inner, &target, &r1, Some(p.alpn()), timeout_ms).await?;
+            let (conn, addr) =
+                dial_conn(&inner, &target, &r1, Some((p.alpn(), transport.clone())), timeout_ms).await?;
             if conn.alpn() != r1.as_slice() {
                 // A bridge without resume: the plain protocol, as before.
                 let c = open_plain(conn).await?;
                 return Ok(FramedConnection { inner: Framed::Plain(c), max_frame }.into());
             }
-            let r = crate::resumable::Resumable::start(inner.clone(), addr, r1, conn, restore, on_event);
+            let r = crate::resumable::Resumable::start(
+                inner.clone(),
+                addr,
+                r1,
+                conn,
+                restore,
+                on_event,
+                transport,
+            );
             Ok(FramedConnection { inner: Framed::Resumable(r), max_frame }.into())
         })
     }
@@ -268,7 +287,7 @@ async fn dial_conn(
     client: &ClientInner,
     target: &str,
     alpn: &[u8],
-    fallback: Option<Vec<u8>>,
+    fallback: Option<(Vec<u8>, iroh::endpoint::QuicTransportConfig)>,
     timeout_ms: Option<u32>,
 ) -> Result<(Connection, iroh::EndpointAddr), JsValue> {
     let target: Target = target.parse().map_err(input_error)?;
@@ -283,7 +302,9 @@ async fn dial_conn(
     let fut = async {
         client.ep.online().await;
         match fallback {
-            Some(plain) => crate::resumable::connect_either(client, addr.clone(), alpn, plain).await,
+            Some((plain, transport)) => {
+                crate::resumable::connect_either(client, addr.clone(), alpn, plain, transport).await
+            }
             None => client.ep.connect(addr.clone(), alpn).await.map_err(|e| e.to_string()),
         }
     };
