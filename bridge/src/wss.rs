@@ -76,6 +76,11 @@ pub struct WssServer {
     pub session: Arc<SessionConfig>,
 }
 
+/// Largest frame the WebSocket library takes whole (see `connection`).
+fn oversize_limit(max_frame: usize) -> usize {
+    max_frame.saturating_mul(2).min(crate::limits::MAX_FRAME)
+}
+
 /// A fresh 32-byte token, hex.
 pub fn new_token() -> String {
     let mut b = [0u8; 32];
@@ -140,7 +145,10 @@ impl WssServer {
                 return;
             }
         }
-        let limits = Limits::default().max_payload_len(Some(self.session.max_frame));
+        // Frames a little over the cap still reach the pump, which answers them as
+        // over iroh (-32600 with their id) and goes on; only a frame past twice
+        // the cap (the library must hold a whole frame) ends the socket.
+        let limits = Limits::default().max_payload_len(Some(oversize_limit(self.session.max_frame)));
         let ws = tokio_websockets::ServerBuilder::new().limits(limits).serve(stream);
         let peer = from.to_string();
         let Ok(permit) = self.agents.clone().try_acquire_owned() else {

@@ -210,3 +210,16 @@ async fn the_seventeenth_socket_is_closed_with_1013() {
     let status = tokio::time::timeout(WAIT, child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "{}", b.log.text());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frame_over_the_cap_is_answered_and_the_session_goes_on() {
+    let b = Wss::start(&["--max-frame", "4K"], &["cat"]).await;
+    let mut ws = b.ws(&b.url, ORIGIN).await;
+    let big =
+        format!("{{\"jsonrpc\":\"2.0\",\"id\":77,\"method\":\"x\",\"params\":\"{}\"}}", "p".repeat(6000));
+    ws.send(Message::text(big)).await.unwrap();
+    let err = next_text(&mut ws).await;
+    assert_eq!((err["id"].as_i64(), err["error"]["code"].as_i64()), (Some(77), Some(-32600)), "{err}");
+    ws.send(Message::text("{\"after\":1}".to_string())).await.unwrap();
+    assert_eq!(next_text(&mut ws).await["after"], 1, "the session goes on");
+}
