@@ -371,6 +371,9 @@ test("the relay killed and restarted mid-session: the page's session resumes by 
     });
     window.rConn = conn;
     window.rReader = conn.messages().getReader();
+    // The byte API (the app's drop-in) resumes too.
+    window.bConn = await client.connect(ticket, "thunderbolt/acp/0", undefined, { idleTimeoutMs: 1500 });
+    window.bReader = window.bConn.readable().getReader();
     await conn.send({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: 1 } });
     const { value } = await window.rReader.read();
     if (value.id !== 1) throw new Error("no initialize reply");
@@ -386,12 +389,22 @@ test("the relay killed and restarted mid-session: the page's session resumes by 
   relayProc = again;
   const r = await page.evaluate(async () => {
     const { value } = await window.rReader.read();
-    return { id: value.id, sid: value.result && value.result.sessionId, events: window.rEvents };
+    // A line written in two pieces over the resumed byte connection.
+    const enc = new TextEncoder();
+    await window.bConn.send(enc.encode('{"jsonrpc":"2.0","id":9,"method":"initi'));
+    await window.bConn.send(enc.encode('alize","params":{"protocolVersion":1}}\n'));
+    let text = "";
+    while (!text.includes("\n")) text += new TextDecoder().decode((await window.bReader.read()).value);
+    return {
+      id: value.id, sid: value.result && value.result.sessionId, events: window.rEvents,
+      bytes: { resumable: window.bConn.resumable, reply: JSON.parse(text).id },
+    };
   });
+  assert.deepEqual(r.bytes, { resumable: true, reply: 9 }, "the byte API resumed too");
   assert.equal(r.id, 2, "the message sent while the relay was down was answered");
   assert.match(r.sid, /^sess-/);
   assert.deepEqual(r.events.filter((e) => e !== "reconnecting"), ["resumed"]);
   const agentsAfter = agentPids(bridge).filter(alive);
   for (const pid of agentsBefore) assert.ok(agentsAfter.includes(pid), "the same agent served the resumed session");
-  await page.evaluate(() => window.rConn.close());
+  await page.evaluate(() => { window.rConn.close(); window.bConn.close(); });
 });

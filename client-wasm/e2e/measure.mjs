@@ -79,9 +79,9 @@ const bytes = MIB * 1024 * 1024;
 const browserMBs = [];
 const nativeMBs = [];
 for (let i = 0; i < REPS; i++) {
-  browserMBs.push(await page.evaluate(async ([ticket, total]) => {
+  browserMBs.push(await page.evaluate(async ([ticket, total, resume]) => {
     const client = window.thunderbolt.state.client;
-    const conn = await client.connect(ticket, "thunderbolt/acp/0");
+    const conn = await client.connect(ticket, "thunderbolt/acp/0", undefined, { resume });
     const line = new Uint8Array(16 * 1024).fill(97); line[0] = 34; line[line.length - 2] = 34; line[line.length - 1] = 10;
     const block = new Uint8Array(line.length * 64);
     for (let k = 0; k < 64; k++) block.set(line, k * line.length);
@@ -94,7 +94,7 @@ for (let i = 0; i < REPS; i++) {
     const mbs = total / ((performance.now() - t0) / 1000) / 1e6;
     conn.close();
     return mbs;
-  }, [cat.ticket, bytes]));
+  }, [cat.ticket, bytes, process.env.TB_RESUME !== "0"]));
   const key = execFileSync(join(BIN, "thunderbolt"), ["iroh", "id", "--json"], { env: { ...process.env, ...env, THUNDERBOLT_HOME: mkdtempSync(join(tmpdir(), "tb-n-")) } });
   const nativeHome = JSON.parse(key).identityPath;
   const { readFileSync } = await import("node:fs");

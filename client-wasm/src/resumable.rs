@@ -101,6 +101,10 @@ pub struct Resumable {
     poke: mpsc::UnboundedSender<()>,
     on_event: Option<Function>,
     ended_wake: RefCell<Vec<futures::channel::oneshot::Sender<()>>>,
+    /// The byte API: lines go to the page as bytes, not parsed.
+    raw: bool,
+    /// The byte API: what the page wrote after its last newline.
+    partial: RefCell<BytesMut>,
 }
 
 enum Outgoing {
@@ -118,6 +122,7 @@ impl Resumable {
         restore: Option<Restore>,
         on_event: Option<Function>,
         transport: QuicTransportConfig,
+        raw: bool,
     ) -> Rc<Self> {
         let (outgoing, out_rx) = mpsc::unbounded();
         let (poke, poke_rx) = mpsc::unbounded();
@@ -136,6 +141,8 @@ impl Resumable {
             poke,
             on_event,
             ended_wake: RefCell::new(Vec::new()),
+            raw,
+            partial: RefCell::new(BytesMut::new()),
         });
         wasm_bindgen_futures::spawn_local(
             me.clone().drive(client, addr, alpn, first, out_rx, poke_rx, transport),
@@ -194,7 +201,26 @@ impl Resumable {
             .map_err(|_| js_error(&ErrorKind::SessionGone, "the session has ended"))
     }
 
+    /// The byte API: whole lines go out as frames; the rest waits for its newline.
+    pub fn send_bytes(&self, data: &[u8]) -> Result<(), JsValue> {
+        let run = {
+            let mut partial = self.partial.borrow_mut();
+            partial.extend_from_slice(data);
+            match partial.iter().rposition(|b| *b == b'\n') {
+                Some(i) => partial.split_to(i + 1).freeze(),
+                None => return Ok(()),
+            }
+        };
+        self.send(thunderbolt_shared::resume::escape_run(run))
+    }
+
     pub fn finish(&self) {
+        let rest = self.partial.borrow_mut().split();
+        if !rest.is_empty() {
+            let mut line = rest;
+            line.extend_from_slice(b"\n");
+            let _ = self.send(thunderbolt_shared::resume::escape_run(line.freeze()));
+        }
         let _ = self.outgoing.unbounded_send(Outgoing::Eof);
     }
 
@@ -429,8 +455,13 @@ impl Resumable {
                                 let queued = self.st.borrow().queued;
                                 if index >= queued {
                                     let text = line.strip_suffix(b"\n").unwrap_or(line);
-                                    if !text.iter().all(u8::is_ascii_whitespace) {
+                                    if self.raw {
+                                        self.push_message(Ok(js_sys::Uint8Array::from(line).into()));
+                                    } else if !text.iter().all(u8::is_ascii_whitespace) {
                                         self.push_message(crate::wasm::parse_frame(text));
+                                    } else {
+                                        // Never shown, so never taken: count it as taken now.
+                                        self.st.borrow_mut().ack.took(1, 0);
                                     }
                                     self.st.borrow_mut().queued += 1;
                                 }

@@ -164,12 +164,51 @@ impl IrohClient {
     }
 
     /// Dials `target` (ticket or NodeId) with `alpn` and opens the session's stream.
+    /// For `thunderbolt/<p>/0` the resumable `thunderbolt/<p>/r1` is offered first
+    /// (unless `options.resume` is `false`; `options` as for `connectProtocol`):
+    /// the bytes read and written are the same, whole lines carried across
+    /// reconnects.
     #[wasm_bindgen(unchecked_return_type = "Promise<IrohConnection>")]
-    pub fn connect(&self, target: String, alpn: String, timeout_ms: Option<u32>) -> Promise {
+    pub fn connect(
+        &self,
+        target: String,
+        alpn: String,
+        timeout_ms: Option<u32>,
+        options: JsValue,
+    ) -> Promise {
         let inner = self.inner.clone();
         future_to_promise(async move {
-            let c = dial(&inner, &target, alpn.into_bytes(), timeout_ms).await?;
-            Ok(IrohConnection { inner: c }.into())
+            let opts = ResumeOptions::parse(&options)?;
+            let r1 =
+                alpn.strip_suffix("/0").filter(|p| p.starts_with("thunderbolt/")).map(|p| format!("{p}/r1"));
+            let (Some(r1), true) = (r1, opts.resume) else {
+                let c = dial(&inner, &target, alpn.into_bytes(), timeout_ms).await?;
+                return Ok(IrohConnection { inner: Framed::Plain(c) }.into());
+            };
+            let r1 = r1.into_bytes();
+            let (conn, addr) = dial_conn(
+                &inner,
+                &target,
+                &r1,
+                Some((alpn.into_bytes(), opts.transport.clone())),
+                timeout_ms,
+            )
+            .await?;
+            if conn.alpn() != r1.as_slice() {
+                let c = open_plain(conn).await?;
+                return Ok(IrohConnection { inner: Framed::Plain(c) }.into());
+            }
+            let r = crate::resumable::Resumable::start(
+                inner.clone(),
+                addr,
+                r1,
+                conn,
+                opts.restore,
+                opts.on_event,
+                opts.transport,
+                true,
+            );
+            Ok(IrohConnection { inner: Framed::Resumable(r) }.into())
         })
     }
 
@@ -199,36 +238,7 @@ impl IrohClient {
                 Some(n) if n >= MIN_FRAME_LEN as u32 => n as usize,
                 Some(n) => return Err(input_error(format!("maxFrame {n} is below {MIN_FRAME_LEN} bytes"))),
             };
-            let get = |k: &str| {
-                if options.is_object() {
-                    Reflect::get(&options, &JsValue::from_str(k)).unwrap_or(JsValue::UNDEFINED)
-                } else {
-                    JsValue::UNDEFINED
-                }
-            };
-            let resume = get("resume").as_bool().unwrap_or(true);
-            let idle = match get("idleTimeoutMs").as_f64() {
-                None => crate::resumable::DEFAULT_IDLE_TIMEOUT,
-                Some(ms) if ms >= crate::resumable::MIN_IDLE_TIMEOUT.as_millis() as f64 && ms.is_finite() => {
-                    Duration::from_millis(ms as u64)
-                }
-                Some(_) => return Err(input_error("idleTimeoutMs must be a number of at least 300")),
-            };
-            let transport = crate::resumable::transport(idle).map_err(input_error)?;
-            let on_event = get("onEvent").dyn_into::<js_sys::Function>().ok();
-            let stored = get("session");
-            let restore = if stored.is_object() {
-                let token = Reflect::get(&stored, &"session".into()).ok().and_then(|v| v.as_string());
-                let received = Reflect::get(&stored, &"received".into()).ok().and_then(|v| v.as_f64());
-                match (token, received) {
-                    (Some(token), Some(r)) if r >= 0.0 => {
-                        Some(crate::resumable::Restore { token, received: r as u64 })
-                    }
-                    _ => return Err(input_error("options.session must be a stored sessionState()")),
-                }
-            } else {
-                None
-            };
+            let ResumeOptions { resume, transport, on_event, restore } = ResumeOptions::parse(&options)?;
             if !resume {
                 let c = dial(&inner, &target, p.alpn(), timeout_ms).await?;
                 return Ok(FramedConnection { inner: Framed::Plain(c), max_frame }.into());
@@ -249,6 +259,7 @@ impl IrohClient {
                 restore,
                 on_event,
                 transport,
+                false,
             );
             Ok(FramedConnection { inner: Framed::Resumable(r), max_frame }.into())
         })
@@ -454,7 +465,7 @@ session_controls!(FramedConnection);
 /// One session: raw bytes in both directions.
 #[wasm_bindgen]
 pub struct IrohConnection {
-    inner: Rc<ConnInner>,
+    inner: Framed,
 }
 
 #[wasm_bindgen]
@@ -465,7 +476,10 @@ impl IrohConnection {
         let inner = self.inner.clone();
         let bytes = data.to_vec();
         future_to_promise(async move {
-            inner.write(&bytes).await?;
+            match &inner {
+                Framed::Plain(c) => c.write(&bytes).await?,
+                Framed::Resumable(r) => r.send_bytes(&bytes)?,
+            }
             Ok(JsValue::UNDEFINED)
         })
     }
@@ -473,8 +487,80 @@ impl IrohConnection {
     /// The bytes from the bridge, as a `ReadableStream<Uint8Array>`. Can be taken once.
     #[wasm_bindgen(unchecked_return_type = "ReadableStream<Uint8Array>")]
     pub fn readable(&self) -> Result<web_sys::ReadableStream, JsValue> {
-        let s = self.inner.chunks()?.map(|r| r.map(|b| Uint8Array::from(&b[..]).into()));
-        Ok(wasm_streams::ReadableStream::from_stream(s).into_raw())
+        match &self.inner {
+            Framed::Plain(c) => {
+                let s = c.chunks()?.map(|r| r.map(|b| Uint8Array::from(&b[..]).into()));
+                Ok(wasm_streams::ReadableStream::from_stream(s).into_raw())
+            }
+            Framed::Resumable(r) => {
+                let s =
+                    futures::stream::unfold(
+                        r.clone(),
+                        |r| async move { r.next_message().await.map(|m| (m, r)) },
+                    );
+                Ok(wasm_streams::ReadableStream::from_stream(s).into_raw())
+            }
+        }
+    }
+
+    /// `{session, received}` of a resumable session (see `FramedConnection.sessionState`);
+    /// `null` on the plain protocol.
+    #[wasm_bindgen(js_name = sessionState)]
+    pub fn session_state(&self) -> JsValue {
+        match &self.inner {
+            Framed::Plain(_) => JsValue::NULL,
+            Framed::Resumable(r) => r.state(),
+        }
+    }
+
+    /// Whether this session resumes after a lost connection.
+    #[wasm_bindgen(getter)]
+    pub fn resumable(&self) -> bool {
+        matches!(self.inner, Framed::Resumable(_))
+    }
+}
+
+/// `options` of `connect` and `connectProtocol`.
+struct ResumeOptions {
+    resume: bool,
+    transport: iroh::endpoint::QuicTransportConfig,
+    on_event: Option<js_sys::Function>,
+    restore: Option<crate::resumable::Restore>,
+}
+
+impl ResumeOptions {
+    fn parse(options: &JsValue) -> Result<Self, JsValue> {
+        let get = |k: &str| {
+            if options.is_object() {
+                Reflect::get(options, &JsValue::from_str(k)).unwrap_or(JsValue::UNDEFINED)
+            } else {
+                JsValue::UNDEFINED
+            }
+        };
+        let resume = get("resume").as_bool().unwrap_or(true);
+        let idle = match get("idleTimeoutMs").as_f64() {
+            None => crate::resumable::DEFAULT_IDLE_TIMEOUT,
+            Some(ms) if ms >= crate::resumable::MIN_IDLE_TIMEOUT.as_millis() as f64 && ms.is_finite() => {
+                Duration::from_millis(ms as u64)
+            }
+            Some(_) => return Err(input_error("idleTimeoutMs must be a number of at least 300")),
+        };
+        let transport = crate::resumable::transport(idle).map_err(input_error)?;
+        let on_event = get("onEvent").dyn_into::<js_sys::Function>().ok();
+        let stored = get("session");
+        let restore = if stored.is_object() {
+            let token = Reflect::get(&stored, &"session".into()).ok().and_then(|v| v.as_string());
+            let received = Reflect::get(&stored, &"received".into()).ok().and_then(|v| v.as_f64());
+            match (token, received) {
+                (Some(token), Some(r)) if r >= 0.0 => {
+                    Some(crate::resumable::Restore { token, received: r as u64 })
+                }
+                _ => return Err(input_error("options.session must be a stored sessionState()")),
+            }
+        } else {
+            None
+        };
+        Ok(Self { resume, transport, on_event, restore })
     }
 }
 
