@@ -106,7 +106,7 @@ pub struct ServeArgs {
     pub transport: Transport,
 
     /// With --transport wss: the loopback port (default 8839 for ACP, 8840 for MCP; 0 picks
-    /// a free one). Extra allowed origins come from THUNDERBOLT_APP_ORIGIN (comma-separated).
+    /// a free one).
     #[arg(long, value_name = "PORT")]
     pub port: Option<u16>,
 
@@ -115,6 +115,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub limits: LimitArgs,
+
+    #[command(flatten)]
+    pub app: AppArgs,
 
     /// The agent to run for each admitted connection, after `--`. For `acp`, omitting it serves
     /// the built-in agent (`thunderbolt acp serve`).
@@ -178,6 +181,38 @@ pub struct NetArgs {
     /// private certificate. Added to the built-in roots.
     #[arg(long, env = "THUNDERBOLT_IROH_RELAY_CA", value_name = "PEM-FILE")]
     pub relay_ca: Option<std::path::PathBuf>,
+}
+
+/// The account backend and the app, as the environment usually gives them.
+#[derive(Debug, Clone, Args)]
+pub struct AppArgs {
+    /// Account backend base URL (ends in `/v1`), with THUNDERBOLT_TOKEN: bridges then trust
+    /// your own devices automatically. Takes precedence over `thunderbolt login`'s stored
+    /// credential.
+    #[arg(long, env = "THUNDERBOLT_CLOUD_URL", value_name = "URL")]
+    pub cloud_url: Option<String>,
+
+    /// Account token for the backend (a personal access token, sent as `x-api-key`). Prefer the
+    /// environment variable or `thunderbolt login`: a flag shows in the process list.
+    #[arg(long = "account-token", env = "THUNDERBOLT_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    pub token: Option<String>,
+
+    /// Seconds each call to the account backend may take.
+    #[arg(
+        long,
+        env = "THUNDERBOLT_BACKEND_TIMEOUT_SECS",
+        default_value_t = crate::account::BACKEND_TIMEOUT.as_secs_f64(),
+        value_name = "SECS"
+    )]
+    pub backend_timeout: f64,
+
+    /// The app's base URL, for the pairing hint in the banner (`<app>/settings/agents`).
+    #[arg(long, env = "THUNDERBOLT_APP_URL", value_name = "URL")]
+    pub app_url: Option<String>,
+
+    /// With --transport wss: more allowed origins (comma-separated), besides the desktop app's.
+    #[arg(long, env = "THUNDERBOLT_APP_ORIGIN", value_name = "ORIGINS")]
+    pub app_origin: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

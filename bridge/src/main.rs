@@ -243,7 +243,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     }
     let allow = Arc::new(allowfile::LiveAllowFile::new(home.allowlist_path()));
     let manual_peers = allow.current().ids.len();
-    let account = start_account(home, endpoint.id()).await;
+    let account = start_account(home, endpoint.id(), &args.app).await;
     let mut layers: Vec<Arc<dyn trust::TrustPolicy>> = Vec::new();
     let account_status = match &account {
         Ok(a) => {
@@ -254,7 +254,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     };
     layers.push(allow);
     let trust: Arc<dyn trust::TrustPolicy> = Arc::new(trust::Layered { layers });
-    let app_url = std::env::var("THUNDERBOLT_APP_URL").ok();
+    let app_url = args.app.app_url.clone();
     let banner = banner::Banner {
         protocol: &protocol,
         addr: &addr,
@@ -296,7 +296,7 @@ async fn serve_wss(protocol: Protocol, args: ServeArgs) -> Result<()> {
     let listener = wss::bind(port).await?;
     let addr = listener.local_addr()?;
     let token = wss::new_token();
-    let origins = wss::origins(std::env::var("THUNDERBOLT_APP_ORIGIN").ok().as_deref());
+    let origins = wss::origins(args.app.app_origin.as_deref());
     let term = signals::Terminate::new();
     // The one place the token is shown: the URL the user pastes into the app.
     println!("thunderbolt {protocol} bridge is listening on ws://{addr} (WebSocket, this machine only)");
@@ -324,12 +324,14 @@ async fn serve_wss(protocol: Protocol, args: ServeArgs) -> Result<()> {
 }
 
 /// Account trust, if a usable credential exists; else why it is off.
-async fn start_account(home: &Home, own: iroh::EndpointId) -> std::result::Result<account::Account, String> {
-    let cred = account::load_credential(
-        home,
-        std::env::var("THUNDERBOLT_TOKEN").ok(),
-        std::env::var("THUNDERBOLT_CLOUD_URL").ok(),
-    );
+async fn start_account(
+    home: &Home,
+    own: iroh::EndpointId,
+    app: &cli::AppArgs,
+) -> std::result::Result<account::Account, String> {
+    let timeout = Duration::try_from_secs_f64(app.backend_timeout)
+        .map_err(|_| format!("invalid --backend-timeout {}", app.backend_timeout))?;
+    let cred = account::load_credential(home, app.token.clone(), app.cloud_url.clone());
     let cred = match cred {
         Ok(Some(c)) => c,
         Ok(None) => {
@@ -342,11 +344,6 @@ async fn start_account(home: &Home, own: iroh::EndpointId) -> std::result::Resul
             return Err(e.to_string());
         }
     };
-    let timeout = std::env::var("THUNDERBOLT_BACKEND_TIMEOUT_SECS")
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-        .and_then(|v| Duration::try_from_secs_f64(v).ok())
-        .unwrap_or(account::BACKEND_TIMEOUT);
     let backend = account::Backend::new(cred, timeout).map_err(|e| e.to_string())?;
     let a = account::Account::start(backend, own, &account::device_name()).await;
     if a.trust.is_enabled() {
