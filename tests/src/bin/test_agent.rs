@@ -8,6 +8,8 @@
 //! - `stderr`: print a line on stderr, then behave like `cat`.
 //! - `hang`: ignore stdin and SIGTERM, sleep forever (tests SIGKILL after grace).
 //! - `exit CODE`: exit with CODE immediately.
+//! - `bulk-client BYTES`: a local client for `connect -- …`: write BYTES of
+//!   ndjson (16 KiB lines) to stdout while reading as many back on stdin, then exit.
 //! - `close-stdin`: close stdin, then sleep (the bridge's writes to it fail).
 //! - `ask`: for every line read, send the client a request (`id` "q<N>",
 //!   method `fs/read_text_file`) and log the answer to it on stderr
@@ -61,6 +63,7 @@ fn main() {
         }
         "exit" => std::process::exit(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(0)),
         "ask" => ask(),
+        "bulk-client" => bulk_client(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(1 << 20)),
         "close-stdin" => {
             // SAFETY: plain libc call on our own stdin.
             unsafe {
@@ -73,6 +76,40 @@ fn main() {
             eprintln!("test-agent: unknown mode {other}");
             std::process::exit(2);
         }
+    }
+}
+
+fn bulk_client(total: usize) {
+    let reader = std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut got = 0;
+        while got < total {
+            match stdin.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        got
+    });
+    let mut line = vec![b'a'; 16 * 1024];
+    line[0] = b'"';
+    line[16 * 1024 - 2] = b'"';
+    line[16 * 1024 - 1] = b'\n';
+    let mut out = std::io::stdout().lock();
+    let mut sent = 0;
+    while sent < total {
+        let n = line.len().min(total - sent);
+        if out.write_all(&line[..n]).is_err() {
+            break;
+        }
+        sent += n;
+    }
+    let _ = out.flush();
+    let got = reader.join().unwrap_or(0);
+    if got < total {
+        eprintln!("bulk-client: got {got} of {total} bytes back");
+        std::process::exit(1);
     }
 }
 

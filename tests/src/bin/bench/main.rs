@@ -93,6 +93,8 @@ enum Section {
     Stall,
     /// The resumable protocol against the plain one through `connect`; resume time; detached RSS.
     Resume,
+    /// `connect` (stdio, and with a local client) against the bench's own client.
+    Connect,
 }
 
 /// Which sections this run measures.

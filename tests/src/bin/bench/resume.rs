@@ -196,3 +196,41 @@ impl ConnectProc {
         Ok(())
     }
 }
+
+/// `connect` as users run it, against the bench's own client on the same
+/// bridge: bulk with `connect`'s stdio, and with a local client it spawns.
+pub async fn connect_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
+    let client = Tb::new(None);
+    b.tb.allow(&client.node_id("acp").await).await;
+    let mut cat = b.cat_bridge().await;
+    let total = b.plan.bulk_bytes;
+    let (mut stdio, mut local, mut inproc) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..b.plan.bulk_reps {
+        let c = ConnectProc::start(&client, &cat.ticket, &["--no-resume"]).await?;
+        let ConnectProc { child, stdin, stdout, log } = c;
+        stdio.push(transfer(stdin, stdout, total).await?);
+        ConnectProc::finish_child(child, log).await?;
+
+        let t0 = Instant::now();
+        let mut c = client.cmd();
+        c.args(["acp", "connect", "--no-resume", &cat.ticket, "--"]);
+        c.arg(test_agent_bin()).args(["bulk-client", &total.to_string()]);
+        c.stdout(Stdio::null()).stderr(Stdio::piped());
+        let out = tokio::time::timeout(WAIT * 4, c.output()).await??;
+        if !out.status.success() {
+            bail!("connect -- bulk-client failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        local.push(total as f64 / t0.elapsed().as_secs_f64() / 1e6);
+
+        let conn = p.ep.connect(p.addr_of(&cat)?, &Protocol::acp().alpn()).await?;
+        inproc.push(bulk(&conn, total).await?);
+        conn.close(0u32.into(), b"client closed");
+    }
+    cat.terminate().await;
+    let name = format!("bulk {} MiB through connect's stdio (direct)", total >> 20);
+    let lname = format!("bulk {} MiB through connect -- local client (direct)", total >> 20);
+    Ok(vec![
+        row(&name, "MB/s", stdio, "the bench's in-process client, same bridge", inproc.clone(), true),
+        row(&lname, "MB/s", local, "the bench's in-process client, same bridge", inproc, true),
+    ])
+}

@@ -59,7 +59,7 @@ impl Bench {
     }
 
     /// A bridge whose agent is the test agent's `cat`.
-    async fn cat_bridge(&self) -> RunningBridge {
+    pub async fn cat_bridge(&self) -> RunningBridge {
         self.bridge(vec![self.agent.clone(), "cat".into()]).await
     }
 }
@@ -67,7 +67,7 @@ impl Bench {
 /// One path under test: the client endpoint and a raw echo server reached the same way.
 pub struct Path {
     relay_only: bool,
-    ep: Endpoint,
+    pub ep: Endpoint,
     echo: tokio::process::Child,
     echo_addr: EndpointAddr,
 }
@@ -88,7 +88,7 @@ impl Path {
     }
 
     /// How this path reaches `bridge`.
-    fn addr_of(&self, bridge: &RunningBridge) -> Result<EndpointAddr> {
+    pub fn addr_of(&self, bridge: &RunningBridge) -> Result<EndpointAddr> {
         Ok(path_addr(bridge.ticket.parse::<EndpointTicket>()?.endpoint_addr(), self.relay_only))
     }
 
@@ -136,6 +136,9 @@ pub async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<(
             }
             if only.has(Section::Stall) {
                 rows.extend(stall_rows(&b, &p).await?);
+            }
+            if only.has(Section::Connect) {
+                rows.extend(connect_rows(&b, &p).await?);
             }
             if only.has(Section::Resume) {
                 rows.extend(resume_rows(&b).await?);
