@@ -327,11 +327,7 @@ async fn admitted(conn: Connection, peer: EndpointId, grant: Grant, shared: Arc<
     if let Some(window) = shared.session.keep_warm {
         return warm(conn, peer, send, recv, window, shared.clone()).await;
     }
-    let Ok(permit) = shared.agents.clone().try_acquire_owned() else {
-        warn!(peer = %short, "refusing: {} ({} agents running)", close::REASON_AT_CAPACITY, shared.admission.max_agents);
-        refuse(&conn, close::REASON_AT_CAPACITY);
-        return;
-    };
+    let Some(permit) = agent_slot(&conn, &short, &shared) else { return };
     session::run(conn, send, recv, shared.session.clone(), permit, shared.shutdown.clone()).await;
 }
 
@@ -383,11 +379,7 @@ async fn resumable(
         refuse(&conn, hub::REASON_PROTOCOL);
         return;
     }
-    let Ok(permit) = shared.agents.clone().try_acquire_owned() else {
-        warn!(peer = %short, "refusing: {} ({} agents running)", close::REASON_AT_CAPACITY, shared.admission.max_agents);
-        refuse(&conn, close::REASON_AT_CAPACITY);
-        return;
-    };
+    let Some(permit) = agent_slot(&conn, &short, &shared) else { return };
     let (hub, inbox, outbox) = Hub::new(HubKind::Resumable, peer, resume, shared.session.max_frame);
     let _registered = shared.hubs.insert(&hub);
     if let Err(e) = hub.attach(conn.clone(), send, recv, 0, leftover) {
@@ -395,17 +387,7 @@ async fn resumable(
         return;
     }
     debug!(peer = %short, "resumable session");
-    session::run_on(
-        HubLink(hub.clone()),
-        outbox,
-        inbox,
-        &short,
-        shared.session.clone(),
-        permit,
-        shared.shutdown.clone(),
-    )
-    .await;
-    hub.release();
+    run_hub(&hub, inbox, outbox, &short, permit, &shared).await;
 }
 
 /// A plain connection with `--keep-warm`: attaches to this peer's warm agent
@@ -426,11 +408,7 @@ async fn warm(
             Err(streams) => (send, recv) = streams,
         }
     }
-    let Ok(permit) = shared.agents.clone().try_acquire_owned() else {
-        warn!(peer = %short, "refusing: {} ({} agents running)", close::REASON_AT_CAPACITY, shared.admission.max_agents);
-        refuse(&conn, close::REASON_AT_CAPACITY);
-        return;
-    };
+    let Some(permit) = agent_slot(&conn, &short, &shared) else { return };
     let buffer = shared.session.resume.map_or(crate::limits::RESUME_BUFFER, |r| r.buffer);
     let cfg = hub::ResumeConfig { grace: window, buffer };
     let (hub, inbox, outbox) = Hub::new(HubKind::Warm, peer, cfg, shared.session.max_frame);
@@ -438,15 +416,30 @@ async fn warm(
     if hub.attach_plain(conn.clone(), send, recv).is_err() {
         return;
     }
-    session::run_on(
-        HubLink(hub.clone()),
-        outbox,
-        inbox,
-        &short,
-        shared.session.clone(),
-        permit,
-        shared.shutdown.clone(),
-    )
-    .await;
+    run_hub(&hub, inbox, outbox, &short, permit, &shared).await;
+}
+
+/// An agent slot, or the peer is refused with `bridge at capacity`.
+fn agent_slot(conn: &Connection, short: &str, shared: &Shared) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let permit = shared.agents.clone().try_acquire_owned().ok();
+    if permit.is_none() {
+        warn!(peer = %short, "refusing: {} ({} agents running)", close::REASON_AT_CAPACITY, shared.admission.max_agents);
+        refuse(conn, close::REASON_AT_CAPACITY);
+    }
+    permit
+}
+
+/// Runs a hub's session to its end, then lets go of its connection.
+async fn run_hub(
+    hub: &Arc<Hub>,
+    inbox: hub::Inbox,
+    outbox: hub::Outbox,
+    short: &str,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    shared: &Shared,
+) {
+    let link = HubLink(hub.clone());
+    session::run_on(link, outbox, inbox, short, shared.session.clone(), permit, shared.shutdown.clone())
+        .await;
     hub.release();
 }
