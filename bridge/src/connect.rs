@@ -92,7 +92,7 @@ pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<(
     // resuming, redialed) in seconds.
     let idle = Duration::try_from_secs_f64(args.idle_timeout)
         .map_err(|_| anyhow!("invalid --idle-timeout: {}", args.idle_timeout))?;
-    let ep = net.bind_bridge(key, vec![], idle).await?;
+    let ep = net.bind(key, vec![], idle).await?;
     let mut reached = false;
     let result = dial_and_pipe(&ep, &target, &protocol, args, &mut reached).await;
     // Only a connection that reached the bridge has a close frame worth waiting for.
@@ -193,12 +193,8 @@ async fn pipe(
             wait_local_client(c).await;
         }
         return match finish? {
-            redial::Finish::AgentEnded(Some(end)) if !end.is_success() => Err(anyhow!(end.describe())),
-            redial::Finish::AgentEnded(Some(end)) => {
-                debug!("{}", end.describe());
-                Ok(())
-            }
-            redial::Finish::AgentEnded(None) | redial::Finish::Stopped => Ok(()),
+            redial::Finish::AgentEnded(end) => agent_result(end),
+            redial::Finish::Stopped => Ok(()),
         };
     }
     let (mut send, mut recv) = conn.open_bi().await.map_err(|e| anyhow!(describe_close(&e, protocol)))?;
@@ -289,6 +285,12 @@ async fn pipe(
         }
     }
     outcome?;
+    agent_result(ended)
+}
+
+/// Our exit for how the agent ended: success only for exit code 0 (or an
+/// end the bridge did not describe, as older bridges' is).
+fn agent_result(ended: Option<close::AgentEnd>) -> Result<()> {
     match ended {
         Some(end) if !end.is_success() => Err(anyhow!(end.describe())),
         Some(end) => {

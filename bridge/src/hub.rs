@@ -86,7 +86,12 @@ const INBOX_QUEUE: usize = 16;
 
 /// An unguessable session token (128 random bits, hex).
 pub fn new_token() -> String {
-    let mut b = [0u8; 16];
+    random_hex(16)
+}
+
+/// `n` random bytes from the OS, hex (tokens).
+pub fn random_hex(n: usize) -> String {
+    let mut b = vec![0u8; n];
     getrandom::fill(&mut b).expect("the OS random source works");
     hex::encode(b)
 }
@@ -864,31 +869,33 @@ impl AsyncRead for Inbox {
 /// Reads the client's hello (its first line). Returns it and whatever the
 /// client sent after it.
 pub async fn read_hello(recv: &mut RecvStream) -> Result<(Option<String>, u64, Bytes), String> {
+    let (line, rest) = read_line(recv).await.map_err(|e| format!("{REASON_PROTOCOL}: no hello: {e}"))?;
+    match Control::parse(&line) {
+        Some(Control::Hello { session, received }) if line[0] == b'!' => Ok((session, received, rest)),
+        _ => Err(format!("{REASON_PROTOCOL}: the first line is not a hello")),
+    }
+}
+
+/// Reads the first line of a resumable stream (a control line, short): the
+/// hello on the bridge's side, the welcome on the client's. Returns it and
+/// what followed it.
+pub async fn read_line(recv: &mut RecvStream) -> Result<(Bytes, Bytes), String> {
     let mut buf = bytes::BytesMut::with_capacity(MAX_CONTROL_LINE);
     loop {
-        if let Some(nl) = memchr_nl(&buf) {
-            let line = buf.split_to(nl + 1);
-            return match Control::parse(&line) {
-                Some(Control::Hello { session, received }) if line[0] == b'!' => {
-                    Ok((session, received, buf.freeze()))
-                }
-                _ => Err(format!("{REASON_PROTOCOL}: the first line is not a hello")),
-            };
+        if let Some(nl) = thunderbolt_shared::ndjson::memchr_newline(&buf) {
+            let line = buf.split_to(nl + 1).freeze();
+            return Ok((line, buf.freeze()));
         }
         if buf.len() > MAX_CONTROL_LINE {
-            return Err(format!("{REASON_PROTOCOL}: no hello within {MAX_CONTROL_LINE} bytes"));
+            return Err(format!("no line end within {MAX_CONTROL_LINE} bytes"));
         }
         buf.reserve(MAX_CONTROL_LINE);
         match recv.read_buf(&mut buf).await {
-            Ok(0) => return Err("the stream ended before the hello".into()),
+            Ok(0) => return Err("the stream ended".into()),
             Ok(_) => {}
             Err(e) => return Err(e.to_string()),
         }
     }
-}
-
-fn memchr_nl(b: &[u8]) -> Option<usize> {
-    thunderbolt_shared::ndjson::memchr_newline(b)
 }
 
 /// The resumable sessions alive (attached or not), by token.

@@ -235,7 +235,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         alpns.push(thunderbolt_shared::resume::resume_alpn(&protocol));
     }
     alpns.push(protocol.alpn());
-    let endpoint = net.bind_bridge(key, alpns, idle_timeout).await?;
+    let endpoint = net.bind(key, alpns, idle_timeout).await?;
     let addr = net::reachable_addr(&endpoint, &net.relays).await;
 
     if let Err(e @ allowfile::AllowFileError::NotRegular { .. }) = allowfile::read(&home.allowlist_path()) {

@@ -112,14 +112,10 @@ impl NetConfig {
         })
     }
 
-    /// Binds an endpoint with `key`, accepting `alpns` (empty for a dial-only endpoint).
-    #[allow(dead_code)]
-    pub async fn bind(&self, key: SecretKey, alpns: Vec<Vec<u8>>) -> Result<Endpoint> {
-        self.bind_with(key, alpns, QuicTransportConfig::default()).await
-    }
-
-    /// [`Self::bind`] for the bridge: its peers get [`bridge_transport`]'s limits.
-    pub async fn bind_bridge(&self, key: SecretKey, alpns: Vec<Vec<u8>>, idle: Duration) -> Result<Endpoint> {
+    /// Binds an endpoint with `key`, accepting `alpns` (empty for a dial-only
+    /// endpoint, as `connect`'s). Its connections get [`bridge_transport`]'s
+    /// limits, keep-alives and `idle` timeout, on both sides.
+    pub async fn bind(&self, key: SecretKey, alpns: Vec<Vec<u8>>, idle: Duration) -> Result<Endpoint> {
         self.bind_with(key, alpns, bridge_transport(idle)?).await
     }
 

@@ -21,9 +21,7 @@ use iroh::{
 };
 use thunderbolt_shared::{
     close::{self, AgentEnd, Refusal},
-    resume::{
-        self, escape_run, AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS, MAX_CONTROL_LINE,
-    },
+    resume::{self, escape_run, AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS},
     Protocol, Target,
 };
 use tokio::{
@@ -259,7 +257,7 @@ async fn carry(
         return Ok(lost_or_closed(conn, e.to_string()));
     }
     let first = tokio::select! {
-        r = tokio::time::timeout(WELCOME_TIMEOUT, read_line(&mut recv)) => r,
+        r = tokio::time::timeout(WELCOME_TIMEOUT, crate::hub::read_line(&mut recv)) => r,
         err = conn.closed() => return Ok(classify(err)),
     };
     let (line, leftover) = match first {
@@ -490,26 +488,6 @@ async fn download(
             }
             Ok(_) => {}
             Err(e) => return Err(Down::Lost(e.to_string())),
-        }
-    }
-}
-
-/// Reads the first line (a control line, short); returns it and what followed.
-pub async fn read_line(recv: &mut RecvStream) -> Result<(Bytes, Bytes), String> {
-    let mut buf = BytesMut::with_capacity(MAX_CONTROL_LINE);
-    loop {
-        if let Some(nl) = thunderbolt_shared::ndjson::memchr_newline(&buf) {
-            let line = buf.split_to(nl + 1).freeze();
-            return Ok((line, buf.freeze()));
-        }
-        if buf.len() > MAX_CONTROL_LINE {
-            return Err(format!("no line end within {MAX_CONTROL_LINE} bytes"));
-        }
-        buf.reserve(MAX_CONTROL_LINE);
-        match recv.read_buf(&mut buf).await {
-            Ok(0) => return Err("the stream ended".into()),
-            Ok(_) => {}
-            Err(e) => return Err(e.to_string()),
         }
     }
 }

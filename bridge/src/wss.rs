@@ -83,9 +83,7 @@ fn oversize_limit(max_frame: usize) -> usize {
 
 /// A fresh 32-byte token, hex.
 pub fn new_token() -> String {
-    let mut b = [0u8; 32];
-    getrandom::fill(&mut b).expect("the OS random source works");
-    hex::encode(b)
+    crate::hub::random_hex(32)
 }
 
 /// The allowed origins: the app's, plus `extra` (comma-separated).
