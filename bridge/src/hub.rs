@@ -52,7 +52,7 @@ use thunderbolt_shared::{
     resume::{AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS, MAX_CONTROL_LINE},
 };
 use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf},
+    io::{AsyncReadExt, AsyncWrite},
     sync::{mpsc, Notify},
     time::Instant,
 };
@@ -200,7 +200,7 @@ impl Hub {
             output: Notify::new(),
         });
         let outbox = Outbox { hub: hub.clone() };
-        (hub, Inbox { rx, injected, cur: Bytes::new() }, outbox)
+        (hub, Inbox::new(rx, Some(injected), true), outbox)
     }
 
     /// The token's first characters, for logs (the token itself is never logged).
@@ -834,37 +834,9 @@ impl AsyncWrite for Outbox {
 }
 
 /// Where the agent's input comes from: the client's frames, from whichever
-/// connection carried them. Ends when the client said its input ended.
-#[derive(Debug)]
-pub struct Inbox {
-    rx: mpsc::Receiver<Bytes>,
-    injected: mpsc::UnboundedReceiver<Bytes>,
-    cur: Bytes,
-}
-
-impl AsyncRead for Inbox {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        while self.cur.is_empty() {
-            // Items are whole lines: switching between the queues keeps lines whole.
-            if let Poll::Ready(Some(b)) = self.injected.poll_recv(cx) {
-                self.cur = b;
-                continue;
-            }
-            match self.rx.poll_recv(cx) {
-                Poll::Ready(Some(b)) => self.cur = b,
-                Poll::Ready(None) => return Poll::Ready(Ok(())),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        let n = self.cur.len().min(buf.remaining());
-        buf.put_slice(&self.cur.split_to(n));
-        Poll::Ready(Ok(()))
-    }
-}
+/// connection carried them, after the bridge's own answers for a vanished
+/// client. Ends when the client said its input ended.
+pub type Inbox = crate::pump::QueueReader;
 
 /// Reads the client's hello (its first line). Returns it and whatever the
 /// client sent after it.

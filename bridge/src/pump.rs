@@ -29,6 +29,56 @@ use tracing::{debug, warn};
 
 use crate::limits::READ_CHUNK;
 
+/// The agent's input when it comes through queues rather than one stream (a
+/// resumable session's connections, a WebSocket's frames): chunks of whole
+/// lines, read as bytes by [`peer_to_agent`].
+#[derive(Debug)]
+pub struct QueueReader {
+    rx: mpsc::Receiver<Bytes>,
+    /// Lines the bridge writes itself, ahead of the peer's (answers for a
+    /// client that went away).
+    first: Option<mpsc::UnboundedReceiver<Bytes>>,
+    cur: Bytes,
+    /// When `rx` closes: end of input, or keep waiting (the session ends
+    /// another way).
+    eof_at_close: bool,
+}
+
+impl QueueReader {
+    pub fn new(
+        rx: mpsc::Receiver<Bytes>,
+        first: Option<mpsc::UnboundedReceiver<Bytes>>,
+        eof_at_close: bool,
+    ) -> Self {
+        Self { rx, first, cur: Bytes::new(), eof_at_close }
+    }
+}
+
+impl AsyncRead for QueueReader {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        while self.cur.is_empty() {
+            // Items are whole lines: switching between the queues keeps lines whole.
+            if let Some(Poll::Ready(Some(b))) = self.first.as_mut().map(|f| f.poll_recv(cx)) {
+                self.cur = b;
+                continue;
+            }
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(b)) => self.cur = b,
+                Poll::Ready(None) if self.eof_at_close => return Poll::Ready(Ok(())),
+                Poll::Ready(None) | Poll::Pending => return Poll::Pending,
+            }
+        }
+        let n = self.cur.len().min(buf.remaining());
+        buf.put_slice(&self.cur.split_to(n));
+        Poll::Ready(Ok(()))
+    }
+}
+
 /// Why a pump direction stopped early.
 #[derive(Debug, thiserror::Error)]
 pub enum PumpError {

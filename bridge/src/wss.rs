@@ -29,7 +29,7 @@ use bytes::{Bytes, BytesMut};
 use futures::{SinkExt, StreamExt};
 use thunderbolt_shared::close::{self, AgentEnd};
 use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::{TcpListener, TcpStream},
     sync::{mpsc, Semaphore},
     task::JoinSet,
@@ -371,11 +371,7 @@ impl WsLink {
             }
         });
         let link = Self { state, gone, out: out_tx.clone(), delivered };
-        (
-            link,
-            WsOut { tx: out_tx, pending: BytesMut::new(), sending: None },
-            WsIn { rx: in_rx, cur: Bytes::new() },
-        )
+        (link, WsOut { tx: out_tx, pending: BytesMut::new(), sending: None }, WsIn::new(in_rx, None, false))
     }
 }
 
@@ -525,31 +521,9 @@ impl AsyncWrite for WsOut {
     }
 }
 
-/// The client's frames as ndjson for the agent's input pump.
-pub struct WsIn {
-    rx: mpsc::Receiver<Bytes>,
-    cur: Bytes,
-}
-
-impl AsyncRead for WsIn {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        while self.cur.is_empty() {
-            match self.rx.poll_recv(cx) {
-                Poll::Ready(Some(b)) => self.cur = b,
-                // The socket is gone: the session ends by `gone`, not by end of input.
-                Poll::Ready(None) => return Poll::Pending,
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        let n = self.cur.len().min(buf.remaining());
-        buf.put_slice(&self.cur.split_to(n));
-        Poll::Ready(Ok(()))
-    }
-}
+/// The client's frames as ndjson for the agent's input pump. A closed socket
+/// ends the session by `gone`, not by end of input.
+pub type WsIn = crate::pump::QueueReader;
 
 /// Binds `127.0.0.1:port` (0 for a free one).
 pub async fn bind(port: u16) -> Result<TcpListener> {
