@@ -191,6 +191,13 @@ impl Resumable {
         }
     }
 
+    /// The messages for the page as a `ReadableStream` (taking one counts it as held).
+    pub fn readable(self: &Rc<Self>) -> web_sys::ReadableStream {
+        let s =
+            futures::stream::unfold(self.clone(), |r| async move { r.next_message().await.map(|m| (m, r)) });
+        wasm_streams::ReadableStream::from_stream(s).into_raw()
+    }
+
     /// Queues one frame (a whole line); it is delivered exactly once, across reconnects.
     pub fn send(&self, line: Bytes) -> Result<(), JsValue> {
         if self.st.borrow().ended.is_some() {

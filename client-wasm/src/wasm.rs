@@ -428,7 +428,7 @@ impl ConnInner {
     }
 }
 
-/// `finish`, `close` and `closed`, the same on both connection classes
+/// `finish`, `close`, `closed`, `sessionState` and `resumable`, the same on both connection classes
 /// (wasm-bindgen classes cannot share an impl, so a macro writes it once).
 macro_rules! session_controls {
     ($class:ident) => {
@@ -454,6 +454,23 @@ macro_rules! session_controls {
             #[wasm_bindgen(unchecked_return_type = "Promise<{kind: string, code?: number, reason: string, exitCode?: number, signal?: number}>")]
             pub fn closed(&self) -> Promise {
                 self.inner.closed()
+            }
+
+            /// `{session, received}` of a resumable session (store it after each message
+            /// taken to resume after a page reload: `connectProtocol(..., {session})`);
+            /// `null` on the plain protocol.
+            #[wasm_bindgen(js_name = sessionState)]
+            pub fn session_state(&self) -> JsValue {
+                match &self.inner {
+                    Framed::Plain(_) => JsValue::NULL,
+                    Framed::Resumable(r) => r.state(),
+                }
+            }
+
+            /// Whether this session resumes after a lost connection (the bridge speaks r1).
+            #[wasm_bindgen(getter)]
+            pub fn resumable(&self) -> bool {
+                matches!(self.inner, Framed::Resumable(_))
             }
         }
     };
@@ -492,31 +509,8 @@ impl IrohConnection {
                 let s = c.chunks()?.map(|r| r.map(|b| Uint8Array::from(&b[..]).into()));
                 Ok(wasm_streams::ReadableStream::from_stream(s).into_raw())
             }
-            Framed::Resumable(r) => {
-                let s =
-                    futures::stream::unfold(
-                        r.clone(),
-                        |r| async move { r.next_message().await.map(|m| (m, r)) },
-                    );
-                Ok(wasm_streams::ReadableStream::from_stream(s).into_raw())
-            }
+            Framed::Resumable(r) => Ok(r.readable()),
         }
-    }
-
-    /// `{session, received}` of a resumable session (see `FramedConnection.sessionState`);
-    /// `null` on the plain protocol.
-    #[wasm_bindgen(js_name = sessionState)]
-    pub fn session_state(&self) -> JsValue {
-        match &self.inner {
-            Framed::Plain(_) => JsValue::NULL,
-            Framed::Resumable(r) => r.state(),
-        }
-    }
-
-    /// Whether this session resumes after a lost connection.
-    #[wasm_bindgen(getter)]
-    pub fn resumable(&self) -> bool {
-        matches!(self.inner, Framed::Resumable(_))
     }
 }
 
@@ -641,16 +635,10 @@ impl FramedConnection {
     /// stream (and closes the session).
     #[wasm_bindgen(unchecked_return_type = "ReadableStream<any>")]
     pub fn messages(&self) -> Result<web_sys::ReadableStream, JsValue> {
-        let conn =
-            match &self.inner {
-                Framed::Plain(c) => c.clone(),
-                Framed::Resumable(r) => {
-                    let s = futures::stream::unfold(r.clone(), |r| async move {
-                        r.next_message().await.map(|m| (m, r))
-                    });
-                    return Ok(wasm_streams::ReadableStream::from_stream(s).into_raw());
-                }
-            };
+        let conn = match &self.inner {
+            Framed::Plain(c) => c.clone(),
+            Framed::Resumable(r) => return Ok(r.readable()),
+        };
         let chunks = conn.chunks()?;
         let inner = conn.clone();
         let framed = futures::stream::unfold(
@@ -698,26 +686,6 @@ impl FramedConnection {
             },
         );
         Ok(wasm_streams::ReadableStream::from_stream(framed).into_raw())
-    }
-}
-
-#[wasm_bindgen]
-impl FramedConnection {
-    /// `{session, received}` of a resumable session (store it after each message
-    /// taken to resume after a page reload: `connectProtocol(..., {session})`);
-    /// `null` on the plain protocol.
-    #[wasm_bindgen(js_name = sessionState)]
-    pub fn session_state(&self) -> JsValue {
-        match &self.inner {
-            Framed::Plain(_) => JsValue::NULL,
-            Framed::Resumable(r) => r.state(),
-        }
-    }
-
-    /// Whether this session resumes after a lost connection (the bridge speaks r1).
-    #[wasm_bindgen(getter)]
-    pub fn resumable(&self) -> bool {
-        matches!(self.inner, Framed::Resumable(_))
     }
 }
 
