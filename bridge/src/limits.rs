@@ -1,4 +1,7 @@
-//! Every limit and timeout of the bridge, with why it has that value.
+//! Every limit and timeout of the bridge, with why it has that value: every
+//! default a flag can change, and every bound on a session's lifecycle.
+//! Constants private to one mechanism (a queue depth, a wire code, a redial
+//! backoff) are named where that mechanism lives.
 
 use std::time::Duration;
 
@@ -141,6 +144,45 @@ pub const ENDPOINT_CLOSE_TIMEOUT: Duration = Duration::from_secs(3);
 pub fn worker_threads(env_set: bool, cores: usize) -> Option<usize> {
     (!env_set).then_some((cores / 2).max(1))
 }
+
+// Admission gate (before any crypto is spent).
+
+/// Connections one remote may start per window: a client that reconnects after
+/// a drop, plus a few tabs, fits easily; a loop does not.
+pub const PER_REMOTE_MAX: usize = 10;
+/// The sliding window for [`PER_REMOTE_MAX`].
+pub const PER_REMOTE_WINDOW: Duration = Duration::from_secs(10);
+/// Remotes remembered at once. Each entry is ~200 bytes, so the table stays
+/// under a megabyte while covering far more remotes than a bridge ever serves.
+pub const MAX_KEYS: usize = 4096;
+/// Handshakes in flight at once. A handshake costs a few signature operations;
+/// 16 keeps a flood from taking more than a small share of two cores.
+pub const MAX_HANDSHAKES: usize = 16;
+/// A handshake younger than this is never evicted for a newcomer. A QUIC
+/// handshake takes one to two round trips: on a relayed mobile path well under
+/// half a second, so an honest peer finishes before it can be evicted, while
+/// an attacker must spend a fresh dial per slot every half second to hold them.
+pub const EVICT_MIN_AGE: Duration = Duration::from_millis(500);
+
+/// At most one "dropped" log line per this interval (with a count of the rest),
+/// so a flood cannot flood the log too.
+pub const DROP_LOG_INTERVAL: Duration = Duration::from_secs(5);
+
+// Account trust.
+
+/// Every backend call gives up after this: the heartbeat must never stall on a
+/// hung backend, and 10 s is far above a healthy round trip.
+pub const BACKEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often the allowlist is refreshed and open sessions re-checked. Bounds how
+/// long a revoked device keeps its session.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(45);
+
+// `connect`.
+
+/// How long a dial may take by default: covers relay fallback and discovery on
+/// a slow link; a user waiting longer than this wants an error.
+pub const DEFAULT_DIAL_TIMEOUT_SECS: u64 = 30;
 
 #[cfg(test)]
 mod tests {

@@ -15,10 +15,23 @@ use iroh::{
 };
 use tracing::{debug, warn};
 
-use crate::{
-    cli::{Discovery, NetArgs, OnOff},
-    limits,
-};
+use crate::limits;
+
+/// How peers are found by NodeId alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Discovery {
+    // n0's DNS discovery (publish and resolve).
+    N0,
+    // Only addresses given in tickets.
+    Off,
+}
+
+/// A switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
 
 /// Which relays to use.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +97,7 @@ pub struct NetConfig {
 }
 
 /// Reads every certificate of a PEM file (a CA bundle may hold several).
-fn load_ca(path: &std::path::Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
+pub fn load_ca(path: &std::path::Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
     use rustls_pki_types::{pem::PemObject, CertificateDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
         .with_context(|| format!("cannot read THUNDERBOLT_IROH_RELAY_CA {}", path.display()))?
@@ -99,19 +112,6 @@ fn load_ca(path: &std::path::Path) -> Result<Vec<rustls_pki_types::CertificateDe
 }
 
 impl NetConfig {
-    pub fn from_args(a: &NetArgs) -> Result<Self> {
-        Ok(Self {
-            relays: Relays::parse(a.relay.as_deref())?,
-            discovery: a.discovery,
-            portmapper: a.portmapper,
-            bind: a.bind,
-            relay_ca: match &a.relay_ca {
-                Some(p) if !p.as_os_str().is_empty() => load_ca(p)?,
-                _ => Vec::new(),
-            },
-        })
-    }
-
     /// Binds an endpoint with `key`, accepting `alpns` (empty for a dial-only
     /// endpoint, as `connect`'s). Its connections get [`bridge_transport`]'s
     /// limits, keep-alives and `idle` timeout, on both sides.

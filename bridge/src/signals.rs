@@ -11,6 +11,9 @@ pub struct Terminate {
     int: Option<Signal>,
 }
 
+// No `Default`: installing the handlers needs a running runtime, which a
+// default value would hide.
+#[allow(clippy::new_without_default)]
 impl Terminate {
     pub fn new() -> Self {
         Self { term: signal(SignalKind::terminate()).ok(), int: signal(SignalKind::interrupt()).ok() }

@@ -4,6 +4,15 @@
 //! per incoming connection; shutdown cancels a token every session watches,
 //! then waits for all of them so no agent outlives the bridge.
 
+pub mod agent;
+pub mod gate;
+pub mod hub;
+pub mod pump;
+pub mod reaper;
+pub mod session;
+pub mod throttle;
+pub mod wss;
+
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
@@ -20,11 +29,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
-    account::Account,
-    gate::{Drop as GateDrop, Gate, RemoteKey},
-    hub::{self, Hub, HubKind, HubLink, Hubs},
-    session::{self, refuse, SessionConfig},
-    throttle::LogBudget,
+    serve::gate::{Drop as GateDrop, Gate, RemoteKey},
+    serve::hub::{Hub, HubKind, HubLink, Hubs},
+    serve::session::{refuse, SessionConfig},
+    serve::throttle::LogBudget,
+    trust::account::Account,
     trust::{Grant, TrustPolicy},
 };
 
@@ -64,6 +73,10 @@ impl Sessions {
             }
         }
         closed
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     pub fn len(&self) -> usize {

@@ -2,7 +2,7 @@
 //! [`thunderbolt_shared::resume`]): one agent that outlives the connections
 //! that drive it.
 //!
-//! A [`Hub`] stands between the session core ([`crate::session`], which sees
+//! A [`Hub`] stands between the session core ([`crate::serve::session`], which sees
 //! it as its [`Link`]) and whichever connection is attached right now:
 //! - the agent's output goes into the hub's replay log ([`Outbox`]); the
 //!   attached connection's writer sends it on, and an acknowledgement from the
@@ -61,7 +61,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     limits::READ_CHUNK,
-    session::{Link, SessionConfig},
+    serve::session::{Link, SessionConfig},
     trust::TrustPolicy,
 };
 
@@ -836,7 +836,7 @@ impl AsyncWrite for Outbox {
 /// Where the agent's input comes from: the client's frames, from whichever
 /// connection carried them, after the bridge's own answers for a vanished
 /// client. Ends when the client said its input ended.
-pub type Inbox = crate::pump::QueueReader;
+pub type Inbox = crate::serve::pump::QueueReader;
 
 /// Reads the client's hello (its first line). Returns it and whatever the
 /// client sent after it.

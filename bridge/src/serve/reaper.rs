@@ -125,7 +125,7 @@ pub fn run_watcher() -> std::process::ExitCode {
         }
     }
     for pgid in groups {
-        crate::agent::kill_group(pgid, libc::SIGKILL);
+        crate::serve::agent::kill_group(pgid, libc::SIGKILL);
     }
     std::process::ExitCode::SUCCESS
 }

@@ -11,7 +11,7 @@
 //! A session is the iroh one with other framing: each text (or binary) frame
 //! is one JSON-RPC message, becomes one line on the agent's stdin, and each
 //! line the agent writes becomes one text frame. The session core
-//! ([`crate::session`]) runs it unchanged through [`WsLink`], so the checks
+//! ([`crate::serve::session`]) runs it unchanged through [`WsLink`], so the checks
 //! (JSON, frame cap) and every way a session ends are the same as over iroh;
 //! only the close codes are WebSocket ones.
 
@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_websockets::{CloseCode, Limits, Message};
 use tracing::{info, warn};
 
-use crate::session::{self, Link, SessionConfig};
+use crate::serve::session::{self, Link, SessionConfig};
 
 /// Default ports of the reference: ACP 8839, MCP 8840.
 pub fn default_port(protocol: &thunderbolt_shared::Protocol) -> u16 {
@@ -83,7 +83,7 @@ fn oversize_limit(max_frame: usize) -> usize {
 
 /// A fresh 32-byte token, hex.
 pub fn new_token() -> String {
-    crate::hub::random_hex(32)
+    crate::serve::hub::random_hex(32)
 }
 
 /// The allowed origins: the app's, plus `extra` (comma-separated).
@@ -523,7 +523,7 @@ impl AsyncWrite for WsOut {
 
 /// The client's frames as ndjson for the agent's input pump. A closed socket
 /// ends the session by `gone`, not by end of input.
-pub type WsIn = crate::pump::QueueReader;
+pub type WsIn = crate::serve::pump::QueueReader;
 
 /// Binds `127.0.0.1:port` (0 for a free one).
 pub async fn bind(port: u16) -> Result<TcpListener> {

@@ -37,26 +37,9 @@ use iroh::EndpointId;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-/// Connections one remote may start per window: a client that reconnects after
-/// a drop, plus a few tabs, fits easily; a loop does not.
-pub const PER_REMOTE_MAX: usize = 10;
-/// The sliding window for [`PER_REMOTE_MAX`].
-pub const PER_REMOTE_WINDOW: Duration = Duration::from_secs(10);
-/// Remotes remembered at once. Each entry is ~200 bytes, so the table stays
-/// under a megabyte while covering far more remotes than a bridge ever serves.
-pub const MAX_KEYS: usize = 4096;
-/// Handshakes in flight at once. A handshake costs a few signature operations;
-/// 16 keeps a flood from taking more than a small share of two cores.
-pub const MAX_HANDSHAKES: usize = 16;
-/// A handshake younger than this is never evicted for a newcomer. A QUIC
-/// handshake takes one to two round trips: on a relayed mobile path well under
-/// half a second, so an honest peer finishes before it can be evicted, while
-/// an attacker must spend a fresh dial per slot every half second to hold them.
-pub const EVICT_MIN_AGE: Duration = Duration::from_millis(500);
-
-/// At most one "dropped" log line per this interval (with a count of the rest),
-/// so a flood cannot flood the log too.
-pub const DROP_LOG_INTERVAL: Duration = Duration::from_secs(5);
+use crate::limits::{
+    DROP_LOG_INTERVAL, EVICT_MIN_AGE, MAX_HANDSHAKES, MAX_KEYS, PER_REMOTE_MAX, PER_REMOTE_WINDOW,
+};
 
 /// Time source, injectable so tests never wait for real windows to pass.
 pub trait Clock: Send + Sync + std::fmt::Debug {

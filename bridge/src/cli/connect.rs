@@ -19,11 +19,7 @@ use thunderbolt_shared::{
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info};
 
-use crate::{cli::ConnectArgs, home::Home, identity, limits, net::NetConfig, redial};
-
-/// How long a dial may take by default: covers relay fallback and discovery on
-/// a slow link; a user waiting longer than this wants an error.
-pub const DEFAULT_DIAL_TIMEOUT_SECS: u64 = 30;
+use crate::{cli::args::ConnectArgs, cli::redial, home::Home, identity, limits};
 
 /// How long we wait for our close frame to reach the bridge on exit.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -85,7 +81,7 @@ pub fn describe_close(err: &ConnectionError, protocol: &Protocol) -> String {
 
 pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<()> {
     let target: Target = args.target.parse().context("invalid target")?;
-    let net = NetConfig::from_args(&args.net)?;
+    let net = args.net.config()?;
     // `connect` always dials with the ACP identity: the NodeId `iroh id` prints.
     let (key, _) = identity::load_or_create(home, &Protocol::acp())?;
     // Keep-alives and a short idle timeout: a dead path is noticed (and, when

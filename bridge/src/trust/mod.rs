@@ -3,11 +3,14 @@
 //! Kept as a small trait so the account allowlist (refreshed from the backend)
 //! and the manual allow file compose, and tests can reason about each alone.
 
+pub mod account;
+pub mod allowfile;
+
 use std::sync::Arc;
 
 use iroh::EndpointId;
 
-use crate::allowfile::LiveAllowFile;
+use crate::trust::allowfile::LiveAllowFile;
 
 /// Why a peer was admitted; revocation re-checks sessions by this.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

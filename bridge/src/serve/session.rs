@@ -12,7 +12,7 @@
 //!
 //! Either way the agent's whole process group is killed at the end (whatever it
 //! left running goes too), the agent is reaped and its slot freed. Bad frames
-//! never end a session: the pump answers them (see [`crate::pump`]).
+//! never end a session: the pump answers them (see [`crate::serve::pump`]).
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -24,7 +24,6 @@ use thunderbolt_shared::{
 };
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite},
-    process::Child,
     sync::{mpsc, OwnedSemaphorePermit},
     time::Instant,
 };
@@ -32,11 +31,10 @@ use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
 use tracing::{debug, info, warn};
 
 use crate::{
-    agent::{self, AgentCommand},
     limits,
-    pump::{self, PumpError},
-    reaper,
-    throttle::LogBudget,
+    serve::agent::{self, AgentProcess, Launcher},
+    serve::pump::{self, PumpError},
+    serve::throttle::LogBudget,
 };
 
 /// Closes `conn` as a refusal with one of the contract's reasons.
@@ -46,7 +44,7 @@ pub fn refuse(conn: &Connection, reason: &str) {
 
 /// The peer's side of a session as the session core sees it: one plain
 /// connection, or a resumable session that outlives its connections
-/// ([`crate::hub`]).
+/// ([`crate::serve::hub`]).
 pub trait Link: Send + Sync {
     /// Where the agent's output goes.
     type Out: AsyncWrite + Unpin + Send + 'static;
@@ -103,20 +101,21 @@ impl Link for Plain {
 /// Settings every session shares.
 #[derive(Debug)]
 pub struct SessionConfig {
-    pub agent: AgentCommand,
+    /// Starts each session's agent.
+    pub agent: Arc<dyn Launcher>,
     pub max_frame: usize,
     pub term_grace: Duration,
     pub finish_linger: Duration,
     /// Resumable sessions, unless switched off.
-    pub resume: Option<crate::hub::ResumeConfig>,
+    pub resume: Option<crate::serve::hub::ResumeConfig>,
     /// `--keep-warm`: plain sessions' agents outlive their connection this long.
     pub keep_warm: Option<Duration>,
 }
 
 impl SessionConfig {
-    pub fn new(agent: AgentCommand) -> Self {
+    pub fn new(agent: impl Launcher + 'static) -> Self {
         Self {
-            agent,
+            agent: Arc::new(agent),
             max_frame: MAX_FRAME_LEN,
             term_grace: limits::AGENT_TERM_GRACE,
             finish_linger: limits::FINISH_LINGER,
@@ -174,7 +173,7 @@ pub async fn run_on<L: Link>(
     shutdown: CancellationToken,
 ) -> End {
     let peer = peer.to_string();
-    let mut child = match cfg.agent.spawn() {
+    let agent::Started { stdin, stdout, stderr, mut process } = match cfg.agent.start() {
         Ok(c) => c,
         Err(e) => {
             warn!(peer = %peer, "failed to spawn '{}': {e}", cfg.agent.argv0());
@@ -183,43 +182,35 @@ pub async fn run_on<L: Link>(
             return End::Refused(reason);
         }
     };
-    // The agent leads its own group: its pid is the group id, kept after the
-    // agent is reaped so the group can still be ended.
-    let pgid = child.id();
-    if let Some(pgid) = pgid {
-        reaper::track(pgid);
-    }
-    info!(peer = %peer, pid = pgid, "agent started: {}", cfg.agent.redacted());
-    let stderr =
-        child.stderr.take().map(|e| AbortOnDropHandle::new(tokio::spawn(log_stderr(e, peer.clone()))));
-    let end = drive(&link, out, input, &mut child, &cfg, &peer, &shutdown).await;
-    agent::terminate(&mut child, cfg.term_grace).await;
-    if let Some(pgid) = pgid {
-        agent::kill_group(pgid, libc::SIGKILL);
-        reaper::untrack(pgid);
-    }
+    let pid = process.id();
+    info!(peer = %peer, pid, "agent started: {}", cfg.agent.redacted());
+    let stderr = stderr.map(|e| AbortOnDropHandle::new(tokio::spawn(log_stderr(e, peer.clone()))));
+    let end = drive(&link, out, input, stdin, stdout, process.as_mut(), &cfg, &peer, &shutdown).await;
+    process.terminate(cfg.term_grace).await;
+    process.clean_up();
     drop(permit);
     if let Some(stderr) = stderr {
         // What the agent wrote last is worth a moment; a process that escaped
         // the group and holds stderr open is not worth more.
         let _ = tokio::time::timeout(limits::STDERR_DRAIN, stderr).await;
     }
-    info!(peer = %peer, pid = pgid, "session ended: {end}");
+    info!(peer = %peer, pid, "session ended: {end}");
     end
 }
 
 /// Pumps both directions until the session's end, then ends it towards the peer.
+#[allow(clippy::too_many_arguments)]
 async fn drive<L: Link>(
     link: &L,
     send: L::Out,
     recv: impl AsyncRead + Unpin + Send + 'static,
-    child: &mut Child,
+    stdin: impl AsyncWrite + Unpin + Send + 'static,
+    stdout: impl AsyncRead + Unpin + Send,
+    child: &mut dyn AgentProcess,
     cfg: &SessionConfig,
     peer: &str,
     shutdown: &CancellationToken,
 ) -> End {
-    let stdin = child.stdin.take().expect("stdin piped");
-    let stdout = child.stdout.take().expect("stdout piped");
     let (reply_tx, reply_rx) = mpsc::channel::<Bytes>(REPLY_QUEUE);
     let (agent_tx, agent_rx) = mpsc::channel::<Bytes>(REPLY_QUEUE);
 
@@ -264,7 +255,7 @@ async fn drive<L: Link>(
                 e => return peer_gone(link, e),
             },
             s = child.wait(), if status.is_none() => {
-                status = Some(s.ok().and_then(agent::end_of));
+                status = Some(s);
                 let drain = Instant::now() + limits::STDOUT_DRAIN_AFTER_EXIT;
                 cut_off = Some(cut_off.map_or(drain, |c| c.min(drain)));
             }
@@ -300,11 +291,11 @@ async fn drive<L: Link>(
             let wait = tokio::time::timeout(limits::AGENT_EXIT_AFTER_EOF, child.wait());
             match or_ended(link, shutdown, wait).await {
                 Err(end) => return end,
-                Ok(Ok(s)) => s.ok().and_then(agent::end_of),
+                Ok(Ok(s)) => s,
                 Ok(Err(_)) => {
                     debug!(peer = %peer, "the agent closed its stdout but did not exit; ending it");
-                    agent::terminate(child, cfg.term_grace).await;
-                    child.try_wait().ok().flatten().and_then(agent::end_of)
+                    child.terminate(cfg.term_grace).await;
+                    child.try_wait().flatten()
                 }
             }
         }
@@ -364,7 +355,7 @@ const REPLY_QUEUE: usize = 64;
 /// bounded, and at most [`limits::STDERR_LOG_BURST`] lines at once and
 /// [`limits::STDERR_LOG_PER_SEC`] a second are logged: the rest is read (the
 /// agent never blocks on a full pipe) and counted, and the count is logged.
-async fn log_stderr(mut stderr: tokio::process::ChildStderr, peer: String) {
+async fn log_stderr(mut stderr: impl AsyncRead + Unpin, peer: String) {
     let mut buf: Vec<u8> = Vec::with_capacity(limits::MAX_STDERR_LINE);
     let mut chunk = vec![0u8; limits::MAX_STDERR_LINE];
     let mut budget =

@@ -1,9 +1,13 @@
 //! Spawning and ending agent processes.
 //!
+//! Sessions start their agent through a [`Launcher`]: the real one is an
+//! [`AgentCommand`] (a process per session); tests give the session core an
+//! in-memory agent instead, so its lifecycle can run on paused time.
+//!
 //! An agent runs in its own process group so that ending it also ends whatever
 //! it started (language servers, shells): when a session ends the whole group
 //! is killed, also when the agent itself had already exited and left children
-//! behind. Every group is known to the [`crate::reaper`], so even a bridge
+//! behind. Every group is known to the [`crate::serve::reaper`], so even a bridge
 //! killed with SIGKILL leaves no process of the group behind (should the
 //! watcher not run, the agent gets `PR_SET_PDEATHSIG` instead, which covers the
 //! agent itself but not its children).
@@ -13,9 +17,12 @@
 //! those; the bridge does not create cgroups (it would need privileges or a
 //! delegated cgroup tree that most desktops do not give to user programs).
 
-use std::{ffi::OsString, process::Stdio, time::Duration};
+use std::{ffi::OsString, future::Future, pin::Pin, process::Stdio, time::Duration};
 
-use tokio::process::{Child, Command};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    process::{Child, Command},
+};
 use tracing::debug;
 
 use thunderbolt_shared::close::AgentEnd;
@@ -83,7 +90,7 @@ impl AgentCommand {
         // does not grow with the bridge's memory). Without it, fall back to the
         // parent-death signal, which needs a fork.
         #[cfg(target_os = "linux")]
-        if !crate::reaper::is_running() {
+        if !crate::serve::reaper::is_running() {
             // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
             unsafe {
                 cmd.pre_exec(|| {
@@ -95,6 +102,109 @@ impl AgentCommand {
             }
         }
         cmd.spawn()
+    }
+}
+
+/// A boxed future borrowing the agent.
+pub type AgentFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// How sessions start their agent.
+pub trait Launcher: Send + Sync + std::fmt::Debug {
+    /// Starts one agent with its three pipes.
+    fn start(&self) -> std::io::Result<Started>;
+    /// The program as the user wrote it (for `failed to spawn '<argv0>'`).
+    fn argv0(&self) -> String;
+    /// The command line with secrets masked, for logs.
+    fn redacted(&self) -> String;
+}
+
+/// A started agent: the pipes the session pumps, and its lifetime.
+pub struct Started {
+    pub stdin: Box<dyn AsyncWrite + Send + Unpin>,
+    pub stdout: Box<dyn AsyncRead + Send + Unpin>,
+    /// Goes to the bridge's log, never to the peer.
+    pub stderr: Option<Box<dyn AsyncRead + Send + Unpin>>,
+    pub process: Box<dyn AgentProcess>,
+}
+
+/// A running agent's lifetime, as the session core drives it.
+pub trait AgentProcess: Send {
+    /// Its process id, for the log.
+    fn id(&self) -> Option<u32>;
+    /// Resolves when it has ended: how, or `None` when that cannot be told.
+    /// Cancel-safe.
+    fn wait(&mut self) -> AgentFuture<'_, Option<AgentEnd>>;
+    /// How it ended, if it has; `None` while it runs.
+    fn try_wait(&mut self) -> Option<Option<AgentEnd>>;
+    /// Ends it: asked first, forced after `grace`; it is reaped when this returns.
+    fn terminate(&mut self, grace: Duration) -> AgentFuture<'_, ()>;
+    /// The session is over: end whatever it left running.
+    fn clean_up(&mut self);
+}
+
+impl Launcher for AgentCommand {
+    fn start(&self) -> std::io::Result<Started> {
+        let mut child = self.spawn()?;
+        let stdin = Box::new(child.stdin.take().expect("stdin piped"));
+        let stdout = Box::new(child.stdout.take().expect("stdout piped"));
+        let stderr = child.stderr.take().map(|e| Box::new(e) as Box<dyn AsyncRead + Send + Unpin>);
+        // The agent leads its own group: its pid is the group id, kept after
+        // the agent is reaped so the group can still be ended.
+        let pgid = child.id();
+        if let Some(pgid) = pgid {
+            crate::serve::reaper::track(pgid);
+        }
+        Ok(Started { stdin, stdout, stderr, process: Box::new(AgentChild { child, pgid }) })
+    }
+
+    fn argv0(&self) -> String {
+        AgentCommand::argv0(self)
+    }
+
+    fn redacted(&self) -> String {
+        AgentCommand::redacted(self)
+    }
+}
+
+/// An agent process and the group it leads.
+struct AgentChild {
+    child: Child,
+    pgid: Option<u32>,
+}
+
+impl AgentProcess for AgentChild {
+    fn id(&self) -> Option<u32> {
+        self.pgid
+    }
+
+    fn wait(&mut self) -> AgentFuture<'_, Option<AgentEnd>> {
+        Box::pin(async move { self.child.wait().await.ok().and_then(end_of) })
+    }
+
+    fn try_wait(&mut self) -> Option<Option<AgentEnd>> {
+        match self.child.try_wait() {
+            Ok(Some(s)) => Some(end_of(s)),
+            Ok(None) => None,
+            Err(_) => Some(None),
+        }
+    }
+
+    fn terminate(&mut self, grace: Duration) -> AgentFuture<'_, ()> {
+        Box::pin(terminate(&mut self.child, grace))
+    }
+
+    fn clean_up(&mut self) {
+        if let Some(pgid) = self.pgid.take() {
+            kill_group(pgid, libc::SIGKILL);
+            crate::serve::reaper::untrack(pgid);
+        }
+    }
+}
+
+impl Drop for AgentChild {
+    fn drop(&mut self) {
+        // A session task aborted mid-way still leaves no group behind.
+        self.clean_up();
     }
 }
 

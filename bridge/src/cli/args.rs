@@ -13,6 +13,8 @@ use std::{ffi::OsString, net::SocketAddr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+pub use crate::net::{Discovery, NetConfig, OnOff};
+
 #[derive(Debug, Parser)]
 #[command(
     name = "thunderbolt",
@@ -132,7 +134,7 @@ pub struct ConnectArgs {
     pub target: String,
 
     /// How long to wait for the connection before giving up, in seconds.
-    #[arg(long, default_value_t = crate::connect::DEFAULT_DIAL_TIMEOUT_SECS, value_name = "SECS")]
+    #[arg(long, default_value_t = crate::limits::DEFAULT_DIAL_TIMEOUT_SECS, value_name = "SECS")]
     pub dial_timeout: u64,
 
     /// Offer only thunderbolt/<p>/0: a lost connection ends the session. By default the
@@ -183,6 +185,22 @@ pub struct NetArgs {
     pub relay_ca: Option<std::path::PathBuf>,
 }
 
+impl NetArgs {
+    /// The network settings these flags describe.
+    pub fn config(&self) -> anyhow::Result<NetConfig> {
+        Ok(NetConfig {
+            relays: crate::net::Relays::parse(self.relay.as_deref())?,
+            discovery: self.discovery,
+            portmapper: self.portmapper,
+            bind: self.bind,
+            relay_ca: match &self.relay_ca {
+                Some(p) if !p.as_os_str().is_empty() => crate::net::load_ca(p)?,
+                _ => Vec::new(),
+            },
+        })
+    }
+}
+
 /// The account backend and the app, as the environment usually gives them.
 #[derive(Debug, Clone, Args)]
 pub struct AppArgs {
@@ -201,7 +219,7 @@ pub struct AppArgs {
     #[arg(
         long,
         env = "THUNDERBOLT_BACKEND_TIMEOUT_SECS",
-        default_value_t = crate::account::BACKEND_TIMEOUT.as_secs_f64(),
+        default_value_t = crate::limits::BACKEND_TIMEOUT.as_secs_f64(),
         value_name = "SECS"
     )]
     pub backend_timeout: f64,
@@ -213,18 +231,6 @@ pub struct AppArgs {
     /// With --transport wss: more allowed origins (comma-separated), besides the desktop app's.
     #[arg(long, env = "THUNDERBOLT_APP_ORIGIN", value_name = "ORIGINS")]
     pub app_origin: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Discovery {
-    N0,
-    Off,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OnOff {
-    On,
-    Off,
 }
 
 /// Admission limits. Defaults are the contract's; operators and tests may change them.
@@ -256,19 +262,19 @@ pub struct LimitArgs {
     pub handshake_timeout: f64,
 
     /// Most QUIC handshakes in flight at once; further connection attempts are dropped unanswered.
-    #[arg(long, default_value_t = crate::gate::MAX_HANDSHAKES, value_name = "N")]
+    #[arg(long, default_value_t = crate::limits::MAX_HANDSHAKES, value_name = "N")]
     pub max_handshakes: usize,
 
     /// Connection attempts one remote (EndpointId on a relay path, else IP) may make per window.
-    #[arg(long, default_value_t = crate::gate::PER_REMOTE_MAX, value_name = "N")]
+    #[arg(long, default_value_t = crate::limits::PER_REMOTE_MAX, value_name = "N")]
     pub per_remote_max: usize,
 
     /// The sliding window for --per-remote-max, in seconds.
-    #[arg(long, default_value_t = crate::gate::PER_REMOTE_WINDOW.as_secs_f64(), value_name = "SECS")]
+    #[arg(long, default_value_t = crate::limits::PER_REMOTE_WINDOW.as_secs_f64(), value_name = "SECS")]
     pub per_remote_window: f64,
 
     /// Seconds between heartbeats: refresh the account allowlist and close sessions no longer allowed.
-    #[arg(long, default_value_t = crate::account::HEARTBEAT_INTERVAL.as_secs_f64(), value_name = "SECS")]
+    #[arg(long, default_value_t = crate::limits::HEARTBEAT_INTERVAL.as_secs_f64(), value_name = "SECS")]
     pub heartbeat_interval: f64,
 
     /// Seconds a resumable session (clients that offer ALPN thunderbolt/<p>/r1, like

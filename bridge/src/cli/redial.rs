@@ -32,7 +32,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::{connect::describe_close, limits, signals::Terminate};
+use crate::{cli::connect::describe_close, limits, signals::Terminate};
 
 /// Most bytes of our input held until the bridge acknowledges them: past it we
 /// stop reading input (the local client waits) until acks make room. The
@@ -257,7 +257,7 @@ async fn carry(
         return Ok(lost_or_closed(conn, e.to_string()));
     }
     let first = tokio::select! {
-        r = tokio::time::timeout(WELCOME_TIMEOUT, crate::hub::read_line(&mut recv)) => r,
+        r = tokio::time::timeout(WELCOME_TIMEOUT, crate::serve::hub::read_line(&mut recv)) => r,
         err = conn.closed() => return Ok(classify(err)),
     };
     let (line, leftover) = match first {

@@ -5,7 +5,7 @@ use iroh::{EndpointAddr, TransportAddr};
 use serde_json::json;
 use thunderbolt_shared::{parse_node_id, EndpointTicket, Protocol};
 
-use crate::{allowfile, cli::IrohCmd, home::Home, identity, net::NetConfig};
+use crate::{cli::args::IrohCmd, home::Home, identity, trust::allowfile};
 
 pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
     match cmd {
@@ -114,10 +114,10 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
 fn offline_ticket(
     home: &Home,
     protocol: &str,
-    net: &crate::cli::NetArgs,
+    net: &crate::cli::args::NetArgs,
 ) -> Result<(Protocol, iroh::EndpointId, EndpointTicket)> {
     let protocol = Protocol::parse_known(protocol)?;
-    let net = NetConfig::from_args(net)?;
+    let net = net.config()?;
     let (key, _) = identity::load_or_create(home, &protocol)?;
     let id = key.public();
     let addr = EndpointAddr::from_parts(id, net.relays.urls().into_iter().map(TransportAddr::Relay));

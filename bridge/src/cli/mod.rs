@@ -1,0 +1,286 @@
+//! The command line: what each `thunderbolt` command does, built on the
+//! library's serving core ([`crate::serve`]) and trust layers ([`crate::trust`]).
+
+pub mod args;
+pub mod banner;
+pub mod connect;
+pub mod iroh_cmd;
+pub mod redial;
+
+use std::{ffi::OsString, sync::Arc, time::Duration};
+
+use anyhow::{bail, Context, Result};
+use thunderbolt_shared::Protocol;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::{
+    config::Config,
+    home::Home,
+    identity, limits, net,
+    serve::{agent::AgentCommand, gate, hub, reaper, wss, Admission, Bridge},
+    signals,
+    trust::{self, account, allowfile},
+};
+use args::{Cli, Command, ProtocolAction, ProtocolCmd, ServeArgs};
+
+/// Runs one parsed command line to its end.
+pub async fn run(cli: Cli) -> Result<()> {
+    let home = Home::resolve(cli.home)?;
+    match cli.command {
+        Command::Acp(cmd) => protocol_cmd(&home, Protocol::acp(), cmd).await,
+        Command::Mcp(cmd) => protocol_cmd(&home, Protocol::mcp(), cmd).await,
+        Command::Iroh(cmd) => iroh_cmd::run(&home, cmd),
+        Command::Login(a) => login(&home, a),
+        Command::Logout => {
+            let path = account::credential_path(&home);
+            match std::fs::remove_file(&path) {
+                Ok(()) => println!("removed {}", path.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => println!("not logged in"),
+                Err(e) => return Err(anyhow::anyhow!("cannot remove {}: {e}", path.display())),
+            }
+            Ok(())
+        }
+        Command::ReapAgents => Ok(()),
+    }
+}
+
+fn login(home: &Home, a: args::LoginArgs) -> Result<()> {
+    let token = if a.token == "-" {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).context("cannot read the token from stdin")?;
+        line.trim().to_string()
+    } else {
+        a.token
+    };
+    let path = account::store_credential(home, &a.cloud_url, &token)?;
+    println!("stored the account credential in {} (bridges started from now on use it)", path.display());
+    Ok(())
+}
+
+async fn protocol_cmd(home: &Home, protocol: Protocol, cmd: ProtocolCmd) -> Result<()> {
+    match cmd.action {
+        Some(ProtocolAction::Connect(args)) => connect::run(home, protocol, args).await,
+        Some(ProtocolAction::Serve) => {
+            if protocol != Protocol::acp() {
+                bail!("there is no built-in {protocol} server; give one after `--`");
+            }
+            crate::acp_agent::serve(tokio::io::stdin(), tokio::io::stdout()).await
+        }
+        None => serve_bridge(home, protocol, cmd.serve).await,
+    }
+}
+
+/// The agent command to run per connection: the user's, or for ACP our built-in agent.
+fn agent_command(protocol: &Protocol, argv: Vec<OsString>) -> Result<AgentCommand> {
+    if let Some(cmd) = AgentCommand::new(argv) {
+        return Ok(cmd);
+    }
+    if *protocol != Protocol::acp() {
+        bail!(
+            "`thunderbolt {protocol} --transport iroh` needs the server to run, after `--`, e.g.\n  \
+             thunderbolt {protocol} --transport iroh -- npx -y @modelcontextprotocol/server-everything"
+        );
+    }
+    let me = std::env::current_exe().context("cannot find our own executable for the built-in agent")?;
+    Ok(AgentCommand::new(vec![me.into_os_string(), "acp".into(), "serve".into()]).expect("non-empty"))
+}
+
+fn secs(v: f64, what: &str) -> Result<Duration> {
+    Duration::try_from_secs_f64(v).with_context(|| format!("invalid {what}: {v}"))
+}
+
+/// The bridge's [`Config`] from its flags, each checked with a message naming
+/// the flag.
+pub fn serve_config(args: &ServeArgs) -> Result<Config> {
+    let l = &args.limits;
+    let admission = Admission {
+        max_agents: l.max_agents,
+        handshake_timeout: secs(l.handshake_timeout, "--handshake-timeout")?,
+        stream_open_timeout: secs(l.stream_open_timeout, "--stream-open-timeout")?,
+        heartbeat: secs(l.heartbeat_interval, "--heartbeat-interval")?,
+    };
+    if admission.heartbeat.is_zero() {
+        bail!("--heartbeat-interval must be above zero");
+    }
+    let idle_timeout = secs(l.idle_timeout, "--idle-timeout")?;
+    if idle_timeout < limits::MIN_IDLE_TIMEOUT {
+        bail!("--idle-timeout must be at least {}s", limits::MIN_IDLE_TIMEOUT.as_secs_f64());
+    }
+    for (flag, v) in [
+        ("--max-agents", l.max_agents),
+        ("--max-handshakes", l.max_handshakes),
+        ("--per-remote-max", l.per_remote_max),
+    ] {
+        if v == 0 {
+            bail!("{flag} must be at least 1 (0 would refuse every peer)");
+        }
+        if v > limits::MAX_COUNT_FLAG {
+            bail!("{flag} {v} is more than this bridge allows ({})", limits::MAX_COUNT_FLAG);
+        }
+    }
+    let gate = gate::GateLimits {
+        per_remote_max: l.per_remote_max,
+        window: secs(l.per_remote_window, "--per-remote-window")?,
+        max_keys: limits::MAX_KEYS,
+        max_handshakes: l.max_handshakes,
+    };
+    let resume = if l.no_resume {
+        None
+    } else {
+        let grace = secs(l.resume_grace, "--resume-grace")?;
+        if grace.is_zero() {
+            bail!("--resume-grace must be above zero (use --no-resume to switch resuming off)");
+        }
+        Some(hub::ResumeConfig { grace, buffer: l.resume_buffer })
+    };
+    let keep_warm = match l.keep_warm {
+        None => None,
+        Some(v) => {
+            let d = secs(v, "--keep-warm")?;
+            if d.is_zero() {
+                bail!("--keep-warm must be above zero (leave it out to switch it off)");
+            }
+            Some(d)
+        }
+    };
+    let backend_timeout = secs(args.app.backend_timeout, "--backend-timeout")?;
+    Ok(Config { admission, gate, idle_timeout, max_frame: l.max_frame, resume, keep_warm, backend_timeout })
+}
+
+async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Result<()> {
+    if args.transport == args::Transport::Wss {
+        return serve_wss(protocol, args).await;
+    }
+    if args.port.is_some() {
+        bail!("--port is for --transport wss (iroh picks its own port; see --bind)");
+    }
+    let agent = agent_command(&protocol, args.command.clone())?;
+    agent.check_program().map_err(anyhow::Error::msg)?;
+    let net = args.net.config()?;
+    let config = serve_config(&args)?;
+    let (key, origin) = identity::load_or_create(home, &protocol)?;
+    // The server's order decides (rustls picks its first ALPN the client
+    // offers): r1 first, so a client offering both gets the resumable protocol.
+    let mut alpns = Vec::new();
+    if config.resume.is_some() {
+        alpns.push(thunderbolt_shared::resume::resume_alpn(&protocol));
+    }
+    alpns.push(protocol.alpn());
+    let endpoint = net.bind(key, alpns, config.idle_timeout).await?;
+    let addr = net::reachable_addr(&endpoint, &net.relays).await;
+
+    if let Err(e @ allowfile::AllowFileError::NotRegular { .. }) = allowfile::read(&home.allowlist_path()) {
+        return Err(e.into());
+    }
+    let allow = Arc::new(allowfile::LiveAllowFile::new(home.allowlist_path()));
+    let manual_peers = allow.current().ids.len();
+    let account = start_account(home, endpoint.id(), &args.app, config.backend_timeout).await;
+    let mut layers: Vec<Arc<dyn trust::TrustPolicy>> = Vec::new();
+    let account_status = match &account {
+        Ok(a) => {
+            layers.push(a.trust.clone());
+            a.trust.status()
+        }
+        Err(why) => account::AccountStatus::Off(why.clone()),
+    };
+    layers.push(allow);
+    let trust: Arc<dyn trust::TrustPolicy> = Arc::new(trust::Layered { layers });
+    let app_url = args.app.app_url.clone();
+    let banner = banner::Banner {
+        protocol: &protocol,
+        addr: &addr,
+        new_identity: origin == identity::Origin::Created,
+        command: &agent.redacted(),
+        allow_file: &home.allowlist_path(),
+        manual_peers,
+        account_trust: &account_status.to_string(),
+        app_url: app_url.as_deref(),
+        resume: config.resume,
+        keep_warm: config.keep_warm,
+    };
+    // Before the banner: a SIGTERM right after it must shut down cleanly.
+    let term = signals::Terminate::new();
+    print!("{}", banner.render());
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+
+    let stop = CancellationToken::new();
+    tokio::spawn(stop_on_signal(term, stop.clone()));
+    let gate = Arc::new(gate::Gate::new(config.gate.clone(), Arc::new(gate::SystemClock)));
+    reaper::start();
+    let session = config.session(agent);
+    let bridge = Bridge::new(endpoint, trust, gate, account.ok().map(Arc::new), config.admission, session);
+    bridge.run(stop).await;
+    info!("bridge stopped");
+    Ok(())
+}
+
+/// `--transport wss`: the loopback WebSocket bridge.
+async fn serve_wss(protocol: Protocol, args: ServeArgs) -> Result<()> {
+    let agent = agent_command(&protocol, args.command.clone())?;
+    agent.check_program().map_err(anyhow::Error::msg)?;
+    let config = serve_config(&args)?;
+    let port = args.port.unwrap_or_else(|| wss::default_port(&protocol));
+    let listener = wss::bind(port).await?;
+    let addr = listener.local_addr()?;
+    let token = wss::new_token();
+    let origins = wss::origins(args.app.app_origin.as_deref());
+    let term = signals::Terminate::new();
+    // The one place the token is shown: the URL the user pastes into the app.
+    println!("thunderbolt {protocol} bridge is listening on ws://{addr} (WebSocket, this machine only)");
+    println!("  Agent:   {}", agent.redacted());
+    println!("  Origins: {}", origins.join(", "));
+    println!("  Paste into the app: ws://{addr}/?token={token}");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let stop = CancellationToken::new();
+    tokio::spawn(stop_on_signal(term, stop.clone()));
+    reaper::start();
+    // A WebSocket session ends with its socket: nothing to resume or keep warm.
+    let session = Config { resume: None, keep_warm: None, ..config.clone() }.session(agent);
+    let server = wss::WssServer {
+        listener,
+        token,
+        origins,
+        agents: Arc::new(tokio::sync::Semaphore::new(config.admission.max_agents)),
+        max_agents: config.admission.max_agents,
+        handshake_timeout: config.admission.handshake_timeout,
+        session: Arc::new(session),
+    };
+    server.run(stop).await;
+    info!("bridge stopped");
+    Ok(())
+}
+
+/// Account trust, if a usable credential exists; else why it is off.
+async fn start_account(
+    home: &Home,
+    own: iroh::EndpointId,
+    app: &args::AppArgs,
+    timeout: Duration,
+) -> std::result::Result<account::Account, account::OffReason> {
+    use account::OffReason;
+    let cred = match account::load_credential(home, app.token.clone(), app.cloud_url.clone()) {
+        Ok(Some(c)) => c,
+        Ok(None) => return Err(OffReason::NoCredential),
+        Err(e) => {
+            tracing::warn!("account trust is off: {e}");
+            return Err(OffReason::BadCredential(e.to_string()));
+        }
+    };
+    let backend =
+        account::Backend::new(cred, timeout).map_err(|e| OffReason::BadCredential(e.to_string()))?;
+    let a = account::Account::start(backend, own, &account::device_name()).await;
+    match a.trust.status() {
+        account::AccountStatus::On { .. } => Ok(a),
+        account::AccountStatus::Off(why) => Err(why),
+    }
+}
+
+/// Ctrl-C or SIGTERM: stop accepting, end every session (agents killed), exit.
+async fn stop_on_signal(mut term: signals::Terminate, stop: CancellationToken) {
+    let which = term.recv().await;
+    info!("{which}: shutting down");
+    stop.cancel();
+}

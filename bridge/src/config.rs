@@ -1,0 +1,63 @@
+//! One configuration for a serving bridge: every limit and timeout it runs
+//! with, built once from the command line (`cli::serve_config`) or, in
+//! tests, from [`Config::default`] with a field or two changed. The defaults
+//! and why they have their values are in [`crate::limits`].
+
+use std::time::Duration;
+
+use thunderbolt_shared::ndjson::MAX_FRAME_LEN;
+
+use crate::{
+    limits,
+    serve::{agent::AgentCommand, gate::GateLimits, hub::ResumeConfig, session::SessionConfig, Admission},
+};
+
+/// A bridge's limits and timeouts.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Agent slots, handshake and stream-open deadlines, heartbeat.
+    pub admission: Admission,
+    /// Rate limits applied before any crypto is spent.
+    pub gate: GateLimits,
+    /// A connection with nothing heard for this long is gone.
+    pub idle_timeout: Duration,
+    /// Longest ndjson line forwarded in either direction.
+    pub max_frame: usize,
+    /// Resumable sessions (`thunderbolt/<p>/r1`), unless switched off.
+    pub resume: Option<ResumeConfig>,
+    /// `--keep-warm`: plain sessions' agents outlive their connection this long.
+    pub keep_warm: Option<Duration>,
+    /// Every account backend call's bound.
+    pub backend_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            admission: Admission {
+                max_agents: limits::MAX_LIVE_AGENTS,
+                handshake_timeout: limits::HANDSHAKE_TIMEOUT,
+                stream_open_timeout: limits::STREAM_OPEN_TIMEOUT,
+                heartbeat: limits::HEARTBEAT_INTERVAL,
+            },
+            gate: GateLimits::default(),
+            idle_timeout: limits::IDLE_TIMEOUT,
+            max_frame: MAX_FRAME_LEN,
+            resume: Some(ResumeConfig { grace: limits::RESUME_GRACE, buffer: limits::RESUME_BUFFER }),
+            keep_warm: None,
+            backend_timeout: limits::BACKEND_TIMEOUT,
+        }
+    }
+}
+
+impl Config {
+    /// What every session of this bridge shares, running `agent`.
+    pub fn session(&self, agent: AgentCommand) -> SessionConfig {
+        SessionConfig {
+            max_frame: self.max_frame,
+            resume: self.resume,
+            keep_warm: self.keep_warm,
+            ..SessionConfig::new(agent)
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! Account trust: the devices of the account this bridge is logged in to are
+//! admitted without `iroh allow`.
+//!
+//! Present only when a credential exists: `THUNDERBOLT_TOKEN` (a personal access
+//! token, sent as `x-api-key`) with `THUNDERBOLT_CLOUD_URL`, or the credential
+//! stored by `thunderbolt login` (a session token, sent as `Authorization:
+//! Bearer`). At start the bridge registers itself (`POST {base}/devices/bridge`)
+//! and primes the allowlist (`GET {base}/devices/allowlist`); the heartbeat
+//! refreshes it. No failure here ever stops the bridge: account trust is
+//! switched off (or keeps its last good list) with a log line saying why, and
+//! the manual allow file keeps working.
+//!
+//! Split by concern: [`credential`] (where the token comes from),
+//! [`backend`] (the HTTP contract), [`state`] (the trust layer it feeds); this
+//! module starts and refreshes them.
+
+pub mod backend;
+pub mod credential;
+pub mod state;
+
+use iroh::EndpointId;
+use tracing::{info, warn};
+
+pub use backend::{Backend, BackendError};
+pub use credential::{credential_path, load_credential, store_credential, Credential, CredentialError};
+pub use state::{AccountStatus, AccountTrust, OffReason};
+
+/// The account side of a running bridge: the backend and the trust it feeds.
+#[derive(Debug)]
+pub struct Account {
+    pub backend: Backend,
+    pub trust: std::sync::Arc<AccountTrust>,
+    pub own: EndpointId,
+}
+
+impl Account {
+    /// Registers the bridge and primes the list. Never fails: problems switch
+    /// account trust off (registration) or leave the list empty until the next
+    /// heartbeat (the first fetch), each with a log line.
+    pub async fn start(backend: Backend, own: EndpointId, name: &str) -> Self {
+        let trust = std::sync::Arc::new(AccountTrust::off(OffReason::Starting));
+        let base = backend.base().to_string();
+        match backend.register(&own, name).await {
+            Ok(()) => {
+                info!("registered this bridge with the account at {base} as '{name}'");
+                trust.enable(base.clone());
+            }
+            Err(e) => {
+                warn!("account trust is off for this run: registering the bridge failed: {e}");
+                trust.disable(OffReason::RegistrationFailed(e.to_string()));
+                return Self { backend, trust, own };
+            }
+        }
+        let me = Self { backend, trust, own };
+        me.refresh().await;
+        me
+    }
+
+    /// One heartbeat refresh. A failure keeps the last good list.
+    pub async fn refresh(&self) {
+        if !self.trust.is_enabled() {
+            return;
+        }
+        match self.backend.allowlist().await {
+            Ok(ids) => {
+                let n = ids.len();
+                if self.trust.apply(&self.own, ids) {
+                    tracing::debug!("account allowlist refreshed: {n} device(s)");
+                } else {
+                    warn!(
+                        "this bridge is no longer on its account's device list: it was revoked. \
+                         Account trust is off; account sessions are being closed; peers in the \
+                         manual allow file keep working"
+                    );
+                }
+            }
+            Err(e) => warn!("account allowlist refresh failed, keeping the last good list: {e}"),
+        }
+    }
+}
+
+/// The name the bridge registers under: the hostname, else "Bridge".
+pub fn device_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buffer and length are valid; gethostname NUL-terminates within it on success.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    if rc == 0 {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        let name = String::from_utf8_lossy(&buf[..end]).trim().to_string();
+        if !name.is_empty() {
+            return name;
+        }
+    }
+    "Bridge".to_string()
+}
