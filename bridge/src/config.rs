@@ -9,7 +9,7 @@ use thunderbolt_shared::ndjson::MAX_FRAME_LEN;
 
 use crate::{
     limits,
-    serve::{agent::AgentCommand, gate::GateLimits, hub::ResumeConfig, session::SessionConfig, Admission},
+    serve::{agent::Launcher, gate::GateLimits, hub::ResumeConfig, session::SessionConfig, Admission},
 };
 
 /// A bridge's limits and timeouts.
@@ -52,7 +52,7 @@ impl Default for Config {
 
 impl Config {
     /// What every session of this bridge shares, running `agent`.
-    pub fn session(&self, agent: AgentCommand) -> SessionConfig {
+    pub fn session(&self, agent: impl Launcher + 'static) -> SessionConfig {
         SessionConfig {
             max_frame: self.max_frame,
             resume: self.resume,

@@ -10,7 +10,11 @@ use std::{
     time::Duration,
 };
 
-use iroh::{endpoint::presets, Endpoint, EndpointId, RelayMode, RelayUrl, SecretKey};
+use iroh::{
+    endpoint::{presets, Connection, ConnectionError},
+    Endpoint, EndpointId, RelayMode, RelayUrl, SecretKey,
+};
+use iroh_tickets::endpoint::EndpointTicket;
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
     process::{Child, Command},
@@ -284,6 +288,15 @@ impl RunningBridge {
         self.child.id().expect("running")
     }
 
+    /// Dials the bridge by its ticket with `alpn`; must succeed within [`WAIT`].
+    pub async fn dial(&self, ep: &Endpoint, alpn: &[u8]) -> Connection {
+        let ticket: EndpointTicket = self.ticket.parse().expect("banner ticket parses");
+        tokio::time::timeout(WAIT, ep.connect(ticket.endpoint_addr().clone(), alpn))
+            .await
+            .expect("dial in time")
+            .expect("dial succeeds")
+    }
+
     /// SIGTERM and wait for exit.
     pub async fn stop(mut self) -> std::process::ExitStatus {
         self.terminate().await
@@ -477,4 +490,25 @@ pub async fn relay_process(bind: &str) -> (Child, RelayUrl) {
     let url = line.strip_prefix("relay listening on ").expect("relay banner").parse().expect("relay url");
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, url)
+}
+
+/// An application close's code and reason; `None` for any other end.
+pub fn app_close(err: &ConnectionError) -> Option<(u64, String)> {
+    match err {
+        ConnectionError::ApplicationClosed(ac) => {
+            Some((ac.error_code.into_inner(), String::from_utf8_lossy(&ac.reason).into_owned()))
+        }
+        _ => None,
+    }
+}
+
+/// Waits (bounded) for `conn` to be closed by the peer; its code and reason.
+pub async fn closed_with(conn: &Connection) -> (u64, String) {
+    let err = tokio::time::timeout(WAIT, conn.closed()).await.expect("closed in time");
+    app_close(&err).unwrap_or_else(|| panic!("expected an application close, got {err:?}"))
+}
+
+/// The pid an agent started with `--pid-file` wrote.
+pub async fn agent_pid(pid_file: &str) -> u32 {
+    wait_file(pid_file.as_ref()).await.trim().parse().expect("pid file holds a pid")
 }

@@ -4,7 +4,7 @@
 use std::{process::Stdio, time::Duration};
 
 use iroh::{
-    endpoint::{Connection, ConnectionError, RecvStream, SendStream},
+    endpoint::{Connection, RecvStream, SendStream},
     Endpoint, SecretKey,
 };
 use serde_json::{json, Value};
@@ -47,7 +47,7 @@ impl Setup {
     /// Dials the running bridge, opens the session's stream and sends `line` (the
     /// bridge sees the stream, and spawns the agent, once data arrives on it).
     async fn open_session(&self, ep: &Endpoint, line: &[u8]) -> (Connection, SendStream, RecvStream) {
-        let conn = self.dial(ep, &Protocol::acp()).await;
+        let conn = self.bridge.dial(ep, &Protocol::acp().alpn()).await;
         let (mut send, recv) = conn.open_bi().await.unwrap();
         write_all(&mut send, line).await;
         (conn, send, recv)
@@ -72,19 +72,6 @@ impl Setup {
     async fn client(&self, relay_only: bool) -> Endpoint {
         client_endpoint(self.client_home.secret_key("acp").await, Some(&self.relay), relay_only).await
     }
-
-    async fn dial(&self, ep: &Endpoint, protocol: &Protocol) -> Connection {
-        let ticket: EndpointTicket = self.bridge.ticket.parse().unwrap();
-        tokio::time::timeout(WAIT, ep.connect(ticket.endpoint_addr().clone(), &protocol.alpn()))
-            .await
-            .expect("dial in time")
-            .expect("dial succeeds")
-    }
-}
-
-/// The pid an agent started with `--pid-file` wrote.
-async fn agent_pid(pid_file: &str) -> u32 {
-    wait_file(pid_file.as_ref()).await.trim().parse().expect("pid file holds a pid")
 }
 
 async fn read_all(recv: &mut RecvStream) -> Vec<u8> {
@@ -115,20 +102,6 @@ async fn read_until(recv: &mut RecvStream, buf: &mut Vec<u8>, stop: impl Fn(&Val
             .expect("stream still open");
         buf.extend_from_slice(&chunk[..n]);
     }
-}
-
-fn app_close(err: &ConnectionError) -> Option<(u64, String)> {
-    match err {
-        ConnectionError::ApplicationClosed(ac) => {
-            Some((ac.error_code.into_inner(), String::from_utf8_lossy(&ac.reason).into_owned()))
-        }
-        _ => None,
-    }
-}
-
-async fn closed_with(conn: &Connection) -> (u64, String) {
-    let err = tokio::time::timeout(WAIT, conn.closed()).await.expect("closed in time");
-    app_close(&err).unwrap_or_else(|| panic!("expected an application close, got {err:?}"))
 }
 
 async fn write_all(send: &mut SendStream, data: &[u8]) {
@@ -220,7 +193,7 @@ async fn acp_and_mcp_have_distinct_identities_and_alpns() {
     assert!(err.contains("ALPN") && err.contains("acp"), "stderr: {err}");
 
     // The MCP client gets through.
-    let conn = s.dial(&ep, &Protocol::mcp()).await;
+    let conn = s.bridge.dial(&ep, &Protocol::mcp().alpn()).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     write_all(&mut send, b"{\"id\":1}\n").await;
     send.finish().unwrap();
@@ -231,7 +204,7 @@ async fn acp_and_mcp_have_distinct_identities_and_alpns() {
 async fn agent_exit_delivers_the_final_line() {
     let s = Setup::new("acp", &[], &agent(&["final"]), true).await;
     let ep = s.client(false).await;
-    let conn = s.dial(&ep, &Protocol::acp()).await;
+    let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     write_all(&mut send, b"{\"hello\":1}\n").await;
     let got = read_all(&mut recv).await;
@@ -263,7 +236,7 @@ async fn client_close_kills_the_agent() {
 async fn invalid_json_gets_parse_error_and_never_reaches_agent() {
     let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
     let ep = s.client(false).await;
-    let conn = s.dial(&ep, &Protocol::acp()).await;
+    let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     write_all(&mut send, b"this is not json\n{\"ok\":true}\n").await;
     send.finish().unwrap();
@@ -360,7 +333,7 @@ async fn oversized_agent_response_becomes_an_error_for_its_id() {
 async fn invalid_utf8_never_reaches_the_agent() {
     let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
     let ep = s.client(false).await;
-    let conn = s.dial(&ep, &Protocol::acp()).await;
+    let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     write_all(&mut send, b"{\"s\":\"\xff\xfe bad\"}\n{\"ok\":true}\n").await;
     send.finish().unwrap();
@@ -381,7 +354,7 @@ async fn full_acp_exchange_with_the_builtin_agent_over_the_relay() {
     let s = Setup::new("acp", &[], &[], true).await;
     // Relay only: the client has no IP transport at all.
     let ep = s.client(true).await;
-    let conn = s.dial(&ep, &Protocol::acp()).await;
+    let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     let mut buf = Vec::new();
     let req = |id: u64, method: &str, params: Value| {
@@ -447,7 +420,7 @@ async fn spawn_failure_is_reported_to_the_peer() {
 async fn peer_that_opens_no_stream_is_closed_idle() {
     let s = Setup::new("acp", &["--stream-open-timeout", "0.3"], &agent(&["cat"]), true).await;
     let ep = s.client(false).await;
-    let conn = s.dial(&ep, &Protocol::acp()).await;
+    let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let (code, reason) = closed_with(&conn).await;
     assert_eq!((code, reason.as_str()), (1, close::REASON_IDLE));
 }
@@ -471,7 +444,7 @@ async fn sigterm_ends_the_bridge_and_its_agents() {
 async fn agent_stderr_goes_to_the_log_and_stdout_noise_is_dropped() {
     let mut s = Setup::new("acp", &[], &agent(&["stderr"]), true).await;
     let ep = s.client(false).await;
-    let conn = s.dial(&ep, &Protocol::acp()).await;
+    let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     write_all(&mut send, b"{\"a\":1}\n").await;
     send.finish().unwrap();
@@ -494,7 +467,7 @@ async fn unknown_key_dialing_directly_is_refused() {
     // A stranger with a fresh key, dialing the direct address (no relay involved).
     let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
     let stranger = client_endpoint(SecretKey::generate(), None, false).await;
-    let conn = s.dial(&stranger, &Protocol::acp()).await;
+    let conn = s.bridge.dial(&stranger, &Protocol::acp().alpn()).await;
     let (code, reason) = closed_with(&conn).await;
     assert_eq!((code, reason.as_str()), (1, close::REASON_NOT_ALLOWLISTED));
     let _ = Duration::ZERO;

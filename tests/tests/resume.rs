@@ -66,18 +66,6 @@ impl Setup {
     async fn endpoint(&self, home: &Tb) -> Endpoint {
         client_endpoint(home.secret_key("acp").await, None, false).await
     }
-
-    async fn dial(&self, ep: &Endpoint, alpn: &[u8]) -> Connection {
-        let ticket: EndpointTicket = self.bridge.ticket.parse().unwrap();
-        tokio::time::timeout(WAIT, ep.connect(ticket.endpoint_addr().clone(), alpn))
-            .await
-            .expect("dial in time")
-            .expect("dial succeeds")
-    }
-}
-
-async fn agent_pid(pid_file: &str) -> u32 {
-    wait_file(pid_file.as_ref()).await.trim().parse().expect("pid file holds a pid")
 }
 
 /// Opens a resumable stream: sends the hello, returns the stream and the
@@ -114,12 +102,7 @@ async fn hello(
 }
 
 fn app_close(err: &ConnectionError) -> (u64, String) {
-    match err {
-        ConnectionError::ApplicationClosed(ac) => {
-            (ac.error_code.into_inner(), String::from_utf8_lossy(&ac.reason).into_owned())
-        }
-        e => panic!("expected an application close, got {e:?}"),
-    }
+    thunderbolt_tests::app_close(err).unwrap_or_else(|| panic!("expected an application close, got {err:?}"))
 }
 
 /// The next frame from the bridge (control lines skipped), with its newline.
@@ -245,7 +228,7 @@ async fn only_the_sessions_own_node_can_attach() {
     let alpn = resume_alpn(&Protocol::acp());
 
     let ep = s.endpoint(&s.client_home).await;
-    let conn = s.dial(&ep, &alpn).await;
+    let conn = s.bridge.dial(&ep, &alpn).await;
     let (mut send, mut recv, welcome) = hello(&conn, None, 0).await;
     let (token, received) = welcome.expect("a new session is welcomed");
     assert_eq!(received, 0);
@@ -258,16 +241,16 @@ async fn only_the_sessions_own_node_can_attach() {
 
     // Another allowed node with the right token: refused, and the session survives.
     let ep_b = s.endpoint(&other).await;
-    let conn_b = s.dial(&ep_b, &alpn).await;
+    let conn_b = s.bridge.dial(&ep_b, &alpn).await;
     let (_s, _r, res) = hello(&conn_b, Some(&token), 1).await;
     assert_eq!(res, Err((close::CLOSE_CODE_REFUSED as u64, close::REASON_UNKNOWN_SESSION.to_string())));
     // A made-up token from the owner: refused too.
-    let conn_c = s.dial(&ep, &alpn).await;
+    let conn_c = s.bridge.dial(&ep, &alpn).await;
     let (_s, _r, res) = hello(&conn_c, Some("00000000000000000000000000000000"), 0).await;
     assert_eq!(res, Err((close::CLOSE_CODE_REFUSED as u64, close::REASON_UNKNOWN_SESSION.to_string())));
 
     // The owner resumes: it holds the echo (1 frame) and the bridge holds its 1 frame.
-    let conn2 = s.dial(&ep, &alpn).await;
+    let conn2 = s.bridge.dial(&ep, &alpn).await;
     let (mut send, mut recv, res) = hello(&conn2, Some(&token), 1).await;
     assert_eq!(res, Ok((token.clone(), 1)));
     send.write_all(b"{\"b\":2}\n").await.unwrap();
@@ -287,7 +270,7 @@ async fn output_past_the_buffer_while_away_ends_the_session_with_its_reason() {
     let s =
         Setup::new(&["--resume-buffer", "1M"], &agent(&["--pid-file", &pid_file, "respond", "65536"])).await;
     let ep = s.endpoint(&s.client_home).await;
-    let conn = s.dial(&ep, &resume_alpn(&Protocol::acp())).await;
+    let conn = s.bridge.dial(&ep, &resume_alpn(&Protocol::acp())).await;
     let (mut send, mut recv, welcome) = hello(&conn, None, 0).await;
     welcome.expect("welcomed");
     // 40 replies of 64 KiB, never read or acknowledged: 2.5 MiB against a 1 MiB buffer.
@@ -311,7 +294,7 @@ async fn a_revoked_peers_detached_session_ends_at_the_next_heartbeat() {
     let pid_file = work.path().join("agent.pid").display().to_string();
     let s = Setup::new(&["--heartbeat-interval", "0.5"], &agent(&["--pid-file", &pid_file, "cat"])).await;
     let ep = s.endpoint(&s.client_home).await;
-    let conn = s.dial(&ep, &resume_alpn(&Protocol::acp())).await;
+    let conn = s.bridge.dial(&ep, &resume_alpn(&Protocol::acp())).await;
     let (_send, _recv, welcome) = hello(&conn, None, 0).await;
     welcome.expect("welcomed");
     let pid = agent_pid(&pid_file).await;
@@ -330,7 +313,7 @@ async fn plain_alpn_sessions_end_with_their_connection_as_before() {
     let pid_file = work.path().join("agent.pid").display().to_string();
     let s = Setup::new(&[], &agent(&["--pid-file", &pid_file, "cat"])).await;
     let ep = s.endpoint(&s.client_home).await;
-    let conn = s.dial(&ep, &Protocol::acp().alpn()).await;
+    let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
     assert_eq!(conn.alpn(), Protocol::acp().alpn().as_slice());
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     send.write_all(b"{\"a\":1}\n").await.unwrap();
@@ -461,7 +444,7 @@ async fn keep_warm_lets_a_plain_client_load_its_session_after_reconnecting() {
     let ep = s.endpoint(&s.client_home).await;
     let acp = Protocol::acp().alpn();
 
-    let conn = s.dial(&ep, &acp).await;
+    let conn = s.bridge.dial(&ep, &acp).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     let mut buf = Vec::new();
     call(&mut send, &mut recv, &mut buf, 1, "initialize", serde_json::json!({"protocolVersion": 1})).await;
@@ -482,7 +465,7 @@ async fn keep_warm_lets_a_plain_client_load_its_session_after_reconnecting() {
     conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_CLIENT_CLOSED.as_bytes());
     s.bridge.log.wait_for("the agent stays warm").await;
 
-    let conn = s.dial(&ep, &acp).await;
+    let conn = s.bridge.dial(&ep, &acp).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     let mut buf = Vec::new();
     // Ids start over, as a fresh client's do: nothing from before answers them.
@@ -502,7 +485,7 @@ async fn keep_warm_lets_a_plain_client_load_its_session_after_reconnecting() {
     s.bridge_home.allow(&other.node_id("acp").await).await;
     s.bridge.log.wait_for_count("the agent stays warm", 2).await;
     let ep_b = s.endpoint(&other).await;
-    let conn = s.dial(&ep_b, &acp).await;
+    let conn = s.bridge.dial(&ep_b, &acp).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     let mut buf = Vec::new();
     call(&mut send, &mut recv, &mut buf, 1, "initialize", serde_json::json!({"protocolVersion": 1})).await;
@@ -518,7 +501,7 @@ async fn keep_warm_answers_the_vanished_clients_requests_and_ends_after_its_wind
     let pid_file = work.path().join("agent.pid").display().to_string();
     let s = Setup::new(&["--keep-warm", "2"], &agent(&["--pid-file", &pid_file, "ask"])).await;
     let ep = s.endpoint(&s.client_home).await;
-    let conn = s.dial(&ep, &Protocol::acp().alpn()).await;
+    let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     send.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"hello\"}\n").await.unwrap();
     let mut buf = Vec::new();

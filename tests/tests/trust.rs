@@ -4,10 +4,7 @@
 
 use std::time::Duration;
 
-use iroh::{
-    endpoint::{Connection, ConnectionError},
-    Endpoint, EndpointId, SecretKey,
-};
+use iroh::{endpoint::Connection, Endpoint, EndpointId, SecretKey};
 use thunderbolt_shared::{close, EndpointTicket, Protocol};
 use thunderbolt_tests::{backend::*, *};
 
@@ -66,14 +63,6 @@ impl World {
     }
 }
 
-async fn dial(ep: &Endpoint, bridge: &RunningBridge) -> Connection {
-    let t: EndpointTicket = bridge.ticket.parse().unwrap();
-    tokio::time::timeout(WAIT, ep.connect(t.endpoint_addr().clone(), &Protocol::acp().alpn()))
-        .await
-        .expect("dial in time")
-        .expect("dial ok")
-}
-
 /// Opens the stream and checks one echoed line: the session works.
 async fn echo(conn: &Connection) -> (iroh::endpoint::SendStream, iroh::endpoint::RecvStream) {
     let (mut send, mut recv) = conn.open_bi().await.expect("open stream");
@@ -82,16 +71,6 @@ async fn echo(conn: &Connection) -> (iroh::endpoint::SendStream, iroh::endpoint:
     tokio::time::timeout(WAIT, recv.read_exact(&mut buf)).await.expect("echo in time").expect("echo");
     assert_eq!(&buf, b"{\"ping\":1}\n");
     (send, recv)
-}
-
-async fn closed_with(conn: &Connection) -> (u64, String) {
-    let err = tokio::time::timeout(WAIT, conn.closed()).await.expect("closed in time");
-    match err {
-        ConnectionError::ApplicationClosed(ac) => {
-            (ac.error_code.into_inner(), String::from_utf8_lossy(&ac.reason).into_owned())
-        }
-        e => panic!("expected an application close, got {e:?}"),
-    }
 }
 
 /// Whether a connection is still open right now (no close seen).
@@ -123,7 +102,7 @@ async fn account_peer_admitted_then_revoked_mid_session() {
 
     // Admitted without any `iroh allow`.
     let ep = w.client(&peer, false).await;
-    let conn = dial(&ep, &bridge).await;
+    let conn = bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let _stream = echo(&conn).await;
     let pid: u32 = wait_file(pid_file.as_ref()).await.trim().parse().unwrap();
 
@@ -133,7 +112,7 @@ async fn account_peer_admitted_then_revoked_mid_session() {
     assert_eq!((code, reason.as_str()), (1, close::REASON_MEMBERSHIP_REVOKED));
     assert!(wait_pid_gone(pid).await, "revoked peer's agent survived");
     // And it cannot come back.
-    let conn = dial(&ep, &bridge).await;
+    let conn = bridge.dial(&ep, &Protocol::acp().alpn()).await;
     assert_eq!(closed_with(&conn).await, (1, close::REASON_NOT_ALLOWLISTED.to_string()));
 }
 
@@ -148,8 +127,8 @@ async fn self_revocation_closes_account_sessions_but_not_manual_ones() {
 
     let ep_a = w.client(&account_peer, false).await;
     let ep_m = w.client(&manual_peer, false).await;
-    let conn_a = dial(&ep_a, &bridge).await;
-    let conn_m = dial(&ep_m, &bridge).await;
+    let conn_a = bridge.dial(&ep_a, &Protocol::acp().alpn()).await;
+    let conn_m = bridge.dial(&ep_m, &Protocol::acp().alpn()).await;
     let _sa = echo(&conn_a).await;
     let (mut send_m, mut recv_m) = echo(&conn_m).await;
 
@@ -164,7 +143,7 @@ async fn self_revocation_closes_account_sessions_but_not_manual_ones() {
     recv_m.read_exact(&mut buf).await.unwrap();
     assert_eq!(&buf, b"{\"still\":true}\n");
     // Account trust stays off even though the peer is still on the account list.
-    let again = dial(&ep_a, &bridge).await;
+    let again = bridge.dial(&ep_a, &Protocol::acp().alpn()).await;
     assert_eq!(closed_with(&again).await, (1, close::REASON_NOT_ALLOWLISTED.to_string()));
 }
 
@@ -175,7 +154,7 @@ async fn failed_refreshes_keep_the_last_good_list() {
     w.backend.set_node_ids(vec![Some(w.own.to_string()), Some(peer.public().to_string())]);
     let bridge = w.bridge(&[], &cat_agent(None), &[("THUNDERBOLT_BACKEND_TIMEOUT_SECS", "0.3")]).await;
     let ep = w.client(&peer, false).await;
-    let conn = dial(&ep, &bridge).await;
+    let conn = bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let _s = echo(&conn).await;
 
     for (reply, log) in [
@@ -191,7 +170,7 @@ async fn failed_refreshes_keep_the_last_good_list() {
         bridge.log.wait_for(log).await;
         assert!(still_open(&conn), "session closed during {reply:?}");
         // New connections from the account peer are still admitted.
-        let c2 = dial(&ep, &bridge).await;
+        let c2 = bridge.dial(&ep, &Protocol::acp().alpn()).await;
         let _ = echo(&c2).await;
         c2.close(0u32.into(), b"client closed");
     }
@@ -222,10 +201,10 @@ async fn registration_failures_switch_account_trust_off_with_a_clear_reason() {
         bridge.log.wait_for(says).await;
         // Account peers are not trusted; the manual file still is.
         let ep = w.client(&peer, false).await;
-        let conn = dial(&ep, &bridge).await;
+        let conn = bridge.dial(&ep, &Protocol::acp().alpn()).await;
         assert_eq!(closed_with(&conn).await, (1, close::REASON_NOT_ALLOWLISTED.to_string()));
         let ep_m = w.client(&manual, false).await;
-        let conn_m = dial(&ep_m, &bridge).await;
+        let conn_m = bridge.dial(&ep_m, &Protocol::acp().alpn()).await;
         let _ = echo(&conn_m).await;
         conn_m.close(0u32.into(), b"client closed");
         bridge.stop().await;
@@ -289,7 +268,7 @@ async fn removing_a_manual_peer_ends_its_session_at_the_next_heartbeat() {
     let bridge = RunningBridge::start(c).await;
     assert!(bridge.banner.contains("same-account auto-trust: off (no credential"));
     let ep = w.client(&peer, false).await;
-    let conn = dial(&ep, &bridge).await;
+    let conn = bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let _s = echo(&conn).await;
     let o = w.home.run(&["iroh", "deny", &peer.public().to_string()]).await;
     assert!(o.status.success());
@@ -311,12 +290,12 @@ async fn seventeenth_session_is_refused_at_capacity_and_spawns_nothing() {
     let ep = w.client(&peer, false).await;
     let mut live = Vec::new();
     for _ in 0..16 {
-        let conn = dial(&ep, &bridge).await;
+        let conn = bridge.dial(&ep, &Protocol::acp().alpn()).await;
         let s = echo(&conn).await;
         live.push((conn, s));
     }
     assert_eq!(std::fs::read_dir(&pid_dir).unwrap().count(), 16);
-    let conn = dial(&ep, &bridge).await;
+    let conn = bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let (mut send, _recv) = conn.open_bi().await.unwrap();
     send.write_all(b"{}\n").await.unwrap();
     assert_eq!(closed_with(&conn).await, (1, close::REASON_AT_CAPACITY.to_string()));
@@ -325,7 +304,7 @@ async fn seventeenth_session_is_refused_at_capacity_and_spawns_nothing() {
     let (first, _) = live.remove(0);
     first.close(0u32.into(), b"client closed");
     bridge.log.wait_for("session ended").await;
-    let conn = dial(&ep, &bridge).await;
+    let conn = bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let _ = echo(&conn).await;
 }
 
@@ -343,7 +322,7 @@ async fn eleventh_connection_in_the_window_is_dropped_but_others_get_in() {
     // Relay-only clients: the bridge keys them by their claimed EndpointId.
     let ep = w.client(&noisy, true).await;
     for _ in 0..10 {
-        let conn = dial(&ep, &bridge).await;
+        let conn = bridge.dial(&ep, &Protocol::acp().alpn()).await;
         let _ = echo(&conn).await;
         conn.close(0u32.into(), b"client closed");
     }
@@ -358,7 +337,7 @@ async fn eleventh_connection_in_the_window_is_dropped_but_others_get_in() {
     assert!(bridge.log.contains(&format!("endpoint {}", noisy.public().fmt_short())));
     // Another identity on the same relay is not affected.
     let ep2 = w.client(&other, true).await;
-    let conn = dial(&ep2, &bridge).await;
+    let conn = bridge.dial(&ep2, &Protocol::acp().alpn()).await;
     let _ = echo(&conn).await;
 }
 
@@ -402,7 +381,7 @@ async fn flood_of_fresh_identities_is_capped_and_an_allowed_peer_still_gets_in()
     }
     // The friend dials during the flood and gets in.
     let ep = client_endpoint(friend.clone(), None, false).await;
-    let conn = dial(&ep, &bridge).await;
+    let conn = bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let _ = echo(&conn).await;
     while flood.join_next().await.is_some() {}
 
