@@ -98,17 +98,7 @@ pub struct NetConfig {
 
 /// Reads every certificate of a PEM file (a CA bundle may hold several).
 pub fn load_ca(path: &std::path::Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>> {
-    use rustls_pki_types::{pem::PemObject, CertificateDer};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-        .with_context(|| format!("cannot read THUNDERBOLT_IROH_RELAY_CA {}", path.display()))?
-        .collect::<Result<_, _>>()
-        .with_context(|| {
-            format!("THUNDERBOLT_IROH_RELAY_CA {}: not a PEM certificate file", path.display())
-        })?;
-    if certs.is_empty() {
-        bail!("THUNDERBOLT_IROH_RELAY_CA {}: no certificate in it", path.display());
-    }
-    Ok(certs)
+    Ok(thunderbolt_shared::pem::certs(path, "THUNDERBOLT_IROH_RELAY_CA")?)
 }
 
 impl NetConfig {

@@ -6,12 +6,12 @@ use std::{
     collections::{HashMap, HashSet},
     path::PathBuf,
     sync::Mutex,
-    time::SystemTime,
 };
 
 use iroh_base::EndpointId;
 use iroh_relay::server::{Access, AccessControl, ClientRequest};
-use thunderbolt_shared::allowlist;
+pub use thunderbolt_shared::allow_file::LiveAllowFile;
+use thunderbolt_shared::allow_file::Reload;
 use tracing::{info, warn};
 
 /// The access policy in force.
@@ -29,7 +29,7 @@ impl RelayAccess {
         match self {
             RelayAccess::Everyone => "everyone".into(),
             RelayAccess::SharedToken(t) => format!("shared_token ({} token(s))", t.len()),
-            RelayAccess::AllowFile(f) => format!("allow_file {}", f.path.display()),
+            RelayAccess::AllowFile(f) => format!("allow_file {}", f.path().display()),
             RelayAccess::Allowlist(ids) => format!("allowlist ({} NodeId(s))", ids.len()),
             RelayAccess::Denylist(ids) => format!("denylist ({} NodeId(s))", ids.len()),
         }
@@ -114,45 +114,18 @@ impl AccessControl for Gatekeeper {
     }
 }
 
-/// What the file looked like when last read: (modified, length).
-type Stamp = Option<(SystemTime, u64)>;
-
-/// A thunderbolt allow file, re-read when its modification time or size changes
-/// (so adding a device admits it without a restart).
-#[derive(Debug)]
-pub struct LiveAllowFile {
-    pub path: PathBuf,
-    cache: Mutex<(Stamp, HashSet<EndpointId>)>,
-}
-
-impl LiveAllowFile {
-    pub fn new(path: PathBuf) -> Self {
-        Self { path, cache: Mutex::new((None, HashSet::new())) }
-    }
-
-    pub fn contains(&self, id: &EndpointId) -> bool {
-        let stamp = std::fs::metadata(&self.path)
-            .ok()
-            .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()));
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.0 != stamp || stamp.is_none() {
-            let ids = match std::fs::read_to_string(&self.path) {
-                Ok(text) => {
-                    let parsed = allowlist::parse(&text);
-                    for bad in &parsed.bad_lines {
-                        warn!("{}:{}: ignored: {}", self.path.display(), bad.line_no, bad.error);
-                    }
-                    info!("loaded {} NodeId(s) from {}", parsed.ids.len(), self.path.display());
-                    parsed.ids.into_iter().collect()
-                }
-                Err(e) => {
-                    // Fail closed: an unreadable allow file admits nobody.
-                    warn!("cannot read {}: {e}; refusing everyone until it is readable", self.path.display());
-                    HashSet::new()
-                }
-            };
-            *cache = (stamp, ids);
+/// A thunderbolt allow file, re-read when it changes (so adding a device
+/// admits it without a restart); the reader is the bridge's own.
+pub fn live_allow_file(path: PathBuf) -> LiveAllowFile {
+    let shown = path.display().to_string();
+    LiveAllowFile::new(path, move |r| match r {
+        Reload::Loaded(parsed) => {
+            for bad in &parsed.bad_lines {
+                warn!("{shown}:{}: ignored: {}", bad.line_no, bad.error);
+            }
+            info!("loaded {} NodeId(s) from {shown}", parsed.ids.len());
         }
-        cache.1.contains(id)
-    }
+        // Fail closed: an unreadable allow file admits nobody.
+        Reload::Broken(e) => warn!("{e}; refusing everyone until it is readable"),
+    })
 }

@@ -20,11 +20,10 @@ use clap::Parser;
 use iroh_relay::server::{
     AcmeConfig, CertConfig, ClientRateLimit, Limits, QuicConfig, RelayConfig, Server, ServerConfig, TlsConfig,
 };
-use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 use tracing::info;
 
 use crate::{
-    access::{Gatekeeper, LiveAllowFile, RelayAccess},
+    access::{live_allow_file, Gatekeeper, RelayAccess},
     config::{AccessConfig, CertMode, Config},
 };
 
@@ -131,15 +130,8 @@ fn dev_config(bind: Option<SocketAddr>, metrics: Option<SocketAddr>) -> Result<(
 }
 
 fn load_tls(cert: &std::path::Path, key: &std::path::Path) -> Result<rustls::ServerConfig> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .with_context(|| format!("cannot read certificate {}", cert.display()))?
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("bad certificate PEM in {}", cert.display()))?;
-    if certs.is_empty() {
-        bail!("no certificate in {}", cert.display());
-    }
-    let key = PrivateKeyDer::from_pem_file(key)
-        .with_context(|| format!("cannot read private key {}", key.display()))?;
+    let certs = thunderbolt_shared::pem::certs(cert, "certificate")?;
+    let key = thunderbolt_shared::pem::private_key(key, "private key")?;
     let mut cfg =
         rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
@@ -169,7 +161,7 @@ fn operator_config(cfg: Config) -> Result<(ServerConfig, String, Option<Arc<Gate
     let access = match cfg.access.clone() {
         AccessConfig::Everyone => RelayAccess::Everyone,
         AccessConfig::SharedToken(t) => RelayAccess::SharedToken(t),
-        AccessConfig::AllowFile(p) => RelayAccess::AllowFile(LiveAllowFile::new(p)),
+        AccessConfig::AllowFile(p) => RelayAccess::AllowFile(live_allow_file(p)),
         AccessConfig::Allowlist(ids) => RelayAccess::Allowlist(ids.into_iter().collect()),
         AccessConfig::Denylist(ids) => RelayAccess::Denylist(ids.into_iter().collect()),
     };

@@ -18,11 +18,15 @@
 //! assert_eq!(acp.alpn(), b"thunderbolt/acp/0");
 //! ```
 
+#[cfg(unix)]
+pub mod allow_file;
 pub mod allowlist;
 pub mod backend;
 pub mod close;
 pub mod jsonrpc;
 pub mod ndjson;
+#[cfg(unix)]
+pub mod pem;
 pub mod protocol;
 pub mod resume;
 pub mod target;

@@ -170,10 +170,12 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     let endpoint = net.bind(key, alpns, config.idle_timeout).await?;
     let addr = net::reachable_addr(&endpoint, &net.relays).await;
 
-    if let Err(e @ allowfile::AllowFileError::NotRegular { .. }) = allowfile::read(&home.allowlist_path()) {
+    if let Err(e @ allowfile::AllowFileError::File(allowfile::ReadError::NotRegular { .. })) =
+        allowfile::read(&home.allowlist_path())
+    {
         return Err(e.into());
     }
-    let allow = Arc::new(allowfile::LiveAllowFile::new(home.allowlist_path()));
+    let allow = Arc::new(allowfile::live(home.allowlist_path()));
     let manual_peers = allow.current().ids.len();
     let account = start_account(home, endpoint.id(), &args.app, config.backend_timeout).await;
     let mut layers: Vec<Arc<dyn trust::TrustPolicy>> = Vec::new();

@@ -13,9 +13,8 @@
 
 use std::{
     fs, io,
-    os::unix::fs::{MetadataExt, OpenOptionsExt},
+    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
 };
 
 use iroh::EndpointId;
@@ -23,63 +22,29 @@ use tracing::warn;
 
 use crate::home::{self, HomeError};
 
-use thunderbolt_shared::allowlist::{classify, Line};
+pub use thunderbolt_shared::allow_file::{LiveAllowFile, ReadError};
 pub use thunderbolt_shared::allowlist::{parse, Allowed};
+use thunderbolt_shared::{
+    allow_file::{self, Reload},
+    allowlist::{classify, Line},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AllowFileError {
-    #[error("cannot read allow file {path}: {source}")]
-    Read { path: PathBuf, source: io::Error },
-    #[error("allow file {path} is not a regular file (a {kind}); replace it with a plain text file")]
-    NotRegular { path: PathBuf, kind: &'static str },
+    #[error(transparent)]
+    File(#[from] ReadError),
     #[error("cannot lock allow file {path} for editing: {source}")]
     Lock { path: PathBuf, source: io::Error },
     #[error(transparent)]
     Home(#[from] HomeError),
 }
 
-fn kind_of(ft: fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_dir() {
-        "directory"
-    } else if ft.is_fifo() {
-        "FIFO"
-    } else if ft.is_socket() {
-        "socket"
-    } else if ft.is_char_device() || ft.is_block_device() {
-        "device"
-    } else {
-        "special file"
-    }
-}
-
-/// Refuses anything but a regular file (following symlinks); `Ok(None)` when
-/// there is nothing at `path`.
 fn regular_metadata(path: &Path) -> Result<Option<fs::Metadata>, AllowFileError> {
-    match fs::metadata(path) {
-        Ok(m) if m.is_file() => Ok(Some(m)),
-        Ok(m) => Err(AllowFileError::NotRegular { path: path.to_path_buf(), kind: kind_of(m.file_type()) }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(AllowFileError::Read { path: path.to_path_buf(), source }),
-    }
+    Ok(allow_file::regular_metadata(path)?)
 }
 
 fn read_text(path: &Path) -> Result<String, AllowFileError> {
-    if regular_metadata(path)?.is_none() {
-        return Ok(String::new());
-    }
-    // O_NONBLOCK: should the file be swapped for a FIFO after the check, the
-    // open still does not wait for a writer.
-    let read =
-        fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).and_then(|mut f| {
-            let mut b = Vec::new();
-            io::Read::read_to_end(&mut f, &mut b).map(|_| b)
-        });
-    match read {
-        Ok(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(String::new()),
-        Err(source) => Err(AllowFileError::Read { path: path.to_path_buf(), source }),
-    }
+    Ok(allow_file::read_text(path)?)
 }
 
 /// Where edits go: the target of a symlinked allow file (resolved as far as it
@@ -185,93 +150,29 @@ fn ensure_parent(path: &Path) -> Result<(), AllowFileError> {
     Ok(())
 }
 
-/// The allow file as the bridge sees it, live: `thunderbolt iroh allow` takes
-/// effect for the next connection without a restart. Each check costs one
-/// `stat`; the file is re-read and re-parsed only when its identity, size or
-/// times changed (an atomic rewrite is a new inode), and bad lines are reported
-/// once per change, the first few by line number and then a count.
-#[derive(Debug)]
-pub struct LiveAllowFile {
-    path: PathBuf,
-    cache: Mutex<Option<(Stamp, Arc<Allowed>)>>,
-}
-
-/// What identifies one version of the file without reading it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Stamp {
-    Missing,
-    File {
-        dev: u64,
-        ino: u64,
-        len: u64,
-        mtime: (i64, i64),
-        ctime: (i64, i64),
-    },
-    /// Unreadable or not a regular file: checked again on every call.
-    Broken,
-}
-
 /// Bad lines reported one by one per reload; the rest are counted.
 const BAD_LINES_REPORTED: usize = 5;
 
-impl LiveAllowFile {
-    pub fn new(path: PathBuf) -> Self {
-        Self { path, cache: Mutex::new(None) }
-    }
-
-    fn stamp(&self) -> Result<Stamp, AllowFileError> {
-        Ok(match regular_metadata(&self.path)? {
-            None => Stamp::Missing,
-            Some(m) => Stamp::File {
-                dev: m.dev(),
-                ino: m.ino(),
-                len: m.len(),
-                mtime: (m.mtime(), m.mtime_nsec()),
-                ctime: (m.ctime(), m.ctime_nsec()),
-            },
-        })
-    }
-
-    /// The current list. On a read error, logs it and treats the file as empty
-    /// (fail closed: an unreadable allow file admits nobody).
-    pub fn current(&self) -> Arc<Allowed> {
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        let stamp = self.stamp().unwrap_or(Stamp::Broken);
-        if let Some((old, parsed)) = cache.as_ref() {
-            if *old == stamp && stamp != Stamp::Broken {
-                return parsed.clone();
+/// The allow file as the bridge sees it, live: `thunderbolt iroh allow` takes
+/// effect for the next connection without a restart (see
+/// [`thunderbolt_shared::allow_file`] for when it is re-read). Bad lines are
+/// logged once per change, the first few by line number and then a count.
+pub fn live(path: PathBuf) -> LiveAllowFile {
+    let shown = path.display().to_string();
+    LiveAllowFile::new(path, move |r| match r {
+        Reload::Loaded(parsed) => {
+            for bad in parsed.bad_lines.iter().take(BAD_LINES_REPORTED) {
+                warn!("{shown}:{}: ignored: {}", bad.line_no, bad.error);
+            }
+            if parsed.bad_lines.len() > BAD_LINES_REPORTED {
+                warn!(
+                    "{shown}: {} more unparsable line(s) ignored (run `thunderbolt iroh list` to see them all)",
+                    parsed.bad_lines.len() - BAD_LINES_REPORTED
+                );
             }
         }
-        let parsed = match read_text(&self.path) {
-            Ok(text) => parse(&text),
-            Err(e) => {
-                // Said once per breakage, not once per peer.
-                if !matches!(cache.as_ref(), Some((Stamp::Broken, _))) {
-                    warn!("{e}; treating the manual allow list as empty");
-                }
-                let empty = Arc::new(Allowed::default());
-                *cache = Some((Stamp::Broken, empty.clone()));
-                return empty;
-            }
-        };
-        for bad in parsed.bad_lines.iter().take(BAD_LINES_REPORTED) {
-            warn!("{}:{}: ignored: {}", self.path.display(), bad.line_no, bad.error);
-        }
-        if parsed.bad_lines.len() > BAD_LINES_REPORTED {
-            warn!(
-                "{}: {} more unparsable line(s) ignored (run `thunderbolt iroh list` to see them all)",
-                self.path.display(),
-                parsed.bad_lines.len() - BAD_LINES_REPORTED
-            );
-        }
-        let parsed = Arc::new(parsed);
-        *cache = Some((stamp, parsed.clone()));
-        parsed
-    }
-
-    pub fn contains(&self, id: &EndpointId) -> bool {
-        self.current().contains(id)
-    }
+        Reload::Broken(e) => warn!("{e}; treating the manual allow list as empty"),
+    })
 }
 
 #[cfg(test)]
@@ -348,7 +249,7 @@ mod tests {
         let e = read(&path).unwrap_err().to_string();
         assert!(e.contains("not a regular file") && e.contains("FIFO"), "{e}");
         assert!(allow(&path, &id(1)).is_err());
-        let live = LiveAllowFile::new(path);
+        let live = live(path);
         assert!(!live.contains(&id(1)), "fail closed");
     }
 
@@ -356,7 +257,7 @@ mod tests {
     fn live_file_sees_edits() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("allowlist");
-        let live = LiveAllowFile::new(path.clone());
+        let live = live(path.clone());
         assert!(!live.contains(&id(1)));
         fs::write(&path, format!("{}\n", id(1))).unwrap();
         assert!(live.contains(&id(1)));
