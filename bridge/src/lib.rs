@@ -14,7 +14,7 @@
 //!   `iroh` commands, login, the banner).
 //! - Beside them, what all share: [`config`] (one configuration built from the
 //!   command line), [`limits`] (every default and why), [`home`] and
-//!   [`identity`] (files), [`net`] (the iroh endpoint), [`signals`], [`redact`].
+//!   [`identity`] (files), [`net`] (the iroh endpoint), [`paths`] (relay or direct), [`signals`], [`redact`].
 //!
 //! The binary (`main.rs`) only sets up logging and the runtime and calls
 //! [`cli::run`].
@@ -26,6 +26,7 @@ pub mod home;
 pub mod identity;
 pub mod limits;
 pub mod net;
+pub mod paths;
 pub mod redact;
 pub mod serve;
 pub mod signals;

@@ -282,9 +282,10 @@ test("a page reload in the middle of a streamed reply resumes the session: the r
       if (value.method === "session/update") { text += value.params.update.content.text; n++; }
     }
     sessionStorage.setItem("tb_text", text);
-    return { resumable: conn.resumable, state: conn.sessionState() };
+    return { resumable: conn.resumable, path: conn.path, state: conn.sessionState() };
   }, { ticket: bridge.ticket, words });
   assert.equal(before.resumable, true);
+  assert.equal(before.path, "relay", "a browser has no UDP: its path is the relay");
   assert.match(before.state.session, /^[0-9a-f]{32}$/);
   const agentsBefore = agentPids(bridge).filter(alive);
   await page.reload();
@@ -397,10 +398,10 @@ test("the relay killed and restarted mid-session: the page's session resumes by 
     while (!text.includes("\n")) text += new TextDecoder().decode((await window.bReader.read()).value);
     return {
       id: value.id, sid: value.result && value.result.sessionId, events: window.rEvents,
-      bytes: { resumable: window.bConn.resumable, reply: JSON.parse(text).id },
+      bytes: { resumable: window.bConn.resumable, path: window.bConn.path, reply: JSON.parse(text).id },
     };
   });
-  assert.deepEqual(r.bytes, { resumable: true, reply: 9 }, "the byte API resumed too");
+  assert.deepEqual(r.bytes, { resumable: true, path: "relay", reply: 9 }, "the byte API resumed too");
   assert.equal(r.id, 2, "the message sent while the relay was down was answered");
   assert.match(r.sid, /^sess-/);
   assert.deepEqual(r.events.filter((e) => e !== "reconnecting"), ["resumed"]);

@@ -1,7 +1,7 @@
 //! How a failure is reported to JavaScript: a kind the app can switch on, plus
 //! the bridge's close code and reason when the bridge closed the connection.
 
-use thunderbolt_shared::close::{is_alpn_refusal, AgentEnd, Refusal};
+use thunderbolt_shared::close::{self, is_alpn_refusal, AgentEnd, Refusal};
 
 /// Default bound on a dial: covers a cold relay connection on a slow link.
 pub const DEFAULT_DIAL_TIMEOUT_MS: u32 = 30_000;
@@ -69,6 +69,43 @@ pub fn classify_text(text: &str) -> ErrorKind {
     }
 }
 
+/// How a connection ended, classified once for every API that reports it
+/// (errors, `closed()`, the resumable session's end).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// The bridge closed it after the agent's last byte (code 2): how the agent ended.
+    Agent(AgentEnd),
+    /// The bridge closed it with another code (a refusal is code 1).
+    Closed { code: u64, reason: String },
+    /// This client closed it.
+    Local,
+    /// Lost on the network path, in iroh's words.
+    Lost(String),
+}
+
+impl Ending {
+    /// The bridge's application close.
+    pub fn app_close(code: u64, reason: &[u8]) -> Self {
+        match AgentEnd::from_close(code, reason) {
+            Some(end) => Self::Agent(end),
+            None => Self::Closed { code, reason: String::from_utf8_lossy(reason).into_owned() },
+        }
+    }
+
+    /// The refusal, when the bridge refused.
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Self::Closed { code, reason } => Refusal::from_close(*code, reason.as_bytes()),
+            _ => None,
+        }
+    }
+}
+
+/// The code and reason this client closes with.
+pub fn client_closed() -> ErrorKind {
+    ErrorKind::Closed { code: close::CLOSE_CODE_CLIENT as u64, reason: close::REASON_CLIENT_CLOSED.into() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,5 +119,13 @@ mod tests {
         assert_eq!(classify_text("peer doesn't support any known protocol"), ErrorKind::Alpn);
         assert!(ErrorKind::Timeout.retryable());
         assert_eq!(ErrorKind::Agent(AgentEnd::Signaled(9)).name(), "agent");
+    }
+
+    #[test]
+    fn endings() {
+        assert_eq!(Ending::app_close(2, b"agent exited (code 3)"), Ending::Agent(AgentEnd::Exited(3)));
+        let gone = Ending::app_close(1, b"unknown session");
+        assert_eq!(gone.refusal(), Some(Refusal::UnknownSession));
+        assert_eq!(Ending::app_close(0, b"client closed").refusal(), None);
     }
 }

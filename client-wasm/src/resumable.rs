@@ -21,15 +21,15 @@ use iroh::{
 };
 use js_sys::{Function, Object, Promise};
 use thunderbolt_shared::{
-    close::{self, AgentEnd, Refusal},
+    close::{self, Refusal},
     resume::{AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS, MAX_CONTROL_LINE},
 };
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
 use crate::{
-    errors::ErrorKind,
-    wasm::{js_error, set, set_agent_end, ClientInner},
+    errors::{Ending, ErrorKind},
+    wasm::{ending, js_error, set, set_agent_end, ClientInner},
 };
 
 /// First pause between starting redials; doubled after each start.
@@ -240,6 +240,11 @@ impl Resumable {
         }
         drop(st);
         let _ = self.poke.unbounded_send(());
+    }
+
+    /// The current connection's path kind (`"none"` between connections).
+    pub fn path(&self) -> &'static str {
+        self.st.borrow().conn.as_ref().map_or("none", crate::wasm::path_kind)
     }
 
     /// `{session, received}` to store, for resuming after a reload.
@@ -506,34 +511,32 @@ impl Resumable {
     /// The connection ended: the bridge's close ends the session; anything
     /// else is a loss to resume from.
     fn conn_end(&self, err: ConnectionError) -> Result<String, (JsValue, Option<JsValue>)> {
-        match &err {
-            ConnectionError::ApplicationClosed(ac) => {
-                let code = ac.error_code.into_inner();
-                let reason = String::from_utf8_lossy(&ac.reason).into_owned();
-                if let Some(end) = AgentEnd::from_close(code, &ac.reason) {
-                    let v = closed_obj("agent", None, &reason);
-                    set_agent_end(&v, &end);
-                    let e = (!end.is_success()).then(|| js_error(&ErrorKind::Agent(end), &end.describe()));
-                    return Err((v, e));
-                }
-                if Refusal::from_close(code, &ac.reason) == Some(Refusal::UnknownSession) {
-                    let msg = "the session is gone: the bridge no longer holds it";
-                    self.event("gone", Some(msg));
-                    return Err((
-                        closed_obj("session_gone", Some(code), &reason),
-                        Some(js_error(&ErrorKind::SessionGone, msg)),
-                    ));
-                }
+        let ending = ending(&err);
+        let gone = ending.refusal() == Some(Refusal::UnknownSession);
+        match ending {
+            Ending::Closed { code, reason } if gone => {
+                let msg = "the session is gone: the bridge no longer holds it";
+                self.event("gone", Some(msg));
+                Err((
+                    closed_obj("session_gone", Some(code), &reason),
+                    Some(js_error(&ErrorKind::SessionGone, msg)),
+                ))
+            }
+            Ending::Agent(end) => {
+                let v = closed_obj("agent", None, &end.reason());
+                set_agent_end(&v, &end);
+                let e = (!end.is_success()).then(|| js_error(&ErrorKind::Agent(end), &end.describe()));
+                Err((v, e))
+            }
+            Ending::Closed { code, reason } => {
                 let msg = format!("the bridge closed the connection: {reason} (code {code})");
                 Err((
                     closed_obj("closed", Some(code), &reason),
                     Some(js_error(&ErrorKind::Closed { code, reason: reason.clone() }, &msg)),
                 ))
             }
-            ConnectionError::LocallyClosed => {
-                Err((closed_obj("closed", Some(0), close::REASON_CLIENT_CLOSED), None))
-            }
-            e => Ok(e.to_string()),
+            Ending::Local => Err((closed_obj("closed", Some(0), close::REASON_CLIENT_CLOSED), None)),
+            Ending::Lost(text) => Ok(text),
         }
     }
 }

@@ -18,7 +18,7 @@ use thunderbolt_shared::{
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use crate::errors::{classify_text, ErrorKind, DEFAULT_DIAL_TIMEOUT_MS};
+use crate::errors::{classify_text, client_closed, Ending, ErrorKind, DEFAULT_DIAL_TIMEOUT_MS};
 
 /// Bytes asked for per read: large enough for bulk transfers, small enough to
 /// keep each JS chunk cheap.
@@ -61,28 +61,24 @@ pub(crate) fn set_agent_end(v: &JsValue, end: &close::AgentEnd) {
     }
 }
 
-fn conn_error(err: &ConnectionError) -> JsValue {
+/// How `err` ended the connection.
+pub(crate) fn ending(err: &ConnectionError) -> Ending {
     match err {
-        ConnectionError::ApplicationClosed(ac) => {
-            let code = ac.error_code.into_inner();
-            if let Some(end) = close::AgentEnd::from_close(code, &ac.reason) {
-                return js_error(&ErrorKind::Agent(end), &end.describe());
-            }
-            let reason = String::from_utf8_lossy(&ac.reason).into_owned();
+        ConnectionError::ApplicationClosed(ac) => Ending::app_close(ac.error_code.into_inner(), &ac.reason),
+        ConnectionError::LocallyClosed => Ending::Local,
+        e => Ending::Lost(e.to_string()),
+    }
+}
+
+fn conn_error(err: &ConnectionError) -> JsValue {
+    match ending(err) {
+        Ending::Agent(end) => js_error(&ErrorKind::Agent(end), &end.describe()),
+        Ending::Closed { code, reason } => {
             let msg = format!("the bridge closed the connection: {reason} (code {code})");
             js_error(&ErrorKind::Closed { code, reason }, &msg)
         }
-        ConnectionError::LocallyClosed => js_error(
-            &ErrorKind::Closed {
-                code: close::CLOSE_CODE_CLIENT as u64,
-                reason: close::REASON_CLIENT_CLOSED.into(),
-            },
-            "the connection was closed by this client",
-        ),
-        e => {
-            let text = e.to_string();
-            js_error(&classify_text(&text), &format!("connection lost: {text}"))
-        }
+        Ending::Local => js_error(&client_closed(), "the connection was closed by this client"),
+        Ending::Lost(text) => js_error(&classify_text(&text), &format!("connection lost: {text}")),
     }
 }
 
@@ -356,14 +352,9 @@ impl ConnInner {
             match recv.read_chunk(READ_CHUNK).await {
                 Ok(Some(chunk)) => Some((Ok(chunk.to_vec()), Some((recv, me)))),
                 Ok(None) => me.agent_failure().await.map(|e| (Err(e), None)),
-                Err(e) => match me.conn.close_reason() {
+                Err(e) => match me.conn.close_reason().map(|c| ending(&c)) {
                     // The agent's end was announced: what came before it was everything.
-                    Some(ConnectionError::ApplicationClosed(ac))
-                        if close::AgentEnd::from_close(ac.error_code.into_inner(), &ac.reason)
-                            .is_some_and(|end| end.is_success()) =>
-                    {
-                        None
-                    }
+                    Some(Ending::Agent(end)) if end.is_success() => None,
                     _ => Some((Err(op_error(&me.conn, e)), None)),
                 },
             }
@@ -374,10 +365,9 @@ impl ConnInner {
     /// the agent failed; `None` when it exited 0 or nothing was said in time.
     async fn agent_failure(&self) -> Option<JsValue> {
         let err = n0_future::time::timeout(AGENT_END_WAIT, self.conn.closed()).await.ok()?;
-        match &err {
-            ConnectionError::ApplicationClosed(ac) => {
-                let end = close::AgentEnd::from_close(ac.error_code.into_inner(), &ac.reason)?;
-                (!end.is_success()).then(|| js_error(&ErrorKind::Agent(end), &end.describe()))
+        match ending(&err) {
+            Ending::Agent(end) if !end.is_success() => {
+                Some(js_error(&ErrorKind::Agent(end), &end.describe()))
             }
             _ => None,
         }
@@ -393,28 +383,24 @@ impl ConnInner {
         future_to_promise(async move {
             let err = me.conn.closed().await;
             let v: JsValue = Object::new().into();
-            match &err {
-                ConnectionError::ApplicationClosed(ac) => {
-                    match close::AgentEnd::from_close(ac.error_code.into_inner(), &ac.reason) {
-                        Some(end) => {
-                            set(&v, "kind", "agent".into());
-                            set_agent_end(&v, &end);
-                        }
-                        None => {
-                            set(&v, "kind", "closed".into());
-                            set(&v, "code", JsValue::from_f64(ac.error_code.into_inner() as f64));
-                            set(&v, "reason", String::from_utf8_lossy(&ac.reason).as_ref().into());
-                        }
-                    }
+            match ending(&err) {
+                Ending::Agent(end) => {
+                    set(&v, "kind", "agent".into());
+                    set_agent_end(&v, &end);
                 }
-                ConnectionError::LocallyClosed => {
+                Ending::Closed { code, reason } => {
+                    set(&v, "kind", "closed".into());
+                    set(&v, "code", JsValue::from_f64(code as f64));
+                    set(&v, "reason", reason.as_str().into());
+                }
+                Ending::Local => {
                     set(&v, "kind", "closed".into());
                     set(&v, "code", JsValue::from_f64(close::CLOSE_CODE_CLIENT as f64));
                     set(&v, "reason", close::REASON_CLIENT_CLOSED.into());
                 }
-                e => {
-                    set(&v, "kind", classify_text(&e.to_string()).name().into());
-                    set(&v, "reason", e.to_string().into());
+                Ending::Lost(text) => {
+                    set(&v, "kind", classify_text(&text).name().into());
+                    set(&v, "reason", text.into());
                 }
             }
             Ok(v)
@@ -428,7 +414,7 @@ impl ConnInner {
     }
 }
 
-/// `finish`, `close`, `closed`, `sessionState` and `resumable`, the same on both connection classes
+/// `finish`, `close`, `closed`, `sessionState`, `path` and `resumable`, the same on both connection classes
 /// (wasm-bindgen classes cannot share an impl, so a macro writes it once).
 macro_rules! session_controls {
     ($class:ident) => {
@@ -465,6 +451,14 @@ macro_rules! session_controls {
                     Framed::Plain(_) => JsValue::NULL,
                     Framed::Resumable(r) => r.state(),
                 }
+            }
+
+            /// The path the session's data takes now: `"relay"` (always, in a
+            /// browser: it has no UDP), `"direct"`, or `"none"` while a
+            /// resumable session is reconnecting.
+            #[wasm_bindgen(getter)]
+            pub fn path(&self) -> String {
+                self.inner.path().to_string()
             }
 
             /// Whether this session resumes after a lost connection (the bridge speaks r1).
@@ -565,7 +559,24 @@ enum Framed {
     Resumable(Rc<crate::resumable::Resumable>),
 }
 
+/// The kind of path `conn` sends on now: `"relay"` or `"direct"` (a browser
+/// has no UDP, so always the relay there).
+pub(crate) fn path_kind(conn: &Connection) -> &'static str {
+    match conn.paths().iter().find(|p| p.is_selected()) {
+        Some(p) if p.is_ip() => "direct",
+        Some(_) => "relay",
+        None => "none",
+    }
+}
+
 impl Framed {
+    fn path(&self) -> &'static str {
+        match self {
+            Framed::Plain(c) => path_kind(&c.conn),
+            Framed::Resumable(r) => r.path(),
+        }
+    }
+
     async fn finish(&self) -> Result<(), JsValue> {
         match self {
             Framed::Plain(c) => c.finish().await,

@@ -23,6 +23,7 @@ use tokio::{
 
 pub mod backend;
 pub mod hostile;
+pub mod nat;
 
 /// Upper bound for anything a test waits on. Generous because two-core CI
 /// machines run several test binaries at once; a passing test never waits it out.
@@ -97,16 +98,28 @@ pub fn net_env(relay: Option<&RelayUrl>) -> Vec<(&'static str, String)> {
 pub struct Tb {
     dir: tempfile::TempDir,
     relay: Option<RelayUrl>,
+    /// Set after the defaults (e.g. another bind address, a relay CA).
+    env: Vec<(&'static str, String)>,
 }
 
 impl Tb {
     pub fn new(relay: Option<&LocalRelay>) -> Self {
-        Self { dir: tempfile::tempdir().expect("tempdir"), relay: relay.map(|r| r.url.clone()) }
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+            relay: relay.map(|r| r.url.clone()),
+            env: Vec::new(),
+        }
     }
 
     /// A home whose processes use the relay at `url` (e.g. a relay process).
     pub fn with_relay_url(url: &RelayUrl) -> Self {
-        Self { dir: tempfile::tempdir().expect("tempdir"), relay: Some(url.clone()) }
+        Self { dir: tempfile::tempdir().expect("tempdir"), relay: Some(url.clone()), env: Vec::new() }
+    }
+
+    /// This home's processes get `key=value` (after the test defaults).
+    pub fn with_env(mut self, key: &'static str, value: impl Into<String>) -> Self {
+        self.env.push((key, value.into()));
+        self
     }
 
     pub fn home(&self) -> &Path {
@@ -122,7 +135,7 @@ impl Tb {
             }
         }
         c.env("THUNDERBOLT_HOME", self.home());
-        for (k, v) in net_env(self.relay.as_ref()) {
+        for (k, v) in net_env(self.relay.as_ref()).into_iter().chain(self.env.iter().cloned()) {
             c.env(k, v);
         }
         c.stdin(Stdio::null()).kill_on_drop(true);
@@ -511,4 +524,25 @@ pub async fn closed_with(conn: &Connection) -> (u64, String) {
 /// The pid an agent started with `--pid-file` wrote.
 pub async fn agent_pid(pid_file: &str) -> u32 {
     wait_file(pid_file.as_ref()).await.trim().parse().expect("pid file holds a pid")
+}
+
+/// A private CA (`ca.pem`) and a certificate for `names` (DNS names or IP
+/// addresses) signed by it (`relay.pem`, `relay.key`), written to `dir`.
+pub fn private_ca(dir: &Path, names: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(DnType::CommonName, "thunderbolt test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("CA certificate");
+    let key = KeyPair::generate().expect("key");
+    let params =
+        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).expect("cert params");
+    let issuer = Issuer::new(ca_params, ca_key);
+    let cert = params.signed_by(&key, &issuer).expect("certificate");
+    let (ca, crt, k) = (dir.join("ca.pem"), dir.join("relay.pem"), dir.join("relay.key"));
+    std::fs::write(&ca, ca_cert.pem()).expect("write CA");
+    std::fs::write(&crt, cert.pem()).expect("write certificate");
+    std::fs::write(&k, key.serialize_pem()).expect("write key");
+    (ca, crt, k)
 }

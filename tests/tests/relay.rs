@@ -118,25 +118,6 @@ async fn dev_relay_carries_a_relay_only_session() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("loopback"));
 }
 
-/// A private CA and a certificate for 127.0.0.1 signed by it.
-fn private_ca(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(DnType::CommonName, "thunderbolt test CA");
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
-    let issuer = Issuer::new(ca_params, ca_key);
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    let (ca, crt, k) = (dir.join("ca.pem"), dir.join("relay.pem"), dir.join("relay.key"));
-    std::fs::write(&ca, ca_cert.pem()).unwrap();
-    std::fs::write(&crt, cert.pem()).unwrap();
-    std::fs::write(&k, key.serialize_pem()).unwrap();
-    (ca, crt, k)
-}
-
 fn write_config(dir: &Path, body: &str) -> std::path::PathBuf {
     let p = dir.join("relay.toml");
     std::fs::write(&p, body).unwrap();
@@ -144,7 +125,7 @@ fn write_config(dir: &Path, body: &str) -> std::path::PathBuf {
 }
 
 fn tls_config(dir: &Path, access: &str) -> std::path::PathBuf {
-    let (_, crt, key) = private_ca(dir);
+    let (_, crt, key) = private_ca(dir, &["127.0.0.1", "localhost"]);
     write_config(
         dir,
         &format!(

@@ -193,6 +193,7 @@ async fn pipe(
             redial::Finish::Stopped => Ok(()),
         };
     }
+    let _path_log = crate::paths::log_changes(conn, conn.remote_id().fmt_short().to_string());
     let (mut send, mut recv) = conn.open_bi().await.map_err(|e| anyhow!(describe_close(&e, protocol)))?;
     let announce = |how: &str| info!(bridge = %conn.remote_id().fmt_short(), "connected ({how})");
     let mut announced = false;

@@ -245,6 +245,7 @@ async fn carry(
     resumed: bool,
     protocol: &Protocol,
 ) -> Result<ConnEnd> {
+    let _path_log = crate::paths::log_changes(conn, conn.remote_id().fmt_short().to_string());
     let (mut send, mut recv) = match conn.open_bi().await {
         Ok(s) => s,
         Err(e) => return Ok(lost_or_closed(conn, e.to_string())),

@@ -311,6 +311,7 @@ async fn handle_incoming(incoming: Incoming, shared: Arc<Shared>) {
 async fn admitted(conn: Connection, peer: EndpointId, grant: Grant, shared: Arc<Shared>) {
     let short = peer.fmt_short().to_string();
     info!(peer = %short, "admitted {peer} ({grant})");
+    let _path_log = crate::paths::log_changes(&conn, short.clone());
     let _registered = shared.sessions.insert(&conn);
     let stream = tokio::select! {
         r = tokio::time::timeout(shared.admission.stream_open_timeout, conn.accept_bi()) => r,
