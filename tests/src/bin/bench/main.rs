@@ -35,12 +35,14 @@ use tokio::{
 };
 
 mod measure;
+mod nat;
 mod peers;
 mod report;
 mod resume;
 mod sections;
 
 use measure::*;
+use nat::*;
 use peers::*;
 use report::*;
 use resume::*;
@@ -95,6 +97,8 @@ enum Section {
     Resume,
     /// `connect` (stdio, and with a local client) against the bench's own client.
     Connect,
+    /// Two NATs: time until the path is direct; direct against the relay (needs root).
+    Nat,
 }
 
 /// Which sections this run measures.

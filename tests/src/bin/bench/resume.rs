@@ -18,17 +18,27 @@ const CLIENT_IDLE: &str = "1";
 const DETACHED: usize = SESSIONS;
 
 /// A `thunderbolt acp connect` process with piped stdio.
-struct ConnectProc {
-    child: tokio::process::Child,
-    stdin: tokio::process::ChildStdin,
-    stdout: tokio::process::ChildStdout,
-    log: Log,
+pub struct ConnectProc {
+    pub child: tokio::process::Child,
+    pub stdin: tokio::process::ChildStdin,
+    pub stdout: tokio::process::ChildStdout,
+    pub log: Log,
 }
 
 impl ConnectProc {
-    async fn start(tb: &Tb, target: &str, extra: &[&str]) -> Result<Self> {
+    /// `connect` for `target` as `tb`'s machine.
+    pub fn command(tb: &Tb, target: &str, extra: &[&str]) -> tokio::process::Command {
         let mut c = tb.cmd();
         c.env("RUST_LOG", "info").args(["acp", "connect"]).args(extra).arg(target);
+        c
+    }
+
+    async fn start(tb: &Tb, target: &str, extra: &[&str]) -> Result<Self> {
+        Self::spawn(Self::command(tb, target, extra))
+    }
+
+    /// Starts `c` (a [`ConnectProc::command`], perhaps wrapped) with piped stdio.
+    pub fn spawn(mut c: tokio::process::Command) -> Result<Self> {
         c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = c.spawn()?;
         let log = Log::default();
@@ -45,7 +55,7 @@ impl ConnectProc {
         Ok(t0.elapsed())
     }
 
-    async fn round_trips(&mut self, n: usize) -> Result<Vec<f64>> {
+    pub async fn round_trips(&mut self, n: usize) -> Result<Vec<f64>> {
         let mut buf = vec![0u8; SMALL_REQUEST.len()];
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
@@ -54,7 +64,7 @@ impl ConnectProc {
         Ok(out)
     }
 
-    async fn finish(mut self) -> Result<()> {
+    pub async fn finish(mut self) -> Result<()> {
         drop(self.stdin);
         let status = tokio::time::timeout(WAIT, self.child.wait()).await??;
         if !status.success() {
@@ -188,7 +198,7 @@ pub async fn resume_rows(b: &Bench) -> Result<Vec<Row>> {
 }
 
 impl ConnectProc {
-    async fn finish_child(mut child: tokio::process::Child, log: Log) -> Result<()> {
+    pub async fn finish_child(mut child: tokio::process::Child, log: Log) -> Result<()> {
         let status = tokio::time::timeout(WAIT, child.wait()).await??;
         if !status.success() {
             bail!("connect failed: {}", log.text());

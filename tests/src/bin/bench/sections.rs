@@ -149,6 +149,9 @@ pub async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<(
     if only.has(Section::Flood) {
         rows.extend(flood_rows(&b).await?);
     }
+    if only.has(Section::Nat) {
+        rows.extend(nat_rows(&b).await?);
+    }
     drop(relay);
 
     print_table(&rows);
