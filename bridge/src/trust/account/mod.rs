@@ -81,15 +81,14 @@ impl Account {
 
 /// The name the bridge registers under: the hostname, else "Bridge".
 pub fn device_name() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: buffer and length are valid; gethostname NUL-terminates within it on success.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
-    if rc == 0 {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        let name = String::from_utf8_lossy(&buf[..end]).trim().to_string();
-        if !name.is_empty() {
-            return name;
-        }
+    // The kernel's own copy (Linux), then what `hostname` prints (elsewhere).
+    let from_proc = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
+    let name = from_proc.or_else(|| {
+        let out = std::process::Command::new("hostname").stderr(std::process::Stdio::null()).output().ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    });
+    match name.map(|n| n.trim().to_string()) {
+        Some(n) if !n.is_empty() => n,
+        _ => "Bridge".to_string(),
     }
-    "Bridge".to_string()
 }
