@@ -309,12 +309,33 @@ pub async fn many_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
 /// processes, so not counted).
 pub async fn memory_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
     let mut fresh = b.cat_bridge().await;
-    let addr = p.addr_of(&fresh)?;
-    let pid = fresh.pid();
+    let (idle, loaded) = idle_sessions_rss(&p.ep, &p.addr_of(&fresh)?, &Protocol::acp().alpn(), fresh.pid()).await?;
+    eprintln!("bench: bridge RSS idle {idle:.0} KiB, with {SESSIONS} sessions {loaded:.0} KiB");
+    fresh.terminate().await;
+    // The same for a raw iroh echo server (same transport settings as iroh's
+    // defaults, no agent, no session core): what QUIC and iroh hold per connection.
+    let (mut echo, echo_addr) = start_echo(Some(&b.relay_url)).await?;
+    let echo_pid = echo.id().context("echo pid")?;
+    let (ridle, rloaded) =
+        idle_sessions_rss(&p.ep, &path_addr(&echo_addr, p.relay_only), ECHO_ALPN, echo_pid).await?;
+    let _ = echo.kill().await;
+    let per = (loaded - idle) / SESSIONS as f64;
+    let raw_per = (rloaded - ridle) / SESSIONS as f64;
+    Ok(vec![
+        row_stats("bridge RSS per idle session", "KiB", per, raw_per, false)
+            .named_baseline("raw iroh echo, per idle connection"),
+        row_stats("bridge RSS per idle session", "KiB", per, 128.0, false).named_baseline("target"),
+        row_stats("bridge RSS, idle", "KiB", idle, ridle, false).named_baseline("raw iroh echo, idle"),
+    ])
+}
+
+/// RSS (KiB) of process `pid` before and after [`SESSIONS`] idle sessions to
+/// `addr`, each past one echoed line and held open.
+async fn idle_sessions_rss(ep: &Endpoint, addr: &EndpointAddr, alpn: &[u8], pid: u32) -> Result<(f64, f64)> {
     let idle = rss_kib(pid)?;
     let mut held = Vec::new();
     for _ in 0..SESSIONS {
-        let c = p.ep.connect(addr.clone(), &Protocol::acp().alpn()).await?;
+        let c = ep.connect(addr.clone(), alpn).await?;
         let (mut s, mut r) = c.open_bi().await?;
         s.write_all(b"{}\n").await?;
         let mut echoed = [0u8; 3];
@@ -322,16 +343,10 @@ pub async fn memory_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
         held.push((c, s, r));
     }
     let loaded = rss_kib(pid)?;
-    eprintln!("bench: bridge RSS idle {idle:.0} KiB, with {SESSIONS} sessions {loaded:.0} KiB");
     for (c, _, _) in held {
         c.close(0u32.into(), b"client closed");
     }
-    fresh.terminate().await;
-    let per = (loaded - idle) / SESSIONS as f64;
-    Ok(vec![
-        row_stats("bridge RSS per idle session", "KiB", per, 256.0, false).named_baseline("target"),
-        row_stats("bridge RSS, idle", "KiB", idle, idle, false).named_baseline("—"),
-    ])
+    Ok((idle, loaded))
 }
 
 /// Admission under attack: an allowed relay peer's setup time, alone and while a
