@@ -362,6 +362,8 @@ pub async fn flood_rows(b: &Bench) -> Result<Vec<Row>> {
     for _ in 0..b.plan.setup_reps {
         calm.push(ms(first_response(&ep, &addr, &acp, INIT).await?));
     }
+    let pid = builtin.pid();
+    let before = rss_kib(pid)?;
     let flood_secs = (b.plan.setup_reps as f64 * 2.0 + 10.0).to_string();
     let mut flood = Command::new(std::env::current_exe()?)
         .args(["flood", &b.relay_url.to_string(), &builtin.ticket, &flood_secs])
@@ -372,8 +374,6 @@ pub async fn flood_rows(b: &Bench) -> Result<Vec<Row>> {
         .await
         .is_ok();
     eprintln!("bench: flood {} the handshake cap", if hit_cap { "reached" } else { "did not reach" });
-    let pid = builtin.pid();
-    let before = rss_kib(pid)?;
     let mut attacked = Vec::new();
     for _ in 0..b.plan.setup_reps {
         attacked.push(ms(first_response(&ep, &addr, &acp, INIT).await?));
