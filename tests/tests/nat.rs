@@ -12,6 +12,8 @@
 
 use std::time::Duration;
 
+use iroh::EndpointId;
+
 use thunderbolt_tests::{
     nat::{Mapping, Topology, PHONE_PUBLIC_IP},
     test_agent_bin, Log, RunningBridge, Tb, WAIT,
@@ -41,8 +43,8 @@ macro_rules! require_topology {
     };
 }
 
-/// The bridge at home, admitting the phone's NodeId.
-async fn bridge(t: &Topology, home: &Tb, phone: &Tb) -> RunningBridge {
+/// The bridge at home, admitting the phone's NodeId (returned with it).
+async fn bridge(t: &Topology, home: &Tb, phone: &Tb) -> (RunningBridge, EndpointId) {
     let phone_id = phone.node_id("acp").await;
     home.allow(&phone_id).await;
     let mut c = home.cmd();
@@ -50,7 +52,7 @@ async fn bridge(t: &Topology, home: &Tb, phone: &Tb) -> RunningBridge {
     c.args(["acp", "--transport", "iroh", "--"]).arg(test_agent_bin()).arg("cat");
     let mut c = t.home.enter(c);
     c.stdin(std::process::Stdio::null());
-    RunningBridge::start(c).await
+    (RunningBridge::start(c).await, phone_id)
 }
 
 /// `thunderbolt acp connect <ticket>` on the phone, its stdio piped to the test.
@@ -121,8 +123,7 @@ async fn a_session_over_the_ticket_goes_direct_through_two_nats_without_the_agen
     require_topology!();
     let t = Topology::build(Mapping::EndpointIndependent).await;
     let (home, phone) = (t.tb(), t.tb());
-    let bridge = bridge(&t, &home, &phone).await;
-    let phone_id = phone.node_id("acp").await;
+    let (bridge, phone_id) = bridge(&t, &home, &phone).await;
     let mut client = Client::start(&t, &phone, &bridge.ticket, &[]).await;
     client.echo().await;
     assert!(client.log.contains("path: relay"), "{}", client.log.text());
@@ -147,7 +148,7 @@ async fn a_nat_that_maps_each_destination_to_a_new_port_keeps_the_session_on_the
     require_topology!();
     let t = Topology::build(Mapping::EndpointDependent).await;
     let (home, phone) = (t.tb(), t.tb());
-    let bridge = bridge(&t, &home, &phone).await;
+    let (bridge, _) = bridge(&t, &home, &phone).await;
     let mut client = Client::start(&t, &phone, &bridge.ticket, &[]).await;
     let started = tokio::time::Instant::now();
     while started.elapsed() < NO_DIRECT_WATCH {
@@ -166,7 +167,7 @@ async fn the_relay_can_die_and_come_back_while_the_path_is_direct() {
     require_topology!();
     let mut t = Topology::build(Mapping::EndpointIndependent).await;
     let (home, phone) = (t.tb(), t.tb());
-    let bridge = bridge(&t, &home, &phone).await;
+    let (bridge, _) = bridge(&t, &home, &phone).await;
     let mut client = Client::start(&t, &phone, &bridge.ticket, &[]).await;
     client.until_direct(&bridge).await;
     t.kill_relay().await;
@@ -190,8 +191,7 @@ async fn the_budget_keys_a_relayed_dial_by_node_id_and_a_direct_one_by_the_nat_a
     require_topology!();
     let t = Topology::build(Mapping::EndpointIndependent).await;
     let (home, phone) = (t.tb(), t.tb());
-    let bridge = bridge(&t, &home, &phone).await;
-    let phone_id = phone.node_id("acp").await;
+    let (bridge, phone_id) = bridge(&t, &home, &phone).await;
     // A short idle timeout so the loss below is noticed at once.
     let mut client = Client::start(&t, &phone, &bridge.ticket, &["--idle-timeout", "1"]).await;
     client.echo().await;

@@ -39,14 +39,6 @@ pub enum AllowFileError {
     Home(#[from] HomeError),
 }
 
-fn regular_metadata(path: &Path) -> Result<Option<fs::Metadata>, AllowFileError> {
-    Ok(allow_file::regular_metadata(path)?)
-}
-
-fn read_text(path: &Path) -> Result<String, AllowFileError> {
-    Ok(allow_file::read_text(path)?)
-}
-
 /// Where edits go: the target of a symlinked allow file (resolved as far as it
 /// exists), else the path itself.
 fn edit_target(path: &Path) -> PathBuf {
@@ -90,7 +82,7 @@ fn lock_for_edit(path: &Path) -> Result<EditLock, AllowFileError> {
 
 /// Reads and parses the file; a missing file is an empty list.
 pub fn read(path: &Path) -> Result<Allowed, AllowFileError> {
-    read_text(path).map(|t| parse(&t))
+    Ok(allow_file::read(path)?)
 }
 
 /// Adds `id`. Returns false when it was already there (file untouched).
@@ -98,7 +90,7 @@ pub fn allow(path: &Path, id: &EndpointId) -> Result<bool, AllowFileError> {
     ensure_parent(path)?;
     let path = &edit_target(path);
     let _lock = lock_for_edit(path)?;
-    let text = read_text(path)?;
+    let text = allow_file::read_text(path)?;
     if parse(&text).contains(id) {
         return Ok(false);
     }
@@ -114,11 +106,11 @@ pub fn allow(path: &Path, id: &EndpointId) -> Result<bool, AllowFileError> {
 /// Removes every line naming `id`. Returns false when it was not there.
 pub fn deny(path: &Path, id: &EndpointId) -> Result<bool, AllowFileError> {
     let path = &edit_target(path);
-    if regular_metadata(path)?.is_none() {
+    if allow_file::regular_metadata(path)?.is_none() {
         return Ok(false);
     }
     let _lock = lock_for_edit(path)?;
-    let text = read_text(path)?;
+    let text = allow_file::read_text(path)?;
     let mut removed = false;
     let kept: Vec<&str> = text
         .lines()

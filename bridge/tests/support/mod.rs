@@ -15,7 +15,7 @@ use thunderbolt::serve::agent::{AgentFuture, AgentProcess, Launcher, Started};
 use thunderbolt_shared::close::AgentEnd;
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream},
-    sync::{watch, Semaphore},
+    sync::{watch, Notify, Semaphore},
     task::JoinHandle,
     time::Instant,
 };
@@ -25,17 +25,44 @@ pub const PIPE: usize = 64 * 1024;
 
 /// What happened, in order, with when (from the test's start).
 #[derive(Clone, Default)]
-pub struct Events(Arc<Mutex<Vec<(Duration, String)>>>);
+pub struct Events(Arc<Log>);
+
+#[derive(Default)]
+/// What happened, and a wake-up for whoever waits on it.
+pub struct Log {
+    seen: Mutex<Vec<(Duration, String)>>,
+    changed: Notify,
+}
 
 impl Events {
     pub fn push(&self, start: Instant, what: impl Into<String>) {
-        self.0.lock().unwrap().push((start.elapsed(), what.into()));
+        self.0.seen.lock().unwrap().push((start.elapsed(), what.into()));
+        self.0.changed.notify_waiters();
     }
     pub fn names(&self) -> Vec<String> {
-        self.0.lock().unwrap().iter().map(|(_, w)| w.clone()).collect()
+        self.0.seen.lock().unwrap().iter().map(|(_, w)| w.clone()).collect()
     }
     pub fn at(&self, what: &str) -> Duration {
-        self.0.lock().unwrap().iter().find(|(_, w)| w == what).unwrap_or_else(|| panic!("no event {what}")).0
+        self.0
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(_, w)| w == what)
+            .unwrap_or_else(|| panic!("no event {what}"))
+            .0
+    }
+    /// Waits until `what` has happened `n` times.
+    pub async fn wait_for_count(&self, what: &str, n: usize) {
+        loop {
+            let changed = self.0.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.names().iter().filter(|e| *e == what).count() >= n {
+                return;
+            }
+            changed.await;
+        }
     }
 }
 

@@ -309,7 +309,8 @@ pub async fn many_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
 /// processes, so not counted).
 pub async fn memory_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
     let mut fresh = b.cat_bridge().await;
-    let (idle, loaded) = idle_sessions_rss(&p.ep, &p.addr_of(&fresh)?, &Protocol::acp().alpn(), fresh.pid()).await?;
+    let (idle, loaded) =
+        idle_sessions_rss(&p.ep, &p.addr_of(&fresh)?, &Protocol::acp().alpn(), fresh.pid()).await?;
     eprintln!("bench: bridge RSS idle {idle:.0} KiB, with {SESSIONS} sessions {loaded:.0} KiB");
     fresh.terminate().await;
     // The same for a raw iroh echo server (same transport settings as iroh's
