@@ -21,13 +21,13 @@ if [ -z "${TB_IN_NETNS:-}" ]; then
     # The resume tests cut a bridge's path with nftables inside the namespace.
     echo "run-all: installing nftables for the outage tests" >&2
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends nftables >/dev/null
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends nftables >/dev/null && apt-get clean
   fi
   if [ "${TB_SKIP_BROWSER:-}" != 1 ]; then
     if ! command -v chromium >/dev/null; then
       echo "run-all: installing Debian's chromium for the browser tests" >&2
       export DEBIAN_FRONTEND=noninteractive
-      apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null
+      apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null && apt-get clean
     fi
     client-wasm/build.sh
     (cd client-wasm/e2e && npm ci --no-audit --no-fund --silent)
