@@ -208,19 +208,6 @@ async fn beat(shared: &Shared) {
     }
     let closed = shared.sessions.recheck(shared.trust.as_ref()) + shared.hubs.recheck(shared.trust.as_ref());
     tracing::debug!(open = shared.sessions.len(), detached = shared.hubs.detached(), closed, "heartbeat");
-    give_back_memory();
-}
-
-/// Returns freed heap memory to the system. A flood of strangers leaves
-/// per-connection state behind for a while (iroh forgets an unknown remote
-/// after a minute of silence); once freed, glibc keeps it in its arenas unless
-/// asked. Cheap (it walks free lists) and run once per heartbeat.
-fn give_back_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free memory; no pointers are touched.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 fn remote_key(addr: &IncomingAddr) -> RemoteKey {
