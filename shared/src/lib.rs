@@ -34,4 +34,4 @@ pub mod target;
 pub use iroh_base::{EndpointAddr, EndpointId};
 pub use iroh_tickets::endpoint::EndpointTicket;
 pub use protocol::{alpn_for, Protocol};
-pub use target::{parse_node_id, Target};
+pub use target::{node_id_base32, parse_node_id, Target};

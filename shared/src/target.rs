@@ -71,6 +71,27 @@ pub fn parse_node_id(s: &str) -> Result<EndpointId, TargetError> {
     EndpointId::from_bytes(&bytes).map_err(|_| TargetError::NotAKey { shown: shown(s) })
 }
 
+/// A NodeId as unpadded lowercase RFC 4648 base32 (52 characters of a-z2-7):
+/// the form the app's own forms take. We print hex first, as the reference
+/// does; this is offered next to it (`iroh id --json`).
+pub fn node_id_base32(id: &EndpointId) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let (mut out, mut acc, mut bits) = (String::with_capacity(NODE_ID_BASE32_LEN), 0u32, 0u32);
+    for &b in id.as_bytes() {
+        acc = (acc << 8) | b as u32;
+        bits += 8;
+        while bits >= 5 {
+            bits -= 5;
+            out.push(ALPHABET[((acc >> bits) & 31) as usize] as char);
+        }
+        acc &= (1 << bits) - 1;
+    }
+    if bits > 0 {
+        out.push(ALPHABET[((acc << (5 - bits)) & 31) as usize] as char);
+    }
+    out
+}
+
 /// 52 base32 characters → 32 bytes; the 4 bits left over must be zero (one
 /// key, one spelling).
 fn base32_key(s: &str) -> Option<[u8; 32]> {
@@ -165,29 +186,10 @@ mod tests {
         iroh_base::SecretKey::from_bytes(&[1u8; 32]).public()
     }
 
-    /// RFC 4648 base32, lowercase, unpadded (test-only encoder).
-    fn base32(bytes: &[u8]) -> String {
-        const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz234567";
-        let (mut out, mut acc, mut bits) = (String::new(), 0u32, 0u32);
-        for &b in bytes {
-            acc = (acc << 8) | b as u32;
-            bits += 8;
-            while bits >= 5 {
-                bits -= 5;
-                out.push(ALPHABET[((acc >> bits) & 31) as usize] as char);
-            }
-            acc &= (1 << bits) - 1;
-        }
-        if bits > 0 {
-            out.push(ALPHABET[((acc << (5 - bits)) & 31) as usize] as char);
-        }
-        out
-    }
-
     #[test]
     fn base32_node_ids_as_the_app_writes_them() {
         let id = sample_id();
-        let b32 = base32(id.as_bytes());
+        let b32 = node_id_base32(&id);
         assert_eq!(b32.len(), NODE_ID_BASE32_LEN);
         assert!(b32.bytes().all(|c| c.is_ascii_lowercase() || (b'2'..=b'7').contains(&c)));
         assert_eq!(parse_node_id(&b32).unwrap(), id);

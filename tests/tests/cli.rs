@@ -51,6 +51,28 @@ async fn identities_are_private_hex_and_stable() {
 }
 
 #[tokio::test]
+async fn id_json_gives_hex_and_base32_and_both_are_accepted() {
+    let tb = Tb::new(None);
+    let o = tb.run(&["iroh", "id", "--json"]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let hex = v["nodeId"].as_str().unwrap().to_string();
+    let b32 = v["nodeIdBase32"].as_str().unwrap().to_string();
+    assert_eq!(hex, tb.node_id("acp").await.to_string());
+    // The form the app's own forms accept: ^[a-z2-7]{52,}$.
+    assert_eq!(b32.len(), 52, "{b32}");
+    assert!(b32.bytes().all(|c| c.is_ascii_lowercase() || (b'2'..=b'7').contains(&c)), "{b32}");
+    // `allow` and `deny` take either form and store hex.
+    let other = Tb::new(None);
+    let o = other.run(&["iroh", "allow", &b32]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&other.run(&["iroh", "list"]).await), format!("{hex}\n"));
+    let o = other.run(&["iroh", "deny", &b32]).await;
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&other.run(&["iroh", "list"]).await), "");
+}
+
+#[tokio::test]
 async fn existing_reference_identity_is_kept() {
     // A key written by the reference tool (hex, trailing newline) gives the same NodeId.
     let tb = Tb::new(None);
@@ -127,6 +149,9 @@ async fn malformed_input_gets_one_clear_line() {
     assert_clean_error(&o, "malformed ticket");
     let o = tb.run(&["acp", "connect", "1234"]).await;
     assert_clean_error(&o, "malformed NodeId");
+    // A bare NodeId with neither discovery nor a relay of our own: say what to use instead.
+    let o = tb.run(&["acp", "connect", &Tb::new(None).node_id("acp").await.to_string()]).await;
+    assert_clean_error(&o, "a bare NodeId carries no address");
     let o = tb.run(&["acp", "--transport", "iroh", "--", "no-such-agent-xyz"]).await;
     assert_clean_error(&o, "agent command 'no-such-agent-xyz' not found");
     let o = tb.run(&["mcp", "--transport", "iroh"]).await;

@@ -11,15 +11,18 @@
 use std::{process::Stdio, time::Duration};
 
 use anyhow::{anyhow, bail, Context, Result};
-use iroh::endpoint::{ConnectOptions, Connection, ConnectionError, VarInt};
+use iroh::{
+    endpoint::{ConnectOptions, Connection, ConnectionError, VarInt},
+    EndpointAddr, TransportAddr,
+};
 use thunderbolt_shared::{
     close::{self, is_alpn_refusal},
-    resume, Protocol, Target,
+    resume, EndpointTicket, Protocol, Target,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info};
 
-use crate::{cli::args::ConnectArgs, cli::redial, home::Home, identity, limits};
+use crate::{cli::args::ConnectArgs, cli::redial, home::Home, identity, limits, net::Relays};
 
 /// How long we wait for our close frame to reach the bridge on exit.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -80,8 +83,8 @@ pub fn describe_close(err: &ConnectionError, protocol: &Protocol) -> String {
 }
 
 pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<()> {
-    let target: Target = args.target.parse().context("invalid target")?;
     let net = args.net.config()?;
+    let target = with_relay_hint(args.target.parse().context("invalid target")?, &net.relays);
     // `connect` always dials with the ACP identity: the NodeId `iroh id` prints.
     let (key, _) = identity::load_or_create(home, &Protocol::acp())?;
     // Keep-alives and a short idle timeout: a dead path is noticed (and, when
@@ -95,6 +98,18 @@ pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<(
     let budget = if reached { CLOSE_FLUSH_TIMEOUT } else { UNREACHED_CLOSE_TIMEOUT };
     crate::net::close_endpoint(ep, budget).await;
     result
+}
+
+/// A bare NodeId carries no address. With relays of our own (`--relay-url`, e.g. a
+/// self-hosted relay) the bridge is assumed to use them, as the browser client
+/// does, so a NodeId dials without discovery; with n0's relays discovery finds it.
+fn with_relay_hint(target: Target, relays: &Relays) -> Target {
+    match (&target, relays) {
+        (Target::NodeId(id), Relays::Custom(urls)) => Target::Ticket(EndpointTicket::new(
+            EndpointAddr::new(*id).with_addrs(urls.iter().cloned().map(TransportAddr::Relay)),
+        )),
+        _ => target,
+    }
 }
 
 async fn dial_and_pipe(
@@ -133,6 +148,14 @@ async fn dial_and_pipe(
                     "{} does not serve {protocol} (ALPN {} refused): is it a {protocol} bridge?",
                     target.id(),
                     String::from_utf8_lossy(&alpn)
+                );
+            }
+            if matches!(target, Target::NodeId(_)) && text.contains("No addressing information") {
+                bail!(
+                    "could not connect to {}: a bare NodeId carries no address, and discovery \
+                     found none; use the ticket from the bridge's banner, or --relay-url with \
+                     the bridge's relay",
+                    target.id()
                 );
             }
             return Err(anyhow!(e).context(format!("could not connect to {}", target.id())));
@@ -261,6 +284,11 @@ async fn pipe(
                 }
             }
         };
+        // A short session can get its first byte and its end in one poll of the
+        // download, which ends the loop before the announcement branch runs.
+        if !announced && first_data.try_recv().is_ok() {
+            announce("the bridge answered");
+        }
         outcome
     };
     if outcome.is_ok() && ended.is_none() && conn.close_reason().is_none() {

@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use iroh::{EndpointAddr, TransportAddr};
 use serde_json::json;
-use thunderbolt_shared::{parse_node_id, EndpointTicket, Protocol};
+use thunderbolt_shared::{node_id_base32, parse_node_id, EndpointTicket, Protocol};
 
 use crate::{cli::args::IrohCmd, home::Home, identity, trust::allowfile};
 
@@ -17,6 +17,7 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
                     json!({
                         "protocol": protocol.as_str(),
                         "nodeId": id.to_string(),
+                        "nodeIdBase32": node_id_base32(&id),
                         "ticket": ticket.to_string(),
                         "identityPath": home.identity_path(&protocol),
                     })
@@ -35,6 +36,7 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
                     json!({
                         "protocol": protocol.as_str(),
                         "nodeId": id.to_string(),
+                        "nodeIdBase32": node_id_base32(&id),
                         "ticket": ticket.to_string(),
                         "dialerNodeId": dial_id.public().to_string(),
                     })
