@@ -181,26 +181,85 @@ test("closing the page's connection kills the agent on the bridge", async () => 
   assert.deepEqual(agentPids(bridge).filter(alive), []);
 });
 
-test("drop-in: the app's module name and base32 NodeIds", async () => {
-  const r = await page.evaluate(async (ticket) => {
+/// A NodeId (64 hex digits) in the form the app's own form accepts: unpadded
+/// RFC 4648 base32, lowercase (52 characters of a-z2-7).
+function base32(hex) {
+  const abc = "abcdefghijklmnopqrstuvwxyz234567";
+  let bits = 0, acc = 0, out = "";
+  for (const b of Buffer.from(hex, "hex")) {
+    acc = (acc << 8) | b; bits += 8;
+    while (bits >= 5) { bits -= 5; out += abc[(acc >> bits) & 31]; }
+    acc &= (1 << bits) - 1;
+  }
+  return bits > 0 ? out + abc[(acc << (5 - bits)) & 31] : out;
+}
+
+test("drop-in: the app's module name, and a ticket, a hex NodeId and a base32 NodeId each complete an ACP exchange", async () => {
+  const hex = bridge.out.map((l) => l.trim()).find((l) => l.startsWith("NodeId:")).split(/\s+/)[1];
+  assert.match(hex, /^[0-9a-f]{64}$/);
+  const b32 = base32(hex);
+  assert.match(b32, /^[a-z2-7]{52}$/, "the app's form accepts ^[a-z2-7]{52,}$");
+  // The CLI's own base32 (`iroh id --json`) is the same spelling as this independent encoder's.
+  const id = JSON.parse(execFileSync(join(BIN, "thunderbolt"), ["iroh", "id", "--json"], { env: { ...process.env, ...bridgeEnv(bridge.home) } }));
+  assert.deepEqual([id.nodeId, id.nodeIdBase32], [hex, b32]);
+  const r = await page.evaluate(async (targets) => {
+    // As the app imports it: the module under its own file name, initialised by its default export.
     const alias = await import("../pkg/thunderbolt_acp_client.js");
-    const out = { sameClass: alias.IrohClient === window.thunderbolt.IrohClient, init: typeof alias.default };
-    // The bridge's NodeId as the app's form writes it: unpadded base32 (a-z2-7).
-    const hex = window.thunderbolt.state.client.nodeId();
-    const bytes = hex.match(/../g).map((h) => parseInt(h, 16));
-    const abc = "abcdefghijklmnopqrstuvwxyz234567";
-    let bits = 0, acc = 0, b32 = "";
-    for (const b of bytes) { acc = (acc << 8) | b; bits += 8; while (bits >= 5) { bits -= 5; b32 += abc[(acc >> bits) & 31]; } acc &= (1 << bits) - 1; }
-    if (bits > 0) b32 += abc[(acc << (5 - bits)) & 31];
-    out.b32 = /^[a-z2-7]{52}$/.test(b32);
-    // Dialing our own NodeId in base32 must get past parsing (it then fails to connect: kind is not "input").
-    try { await window.thunderbolt.state.client.connectProtocol(b32, "acp", 500); } catch (e) { out.kind = e.kind; }
+    await alias.default();
+    const client = window.thunderbolt.state.client;
+    const out = { sameClass: client instanceof alias.IrohClient, replies: [] };
+    for (const [i, target] of targets.entries()) {
+      const conn = await client.connectProtocol(target, "acp");
+      const reader = conn.messages().getReader();
+      await conn.send({ jsonrpc: "2.0", id: 100 + i, method: "initialize", params: { protocolVersion: 1 } });
+      const { value } = await reader.read();
+      out.replies.push([value.id, value.result.protocolVersion]);
+      conn.close();
+    }
     return out;
-  }, bridge.ticket);
-  assert.equal(r.sameClass, true);
-  assert.equal(r.init, "function");
-  assert.equal(r.b32, true);
-  assert.notEqual(r.kind, "input", "a base32 NodeId must parse");
+  }, [bridge.ticket, hex, b32]);
+  assert.deepEqual(r, { sameClass: true, replies: [[100, 1], [101, 1], [102, 1]] });
+});
+
+test("32 MiB of varied ndjson through a cat agent arrives intact (SHA-256 both ends)", async () => {
+  const cat = await startBridge([join(BIN, "test-agent"), "cat"]);
+  allow(cat, await page.textContent("#node-id"));
+  const r = await page.evaluate(async ([ticket, total]) => {
+    // Lines of ~16 KiB, each different (a counter and pseudo-random text), all valid JSON.
+    let seed = 0x9e3779b9;
+    const rand = () => { seed ^= seed << 13; seed ^= seed >>> 17; seed ^= seed << 5; return seed >>> 0; };
+    const abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 .,;:-_";
+    const sent = new Uint8Array(total + 32 * 1024);
+    const enc = new TextEncoder();
+    let n = 0;
+    for (let k = 0; n < total; k++) {
+      let text = "";
+      for (let j = 0; j < 16000; j++) text += abc[rand() % abc.length];
+      const line = enc.encode(`{"n":${k},"d":"${text}"}\n`);
+      sent.set(line, n);
+      n += line.length;
+    }
+    const conn = await window.thunderbolt.state.client.connect(ticket, "thunderbolt/acp/0");
+    const reader = conn.readable().getReader();
+    const writer = (async () => {
+      for (let off = 0; off < n; off += 1 << 20) await conn.send(sent.subarray(off, Math.min(n, off + (1 << 20))));
+    })();
+    const got = new Uint8Array(n);
+    let m = 0;
+    while (m < n) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      got.set(value.subarray(0, n - m), m);
+      m += value.length;
+    }
+    await writer;
+    conn.close();
+    const hex = async (b) => [...new Uint8Array(await crypto.subtle.digest("SHA-256", b))].map((x) => x.toString(16).padStart(2, "0")).join("");
+    return { sent: n, received: m, same: (await hex(sent.subarray(0, n))) === (await hex(got)) };
+  }, [cat.ticket, 32 << 20]);
+  assert.ok(r.sent >= 32 << 20, `sent only ${r.sent} bytes`);
+  assert.equal(r.received, r.sent);
+  assert.equal(r.same, true, "SHA-256 of what arrived differs from what was sent");
 });
 
 test("errors are typed: bad input, wrong protocol, bad frames, dial timeout", async () => {

@@ -8,14 +8,28 @@
 // Usage (release binaries recommended):
 //   cargo build --release --workspace --bins && client-wasm/build.sh
 //   TB_BIN_DIR=target/release node client-wasm/e2e/measure.mjs [MiB] [reps]
-import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync } from "node:fs";
+//   TB_PROFILE=1 …   also: Chrome's CPU profile of the driverless bulk transfers, the
+//                    page's self time grouped by where it is spent (wasm, WebSocket, …);
+//                    build with `TB_WASM_NAMES=1 client-wasm/build.sh` to see wasm names
+// Two browser rows: one driven by Playwright (as the e2e tests), one in a plain
+// Chromium no driver is attached to: Playwright keeps Chrome's Network domain
+// on, which copies every WebSocket frame to the driver and halves the page's
+// relay throughput. The driverless row is the one users see.
+import { spawn, spawnSync, execFileSync } from "node:child_process";
+import { mkdtempSync, readFileSync } from "node:fs";
+import { createServer } from "node:http";
 import { tmpdir } from "node:os";
 import { join, resolve, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
 import { startServer } from "../serve.mjs";
+
+// The profile speaks CDP over a WebSocket: Node 20 has one behind a flag.
+if (process.env.TB_PROFILE && typeof WebSocket === "undefined") {
+  const r = spawnSync(process.execPath, ["--experimental-websocket", ...process.argv.slice(1)], { stdio: "inherit" });
+  process.exit(r.status ?? 1);
+}
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "../..");
 const BIN = resolve(process.env.TB_BIN_DIR || join(ROOT, "target/release"));
@@ -31,7 +45,7 @@ function run(cmd, args, env = {}) {
   procs.push(p);
   return p;
 }
-const until = async (f) => { for (let i = 0; i < 1200; i++) { const v = f(); if (v) return v; await new Promise((r) => setTimeout(r, 25)); } throw new Error("timeout"); };
+const until = async (f) => { for (let i = 0; i < 1200; i++) { const v = await f(); if (v) return v; await new Promise((r) => setTimeout(r, 25)); } throw new Error("timeout"); };
 const median = (v) => { const s = [...v].sort((a, b) => a - b); const n = s.length; return n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2; };
 
 const relay = run(join(BIN, "thunderbolt-relay"), ["--dev", "--bind", "127.0.0.1:0"]);
@@ -46,8 +60,10 @@ const startBridge = async (agent) => {
 };
 const builtin = await startBridge();
 const server = await startServer(0);
-const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium", headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"] });
+const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
+// Both browsers: no sandbox (root), nothing that reaches for the network by itself.
+const CHROME_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"];
+const browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: CHROME_FLAGS });
 const page = await browser.newPage();
 await page.goto(`http://127.0.0.1:${server.address().port}/www/?relay=${encodeURIComponent(relayUrl)}`);
 await page.waitForFunction(() => window.ready === true);
@@ -80,29 +96,17 @@ const browserMBs = [];
 const nativeMBs = [];
 for (let i = 0; i < REPS; i++) {
   browserMBs.push(await page.evaluate(async ([ticket, total, resume]) => {
-    const client = window.thunderbolt.state.client;
-    const conn = await client.connect(ticket, "thunderbolt/acp/0", undefined, { resume });
-    const line = new Uint8Array(16 * 1024).fill(97); line[0] = 34; line[line.length - 2] = 34; line[line.length - 1] = 10;
-    const block = new Uint8Array(line.length * 64);
-    for (let k = 0; k < 64; k++) block.set(line, k * line.length);
-    const reader = conn.readable().getReader();
-    const t0 = performance.now();
-    const writer = (async () => { for (let sent = 0; sent < total; sent += block.length) await conn.send(block.subarray(0, Math.min(block.length, total - sent))); })();
-    let got = 0;
-    while (got < total) { const { value, done } = await reader.read(); if (done) throw new Error(`ended at ${got}`); got += value.length; }
-    await writer;
-    const mbs = total / ((performance.now() - t0) / 1000) / 1e6;
-    conn.close();
-    return mbs;
+    const { bulk } = await import("/e2e/bulk.mjs");
+    return bulk(window.thunderbolt.state.client, ticket, total, resume);
   }, [cat.ticket, bytes, process.env.TB_RESUME !== "0"]));
-  const key = execFileSync(join(BIN, "thunderbolt"), ["iroh", "id", "--json"], { env: { ...process.env, ...env, THUNDERBOLT_HOME: mkdtempSync(join(tmpdir(), "tb-n-")) } });
-  const nativeHome = JSON.parse(key).identityPath;
-  const { readFileSync } = await import("node:fs");
-  const hex = readFileSync(nativeHome, "utf8").trim();
-  const nid = JSON.parse(key).nodeId;
-  execFileSync(join(BIN, "thunderbolt"), ["iroh", "allow", nid], { env: { ...process.env, ...env } });
+  const hex = allowedSecret();
   nativeMBs.push(Number(execFileSync(join(BIN, "bench"), ["relay-bulk", relayUrl, cat.ticket, hex, String(bytes)]).toString().trim()));
 }
+// The same bulk in a Chromium no driver is attached to (e2e/bulk.html): the
+// rows above run with Playwright's Network domain on, which copies every
+// WebSocket frame out of the browser. Fresh identity, allowed like the native one.
+const plainMBs = await plainBrowserBulk(cat.ticket, bytes);
+
 const gz = execFileSync("sh", ["-c", `gzip -9 -c ${join(ROOT, "client-wasm/pkg/thunderbolt_client_wasm_bg.wasm")} | wc -c`]).toString().trim();
 const raw = execFileSync("sh", ["-c", `wc -c < ${join(ROOT, "client-wasm/pkg/thunderbolt_client_wasm_bg.wasm")}`]).toString().trim();
 console.log(`| figure | median (min–max) |`);
@@ -112,6 +116,106 @@ console.log(`| page: create() → first reply (relay) | ${median(setup).toFixed(
 console.log(`| bulk ${MIB} MiB browser ⇄ bridge (relay) | ${median(browserMBs).toFixed(1)} MB/s (${Math.min(...browserMBs).toFixed(1)}–${Math.max(...browserMBs).toFixed(1)}) |`);
 console.log(`| bulk ${MIB} MiB native ⇄ bridge (same relay) | ${median(nativeMBs).toFixed(1)} MB/s (${Math.min(...nativeMBs).toFixed(1)}–${Math.max(...nativeMBs).toFixed(1)}) |`);
 console.log(`| browser / native | ${(median(browserMBs) / median(nativeMBs)).toFixed(2)}× |`);
+console.log(`| bulk ${MIB} MiB browser ⇄ bridge (relay), no driver attached | ${median(plainMBs).toFixed(1)} MB/s (${Math.min(...plainMBs).toFixed(1)}–${Math.max(...plainMBs).toFixed(1)}) |`);
+console.log(`| browser (no driver) / native | ${(median(plainMBs) / median(nativeMBs)).toFixed(2)}× |`);
 await browser.close();
 server.close();
 for (const p of procs) p.child.kill("SIGTERM");
+
+/// A fresh identity (made by `thunderbolt iroh id` in a home of its own), allowed
+/// by the bridges; returns its secret key as hex.
+function allowedSecret() {
+  const id = JSON.parse(execFileSync(join(BIN, "thunderbolt"), ["iroh", "id", "--json"], { env: { ...process.env, ...env, THUNDERBOLT_HOME: mkdtempSync(join(tmpdir(), "tb-id-")) } }));
+  execFileSync(join(BIN, "thunderbolt"), ["iroh", "allow", id.nodeId], { env: { ...process.env, ...env } });
+  return readFileSync(id.identityPath, "utf8").trim();
+}
+
+/// Runs e2e/bulk.html in a Chromium started without a driver and returns the
+/// MB/s it posts back.
+async function plainBrowserBulk(ticket, total) {
+  const secretHex = allowedSecret();
+  let deliver;
+  const result = new Promise((r) => { deliver = r; });
+  const sink = createServer((req, res) => {
+    let body = "";
+    req.on("data", (d) => { body += d; });
+    req.on("end", () => { res.writeHead(204, { "access-control-allow-origin": "*" }); res.end(); deliver(JSON.parse(body)); });
+  });
+  await new Promise((r) => sink.listen(0, "127.0.0.1", r));
+  const q = new URLSearchParams({ relay: relayUrl, ticket, secret: secretHex, bytes: String(total), reps: String(REPS),
+    resume: process.env.TB_RESUME === "0" ? "0" : "1", report: `http://127.0.0.1:${sink.address().port}/` });
+  const profile = Boolean(process.env.TB_PROFILE);
+  if (profile) q.set("wait", "1");
+  const chrome = spawn(CHROMIUM, ["--headless", ...CHROME_FLAGS,
+    `--user-data-dir=${mkdtempSync(join(tmpdir(), "tb-chrome-"))}`, ...(profile ? ["--remote-debugging-port=0"] : []),
+    `http://127.0.0.1:${server.address().port}/e2e/bulk.html?${q}`], { stdio: ["ignore", "ignore", "pipe"] });
+  const stderr = createInterface({ input: chrome.stderr });
+  const devtools = profile ? new Promise((r) => stderr.on("line", (l) => { const m = l.match(/DevTools listening on (ws:\S+)/); if (m) r(m[1]); })) : null;
+  const timeout = new Promise((_, reject) => setTimeout(() => reject(new Error("bulk.html posted nothing in 10 min")), 600_000).unref());
+  try {
+    const cdp = profile ? await attachProfiler(await devtools) : null;
+    const r = await Promise.race([result, timeout]);
+    if (cdp) { printProfile((await cdp.call("Profiler.stop")).profile); cdp.close(); }
+    if (r.error) throw new Error(`bulk.html: ${r.error}`);
+    return r.mbs;
+  } finally {
+    chrome.kill("SIGTERM");
+    sink.close();
+  }
+}
+
+/// Attaches to bulk.html over CDP with only the Profiler and Runtime domains,
+/// starts sampling, then lets the page begin (it waits for `window.go()`).
+async function attachProfiler(browserWs) {
+  const port = new URL(browserWs).port;
+  const target = await until(async () => {
+    const list = await (await fetch(`http://127.0.0.1:${port}/json/list`)).json();
+    return list.find((t) => t.type === "page" && t.url.includes("bulk.html"));
+  });
+  const ws = new WebSocket(target.webSocketDebuggerUrl);
+  await new Promise((r, j) => { ws.onopen = r; ws.onerror = j; });
+  let next = 1;
+  const waiting = new Map();
+  ws.onmessage = (e) => { const m = JSON.parse(e.data); if (m.id && waiting.has(m.id)) { waiting.get(m.id)(m.result); waiting.delete(m.id); } };
+  const call = (method, params = {}) => new Promise((r) => { const id = next++; waiting.set(id, r); ws.send(JSON.stringify({ id, method, params })); });
+  await call("Profiler.enable");
+  await call("Profiler.setSamplingInterval", { interval: 200 });
+  await until(async () => (await call("Runtime.evaluate", { expression: "typeof window.go === 'function'", returnByValue: true })).result.value);
+  await call("Profiler.start");
+  await call("Runtime.evaluate", { expression: "window.go()" });
+  return { call, close: () => ws.close() };
+}
+
+/// Self time per function, top 25, then grouped: ring's crypto and the rest of
+/// the wasm module (function names need a `TB_WASM_NAMES=1` build), the
+/// browser's WebSocket and copies across the wasm/JS boundary, wasm-bindgen's
+/// JS glue, timers, garbage collection, idle.
+function printProfile(profile) {
+  const hits = new Map();
+  const total = profile.samples.length;
+  const byId = new Map(profile.nodes.map((n) => [n.id, n]));
+  const count = new Map();
+  for (const id of profile.samples) count.set(id, (count.get(id) || 0) + 1);
+  for (const [id, c] of count) {
+    const f = byId.get(id).callFrame;
+    const name = `${f.functionName || "(anonymous)"} ${f.url.split("/").pop()}`;
+    hits.set(name, (hits.get(name) || 0) + c);
+  }
+  const rows = [...hits].sort((a, b) => b[1] - a[1]);
+  console.log(`\nCPU profile of the driverless bulk transfers (${total} samples, self time):`);
+  for (const [name, c] of rows.slice(0, 25)) console.log(`  ${((100 * c) / total).toFixed(1).padStart(5)} %  ${name}`);
+  const groups = {};
+  for (const [name, c] of rows) {
+    const inWasm = name.endsWith("_bg.wasm");
+    const g = name.startsWith("(idle)") ? "idle" : name.startsWith("(garbage collector)") ? "garbage collector"
+      : name.startsWith("(program)") ? "browser internals"
+      : inWasm && /^(ring\[|ring_core_)/.test(name) ? "crypto in wasm (ring)"
+      : inWasm ? "wasm: QUIC, iroh, ours"
+      : /^(setTimeout|clearTimeout|queueMicrotask|now|__wbg_now_\w+) /.test(name) ? "timers and microtasks"
+      : /^(send|__wbg_new_from_slice|__wbg_data|wasm-to-js|js-to-wasm)/.test(name) ? "WebSocket and JS copies"
+      : name.endsWith("thunderbolt_client_wasm.js") ? "wasm-bindgen JS glue (closures, callbacks)" : "other JS";
+    groups[g] = (groups[g] || 0) + c;
+  }
+  for (const [g, c] of Object.entries(groups).sort((a, b) => b[1] - a[1])) console.log(`  ${((100 * c) / total).toFixed(1).padStart(5)} %  [${g}]`);
+  console.log("");
+}
