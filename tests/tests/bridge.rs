@@ -108,6 +108,23 @@ async fn write_all(send: &mut SendStream, data: &[u8]) {
     send.write_all(data).await.expect("write");
 }
 
+/// Dials the bridge of `s` (a `cat` agent), writes `input` as it is, finishes
+/// the stream and returns every line that came back, parsed, and the raw bytes.
+async fn exchange_raw(s: &Setup, input: &[u8]) -> (Vec<Value>, Vec<u8>) {
+    let ep = s.client(false).await;
+    let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    write_all(&mut send, input).await;
+    send.finish().unwrap();
+    let out = read_all(&mut recv).await;
+    let lines = out
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).expect("the bridge sent valid JSON"))
+        .collect();
+    (lines, out)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn connect_round_trip_is_byte_identical() {
     let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
@@ -127,6 +144,17 @@ async fn connect_round_trip_is_byte_identical() {
     assert!(out.status.success(), "connect failed: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.stdout.len(), input.len());
     assert!(out.stdout == input, "output differs from input");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connect_dials_a_bare_node_id_in_hex_and_base32_through_its_relay() {
+    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let id = s.bridge.node_id;
+    for target in [id.to_string(), thunderbolt_shared::node_id_base32(&id)] {
+        let out = connect_to(&s, &target, b"{\"a\":1}\n").await;
+        assert!(out.status.success(), "connect {target}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.stdout, b"{\"a\":1}\n", "connect {target}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -235,17 +263,7 @@ async fn client_close_kills_the_agent() {
 #[tokio::test(flavor = "multi_thread")]
 async fn invalid_json_gets_parse_error_and_never_reaches_agent() {
     let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
-    let ep = s.client(false).await;
-    let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
-    let (mut send, mut recv) = conn.open_bi().await.unwrap();
-    write_all(&mut send, b"this is not json\n{\"ok\":true}\n").await;
-    send.finish().unwrap();
-    let out = read_all(&mut recv).await;
-    let lines: Vec<Value> = out
-        .split(|b| *b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(|l| serde_json::from_slice(l).unwrap())
-        .collect();
+    let (lines, out) = exchange_raw(&s, b"this is not json\n{\"ok\":true}\n").await;
     assert_eq!(lines.len(), 2, "expected a parse error and the echoed valid line: {lines:?}");
     let err = lines.iter().find(|v| v.get("error").is_some()).expect("parse error present");
     assert_eq!(err["error"]["code"], -32700);
@@ -332,17 +350,7 @@ async fn oversized_agent_response_becomes_an_error_for_its_id() {
 #[tokio::test(flavor = "multi_thread")]
 async fn invalid_utf8_never_reaches_the_agent() {
     let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
-    let ep = s.client(false).await;
-    let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
-    let (mut send, mut recv) = conn.open_bi().await.unwrap();
-    write_all(&mut send, b"{\"s\":\"\xff\xfe bad\"}\n{\"ok\":true}\n").await;
-    send.finish().unwrap();
-    let out = read_all(&mut recv).await;
-    let lines: Vec<Value> = out
-        .split(|b| *b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(|l| serde_json::from_slice(l).unwrap())
-        .collect();
+    let (lines, out) = exchange_raw(&s, b"{\"s\":\"\xff\xfe bad\"}\n{\"ok\":true}\n").await;
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(lines.contains(&json!({"ok": true})));
     assert!(lines.iter().any(|v| v["error"]["code"] == -32700));
@@ -534,11 +542,13 @@ async fn ctrl_c_on_connect_closes_the_session_cleanly() {
 /// Runs `acp connect` as the client home, writes `input`, closes stdin, and
 /// returns its output.
 async fn connect_with(s: &Setup, input: &[u8]) -> std::process::Output {
+    connect_to(s, &s.bridge.ticket, input).await
+}
+
+/// `connect TARGET` as the client home, `input` on its stdin, until it exits.
+async fn connect_to(s: &Setup, target: &str, input: &[u8]) -> std::process::Output {
     let mut c = s.client_home.cmd();
-    c.args(["acp", "connect", &s.bridge.ticket])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    c.args(["acp", "connect", target]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = c.spawn().unwrap();
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(input).await.unwrap();

@@ -43,16 +43,32 @@ macro_rules! require_topology {
     };
 }
 
-/// The bridge at home, admitting the phone's NodeId (returned with it).
-async fn bridge(t: &Topology, home: &Tb, phone: &Tb) -> (RunningBridge, EndpointId) {
-    let phone_id = phone.node_id("acp").await;
-    home.allow(&phone_id).await;
-    let mut c = home.cmd();
-    c.env("RUST_LOG", BRIDGE_LOG);
-    c.args(["acp", "--transport", "iroh", "--"]).arg(test_agent_bin()).arg("cat");
-    let mut c = t.home.enter(c);
-    c.stdin(std::process::Stdio::null());
-    (RunningBridge::start(c).await, phone_id)
+/// One test's world: the topology, the bridge at home admitting the phone's
+/// NodeId, and `connect` on the phone dialing the bridge's ticket.
+struct Scene {
+    t: Topology,
+    bridge: RunningBridge,
+    phone_id: EndpointId,
+    client: Client,
+    /// The two machines' state directories, kept for the test's length.
+    _homes: (Tb, Tb),
+}
+
+impl Scene {
+    async fn start(mapping: Mapping, client_args: &[&str]) -> Self {
+        let t = Topology::build(mapping).await;
+        let (home, phone) = (t.tb(), t.tb());
+        let phone_id = phone.node_id("acp").await;
+        home.allow(&phone_id).await;
+        let mut c = home.cmd();
+        c.env("RUST_LOG", BRIDGE_LOG);
+        c.args(["acp", "--transport", "iroh", "--"]).arg(test_agent_bin()).arg("cat");
+        let mut c = t.home.enter(c);
+        c.stdin(std::process::Stdio::null());
+        let bridge = RunningBridge::start(c).await;
+        let client = Client::start(&t, &phone, &bridge.ticket, client_args).await;
+        Self { t, bridge, phone_id, client, _homes: (home, phone) }
+    }
 }
 
 /// `thunderbolt acp connect <ticket>` on the phone, its stdio piped to the test.
@@ -121,19 +137,17 @@ fn one_unbroken_session(bridge: &RunningBridge, client: &Client) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_over_the_ticket_goes_direct_through_two_nats_without_the_agent_noticing() {
     require_topology!();
-    let t = Topology::build(Mapping::EndpointIndependent).await;
-    let (home, phone) = (t.tb(), t.tb());
-    let (bridge, phone_id) = bridge(&t, &home, &phone).await;
-    let mut client = Client::start(&t, &phone, &bridge.ticket, &[]).await;
+    let Scene { t: _t, bridge, phone_id, mut client, _homes } =
+        Scene::start(Mapping::EndpointIndependent, &[]).await;
     client.echo().await;
-    assert!(client.log.contains("path: relay"), "{}", client.log.text());
+    client.log.wait_for("path: relay").await;
     let took = client.until_direct(&bridge).await;
     eprintln!("path direct after {took:?}");
     for _ in 0..20 {
         client.echo().await;
     }
     // Admitted by its NodeId (the allow file), whatever path it took.
-    assert!(bridge.log.contains(&format!("admitted {phone_id} (allow file)")), "{}", bridge.log.text());
+    bridge.log.wait_for(&format!("admitted {phone_id} (allow file)")).await;
     // The direct path goes through the phone's NAT: the bridge sees its public address.
     assert!(
         bridge.log.contains(&format!("path changed: direct (ip:{PHONE_PUBLIC_IP}:")),
@@ -146,17 +160,15 @@ async fn a_session_over_the_ticket_goes_direct_through_two_nats_without_the_agen
 #[tokio::test(flavor = "multi_thread")]
 async fn a_nat_that_maps_each_destination_to_a_new_port_keeps_the_session_on_the_relay() {
     require_topology!();
-    let t = Topology::build(Mapping::EndpointDependent).await;
-    let (home, phone) = (t.tb(), t.tb());
-    let (bridge, _) = bridge(&t, &home, &phone).await;
-    let mut client = Client::start(&t, &phone, &bridge.ticket, &[]).await;
+    let Scene { t: _t, bridge, phone_id: _, mut client, _homes } =
+        Scene::start(Mapping::EndpointDependent, &[]).await;
     let started = tokio::time::Instant::now();
     while started.elapsed() < NO_DIRECT_WATCH {
         client.echo().await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(client.n > 20, "too few messages went through: {}", client.n);
-    assert!(client.log.contains("path: relay"), "{}", client.log.text());
+    client.log.wait_for("path: relay").await;
     assert!(!client.log.contains("direct"), "{}", client.log.text());
     assert!(!bridge.log.contains("path changed"), "{}", bridge.log.text());
     one_unbroken_session(&bridge, &client);
@@ -165,10 +177,8 @@ async fn a_nat_that_maps_each_destination_to_a_new_port_keeps_the_session_on_the
 #[tokio::test(flavor = "multi_thread")]
 async fn the_relay_can_die_and_come_back_while_the_path_is_direct() {
     require_topology!();
-    let mut t = Topology::build(Mapping::EndpointIndependent).await;
-    let (home, phone) = (t.tb(), t.tb());
-    let (bridge, _) = bridge(&t, &home, &phone).await;
-    let mut client = Client::start(&t, &phone, &bridge.ticket, &[]).await;
+    let Scene { mut t, bridge, phone_id: _, mut client, _homes } =
+        Scene::start(Mapping::EndpointIndependent, &[]).await;
     client.until_direct(&bridge).await;
     t.kill_relay().await;
     // Longer than the client's idle timeout (10 s would be the default; the
@@ -189,11 +199,9 @@ async fn the_relay_can_die_and_come_back_while_the_path_is_direct() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_budget_keys_a_relayed_dial_by_node_id_and_a_direct_one_by_the_nat_address() {
     require_topology!();
-    let t = Topology::build(Mapping::EndpointIndependent).await;
-    let (home, phone) = (t.tb(), t.tb());
-    let (bridge, phone_id) = bridge(&t, &home, &phone).await;
     // A short idle timeout so the loss below is noticed at once.
-    let mut client = Client::start(&t, &phone, &bridge.ticket, &["--idle-timeout", "1"]).await;
+    let Scene { t, bridge, phone_id, mut client, _homes } =
+        Scene::start(Mapping::EndpointIndependent, &["--idle-timeout", "1"]).await;
     client.echo().await;
     let first = format!("endpoint {}", phone_id.fmt_short());
     assert!(

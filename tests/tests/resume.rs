@@ -337,7 +337,7 @@ async fn connect_speaks_the_plain_protocol_to_a_bridge_without_resume() {
     let out = tokio::time::timeout(WAIT, child.wait_with_output()).await.unwrap().unwrap();
     assert!(out.status.success(), "{}", log.text());
     assert_eq!(out.stdout, b"{\"a\":1}\n{\"b\":2}\n");
-    assert!(log.contains("connected (the bridge answered)"), "{}", log.text());
+    log.wait_for("connected (the bridge answered)").await;
     assert!(!log.contains("resumable"), "{}", log.text());
     // The endpoint does not even offer r1.
     let ep = s.endpoint(&s.client_home).await;
@@ -477,7 +477,7 @@ async fn keep_warm_lets_a_plain_client_load_its_session_after_reconnecting() {
     let loaded = call(&mut send, &mut recv, &mut buf, 2, "session/load", load).await;
     assert!(loaded.get("error").is_none(), "session/load after reconnecting: {loaded}");
     assert_eq!(s.bridge.log.text().matches("agent started").count(), 1, "{}", s.bridge.log.text());
-    assert!(s.bridge.log.contains("attached to the warm agent"));
+    s.bridge.log.wait_for("attached to the warm agent").await;
     conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_CLIENT_CLOSED.as_bytes());
 
     // Another peer never gets this agent.

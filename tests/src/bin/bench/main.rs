@@ -95,7 +95,8 @@ enum Section {
     Stall,
     /// The resumable protocol against the plain one through `connect`; resume time; detached RSS.
     Resume,
-    /// `connect` (stdio, and with a local client) against the bench's own client.
+    /// `connect` (stdio, and with a local client) against the bench's own client and
+    /// dumbpipe's `connect` (when installed, in a loopback-only namespace).
     Connect,
     /// Two NATs: time until the path is direct; direct against the relay (needs root).
     Nat,

@@ -74,23 +74,13 @@ pub async fn nat_rows(b: &Bench) -> Result<Vec<Row>> {
     let (mut dbulk, mut rbulk) = (Vec::new(), Vec::new());
     for _ in 0..b.plan.bulk_reps {
         let (p, _, _) = direct.direct().await?;
-        let ConnectProc { child, stdin, stdout, log } = p;
-        dbulk.push(transfer(stdin, stdout, total).await?);
-        ConnectProc::finish_child(child, log).await?;
-        let p = relay.connect().await?;
-        let ConnectProc { child, stdin, stdout, log } = p;
-        rbulk.push(transfer(stdin, stdout, total).await?);
-        ConnectProc::finish_child(child, log).await?;
+        dbulk.push(p.bulk(total).await?);
+        rbulk.push(relay.connect().await?.bulk(total).await?);
     }
 
     let (mut dp, _, _) = direct.direct().await?;
     let mut rp = relay.connect().await?;
-    let n = b.plan.rtts / ROUND_TRIP_BLOCKS;
-    let (mut d50, mut r50) = (Vec::new(), Vec::new());
-    for _ in 0..ROUND_TRIP_BLOCKS {
-        d50.push(percentile(&dp.round_trips(n).await?, 0.5));
-        r50.push(percentile(&rp.round_trips(n).await?, 0.5));
-    }
+    let (d50, r50) = dp.alternating_p50(&mut rp, b.plan.rtts).await?;
     dp.finish().await?;
     rp.finish().await?;
     if relay.bridge.log.contains("path changed") {

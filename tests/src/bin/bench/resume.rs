@@ -64,6 +64,25 @@ impl ConnectProc {
         Ok(out)
     }
 
+    /// `total` bytes echoed through this `connect` (MB/s), then its exit awaited.
+    pub async fn bulk(mut self, total: usize) -> Result<f64> {
+        let mbs = transfer(&mut self.stdin, &mut self.stdout, total).await?;
+        self.finish().await?;
+        Ok(mbs)
+    }
+
+    /// p50 round trip of each of [`ROUND_TRIP_BLOCKS`] blocks of `rtts` in all,
+    /// taking turns with `other` (so drift lands on both): `(self's, other's)`.
+    pub async fn alternating_p50(&mut self, other: &mut Self, rtts: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+        let per = rtts / ROUND_TRIP_BLOCKS;
+        let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..ROUND_TRIP_BLOCKS {
+            mine.push(percentile(&self.round_trips(per).await?, 0.5));
+            theirs.push(percentile(&other.round_trips(per).await?, 0.5));
+        }
+        Ok((mine, theirs))
+    }
+
     pub async fn finish(mut self) -> Result<()> {
         drop(self.stdin);
         let status = tokio::time::timeout(WAIT, self.child.wait()).await??;
@@ -89,10 +108,7 @@ pub async fn resume_rows(b: &Bench) -> Result<Vec<Row>> {
     for _ in 0..b.plan.bulk_reps {
         for (resume, out) in [(true, &mut r1), (false, &mut plain)] {
             let extra: &[&str] = if resume { &[] } else { &["--no-resume"] };
-            let c = ConnectProc::start(&client, &cat.ticket, extra).await?;
-            let ConnectProc { child, stdin, stdout, log } = c;
-            out.push(transfer(stdin, stdout, total).await?);
-            ConnectProc::finish_child(child, log).await?;
+            out.push(ConnectProc::start(&client, &cat.ticket, extra).await?.bulk(total).await?);
         }
     }
     let name = format!("bulk {} MiB through connect, resumable (direct)", total >> 20);
@@ -103,12 +119,7 @@ pub async fn resume_rows(b: &Bench) -> Result<Vec<Row>> {
     let mut p = ConnectProc::start(&client, &cat.ticket, &["--no-resume"]).await?;
     a.round_trips(ROUND_TRIP_WARMUP).await?;
     p.round_trips(ROUND_TRIP_WARMUP).await?;
-    let per = b.plan.rtts / ROUND_TRIP_BLOCKS;
-    let (mut a50, mut p50) = (Vec::new(), Vec::new());
-    for _ in 0..ROUND_TRIP_BLOCKS {
-        a50.push(percentile(&a.round_trips(per).await?, 0.5));
-        p50.push(percentile(&p.round_trips(per).await?, 0.5));
-    }
+    let (a50, p50) = a.alternating_p50(&mut p, b.plan.rtts).await?;
     a.finish().await?;
     p.finish().await?;
     let name = format!(
@@ -197,16 +208,6 @@ pub async fn resume_rows(b: &Bench) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-impl ConnectProc {
-    pub async fn finish_child(mut child: tokio::process::Child, log: Log) -> Result<()> {
-        let status = tokio::time::timeout(WAIT, child.wait()).await??;
-        if !status.success() {
-            bail!("connect failed: {}", log.text());
-        }
-        Ok(())
-    }
-}
-
 /// `connect` as users run it, against the bench's own client on the same
 /// bridge: bulk with `connect`'s stdio, and with a local client it spawns.
 pub async fn connect_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
@@ -214,12 +215,12 @@ pub async fn connect_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
     b.tb.allow(&client.node_id("acp").await).await;
     let mut cat = b.cat_bridge().await;
     let total = b.plan.bulk_bytes;
-    let (mut stdio, mut local, mut inproc) = (Vec::new(), Vec::new(), Vec::new());
+    // dumbpipe's `connect` on the same agent, taking turns with ours (only in a
+    // loopback-only namespace: dumbpipe cannot be kept off its public relays).
+    let dumbpipe = dumbpipe_bin().filter(|_| loopback_only());
+    let (mut stdio, mut local, mut inproc, mut dp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..b.plan.bulk_reps {
-        let c = ConnectProc::start(&client, &cat.ticket, &["--no-resume"]).await?;
-        let ConnectProc { child, stdin, stdout, log } = c;
-        stdio.push(transfer(stdin, stdout, total).await?);
-        ConnectProc::finish_child(child, log).await?;
+        stdio.push(ConnectProc::start(&client, &cat.ticket, &["--no-resume"]).await?.bulk(total).await?);
 
         let t0 = Instant::now();
         let mut c = client.cmd();
@@ -235,12 +236,26 @@ pub async fn connect_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
         let conn = p.ep.connect(p.addr_of(&cat)?, &Protocol::acp().alpn()).await?;
         inproc.push(bulk(&conn, total).await?);
         conn.close(0u32.into(), b"client closed");
+
+        if let Some(bin) = &dumbpipe {
+            dp.push(dumbpipe_bulk(bin, total).await?);
+        }
     }
     cat.terminate().await;
     let name = format!("bulk {} MiB through connect's stdio (direct)", total >> 20);
     let lname = format!("bulk {} MiB through connect -- local client (direct)", total >> 20);
-    Ok(vec![
-        row(&name, "MB/s", stdio, "the bench's in-process client, same bridge", inproc.clone(), true),
-        row(&lname, "MB/s", local, "the bench's in-process client, same bridge", inproc, true),
-    ])
+    let mut rows = vec![
+        row(&name, "MB/s", stdio.clone(), "the bench's in-process client, same bridge", inproc.clone(), true),
+        row(&lname, "MB/s", local, "the bench's in-process client, same bridge", inproc.clone(), true),
+    ];
+    if dumbpipe.is_some() {
+        const DP: &str = "dumbpipe connect ⇄ dumbpipe listen, same agent";
+        rows.push(row(&name, "MB/s", stdio, DP, dp.clone(), true));
+        // What that ratio could be at most: `connect` as fast as the in-process client.
+        let ceiling = format!("bulk {} MiB, the bench's in-process client (ceiling)", total >> 20);
+        rows.push(row(&ceiling, "MB/s", inproc, DP, dp, true));
+    } else {
+        eprintln!("bench: no dumbpipe rows for connect (needs dumbpipe and a loopback-only namespace)");
+    }
+    Ok(rows)
 }
