@@ -60,11 +60,8 @@ impl Link for FakeLink {
         self.events.push(self.start, "finished");
         out.0 = None;
     }
-    async fn delivered(&self, _out: &mut PeerOut) {
-        self.took_all.cancelled().await
-    }
-    fn linger(&self, cfg: &SessionConfig) -> Duration {
-        cfg.finish_linger
+    async fn delivered(&self, _out: &mut PeerOut, linger: Duration) -> bool {
+        tokio::time::timeout(linger, self.took_all.cancelled()).await.is_ok()
     }
 }
 
@@ -132,6 +129,7 @@ impl Harness {
         let (to_agent, input) = tokio::io::duplex(PIPE);
         let (out, from_agent) = tokio::io::duplex(PIPE);
         let permit = slots.clone().try_acquire_owned().expect("one slot");
+        let input = thunderbolt::serve::pump::ByteSource::new(input, cfg.max_frame);
         let session = tokio::spawn(session::run_on(
             link,
             PeerOut(Some(out)),
@@ -169,8 +167,8 @@ impl Harness {
 #[tokio::test(start_paused = true)]
 async fn agent_exit_ends_the_session_with_code_2_after_everything_is_delivered() {
     let mut h = Harness::new(echo(), OnTerm::Exits);
-    h.to_agent.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n").await.unwrap();
-    assert_eq!(h.line().await, "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n");
+    h.to_agent.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"ping\"}\n").await.unwrap();
+    assert_eq!(h.line().await, "{\"jsonrpc\":\"2.0\",\"method\":\"ping\"}\n");
     // The peer is done sending: the agent sees end of input and exits 0.
     h.to_agent.shutdown().await.unwrap();
     assert_eq!(h.line().await, "", "the peer reads end of stream once the agent's output is all sent");
@@ -182,6 +180,41 @@ async fn agent_exit_ends_the_session_with_code_2_after_everything_is_delivered()
         ["agent exited 0", "finished", "closed 2 agent exited (code 0)", "group cleaned up"],
     );
     assert_eq!(slots.available_permits(), 1, "the agent slot is free again");
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_the_agent_left_unanswered_are_answered_with_how_it_ended_before_the_close() {
+    let mut h = Harness::new(
+        script(|mut io: AgentIo| async move {
+            let mut line = String::new();
+            // Answers the first request, takes the second and third, then crashes.
+            io.stdin.read_line(&mut line).await.unwrap();
+            io.stdout.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n").await.unwrap();
+            io.stdin.read_line(&mut line).await.unwrap();
+            io.stdin.read_line(&mut line).await.unwrap();
+            drop(io.stdout);
+            (io.exit)(3);
+        }),
+        OnTerm::Exits,
+    );
+    h.to_agent.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\"}\n").await.unwrap();
+    assert_eq!(h.line().await, "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n");
+    h.to_agent
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":\"p-2\",\"method\":\"session/prompt\"}\n{\"jsonrpc\":\"2.0\",\"method\":\"n\"}\n")
+        .await
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&h.line().await).unwrap();
+    assert_eq!(answer["id"], "p-2", "the unanswered request, and only it: {answer}");
+    assert_eq!(answer["error"]["code"], thunderbolt_shared::jsonrpc::AGENT_ENDED_CODE);
+    assert_eq!(answer["error"]["data"]["agentEnd"], "agent exited (code 3)");
+    assert_eq!(h.line().await, "", "then the end of the stream");
+    let (end, took, events, _) = h.end().await;
+    assert!(matches!(end, End::AgentEnded(Some(AgentEnd::Exited(3)))), "{end}");
+    assert_eq!(took, Duration::ZERO);
+    assert_eq!(
+        events.names(),
+        ["agent exited 3", "finished", "closed 2 agent exited (code 3)", "group cleaned up"]
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -62,15 +62,15 @@ function bridgeEnv(home) {
   };
 }
 
-async function startBridge(agent = []) {
+async function startBridge(agent = [], extra = []) {
   const home = mkdtempSync(join(tmpdir(), "tb-e2e-"));
-  const args = ["acp", "--transport", "iroh", ...(agent.length ? ["--", ...agent] : [])];
+  const args = ["acp", "--transport", "iroh", ...extra, ...(agent.length ? ["--", ...agent] : [])];
   const p = run(join(BIN, "thunderbolt"), args, bridgeEnv(home));
   await waitFor(() => p.out.some((l) => l.trim().startsWith("Allow a peer:")), "bridge banner").catch((e) => {
     throw new Error(`${e.message}; stderr:\n${p.err}`);
   });
   const ticket = p.out.map((l) => l.trim()).find((l) => l.startsWith("Ticket:")).split(/\s+/)[1];
-  return { ...p, ticket, home };
+  return Object.assign(p, { ticket, home });
 }
 
 function allow(b, nodeId) {
@@ -288,9 +288,9 @@ test("errors are typed: bad input, wrong protocol, bad frames, dial timeout", as
   });
 });
 
-test("a crashed agent reaches the page as a typed error, after everything it wrote", async () => {
-  // Echoes one message, then dies of SIGKILL.
-  const crashing = await startBridge(["sh", "-c", 'read -r l; echo "$l"; kill -9 $$']);
+test("a crashed agent reaches the page as a typed error, after everything it wrote and an answer for its request", async () => {
+  // Takes one request, writes a notification, then dies of SIGKILL without answering.
+  const crashing = await startBridge(["sh", "-c", `read -r l; echo '{"jsonrpc":"2.0","method":"note","params":{"n":1}}'; kill -9 $$`]);
   allow(crashing, await page.textContent("#node-id"));
   const r = await page.evaluate(async (ticket) => {
     const client = window.thunderbolt.state.client;
@@ -298,7 +298,8 @@ test("a crashed agent reaches the page as a typed error, after everything it wro
     const reader = conn.messages().getReader();
     await conn.send({ jsonrpc: "2.0", id: 5, method: "ping" });
     const first = await reader.read();
-    const out = { echoed: first.value && first.value.id };
+    const answer = await reader.read();
+    const out = { note: first.value.params.n, answer: { id: answer.value.id, agentEnd: answer.value.error.data.agentEnd } };
     try {
       const next = await reader.read();
       out.next = next.done ? "done" : "message";
@@ -310,7 +311,8 @@ test("a crashed agent reaches the page as a typed error, after everything it wro
     return out;
   }, crashing.ticket);
   assert.deepEqual(r, {
-    echoed: 5, kind: "agent", code: 2, signal: 9, reason: "agent killed by signal 9 (SIGKILL)", retryable: true,
+    note: 1, answer: { id: 5, agentEnd: "agent killed by signal 9 (SIGKILL)" },
+    kind: "agent", code: 2, signal: 9, reason: "agent killed by signal 9 (SIGKILL)", retryable: true,
     closed: { kind: "agent", code: 2, signal: 9 },
   });
 });
@@ -418,6 +420,55 @@ test("--transport wss: a page from the app's origin runs an ACP exchange over th
     appServer.close();
     p.child.kill("SIGTERM");
   }
+});
+
+test("30 reloads of a page that never keeps its session: another device still gets an agent", async () => {
+  // Each reload leaves a resumable session behind without a close; the bridge
+  // notices after its idle timeout (2 s here, so the reloads can come fast)
+  // and keeps at most four detached per device.
+  const b = await startBridge([join(BIN, "test-agent"), "cat"], ["--idle-timeout", "2", "--per-remote-max", "100"]);
+  allow(b, await page.textContent("#node-id"));
+  // A page with the shared page's secret: the same NodeId on every reload.
+  const secret = await page.evaluate(() => window.thunderbolt.state.client.secretKeyHex());
+  const reloadCtx = await browser.newContext();
+  await reloadCtx.addInitScript((s) => localStorage.setItem("thunderbolt_iroh_client_secret", s), secret);
+  const reloading = await reloadCtx.newPage();
+  const q = new URLSearchParams({ relay: relayUrl });
+  for (let i = 0; i < 30; i++) {
+    if (i === 0) await reloading.goto(`${baseUrl}/www/?${q}`);
+    else await reloading.reload();
+    await reloading.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+    const echoed = await reloading.evaluate(async ([ticket, i]) => {
+      const conn = await window.thunderbolt.state.client.connectProtocol(ticket, "acp");
+      await conn.send({ jsonrpc: "2.0", method: "reload", params: { i } });
+      const { value } = await conn.messages().getReader().read();
+      return value.params.i;
+    }, [b.ticket, i]);
+    assert.equal(echoed, i, `reload ${i} got its own session`);
+  }
+  await reloadCtx.close();
+  // A different device (a fresh profile: its own NodeId).
+  const ctx = await browser.newContext();
+  const other = await ctx.newPage();
+  await other.goto(`${baseUrl}/www/?${q}`);
+  await other.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+  const otherId = await other.textContent("#node-id");
+  assert.notEqual(otherId, await page.textContent("#node-id"));
+  allow(b, otherId);
+  const got = await other.evaluate(async (ticket) => {
+    const conn = await window.thunderbolt.state.client.connectProtocol(ticket, "acp");
+    await conn.send({ jsonrpc: "2.0", method: "other", params: { ok: true } });
+    const { value } = await conn.messages().getReader().read();
+    conn.close();
+    return value.params.ok;
+  }, b.ticket);
+  assert.equal(got, true, "the other device's session works");
+  await ctx.close();
+  await waitFor(() => b.err.includes("has more than 4 detached sessions"), "evictions in the bridge log").catch((e) => {
+    throw new Error(`${e.message}:\n${b.err}`);
+  });
+  assert.ok(!b.err.includes("bridge at capacity"), `nobody was refused:\n${b.err}`);
+  b.child.kill("SIGTERM");
 });
 
 // Last: it restarts the shared relay.

@@ -60,8 +60,10 @@ pub fn transport(idle: Duration) -> Result<QuicTransportConfig, String> {
 /// How long the welcome may take after our hello.
 const WELCOME_TIMEOUT: Duration = Duration::from_secs(15);
 /// Most bytes of our messages held until the bridge acknowledges them; past
-/// it `send` waits. The bridge's default for the other direction.
-const SEND_BUFFER: usize = 32 << 20;
+/// it messages wait their turn, and a larger one goes out alone once all
+/// before it were acknowledged (the protocol's rule: the bridge then always
+/// reads as far as our acks).
+const SEND_BUFFER: usize = thunderbolt_shared::resume::CLIENT_SEND_BUFFER;
 
 /// Where a stored session resumes (from `sessionState()`).
 #[derive(Debug, Clone)]
@@ -87,6 +89,8 @@ struct State {
     ended: Option<JsValue>,
     conn: Option<Connection>,
     closing: bool,
+    /// A message taken from the page that did not fit the send buffer yet.
+    held: Option<Bytes>,
 }
 
 /// A resumable session.
@@ -362,7 +366,7 @@ impl Resumable {
             if let Some(nl) = buf.iter().position(|b| *b == b'\n') {
                 let line = buf.split_to(nl + 1);
                 rx.push(&buf);
-                break Control::parse(&line);
+                break Control::parse(&line).ok().flatten();
             }
             if buf.len() > MAX_CONTROL_LINE {
                 break None;
@@ -425,18 +429,39 @@ impl Resumable {
                     }
                     continue;
                 }
-                let (room, pending, eof) = {
+                let (room, pending, eof, held) = {
                     let st = self.st.borrow();
-                    (st.out.bytes() < SEND_BUFFER, st.ack.pending(), st.eof)
+                    let n = st.out.bytes();
+                    let room = match &st.held {
+                        Some(h) => n == 0 || n + h.len() <= SEND_BUFFER,
+                        None => n < SEND_BUFFER,
+                    };
+                    (room, st.ack.pending(), st.eof, st.held.is_some())
                 };
-                let mut next =
-                    if room && !eof { out_rx.next().fuse() } else { futures::future::Fuse::terminated() };
+                // `None`: the held message's turn; else the page's next one.
+                let mut next = if room && held {
+                    futures::future::Either::Left(futures::future::ready(None)).fuse()
+                } else if room && !eof {
+                    futures::future::Either::Right(out_rx.next().map(Some)).fuse()
+                } else {
+                    futures::future::Fuse::terminated()
+                };
                 futures::select_biased! {
                     _ = poke_rx.next().fuse() => {}
                     o = next => {
+                        let o = match o {
+                            Some(o) => o,
+                            None => self.st.borrow_mut().held.take().map(Outgoing::Frame),
+                        };
                         let line = match o {
                             Some(Outgoing::Frame(b)) => {
-                                self.st.borrow_mut().out.push(b.clone());
+                                let mut st = self.st.borrow_mut();
+                                let n = st.out.bytes();
+                                if n > 0 && n + b.len() > SEND_BUFFER {
+                                    st.held = Some(b);
+                                    continue;
+                                }
+                                st.out.push(b.clone());
                                 b
                             }
                             Some(Outgoing::Eof) | None => {
@@ -491,7 +516,7 @@ impl Resumable {
                             drop(st);
                             let _ = self.poke.unbounded_send(());
                         }
-                        Event::Control(_) => {}
+                        _ => {}
                     }
                 }
                 match recv.read_chunk(256 * 1024).await {
@@ -512,14 +537,14 @@ impl Resumable {
     /// else is a loss to resume from.
     fn conn_end(&self, err: ConnectionError) -> Result<String, (JsValue, Option<JsValue>)> {
         let ending = ending(&err);
-        let gone = ending.refusal() == Some(Refusal::UnknownSession);
+        let gone = ending.refusal().filter(Refusal::is_session_gone);
         match ending {
-            Ending::Closed { code, reason } if gone => {
-                let msg = "the session is gone: the bridge no longer holds it";
-                self.event("gone", Some(msg));
+            Ending::Closed { code, reason } if gone.is_some() => {
+                let msg = gone.map(|g| g.describe()).unwrap_or_default();
+                self.event("gone", Some(&msg));
                 Err((
                     closed_obj("session_gone", Some(code), &reason),
-                    Some(js_error(&ErrorKind::SessionGone, msg)),
+                    Some(js_error(&ErrorKind::SessionGone, &msg)),
                 ))
             }
             Ending::Agent(end) => {

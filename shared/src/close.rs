@@ -34,6 +34,20 @@ pub const REASON_SHUTTING_DOWN: &str = "bridge shutting down";
 /// A resume (`thunderbolt/<p>/r1`) named a session the bridge does not hold for
 /// this peer: it ended (grace over, agent gone) or never was.
 pub const REASON_UNKNOWN_SESSION: &str = "unknown session";
+/// A resumable stream broke the protocol (a malformed or out-of-place
+/// control line); the connection is closed, the session waits as after a loss.
+pub const REASON_RESUME_PROTOCOL: &str = "resume protocol error";
+/// A resume found its session ended because its client did not come back
+/// within the grace the welcome announced.
+pub const REASON_SESSION_EXPIRED: &str = "session expired";
+/// A resume found its session ended to make room: it waited detached the
+/// longest when the bridge was at capacity, or its device kept too many
+/// detached sessions (pages that never resume their own).
+pub const REASON_SESSION_EVICTED: &str = "session evicted";
+/// A resume claimed to hold fewer of the bridge's frames than the client had
+/// already acknowledged (a stale copy of its saved state): what it lacks is
+/// gone, so the session is ended rather than resumed with a gap.
+pub const REASON_STALE_RESUME: &str = "stale resume";
 
 const SPAWN_PREFIX: &str = "failed to spawn '";
 
@@ -155,6 +169,9 @@ pub enum Refusal {
     FrameTooLarge,
     ShuttingDown,
     UnknownSession,
+    SessionExpired,
+    SessionEvicted,
+    StaleResume,
     /// Code 1 with a reason this version does not know.
     Other(String),
 }
@@ -176,6 +193,9 @@ impl Refusal {
             REASON_FRAME_TOO_LARGE => Self::FrameTooLarge,
             REASON_SHUTTING_DOWN => Self::ShuttingDown,
             REASON_UNKNOWN_SESSION => Self::UnknownSession,
+            REASON_SESSION_EXPIRED => Self::SessionExpired,
+            REASON_SESSION_EVICTED => Self::SessionEvicted,
+            REASON_STALE_RESUME => Self::StaleResume,
             r => match r.strip_prefix(SPAWN_PREFIX).and_then(|r| r.strip_suffix('\'')) {
                 Some(argv0) => Self::FailedToSpawn(argv0.to_string()),
                 None => Self::Other(r.to_string()),
@@ -202,9 +222,31 @@ impl Refusal {
         )
     }
 
+    /// Whether this closes a resume because the session is no longer held:
+    /// redialing cannot bring it back, a new session can start.
+    pub fn is_session_gone(&self) -> bool {
+        matches!(self, Self::UnknownSession | Self::SessionExpired | Self::SessionEvicted | Self::StaleResume)
+    }
+
     /// One line for a person: "refused" only for refusals.
     pub fn describe(&self) -> String {
         match self {
+            Self::UnknownSession => {
+                "the session is gone: the bridge does not hold it (the bridge restarted, \
+                                     or the session ended a while ago)"
+                    .into()
+            }
+            Self::SessionExpired => {
+                "the session is gone: it waited for this client longer than the bridge's \
+                                     grace and was ended"
+                    .into()
+            }
+            Self::SessionEvicted => "the session is gone: the bridge ended it to make room (it had waited \
+                                     detached the longest, or this device left too many detached sessions)"
+                .into(),
+            Self::StaleResume => "the session is gone: the resume used an older copy of the session state \
+                                  than this client had already confirmed, so the bridge ended it"
+                .into(),
             r if r.is_admission() => format!("the bridge refused the connection: {r}"),
             Self::FrameTooLarge => {
                 format!("the bridge ended the session: {} (a message over its frame limit)", self.reason())
@@ -226,6 +268,9 @@ impl Refusal {
             Self::FrameTooLarge => REASON_FRAME_TOO_LARGE.into(),
             Self::ShuttingDown => REASON_SHUTTING_DOWN.into(),
             Self::UnknownSession => REASON_UNKNOWN_SESSION.into(),
+            Self::SessionExpired => REASON_SESSION_EXPIRED.into(),
+            Self::SessionEvicted => REASON_SESSION_EVICTED.into(),
+            Self::StaleResume => REASON_STALE_RESUME.into(),
             Self::Other(r) => r.clone(),
         }
     }
@@ -252,6 +297,10 @@ mod tests {
             Refusal::FailedToSpawn("claude-code".into()),
             Refusal::FrameTooLarge,
             Refusal::ShuttingDown,
+            Refusal::UnknownSession,
+            Refusal::SessionExpired,
+            Refusal::SessionEvicted,
+            Refusal::StaleResume,
             Refusal::Other("something new".into()),
         ] {
             assert_eq!(Refusal::from_close(1, r.reason().as_bytes()), Some(r));

@@ -70,8 +70,80 @@ pub struct Head {
 /// read; never fails. Used for lines too large to keep, so it looks only at the
 /// bytes it is given.
 pub fn peek_head(prefix: &[u8]) -> Head {
-    let mut s = Scan { b: prefix, i: 0 };
     let (mut id, mut method, mut response) = (None, false, false);
+    visit_keys(prefix, |key, value| {
+        // The key alone tells the kind: its value may be the part that was cut.
+        match key {
+            b"method" => method = true,
+            b"result" | b"error" => response = true,
+            b"id" => id = value.and_then(valid_id),
+            _ => {}
+        }
+        true
+    });
+    let kind = match (method, response, id.is_some()) {
+        (true, _, true) => Kind::Request,
+        (true, _, false) => Kind::Notification,
+        (false, true, _) => Kind::Response,
+        _ => Kind::Unknown,
+    };
+    Head { kind, id }
+}
+
+/// The `id` of a request (a message with `method` and `id`) as raw JSON text,
+/// read from at most [`crate::ndjson::OVERSIZE_PEEK`] bytes; `None` for
+/// anything else. For every line a client sends, so it stops as soon as it
+/// knows and allocates nothing.
+pub fn request_id(line: &[u8]) -> Option<&[u8]> {
+    let (mut id, mut method) = (None, false);
+    visit_keys(cut(line), |key, value| {
+        match key {
+            b"method" => method = true,
+            b"id" => id = value.filter(|v| is_id(v)),
+            b"result" | b"error" => return false,
+            _ => {}
+        }
+        !(method && id.is_some())
+    });
+    id.filter(|_| method)
+}
+
+/// The `id` of a response (a message with `result` or `error`, and `id`) as
+/// raw JSON text; `None` for anything else. Runs over an agent's output while
+/// one of its client's requests is unanswered, so it gives up at the first
+/// sign of a request or notification (`method`, usually the second key).
+pub fn response_id(line: &[u8]) -> Option<&[u8]> {
+    let (mut id, mut response) = (None, false);
+    visit_keys(cut(line), |key, value| {
+        match key {
+            b"method" => {
+                response = false;
+                id = None;
+                return false;
+            }
+            b"result" | b"error" => response = true,
+            b"id" => id = value.filter(|v| is_id(v)),
+            _ => {}
+        }
+        !(response && id.is_some())
+    });
+    id.filter(|_| response)
+}
+
+fn cut(line: &[u8]) -> &[u8] {
+    &line[..line.len().min(crate::ndjson::OVERSIZE_PEEK)]
+}
+
+/// A raw id JSON-RPC allows (a string or a number), without a JSON tree.
+fn is_id(raw: &[u8]) -> bool {
+    matches!(raw.first(), Some(b'"' | b'-' | b'0'..=b'9'))
+}
+
+/// Calls `f` with each top-level key of the object `prefix` starts and its raw
+/// value (`None` when the value is cut), until `f` returns false or the bytes
+/// stop making sense.
+fn visit_keys<'a>(prefix: &'a [u8], mut f: impl FnMut(&'a [u8], Option<&'a [u8]>) -> bool) {
+    let mut s = Scan { b: prefix, i: 0 };
     let _ = (|| -> Option<()> {
         s.ws();
         s.eat(b'{')?;
@@ -84,17 +156,12 @@ pub fn peek_head(prefix: &[u8]) -> Head {
             s.ws();
             s.eat(b':')?;
             s.ws();
-            // The key alone tells the kind: its value may be the part that was cut.
-            match key {
-                b"method" => method = true,
-                b"result" | b"error" => response = true,
-                _ => {}
-            }
             let start = s.i;
-            s.value()?;
-            if key == b"id" {
-                id = valid_id(&prefix[start..s.i]);
+            let value = s.value().map(|()| &prefix[start..s.i]);
+            if !f(key, value) {
+                return None;
             }
+            value?;
             s.ws();
             if s.peek()? == b',' {
                 s.i += 1;
@@ -103,13 +170,6 @@ pub fn peek_head(prefix: &[u8]) -> Head {
             }
         }
     })();
-    let kind = match (method, response, id.is_some()) {
-        (true, _, true) => Kind::Request,
-        (true, _, false) => Kind::Notification,
-        (false, true, _) => Kind::Response,
-        _ => Kind::Unknown,
-    };
-    Head { kind, id }
 }
 
 /// An id worth echoing: a JSON number or string (JSON-RPC allows no other), as text.
@@ -215,6 +275,24 @@ pub fn client_gone(id: &str) -> Vec<u8> {
         .into_bytes()
 }
 
+/// JSON-RPC error code (implementation-defined server range) for a request the
+/// agent never answered because it ended first.
+pub const AGENT_ENDED_CODE: i64 = -32000;
+
+/// What a client gets for a request the agent had not answered when it ended
+/// (`how`: `agent exited (code 1)`, `agent killed by signal 9 (SIGKILL)`): an
+/// answer before the close, so a client never waits for one that cannot come.
+pub fn agent_ended(id: &[u8], how: &str) -> Vec<u8> {
+    let id = String::from_utf8_lossy(id);
+    let msg = serde_json::to_string(&format!("The agent ended before answering: {how}"))
+        .unwrap_or_else(|_| "\"The agent ended before answering\"".into());
+    let how = serde_json::to_string(how).unwrap_or_else(|_| "null".into());
+    format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{{\"code\":{AGENT_ENDED_CODE},\"message\":{msg},\"data\":{{\"agentEnd\":{how}}}}}}}\n"
+    )
+    .into_bytes()
+}
+
 /// What the sender of a request (or of an unreadable line) over the frame cap gets.
 pub fn too_large_request(id: Option<&str>, limit: usize) -> Vec<u8> {
     error_line(
@@ -287,6 +365,41 @@ mod tests {
         assert_eq!(peek_head(b"\xff\xfe"), Head { kind: Kind::Unknown, id: None });
         // ids JSON-RPC does not allow are not echoed.
         assert_eq!(peek_head(br#"{"id":{"a":1},"method":"m","#).id, None);
+    }
+
+    #[test]
+    fn request_and_response_ids_without_a_tree() {
+        assert_eq!(
+            request_id(br#"{"jsonrpc":"2.0","id":7,"method":"session/prompt","params":{}}"#),
+            Some(&b"7"[..])
+        );
+        assert_eq!(request_id(br#"{"method":"m","params":{"a":[1]},"id":"x-1"}"#), Some(&br#""x-1""#[..]));
+        assert_eq!(
+            request_id(br#"{"jsonrpc":"2.0","method":"session/update","params":{}}"#),
+            None,
+            "notification"
+        );
+        assert_eq!(request_id(br#"{"jsonrpc":"2.0","id":7,"result":{}}"#), None, "response");
+        assert_eq!(request_id(br#"{"id":null,"method":"m"}"#), None, "null is no id");
+        assert_eq!(response_id(br#"{"jsonrpc":"2.0","id":7,"result":{"a":1}}"#), Some(&b"7"[..]));
+        assert_eq!(response_id(br#"{"jsonrpc":"2.0","error":{"code":1},"id":"q"}"#), Some(&br#""q""#[..]));
+        assert_eq!(response_id(br#"{"jsonrpc":"2.0","id":3,"method":"fs/read_text_file"}"#), None, "request");
+        assert_eq!(response_id(br#"{"jsonrpc":"2.0","method":"session/update","params":{"x":1}}"#), None);
+        let mut long = br#"{"jsonrpc":"2.0","result":""#.to_vec();
+        long.extend(std::iter::repeat_n(b'a', 10_000));
+        long.extend(br#"","id":1}"#);
+        assert_eq!(response_id(&long), None, "the id past the peek limit is not read");
+    }
+
+    #[test]
+    fn agent_ended_answers_are_valid_jsonrpc() {
+        let line = agent_ended(b"\"r-1\"", "agent exited (code 3)");
+        assert!(line.ends_with(b"\n"));
+        let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(v["id"], "r-1");
+        assert_eq!(v["error"]["code"], AGENT_ENDED_CODE);
+        assert_eq!(v["error"]["data"]["agentEnd"], "agent exited (code 3)");
+        assert!(v["error"]["message"].as_str().unwrap().contains("agent exited (code 3)"));
     }
 
     #[test]

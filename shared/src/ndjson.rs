@@ -93,11 +93,56 @@ pub struct RunSplitter {
     max: usize,
     /// Inside a line over the cap: drop everything up to its newline.
     skipping: bool,
+    /// The capacity it starts with (one read), and shrinks back to.
+    min_capacity: usize,
+}
+
+/// A reading buffer larger than this is replaced by a small one as soon as
+/// what it holds fits one read (see [`RunSplitter`]).
+pub const SHRINK_ABOVE: usize = 1 << 20;
+
+/// Classifies the complete lines of `done` (every one ends in a newline) into
+/// runs to forward (sharing `done`'s memory), refused lines and lines over
+/// `max`: the same verdicts [`RunSplitter::drain`] gives, for input that
+/// arrives as whole lines (a resumable session's frames, a WebSocket's messages).
+pub fn split_lines(done: &Bytes, max: usize, mut keep: impl FnMut(&[u8]) -> bool, out: &mut Vec<Piece>) {
+    let (mut line_start, mut run_start) = (0, 0);
+    for nl in memchr::memchr_iter(b'\n', done) {
+        let line = &done[line_start..nl];
+        let verdict = if line.len() > max {
+            Some(Piece::Oversized(done.slice(line_start..line_start + line.len().min(OVERSIZE_PEEK))))
+        } else if is_blank(line) {
+            Some(Piece::Run(Bytes::new()))
+        } else if !keep(line) {
+            Some(Piece::Rejected)
+        } else {
+            None
+        };
+        if let Some(v) = verdict {
+            if run_start < line_start {
+                out.push(Piece::Run(done.slice(run_start..line_start)));
+            }
+            if !matches!(&v, Piece::Run(_)) {
+                out.push(v);
+            }
+            run_start = nl + 1;
+        }
+        line_start = nl + 1;
+    }
+    if run_start < line_start {
+        out.push(Piece::Run(done.slice(run_start..line_start)));
+    }
 }
 
 impl RunSplitter {
     pub fn new(max: usize, capacity: usize) -> Self {
-        Self { buf: BytesMut::with_capacity(capacity), scanned: 0, max, skipping: false }
+        Self {
+            buf: BytesMut::with_capacity(capacity),
+            scanned: 0,
+            max,
+            skipping: false,
+            min_capacity: capacity,
+        }
     }
 
     /// The buffer to read into (append only).
@@ -110,14 +155,20 @@ impl RunSplitter {
         self.buf.len()
     }
 
+    /// Bytes the buffer holds room for (what a session keeps allocated).
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
     /// Takes every complete line out of the buffer into `out`. `keep` decides per
     /// line (without its newline); blank lines are dropped silently.
-    pub fn drain(&mut self, mut keep: impl FnMut(&[u8]) -> bool, out: &mut Vec<Piece>) {
+    pub fn drain(&mut self, keep: impl FnMut(&[u8]) -> bool, out: &mut Vec<Piece>) {
         if self.skipping {
             match memchr_newline(&self.buf) {
                 None => {
                     self.buf.clear();
                     self.scanned = 0;
+                    self.shrink();
                     return;
                 }
                 Some(nl) => {
@@ -127,63 +178,36 @@ impl RunSplitter {
                 }
             }
         }
-        enum R {
-            Run(std::ops::Range<usize>),
-            Rejected,
-            Oversized(std::ops::Range<usize>),
-        }
-        let mut ranges = Vec::new();
-        let mut line_start = 0;
-        let mut run_start = 0;
-        let mut pos = self.scanned.min(self.buf.len());
-        while let Some(off) = memchr_newline(&self.buf[pos..]) {
-            let nl = pos + off;
-            let line = &self.buf[line_start..nl];
-            let verdict = if line.len() > self.max {
-                Some(R::Oversized(line_start..line_start + line.len().min(OVERSIZE_PEEK)))
-            } else if is_blank(line) {
-                Some(R::Run(0..0))
-            } else if !keep(line) {
-                Some(R::Rejected)
-            } else {
-                None
-            };
-            if let Some(v) = verdict {
-                if run_start < line_start {
-                    ranges.push(R::Run(run_start..line_start));
-                }
-                if !matches!(&v, R::Run(_)) {
-                    ranges.push(v);
-                }
-                run_start = nl + 1;
-            }
-            line_start = nl + 1;
-            pos = nl + 1;
-        }
-        if run_start < line_start {
-            ranges.push(R::Run(run_start..line_start));
-        }
-        let tail = self.buf.len() - line_start;
-        let cut = if tail > self.max {
-            ranges.push(R::Oversized(line_start..line_start + tail.min(OVERSIZE_PEEK)));
+        // Complete lines end at the last newline; what follows has none (the
+        // part before `scanned` was searched already).
+        let from = self.scanned.min(self.buf.len());
+        let end = memchr::memrchr(b'\n', &self.buf[from..]).map_or(0, |i| from + i + 1);
+        let tail = self.buf.len() - end;
+        let done = self.buf.split_to(end).freeze();
+        split_lines(&done, self.max, keep, out);
+        if tail > self.max {
+            out.push(Piece::Oversized(Bytes::copy_from_slice(&self.buf[..tail.min(OVERSIZE_PEEK)])));
             self.skipping = true;
-            self.buf.len()
-        } else {
-            line_start
-        };
-        let done = self.buf.split_to(cut).freeze();
+            self.buf.clear();
+        }
         self.scanned = self.buf.len();
-        out.extend(ranges.into_iter().map(|r| match r {
-            R::Run(r) => Piece::Run(done.slice(r)),
-            R::Rejected => Piece::Rejected,
-            R::Oversized(r) => Piece::Oversized(done.slice(r)),
-        }));
+        self.shrink();
+    }
+
+    /// Gives back a buffer a long line made large once little of it is in use,
+    /// so a session keeps about one read's worth, not its largest line ever.
+    fn shrink(&mut self) {
+        if self.buf.capacity() > SHRINK_ABOVE && self.buf.len() <= self.min_capacity {
+            let mut fresh = BytesMut::with_capacity(self.min_capacity.max(self.buf.len()));
+            fresh.extend_from_slice(&self.buf);
+            self.buf = fresh;
+        }
     }
 
     /// At end of stream: the unterminated remainder as a last line (a newline
     /// added), unless it is blank, refused, or the tail of a skipped line.
     pub fn finish(&mut self, keep: impl FnOnce(&[u8]) -> bool, out: &mut Vec<Piece>) {
-        let rest = self.buf.split();
+        let rest = std::mem::replace(&mut self.buf, BytesMut::with_capacity(self.min_capacity));
         self.scanned = 0;
         if std::mem::take(&mut self.skipping) || is_blank(&rest) {
             return;
@@ -364,6 +388,25 @@ mod tests {
         // Exactly at the cap is fine.
         s.buf_mut().extend_from_slice(b"12345678\n");
         assert_eq!(drain_all(&mut s, |_| true), vec![run(b"12345678\n")]);
+    }
+
+    #[test]
+    fn a_long_line_does_not_leave_a_large_buffer_behind() {
+        for max in [64 << 20, 1 << 20] {
+            let mut s = RunSplitter::new(max, 64 * 1024);
+            // A 4 MiB line (kept, or over the cap and skipped) arriving in reads.
+            for _ in 0..64 {
+                s.buf_mut().extend_from_slice(&[b'1'; 64 * 1024]);
+                drain_all(&mut s, |_| true);
+            }
+            s.buf_mut().extend_from_slice(b"\n[2]\n");
+            let out = drain_all(&mut s, |_| true);
+            assert!(
+                matches!(out.last(), Some(Piece::Run(r)) if r.ends_with(b"\n[2]\n") || &r[..] == b"[2]\n"),
+                "{max}"
+            );
+            assert!(s.capacity() <= SHRINK_ABOVE, "max {max}: {} bytes kept", s.capacity());
+        }
     }
 
     #[test]

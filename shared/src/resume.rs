@@ -55,6 +55,46 @@ pub const CONTROL_PREFIX: u8 = b'!';
 /// starting with `!` is carried as a frame.
 pub const MAX_CONTROL_LINE: usize = 1024;
 
+/// Where the first line of `buf` ends (the index of its `\n`), if it fits a
+/// control line: the hello and the welcome are read with this, so a line is
+/// judged the same however the stream split it. `Ok(None)`: no newline yet, and
+/// the line may still fit; `Err`: it cannot be a control line.
+pub fn control_line_end(buf: &[u8]) -> Result<Option<usize>, LineTooLong> {
+    match memchr::memchr(b'\n', buf) {
+        Some(nl) if nl < MAX_CONTROL_LINE => Ok(Some(nl)),
+        Some(_) => Err(LineTooLong),
+        None if buf.len() >= MAX_CONTROL_LINE => Err(LineTooLong),
+        None => Ok(None),
+    }
+}
+
+/// A first line longer than any control line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no line end within {MAX_CONTROL_LINE} bytes")]
+pub struct LineTooLong;
+
+/// Most bytes of its own frames a client keeps unacknowledged: past it, it
+/// sends nothing new until acks make room, except that a single run of
+/// frames larger than this goes out alone once everything before it was
+/// acknowledged. Together with [`BRIDGE_READ_AHEAD`] this is what keeps a
+/// session free of deadlock: the bridge always reads far enough to reach the
+/// client's acks, even while the agent reads nothing (see there).
+///
+/// 2 MiB fills a 100 ms path at 20 MB/s, above what a client uploads to an
+/// agent; QUIC's own stream window (1.25 MB) is the tighter limit anyway.
+pub const CLIENT_SEND_BUFFER: usize = 2 << 20;
+
+/// Most bytes of a client's frames the bridge reads ahead of the agent's
+/// input (beyond one run). The client's acks share the stream with its
+/// frames, so they can only be read once the frames before them are; if the
+/// bridge stopped reading while its agent blocks on output that waits for
+/// those very acks, neither side would move. A client never has more than
+/// [`CLIENT_SEND_BUFFER`] unacknowledged (or a single larger run), and the
+/// bridge acknowledges frames only once the agent's queue took them, so
+/// reading twice that ahead always reaches the acks; a client that breaks the
+/// rule only stalls its own session, and costs at most this plus one run.
+pub const BRIDGE_READ_AHEAD: usize = 2 * CLIENT_SEND_BUFFER;
+
 /// A receiver acknowledges after this many frames at the latest: with small
 /// messages, one ack per this many keeps the replay buffer short at the cost
 /// of a few bytes per hundred frames.
@@ -109,47 +149,84 @@ impl Control {
         line.into()
     }
 
-    /// Reads a control line (with or without its `!` and `\n`). `None` for a
-    /// line this version does not understand (to be ignored).
-    pub fn parse(line: &[u8]) -> Option<Self> {
-        let line = line.strip_prefix(&[CONTROL_PREFIX]).unwrap_or(line);
+    /// Reads a control line (with or without its `!` and `\n`).
+    ///
+    /// `Ok(None)` for an object of a kind this version does not know (to be
+    /// ignored: room for later versions). `Err` for a line that breaks the
+    /// protocol: not one JSON object, a hello of another version, or a known
+    /// field whose value is not what it must be (every count is a JSON integer
+    /// in `0..=u64::MAX`; `-1`, `5.0` and `99999999999999999999` are refused
+    /// alike, never read as something else or ignored).
+    pub fn parse(line: &[u8]) -> Result<Option<Self>, BadControl> {
+        let line = line.strip_prefix(&[CONTROL_PREFIX]).unwrap_or(line).trim_ascii();
         // Acks are nearly every control line: read them without a JSON tree.
-        if let Some(digits) =
-            line.trim_ascii_end().strip_prefix(b"{\"ack\":").and_then(|r| r.strip_suffix(b"}"))
-        {
-            if !digits.is_empty() && digits.len() <= 19 && digits.iter().all(u8::is_ascii_digit) {
-                return std::str::from_utf8(digits).ok()?.parse().ok().map(Self::Ack);
+        if let Some(digits) = line.strip_prefix(b"{\"ack\":").and_then(|r| r.strip_suffix(b"}")) {
+            if !digits.is_empty()
+                && digits.iter().all(u8::is_ascii_digit)
+                && (digits.len() == 1 || digits[0] != b'0')
+            {
+                let text = std::str::from_utf8(digits).map_err(|_| BadControl::NotAnObject)?;
+                return text.parse().map(|n| Some(Self::Ack(n))).map_err(|_| BadControl::NotACount("ack"));
             }
         }
-        let v: Value = serde_json::from_slice(line.trim_ascii()).ok()?;
-        let o = v.as_object()?;
-        let num = |k: &str| o.get(k).and_then(Value::as_u64);
-        if o.contains_key("hello") {
+        let v: Value = serde_json::from_slice(line).map_err(|_| BadControl::NotAnObject)?;
+        let o = v.as_object().ok_or(BadControl::NotAnObject)?;
+        // A present count must be a u64; an absent one is `None`.
+        let count = |k: &'static str| -> Result<Option<u64>, BadControl> {
+            match o.get(k) {
+                None => Ok(None),
+                Some(v) => v.as_u64().map(Some).ok_or(BadControl::NotACount(k)),
+            }
+        };
+        let required = |k: &'static str| count(k)?.ok_or(BadControl::Missing(k));
+        if let Some(version) = o.get("hello") {
+            if version.as_u64() != Some(HELLO_VERSION) {
+                return Err(BadControl::Version);
+            }
             let session = match o.get("session") {
                 None | Some(Value::Null) => None,
                 Some(Value::String(s)) => Some(s.clone()),
-                Some(_) => return None,
+                Some(_) => return Err(BadControl::NotASession),
             };
-            return Some(Self::Hello { session, received: num("received")? });
+            return Ok(Some(Self::Hello { session, received: required("received")? }));
         }
-        if let Some(n) = num("ack") {
-            return Some(Self::Ack(n));
+        if let Some(n) = count("ack")? {
+            return Ok(Some(Self::Ack(n)));
         }
-        if let Some(n) = num("eof") {
-            return Some(Self::Eof(n));
+        if let Some(n) = count("eof")? {
+            return Ok(Some(Self::Eof(n)));
         }
-        if let Some(n) = num("end") {
-            return Some(Self::End(n));
+        if let Some(n) = count("end")? {
+            return Ok(Some(Self::End(n)));
         }
-        if let Some(Value::String(s)) = o.get("session") {
-            return Some(Self::Welcome {
+        match o.get("session") {
+            Some(Value::String(s)) => Ok(Some(Self::Welcome {
                 session: s.clone(),
-                received: num("received")?,
-                grace_ms: num("grace_ms").unwrap_or(0),
-            });
+                received: required("received")?,
+                grace_ms: count("grace_ms")?.unwrap_or(0),
+            })),
+            Some(_) => Err(BadControl::NotASession),
+            None => Ok(None),
         }
-        None
     }
+}
+
+/// The hello's version: the only one there is.
+pub const HELLO_VERSION: u64 = 1;
+
+/// A control line that breaks the protocol (see [`Control::parse`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadControl {
+    #[error("a control line that is not one JSON object")]
+    NotAnObject,
+    #[error("a hello of a version other than {HELLO_VERSION}")]
+    Version,
+    #[error("\"{0}\" is not a count (an integer from 0 to 2^64-1)")]
+    NotACount(&'static str),
+    #[error("\"{0}\" is missing")]
+    Missing(&'static str),
+    #[error("\"session\" is neither a string nor null")]
+    NotASession,
 }
 
 /// Frames sent and not yet acknowledged, to resend after a reconnect. Holds
@@ -271,6 +348,8 @@ pub enum Event {
     Data { bytes: Bytes, frames: u64 },
     /// A control line (`None`: one this version does not understand).
     Control(Option<Control>),
+    /// A control line that breaks the protocol.
+    BadControl(BadControl),
 }
 
 /// Splits what arrives on a resumable stream into frames and control lines.
@@ -357,7 +436,10 @@ impl Receiver {
             for (s, e, frames) in spans {
                 out.push(match frames {
                     Some(frames) => Event::Data { bytes: done.slice(s..e), frames },
-                    None => Event::Control(Control::parse(&done[s..e])),
+                    None => match Control::parse(&done[s..e]) {
+                        Ok(c) => Event::Control(c),
+                        Err(bad) => Event::BadControl(bad),
+                    },
                 });
             }
         }
@@ -365,8 +447,18 @@ impl Receiver {
             self.passing = true;
             out.push(Event::Data { bytes: self.buf.split().freeze(), frames: 0 });
         }
+        // A long frame made the buffer large: give it back once it is little
+        // used (what remains is at most a partial line of one read).
+        if self.buf.capacity() > crate::ndjson::SHRINK_ABOVE && self.buf.len() <= SHRINK_KEEP {
+            let mut fresh = BytesMut::with_capacity(SHRINK_KEEP.max(self.buf.len()));
+            fresh.extend_from_slice(&self.buf);
+            self.buf = fresh;
+        }
     }
 }
+
+/// What a [`Receiver`]'s buffer shrinks back to: one read's worth.
+const SHRINK_KEEP: usize = 64 * 1024;
 
 /// When a receiver should acknowledge (see [`ACK_EVERY_FRAMES`],
 /// [`ACK_EVERY_BYTES`], [`ACK_DELAY_MS`]). Time is the caller's.
@@ -464,10 +556,56 @@ mod tests {
             let line = c.encode();
             assert_eq!(line[0], b'!');
             assert_eq!(*line.last().unwrap(), b'\n');
-            assert_eq!(Control::parse(&line), Some(c));
+            assert_eq!(Control::parse(&line), Ok(Some(c)));
         }
-        assert_eq!(Control::parse(b"!{\"future\":1}"), None, "unknown kinds are ignored");
-        assert_eq!(Control::parse(b"!not json"), None);
+        assert_eq!(Control::parse(b"!{\"future\":1}"), Ok(None), "unknown kinds are ignored");
+        assert_eq!(
+            Control::parse(b"!{\"ack\":3,\"extra\":true}"),
+            Ok(Some(Control::Ack(3))),
+            "unknown fields too"
+        );
+    }
+
+    #[test]
+    fn control_lines_that_break_the_protocol_are_refused_alike() {
+        let bad = |l: &[u8]| Control::parse(l).unwrap_err();
+        assert_eq!(bad(b"!not json"), BadControl::NotAnObject);
+        assert_eq!(bad(b"![1]"), BadControl::NotAnObject);
+        assert_eq!(bad(b"!{\"hello\":99,\"session\":null,\"received\":0}"), BadControl::Version);
+        assert_eq!(bad(b"!{\"hello\":\"1\",\"session\":null,\"received\":0}"), BadControl::Version);
+        assert_eq!(bad(b"!{\"hello\":1,\"session\":7,\"received\":0}"), BadControl::NotASession);
+        assert_eq!(bad(b"!{\"hello\":1,\"session\":null}"), BadControl::Missing("received"));
+        // Every number that is not a u64 is refused the same way, on the fast path and off it.
+        for n in ["18446744073709551616", "99999999999999999999", "-1", "5.0", "1e3", "\"5\"", "null", "007"]
+        {
+            for line in [format!("!{{\"ack\":{n}}}"), format!("!{{ \"ack\": {n} }}")] {
+                let got = Control::parse(line.as_bytes());
+                assert!(
+                    matches!(got, Err(BadControl::NotACount("ack")) | Err(BadControl::NotAnObject)),
+                    "{line}: {got:?}"
+                );
+            }
+            assert!(Control::parse(format!("!{{\"eof\":{n}}}").as_bytes()).is_err(), "eof {n}");
+        }
+        assert_eq!(Control::parse(b"!{\"ack\":18446744073709551615}"), Ok(Some(Control::Ack(u64::MAX))));
+        assert_eq!(Control::parse(b"!{\"ack\":0}"), Ok(Some(Control::Ack(0))));
+        assert_eq!(bad(b"!{\"end\":-1}"), BadControl::NotACount("end"));
+        assert_eq!(bad(b"!{\"session\":\"ab\",\"received\":1.5}"), BadControl::NotACount("received"));
+    }
+
+    #[test]
+    fn control_lines_end_within_the_limit_however_they_arrive() {
+        assert_eq!(control_line_end(b"!{}\nmore"), Ok(Some(3)));
+        assert_eq!(control_line_end(b"!{\"hello\""), Ok(None));
+        let long = vec![b' '; MAX_CONTROL_LINE];
+        assert_eq!(control_line_end(&long), Err(LineTooLong), "no room left for a line end");
+        let mut one_write = vec![b' '; 1549];
+        one_write.push(b'\n');
+        assert_eq!(control_line_end(&one_write), Err(LineTooLong), "a long line in one piece");
+        assert_eq!(control_line_end(&one_write[..700]), Ok(None));
+        let mut fits = vec![b' '; MAX_CONTROL_LINE - 1];
+        fits.push(b'\n');
+        assert_eq!(control_line_end(&fits), Ok(Some(MAX_CONTROL_LINE - 1)));
     }
 
     #[test]
@@ -487,6 +625,7 @@ mod tests {
         r.push(b"{\"d\":");
         r.reset();
         assert_eq!(events(&mut r, b"!{\"end\":3}\n"), vec![Event::Control(Some(Control::End(3)))]);
+        assert_eq!(events(&mut r, b"!{\"ack\":-1}\n"), vec![Event::BadControl(BadControl::NotACount("ack"))]);
     }
 
     #[test]

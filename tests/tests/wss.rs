@@ -191,6 +191,35 @@ async fn agent_exit_codes_map_to_close_codes() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn requests_left_waiting_by_a_dying_agent_are_answered_before_the_close() {
+    let b = Wss::start(&[], &["exit-after", "2", "4"]).await;
+    let mut ws = b.ws(&b.url, ORIGIN).await;
+    ws.send(Message::text("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\"}".to_string()))
+        .await
+        .unwrap();
+    ws.send(Message::text("{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"session/new\"}".to_string()))
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let v = next_text(&mut ws).await;
+        assert_eq!(v["error"]["code"], thunderbolt_shared::jsonrpc::AGENT_ENDED_CODE, "{v}");
+        assert_eq!(v["error"]["data"]["agentEnd"], "agent exited (code 4)");
+        ids.push(v["id"].as_i64().unwrap());
+    }
+    ids.sort();
+    assert_eq!(ids, [1, 2]);
+    let m = loop {
+        let m = tokio::time::timeout(WAIT, ws.next()).await.unwrap().unwrap().unwrap();
+        if m.is_close() {
+            break m;
+        }
+    };
+    let (c, r) = m.as_close().unwrap();
+    assert_eq!((u16::from(c), r), (1011, "agent exited (code 4)"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn the_seventeenth_socket_is_closed_with_1013() {
     let b = Wss::start(&[], &["cat"]).await;
     let mut open = Vec::new();

@@ -35,9 +35,11 @@ use tracing::{debug, info, warn};
 use crate::{cli::connect::describe_close, limits, signals::Terminate};
 
 /// Most bytes of our input held until the bridge acknowledges them: past it we
-/// stop reading input (the local client waits) until acks make room. The
-/// bridge's default buffer for the other direction.
-pub const SEND_BUFFER: usize = limits::RESUME_BUFFER;
+/// stop reading input (the local client waits) until acks make room; a run
+/// larger than this goes out alone, once everything before it was
+/// acknowledged. The protocol's rule ([`resume::CLIENT_SEND_BUFFER`]): it is
+/// what lets the bridge always read as far as our acks.
+pub const SEND_BUFFER: usize = resume::CLIENT_SEND_BUFFER;
 
 /// First pause between starting redials; doubled after each start.
 const REDIAL_FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -106,7 +108,7 @@ pub async fn run(
     local_out: Box<dyn AsyncWrite + Unpin + Send>,
     term: &mut Terminate,
 ) -> Result<Finish> {
-    let mut input = LocalInput { r: local_in, buf: BytesMut::new(), done: false };
+    let mut input = LocalInput { r: local_in, buf: BytesMut::new(), done: false, held: None };
     let mut output = local_out;
     let alpn = resume::resume_alpn(protocol);
     let st = RefCell::new(State::default());
@@ -182,11 +184,11 @@ fn closed(err: &ConnectionError, st: &State, protocol: &Protocol) -> Result<Fini
         if let Some(end) = AgentEnd::from_close(code, &ac.reason) {
             return Ok(Finish::AgentEnded(Some(end)));
         }
-        if Refusal::from_close(code, &ac.reason) == Some(Refusal::UnknownSession) {
+        if let Some(gone) = Refusal::from_close(code, &ac.reason).filter(Refusal::is_session_gone) {
             if st.all_delivered() {
                 return Ok(Finish::AgentEnded(None));
             }
-            bail!("the session is gone: the bridge no longer holds it (its grace ran out, or the bridge restarted)");
+            bail!("{}", gone.describe());
         }
     }
     Err(anyhow!(describe_close(err, protocol)))
@@ -266,7 +268,7 @@ async fn carry(
         Ok(Err(e)) => return Ok(lost_or_closed(conn, e)),
         Err(_) => return Ok(ConnEnd::Lost("the bridge did not answer our hello".into())),
     };
-    let Some(Control::Welcome { session, received, grace_ms }) = Control::parse(&line) else {
+    let Ok(Some(Control::Welcome { session, received, grace_ms })) = Control::parse(&line) else {
         bail!(
             "the bridge answered with something other than a welcome: it does not speak {}",
             String::from_utf8_lossy(&resume::resume_alpn(protocol))
@@ -390,7 +392,13 @@ async fn upload(
         }
         let (has_room, input_open, ack_pending) = {
             let s = st.borrow();
-            (s.out.bytes() < SEND_BUFFER, s.eof_at.is_none(), s.ack.pending())
+            let held = s.out.bytes();
+            let room = match input.held_len() {
+                // A run that does not fit waits until it fits, or goes alone.
+                Some(n) => held == 0 || held + n <= SEND_BUFFER,
+                None => held < SEND_BUFFER,
+            };
+            (room, s.eof_at.is_none(), s.ack.pending())
         };
         tokio::select! {
             biased;
@@ -400,6 +408,10 @@ async fn upload(
                 {
                     let mut s = st.borrow_mut();
                     match r {
+                        Some(run) if s.out.bytes() > 0 && s.out.bytes() + run.len() > SEND_BUFFER => {
+                            input.hold(run);
+                            continue;
+                        }
                         Some(run) => {
                             s.out.push(run.clone());
                             chunks.push(run);
@@ -473,6 +485,7 @@ async fn download(
                     }
                 }
                 Event::Control(_) => {}
+                Event::BadControl(bad) => return Err(Down::Protocol(format!("the bridge sent {bad}"))),
             }
         }
         let buf = rx.buf_mut();
@@ -499,12 +512,26 @@ struct LocalInput {
     r: Box<dyn AsyncRead + Unpin + Send>,
     buf: BytesMut,
     done: bool,
+    /// A run read but not sent yet: it did not fit the send buffer.
+    held: Option<Bytes>,
 }
 
 impl LocalInput {
+    /// Keeps `run` to be returned by the next [`Self::next_run`].
+    fn hold(&mut self, run: Bytes) {
+        self.held = Some(run);
+    }
+
+    fn held_len(&self) -> Option<usize> {
+        self.held.as_ref().map(Bytes::len)
+    }
+
     /// The next run of whole lines; `None` once the input ended. At the end an
     /// unterminated last line gets its newline (as the plain protocol's bridge does).
     async fn next_run(&mut self) -> Option<Bytes> {
+        if let Some(run) = self.held.take() {
+            return Some(run);
+        }
         loop {
             if self.done {
                 return None;

@@ -6,14 +6,23 @@
 //! it as its [`Link`]) and whichever connection is attached right now:
 //! - the agent's output goes into the hub's replay log ([`Outbox`]); the
 //!   attached connection's writer sends it on, and an acknowledgement from the
-//!   client frees it. While no connection is attached the log keeps growing,
-//!   up to the resume buffer: past that the session ends;
+//!   client frees it. The log holds at most the resume buffer: past that the
+//!   agent waits (its stdout blocks) until acks make room, whether a client is
+//!   attached or not. A client that is away holds its agent still, never ends
+//!   its session early;
 //! - the client's frames come off the attached connection into one queue the
 //!   agent's input pump reads ([`Inbox`]), counted so a resuming client knows
-//!   what to resend;
+//!   what to resend. The connection is read ahead of that queue (up to
+//!   [`BRIDGE_READ_AHEAD`]), so the client's acks are always read, even while
+//!   the agent reads nothing because it waits for those very acks;
 //! - a connection lost without the client's close detaches the session: the
 //!   agent runs on, and the session ends only if nobody re-attaches within
 //!   the grace period. Only the NodeId that started the session can attach.
+//!
+//! Detached sessions cannot pin the bridge: [`Hubs`] evicts them, the oldest
+//! first, when a slot is needed, and keeps at most [`MAX_DETACHED_PER_PEER`]
+//! per NodeId. A later resume of an ended session learns why it ended
+//! (expired, evicted, revoked, …) from the close reason.
 //!
 //! With `--keep-warm` plain (`thunderbolt/<p>/0`) sessions run through a hub
 //! too ([`HubKind::Warm`]): a connection's end, whatever it was, detaches the
@@ -31,11 +40,11 @@
 //! the session ends).
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{HashMap, HashSet, VecDeque},
     future::Future,
     io,
     pin::Pin,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard, OnceLock, Weak},
     task::{Context, Poll, Waker},
     time::Duration,
 };
@@ -49,7 +58,10 @@ use thunderbolt_shared::{
     close,
     jsonrpc::{self, Kind},
     ndjson::OVERSIZE_PEEK,
-    resume::{AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS, MAX_CONTROL_LINE},
+    resume::{
+        control_line_end, AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS, BRIDGE_READ_AHEAD,
+        MAX_CONTROL_LINE,
+    },
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWrite},
@@ -60,8 +72,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
 use crate::{
-    limits::READ_CHUNK,
-    serve::session::{Link, SessionConfig},
+    limits::READ_CHUNK, serve::pump::Inbound, serve::requests::Requests, serve::session::Link,
     trust::TrustPolicy,
 };
 
@@ -78,11 +89,25 @@ pub struct ResumeConfig {
 pub const REASON_SUPERSEDED: &str = "session resumed on another connection";
 
 /// Close reason for a resumable stream that broke the protocol.
-pub const REASON_PROTOCOL: &str = "resume protocol error";
+pub const REASON_PROTOCOL: &str = close::REASON_RESUME_PROTOCOL;
 
 /// Client frames queued for the agent's input pump: a few reads' worth, so a
 /// client faster than its agent is slowed by QUIC flow control, not buffered.
+/// (What is read ahead of it, to reach the client's acks, is bounded apart.)
 const INBOX_QUEUE: usize = 16;
+
+/// Detached sessions one NodeId may leave waiting. A device resumes its own
+/// sessions; several detached at once are pages or apps that never will (a
+/// reload that did not keep its session state, a closed tab, a killed app).
+/// A person's few tabs and a phone that locked fit; past it the oldest is
+/// ended, so one device can never hold the bridge's slots with sessions
+/// nobody will come back to.
+pub const MAX_DETACHED_PER_PEER: usize = 4;
+
+/// Ended sessions remembered, so that a late resume is told why its session
+/// ended (expired, evicted, revoked) instead of `unknown session`. A token and
+/// a reason each: a few hundred KiB at most.
+pub const ENDED_REMEMBERED: usize = 1024;
 
 /// An unguessable session token (128 random bits, hex).
 pub fn new_token() -> String {
@@ -106,6 +131,20 @@ pub enum HubKind {
     Warm,
 }
 
+/// Why a session ended: for the log, and the close a later resume gets.
+#[derive(Debug, Clone)]
+struct Gone {
+    why: String,
+    /// The reason a resume of the ended session is closed with (code 1).
+    resume_reason: String,
+}
+
+impl Gone {
+    fn new(why: impl Into<String>, resume_reason: impl Into<String>) -> Self {
+        Self { why: why.into(), resume_reason: resume_reason.into() }
+    }
+}
+
 /// One session's state between connections.
 #[derive(Debug)]
 pub struct Hub {
@@ -116,6 +155,7 @@ pub struct Hub {
     /// For a warm hub, `grace` is the keep-warm window.
     cfg: ResumeConfig,
     max_frame: usize,
+    created: Instant,
     state: Mutex<State>,
     /// The session's state changed: attach, detach, an ack, the end.
     changed: Notify,
@@ -125,20 +165,30 @@ pub struct Hub {
     /// Lines the bridge writes to the agent itself (answers for a vanished
     /// client), ahead of the client's.
     inject: mpsc::UnboundedSender<Bytes>,
+    /// The registry, told of detaches (it caps detached sessions per peer).
+    registry: Weak<Hubs>,
+    /// Warm: the session's record of the client's requests in flight.
+    requests: OnceLock<Arc<Requests>>,
 }
 
 #[derive(Debug)]
 struct State {
     out: ReplayLog,
     /// The agent's output ended after this many frames.
-    end_at: Option<u64>,
+    end_at: Option<(u64, Instant)>,
     /// Frames taken from the client (into the agent's queue).
     ack: AckPolicy,
     ack_due: bool,
-    inbox: Option<mpsc::Sender<Bytes>>,
+    /// When a pending ack is due at the latest.
+    ack_at: Option<Instant>,
+    inbox: Option<mpsc::Sender<Inbound>>,
+    /// The client's frame over the cap being skipped (its index), once its
+    /// head went to the agent's pump; a resend of it after a reconnect is not
+    /// announced twice.
+    oversize_at: Option<u64>,
     attached: Option<Attached>,
     detached_since: Option<Instant>,
-    gone: Option<String>,
+    gone: Option<Gone>,
     next_conn: u64,
     /// The agent-output side, waiting for room in the log.
     writer: Option<Waker>,
@@ -154,6 +204,7 @@ struct State {
 struct Attached {
     id: u64,
     conn: Connection,
+    since: Instant,
     _task: AbortOnDropHandle<()>,
 }
 
@@ -163,6 +214,34 @@ impl State {
     }
 }
 
+/// What a wait on the hub's state does next (see [`Hub::until`]).
+enum Step<T> {
+    Ready(T),
+    /// Wait for a change, or until this instant.
+    Wait(Option<Instant>),
+}
+
+/// Which notifications end a wait.
+#[derive(Clone, Copy)]
+enum Wake {
+    /// State changes only (the session core's waits).
+    Changed,
+    /// State changes and new output or acks due (the connection writers).
+    Any,
+}
+
+/// Why a connection could not attach.
+#[derive(Debug)]
+pub enum AttachError {
+    /// The session ended; close the connection with this reason.
+    Gone(String),
+    /// The client holds fewer frames than it already acknowledged: the
+    /// session is ended (what it lacks is gone).
+    Stale { claimed: u64, acked: u64 },
+    /// The client claims frames that were never sent.
+    BadPosition(String),
+}
+
 impl Hub {
     /// A new session for `owner`, and the two ends the agent's pumps use.
     pub fn new(
@@ -170,9 +249,11 @@ impl Hub {
         owner: EndpointId,
         cfg: ResumeConfig,
         max_frame: usize,
+        registry: Weak<Hubs>,
     ) -> (Arc<Self>, Inbox, Outbox) {
         let (tx, rx) = mpsc::channel(INBOX_QUEUE);
         let (inject, injected) = mpsc::unbounded_channel();
+        let now = Instant::now();
         let hub = Arc::new(Self {
             token: new_token(),
             kind,
@@ -181,14 +262,17 @@ impl Hub {
             peer: owner.fmt_short().to_string(),
             cfg,
             max_frame,
+            created: now,
             state: Mutex::new(State {
                 out: ReplayLog::new(),
                 end_at: None,
                 ack: AckPolicy::at(0),
                 ack_due: false,
+                ack_at: None,
                 inbox: Some(tx),
+                oversize_at: None,
                 attached: None,
-                detached_since: Some(Instant::now()),
+                detached_since: Some(now),
                 gone: None,
                 next_conn: 0,
                 writer: None,
@@ -198,14 +282,24 @@ impl Hub {
             }),
             changed: Notify::new(),
             output: Notify::new(),
+            registry,
+            requests: OnceLock::new(),
         });
         let outbox = Outbox { hub: hub.clone() };
-        (hub, Inbox::new(rx, Some(injected), true), outbox)
+        (hub, Inbox::new(rx, Some(injected), true, max_frame), outbox)
     }
 
     /// The token's first characters, for logs (the token itself is never logged).
-    fn short(&self) -> &str {
+    pub fn short(&self) -> &str {
         &self.token[..8]
+    }
+
+    pub fn owner(&self) -> EndpointId {
+        self.owner
+    }
+
+    pub fn kind(&self) -> HubKind {
+        self.kind
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -221,10 +315,52 @@ impl Hub {
         self.output.notify_waiters();
     }
 
-    /// Resolves on either notification (a writer's wait). Enable it before
-    /// reading the state so nothing is missed in between.
-    fn notified_any(&self) -> NotifiedAny<'_> {
-        NotifiedAny { a: Box::pin(self.changed.notified()), b: Box::pin(self.output.notified()) }
+    /// Runs `check` on the state until it is ready, waiting in between for a
+    /// change (`wake`) or the instant it asks for. The one "notify, check the
+    /// state, wait" loop of the hub: the notification is armed before the
+    /// state is read, so nothing that changes in between is missed.
+    async fn until<T>(&self, wake: Wake, mut check: impl FnMut(&mut State) -> Step<T>) -> T {
+        loop {
+            let changed = self.changed.notified();
+            let output = self.output.notified();
+            tokio::pin!(changed, output);
+            changed.as_mut().enable();
+            let any = matches!(wake, Wake::Any);
+            if any {
+                output.as_mut().enable();
+            }
+            let deadline = match check(&mut self.lock()) {
+                Step::Ready(v) => return v,
+                Step::Wait(d) => d,
+            };
+            let sleep = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = &mut changed => {}
+                _ = &mut output, if any => {}
+                _ = sleep => {}
+            }
+        }
+    }
+
+    /// Whether no connection is attached and the session still runs (for a
+    /// warm hub: its agent waits for the next connection).
+    pub fn is_detached(&self) -> bool {
+        let st = self.lock();
+        st.attached.is_none() && st.gone.is_none()
+    }
+
+    /// How long the session has waited without a connection, if it does.
+    pub fn detached_for(&self) -> Option<Duration> {
+        let st = self.lock();
+        if st.gone.is_some() || st.attached.is_some() {
+            return None;
+        }
+        st.detached_since.map(|t| t.elapsed())
     }
 
     /// Attaches a connection whose client holds the first `received` frames of
@@ -237,16 +373,27 @@ impl Hub {
         recv: RecvStream,
         received: u64,
         leftover: Bytes,
-    ) -> Result<(), String> {
+    ) -> Result<(), AttachError> {
         let mut st = self.lock();
-        if let Some(why) = &st.gone {
-            return Err(format!("the session ended ({why})"));
+        if let Some(g) = &st.gone {
+            return Err(AttachError::Gone(g.resume_reason.clone()));
         }
-        st.out.ack(received).map_err(|e| e.to_string())?;
+        if received < st.out.acked() {
+            let acked = st.out.acked();
+            drop(st);
+            let why = format!(
+                "a resume claimed {received} of the agent's frames, but the client had acknowledged {acked} \
+                 (a stale copy of its session state): those are gone"
+            );
+            self.end_with(close::CLOSE_CODE_REFUSED, Gone::new(why, close::REASON_STALE_RESUME));
+            return Err(AttachError::Stale { claimed: received, acked });
+        }
+        st.out.ack(received).map_err(|e| AttachError::BadPosition(e.to_string()))?;
         let id = st.next_conn;
         st.next_conn += 1;
         st.ack.resumed();
         st.ack_due = false;
+        st.ack_at = None;
         let welcome = Control::Welcome {
             session: self.token.clone(),
             received: st.ack.received(),
@@ -264,7 +411,12 @@ impl Hub {
         }
         let task =
             tokio::spawn(self.clone().serve(id, conn.clone(), send, recv, welcome, received, leftover));
-        let old = st.attached.replace(Attached { id, conn, _task: AbortOnDropHandle::new(task) });
+        let old = st.attached.replace(Attached {
+            id,
+            conn,
+            since: Instant::now(),
+            _task: AbortOnDropHandle::new(task),
+        });
         st.detached_since = None;
         let writer = st.writer.take();
         drop(st);
@@ -312,14 +464,16 @@ impl Hub {
         if !st.is_attached(id) {
             return;
         }
-        let clean = matches!(
-            conn.close_reason(),
-            Some(ConnectionError::ApplicationClosed(ac)) if ac.error_code.into_inner() == close::CLOSE_CODE_CLIENT as u64
-        );
         let attached = st.attached.take();
+        let mut detached = false;
         if self.kind == HubKind::Warm {
             if st.gone.is_none() {
                 st.detached_since = Some(Instant::now());
+                detached = true;
+                if let Some(r) = self.requests.get() {
+                    // Nobody waits for those answers any more.
+                    r.clear();
+                }
                 let answered = self.answer_for_vanished_client(&mut st);
                 info!(
                     peer = %self.peer,
@@ -328,10 +482,12 @@ impl Hub {
                     if answered > 0 { format!(" ({answered} of its request(s) answered with an error)") } else { String::new() }
                 );
             }
-        } else if clean {
-            st.gone.get_or_insert_with(|| close::REASON_CLIENT_CLOSED.to_string());
+        } else if is_client_close(conn) {
+            st.gone
+                .get_or_insert_with(|| Gone::new(close::REASON_CLIENT_CLOSED, close::REASON_UNKNOWN_SESSION));
         } else if st.gone.is_none() {
             st.detached_since = Some(Instant::now());
+            detached = true;
             info!(
                 peer = %self.peer,
                 session = self.short(),
@@ -344,8 +500,30 @@ impl Hub {
         let writer = st.writer.take();
         drop(st);
         self.wake(writer);
+        if detached {
+            if let Some(registry) = self.registry.upgrade() {
+                registry.on_detach(&self.owner);
+            }
+        }
         // Last: this may be the very task running us.
         drop(attached);
+    }
+
+    /// Ends a detached session to make room; `why` says for what.
+    pub fn evict(&self, why: &str) -> bool {
+        let Some(waited) = self.detached_for() else { return false };
+        info!(
+            peer = %self.peer,
+            session = self.short(),
+            "evicting a detached session (started {}s ago, detached for {}s): {why}",
+            self.created.elapsed().as_secs(),
+            waited.as_secs()
+        );
+        self.end_with(
+            close::CLOSE_CODE_REFUSED,
+            Gone::new(format!("evicted: {why}"), close::REASON_SESSION_EVICTED),
+        );
+        true
     }
 
     /// Warm: answers every request of the agent's that the client can no longer
@@ -392,7 +570,12 @@ impl Hub {
             );
         }
         let task = tokio::spawn(self.clone().serve_plain(id, conn.clone(), send, recv));
-        let old = st.attached.replace(Attached { id, conn, _task: AbortOnDropHandle::new(task) });
+        let old = st.attached.replace(Attached {
+            id,
+            conn,
+            since: Instant::now(),
+            _task: AbortOnDropHandle::new(task),
+        });
         st.detached_since = None;
         let writer = st.writer.take();
         drop(st);
@@ -423,18 +606,21 @@ impl Hub {
     async fn write_plain(&self, id: u64, send: &mut SendStream) -> String {
         let mut cursor = self.lock().out.total();
         loop {
-            let notified = self.notified_any();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let (mut runs, end) = {
-                let st = self.lock();
-                if !st.is_attached(id) {
-                    return "replaced".into();
-                }
-                let runs = st.out.since(cursor).unwrap_or_default();
-                cursor = st.out.total();
-                (runs, st.end_at.is_some_and(|n| n == cursor))
-            };
+            let next = self
+                .until(Wake::Any, |st| {
+                    if !st.is_attached(id) {
+                        return Step::Ready(None);
+                    }
+                    let runs = st.out.since(cursor).unwrap_or_default();
+                    cursor = st.out.total();
+                    let end = st.end_at.is_some_and(|(n, _)| n == cursor);
+                    if runs.is_empty() && !end {
+                        return Step::Wait(None);
+                    }
+                    Step::Ready(Some((runs, end)))
+                })
+                .await;
+            let Some((mut runs, end)) = next else { return "replaced".into() };
             if !runs.is_empty() {
                 if let Err(e) = send.write_all_chunks(&mut runs).await {
                     return e.to_string();
@@ -455,7 +641,6 @@ impl Hub {
                 self.changed.notify_waiters();
                 std::future::pending::<()>().await;
             }
-            notified.await;
         }
     }
 
@@ -479,8 +664,11 @@ impl Hub {
                         }
                     }
                 }
-                if let Err(e) = self.take(id, ev).await {
-                    return e;
+                if let Event::Data { bytes, frames } = ev {
+                    let permit = self.reserve().await;
+                    if let Err(e) = self.deliver(id, permit, bytes, frames) {
+                        return e;
+                    }
                 }
             }
             let buf = rx.buf_mut();
@@ -510,112 +698,186 @@ impl Hub {
         let werr = |e: iroh::endpoint::WriteError| e.to_string();
         send.write_all(&welcome).await.map_err(werr)?;
         let mut sent_end = false;
-        let mut controls = Vec::new();
         loop {
-            let notified = self.notified_any();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let (mut runs, ack_pending) = {
-                let mut st = self.lock();
-                if !st.is_attached(id) {
-                    return Ok(());
-                }
-                let runs = if cursor < st.out.total() {
-                    let runs = st.out.since(cursor).map_err(|e| format!("{REASON_PROTOCOL}: {e}"))?;
-                    cursor = st.out.total();
-                    runs
-                } else {
-                    Vec::new()
-                };
-                // Acks go by count or bytes, else after a short delay: never one
-                // per message (a request/response session would pay for it twice).
-                if st.ack_due {
-                    st.ack_due = false;
-                    controls.extend(st.ack.ack());
-                }
-                if let Some(n) = st.end_at.filter(|n| *n == cursor && !sent_end) {
-                    sent_end = true;
-                    controls.push(Control::End(n));
-                }
-                (runs, st.ack.pending())
-            };
-            if runs.is_empty() && controls.is_empty() {
-                if ack_pending {
-                    tokio::select! {
-                        _ = notified => {}
-                        _ = tokio::time::sleep(Duration::from_millis(ACK_DELAY_MS)) => self.lock().ack_due = true,
+            let next = self
+                .until(Wake::Any, |st| {
+                    if !st.is_attached(id) {
+                        return Step::Ready(Ok(None));
                     }
-                } else {
-                    notified.await;
-                }
-                continue;
-            }
-            for c in controls.drain(..) {
-                runs.push(c.encode());
-            }
+                    let mut runs = if cursor < st.out.total() {
+                        match st.out.since(cursor) {
+                            Ok(r) => r,
+                            Err(e) => return Step::Ready(Err(format!("{REASON_PROTOCOL}: {e}"))),
+                        }
+                    } else {
+                        Vec::new()
+                    };
+                    cursor = st.out.total();
+                    // Acks go by count or bytes, else after a short delay: never one
+                    // per message (a request/response session would pay for it twice).
+                    if st.ack_at.is_some_and(|at| Instant::now() >= at) {
+                        st.ack_due = true;
+                    }
+                    if st.ack_due {
+                        st.ack_due = false;
+                        st.ack_at = None;
+                        runs.extend(st.ack.ack().map(|a| a.encode()));
+                    }
+                    if let Some((n, _)) = st.end_at.filter(|(n, _)| *n == cursor && !sent_end) {
+                        sent_end = true;
+                        runs.push(Control::End(n).encode());
+                    }
+                    if runs.is_empty() {
+                        Step::Wait(st.ack_at)
+                    } else {
+                        Step::Ready(Ok(Some(runs)))
+                    }
+                })
+                .await?;
+            let Some(mut runs) = next else { return Ok(()) };
             send.write_all_chunks(&mut runs).await.map_err(werr)?;
         }
     }
 
     /// Takes the client's frames into the agent's queue and its control lines
     /// into the state. Returns why it stopped.
+    ///
+    /// Frames are read ahead of the agent's queue (up to
+    /// [`BRIDGE_READ_AHEAD`] beyond one run), so a control line is applied as
+    /// soon as it arrives: the client's acks free the replay log even while the
+    /// agent, blocked on output that waits for those acks, reads nothing.
     async fn read_loop(&self, id: u64, recv: &mut RecvStream, leftover: Bytes) -> String {
         let mut rx = Receiver::new(self.max_frame);
         rx.push(&leftover);
         let mut events = Vec::new();
+        // Runs of frames read but not yet in the agent's queue, and the
+        // client's end of input in its place after them.
+        let mut ahead: VecDeque<(Bytes, u64)> = VecDeque::new();
+        let mut ahead_bytes = 0usize;
+        let mut eof_after: Option<u64> = None;
+        let mut finished = false;
         loop {
             rx.drain(&mut events);
             for ev in events.drain(..) {
-                if let Err(e) = self.take(id, ev).await {
-                    return e;
+                match ev {
+                    Event::Data { .. } | Event::Control(Some(Control::Eof(_))) if eof_after.is_some() => {
+                        return format!("{REASON_PROTOCOL}: more after the client's eof");
+                    }
+                    Event::Data { bytes, frames } => {
+                        ahead_bytes += bytes.len();
+                        ahead.push_back((bytes, frames));
+                    }
+                    // The end of input is ordered with the frames: it applies
+                    // once those before it are in the agent's queue.
+                    Event::Control(Some(Control::Eof(n))) => eof_after = Some(n),
+                    Event::Control(c) => {
+                        if let Err(e) = self.control(c) {
+                            return e;
+                        }
+                    }
+                    Event::BadControl(bad) => return format!("{REASON_PROTOCOL}: {bad}"),
                 }
             }
+            if ahead.is_empty() {
+                if let Some(n) = eof_after.take() {
+                    if let Err(e) = self.control(Some(Control::Eof(n))) {
+                        return e;
+                    }
+                }
+                if finished {
+                    // A client never finishes its stream mid-session (it says
+                    // eof); a finished one is lost once its connection is.
+                    std::future::pending::<()>().await;
+                }
+            }
+            // One run is always taken however large (a frame up to the cap);
+            // beyond that, the read-ahead bound.
+            let can_read = !finished && (ahead.len() <= 1 || ahead_bytes < BRIDGE_READ_AHEAD);
             let buf = rx.buf_mut();
-            buf.reserve(READ_CHUNK);
-            match recv.read_buf(buf).await {
-                // A client never finishes its stream mid-session (it says eof);
-                // a finished one is lost once its connection is.
-                Ok(0) => std::future::pending::<()>().await,
-                Ok(_) => {}
-                Err(e) => return e.to_string(),
+            tokio::select! {
+                biased;
+                permit = self.reserve(), if !ahead.is_empty() => {
+                    let (bytes, frames) = ahead.pop_front().expect("not empty");
+                    ahead_bytes -= bytes.len();
+                    if let Err(e) = self.deliver(id, permit, bytes, frames) {
+                        return e;
+                    }
+                }
+                r = async { buf.reserve(READ_CHUNK); recv.read_buf(buf).await }, if can_read => match r {
+                    Ok(0) => finished = true,
+                    Ok(_) => {}
+                    Err(e) => return e.to_string(),
+                },
             }
         }
     }
 
-    async fn take(&self, id: u64, ev: Event) -> Result<(), String> {
-        match ev {
-            Event::Data { bytes, frames } => {
-                let inbox = self.lock().inbox.clone();
-                let len = bytes.len();
-                // Reserve first so the count and the queue change together, under
-                // the lock, and only while this connection is still the attached one.
-                let permit = match &inbox {
-                    Some(tx) => tx.reserve().await.ok(),
-                    None => None,
-                };
-                let mut st = self.lock();
-                if !st.is_attached(id) {
-                    return Err("replaced by a newer connection".into());
-                }
-                if let Some(p) = permit {
-                    p.send(bytes);
-                }
-                // Frames after the agent's input closed are counted (and dropped)
-                // so the client's replay buffer drains.
-                if st.ack.took(frames, len) {
-                    st.ack_due = true;
-                    drop(st);
-                    self.output.notify_waiters();
-                }
+    /// Room for one run in the agent's queue; `None` once the agent's input
+    /// is closed (frames are then counted and dropped).
+    async fn reserve(&self) -> Option<mpsc::OwnedPermit<Inbound>> {
+        let inbox = self.lock().inbox.clone()?;
+        inbox.reserve_owned().await.ok()
+    }
+
+    /// Puts one run of the client's frames into the agent's queue and counts
+    /// them, together and only while connection `id` is the attached one. A
+    /// frame over the cap comes in pieces (`frames` 0 until its end): only its
+    /// head goes on, once.
+    fn deliver(
+        &self,
+        id: u64,
+        permit: Option<mpsc::OwnedPermit<Inbound>>,
+        bytes: Bytes,
+        frames: u64,
+    ) -> Result<(), String> {
+        let len = bytes.len();
+        let mut st = self.lock();
+        if !st.is_attached(id) {
+            return Err("replaced by a newer connection".into());
+        }
+        let at = st.ack.received();
+        let item = match (frames, st.oversize_at) {
+            (0, Some(n)) if n == at => None,
+            (0, _) => {
+                st.oversize_at = Some(at);
+                Some(Inbound::Oversized(bytes.slice(..bytes.len().min(OVERSIZE_PEEK))))
             }
-            Event::Control(Some(Control::Ack(n))) => {
+            // The end of the frame being skipped.
+            (_, Some(n)) if n == at => {
+                st.oversize_at = None;
+                None
+            }
+            _ => Some(Inbound::Lines(bytes)),
+        };
+        if let (Some(p), Some(item)) = (permit, item) {
+            p.send(item);
+        }
+        // Frames after the agent's input closed are counted (and dropped)
+        // so the client's replay buffer drains.
+        let was_pending = st.ack.pending();
+        if st.ack.took(frames, len) {
+            st.ack_due = true;
+            drop(st);
+            self.output.notify_waiters();
+        } else if !was_pending && st.ack.pending() {
+            st.ack_at = Some(Instant::now() + Duration::from_millis(ACK_DELAY_MS));
+            drop(st);
+            self.output.notify_waiters();
+        }
+        Ok(())
+    }
+
+    /// Applies one of the client's control lines.
+    fn control(&self, c: Option<Control>) -> Result<(), String> {
+        match c {
+            Some(Control::Ack(n)) => {
                 let mut st = self.lock();
                 st.out.ack(n).map_err(|e| format!("{REASON_PROTOCOL}: ack {e}"))?;
                 let writer = st.writer.take();
                 drop(st);
                 self.wake(writer);
             }
-            Event::Control(Some(Control::Eof(n))) => {
+            Some(Control::Eof(n)) => {
                 let mut st = self.lock();
                 if st.ack.received() != n {
                     return Err(format!(
@@ -628,20 +890,32 @@ impl Hub {
                 }
             }
             // Hellos mid-stream, welcomes, ends and unknown kinds mean nothing here.
-            Event::Control(_) => {}
+            _ => {}
         }
         Ok(())
     }
 
     /// Ends the session towards its client (if one is attached).
     fn end(&self, code: u32, reason: &str) {
+        // A resume after an agent's end, or after the client's own close, finds
+        // a session that is simply over; the bridge's other closes say why.
+        let resume_reason =
+            if code == close::CLOSE_CODE_REFUSED { reason } else { close::REASON_UNKNOWN_SESSION };
+        self.end_with(code, Gone::new(reason, resume_reason));
+    }
+
+    /// Ends the session: the attached connection is closed with `code` and,
+    /// for a refusal, the reason a later resume gets too (else `why`, e.g.
+    /// how the agent ended).
+    fn end_with(&self, code: u32, gone: Gone) {
+        let text = if code == close::CLOSE_CODE_REFUSED { &gone.resume_reason } else { &gone.why }.clone();
         let mut st = self.lock();
-        st.gone.get_or_insert_with(|| reason.to_string());
+        st.gone.get_or_insert(gone);
         let attached = st.attached.take();
         let writer = st.writer.take();
         drop(st);
         if let Some(a) = &attached {
-            a.conn.close(VarInt::from_u32(code), reason.as_bytes());
+            a.conn.close(VarInt::from_u32(code), text.as_bytes());
         }
         self.wake(writer);
     }
@@ -651,31 +925,23 @@ impl Hub {
         let attached = self.lock().attached.take();
         drop(attached);
     }
-}
 
-/// Two `Notified`s as one future (see [`Hub::notified_any`]).
-struct NotifiedAny<'a> {
-    a: Pin<Box<tokio::sync::futures::Notified<'a>>>,
-    b: Pin<Box<tokio::sync::futures::Notified<'a>>>,
-}
-
-impl NotifiedAny<'_> {
-    fn enable(self: Pin<&mut Self>) {
-        let me = self.get_mut();
-        me.a.as_mut().enable();
-        me.b.as_mut().enable();
+    /// Why the session ended and what a resume of it is told, once it did.
+    fn gone(&self) -> Option<Gone> {
+        self.lock().gone.clone()
     }
 }
 
-impl Future for NotifiedAny<'_> {
-    type Output = ();
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let me = self.get_mut();
-        if me.a.as_mut().poll(cx).is_ready() || me.b.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(());
-        }
-        Poll::Pending
-    }
+/// Whether the peer closed `conn` itself, the way clients end a session: code
+/// 0 with the reason `client closed`, exactly. Anything else, code 0 with an
+/// empty reason included (what dropping a connection object sends), is a loss.
+fn is_client_close(conn: &Connection) -> bool {
+    matches!(
+        conn.close_reason(),
+        Some(ConnectionError::ApplicationClosed(ac))
+            if ac.error_code.into_inner() == close::CLOSE_CODE_CLIENT as u64
+                && &ac.reason[..] == close::REASON_CLIENT_CLOSED.as_bytes()
+    )
 }
 
 /// The session core's view of a hub.
@@ -688,42 +954,28 @@ impl Link for HubLink {
     fn gone(&self) -> impl Future<Output = String> + Send {
         let hub = self.0.clone();
         async move {
-            loop {
-                let notified = hub.changed.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                let deadline = {
-                    let st = hub.lock();
-                    if let Some(why) = &st.gone {
-                        return why.clone();
-                    }
-                    st.detached_since.map(|t| (t, t + hub.cfg.grace))
-                };
-                match deadline {
-                    None => notified.await,
-                    Some((since, at)) => {
-                        tokio::select! {
-                            _ = notified => {}
-                            _ = tokio::time::sleep_until(at) => {
-                                let mut st = hub.lock();
-                                if st.detached_since == Some(since) && st.gone.is_none() {
-                                    let why = match hub.kind {
-                                        HubKind::Resumable => format!("the client did not come back within {:?}", hub.cfg.grace),
-                                        HubKind::Warm => format!("no client for {:?} (--keep-warm)", hub.cfg.grace),
-                                    };
-                                    st.gone = Some(why.clone());
-                                    return why;
-                                }
-                            }
-                        }
-                    }
+            hub.until(Wake::Changed, |st| {
+                if let Some(g) = &st.gone {
+                    return Step::Ready(g.why.clone());
                 }
-            }
+                let Some(since) = st.detached_since else { return Step::Wait(None) };
+                let at = since + hub.cfg.grace;
+                if Instant::now() < at {
+                    return Step::Wait(Some(at));
+                }
+                let why = match hub.kind {
+                    HubKind::Resumable => format!("the client did not come back within {:?}", hub.cfg.grace),
+                    HubKind::Warm => format!("no client for {:?} (--keep-warm)", hub.cfg.grace),
+                };
+                st.gone = Some(Gone::new(why.clone(), close::REASON_SESSION_EXPIRED));
+                Step::Ready(why)
+            })
+            .await
         }
     }
 
     fn gone_reason(&self) -> Option<String> {
-        self.0.lock().gone.clone()
+        self.0.gone().map(|g| g.why)
     }
 
     fn close(&self, code: u32, reason: &str) {
@@ -732,44 +984,53 @@ impl Link for HubLink {
 
     fn finish(&self, _out: &mut Outbox) {
         let mut st = self.0.lock();
-        st.end_at = Some(st.out.total());
+        st.end_at = Some((st.out.total(), Instant::now()));
         drop(st);
         self.0.changed.notify_waiters();
         self.0.output.notify_waiters();
     }
 
-    fn delivered(&self, _out: &mut Outbox) -> impl Future<Output = ()> + Send {
+    /// Delivered once the client acknowledged the end. A client attached for
+    /// `linger` since the end (or since it attached) without acknowledging it
+    /// is not waited for longer, as on the plain protocol; a detached one is
+    /// waited for within the grace (it may come back for the tail).
+    fn delivered(&self, _out: &mut Outbox, linger: Duration) -> impl Future<Output = bool> + Send {
         let hub = self.0.clone();
         async move {
-            loop {
-                let notified = hub.changed.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                {
-                    let st = hub.lock();
-                    let done = match hub.kind {
-                        HubKind::Resumable => st.end_at.is_some_and(|n| st.out.acked() >= n),
-                        // Nobody to deliver to, or the plain stream was taken whole.
-                        HubKind::Warm => st.plain_done || st.attached.is_none(),
-                    };
-                    if done {
-                        return;
-                    }
+            hub.until(Wake::Changed, |st| {
+                let Some((end, ended_at)) = st.end_at else { return Step::Wait(None) };
+                let done = match hub.kind {
+                    HubKind::Resumable => st.out.acked() >= end,
+                    // Nobody to deliver to, or the plain stream was taken whole.
+                    HubKind::Warm => st.plain_done || st.attached.is_none(),
+                };
+                if done {
+                    return Step::Ready(true);
                 }
-                notified.await;
-            }
+                match &st.attached {
+                    Some(a) => {
+                        let at = a.since.max(ended_at) + linger;
+                        if Instant::now() >= at {
+                            Step::Ready(false)
+                        } else {
+                            Step::Wait(Some(at))
+                        }
+                    }
+                    None => Step::Wait(None),
+                }
+            })
+            .await
         }
     }
 
-    fn linger(&self, cfg: &SessionConfig) -> Duration {
-        // The client may be between connections when the agent ends.
-        cfg.finish_linger.max(self.0.cfg.grace)
+    fn track(&self, requests: &Arc<Requests>) {
+        let _ = self.0.requests.set(requests.clone());
     }
 }
 
 /// Where the agent's output goes: the hub's replay log. Writes wait for room
-/// while a client is attached (acks make room); with none attached, output
-/// past the resume buffer ends the session.
+/// (acks make room), whether a client is attached or not: an agent whose
+/// client is away is held still until it comes back or the grace runs out.
 #[derive(Debug)]
 pub struct Outbox {
     hub: Arc<Hub>,
@@ -779,8 +1040,8 @@ impl AsyncWrite for Outbox {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let hub = &self.hub;
         let mut st = hub.lock();
-        if let Some(why) = &st.gone {
-            return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, why.clone())));
+        if let Some(g) = &st.gone {
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, g.why.clone())));
         }
         if hub.kind == HubKind::Warm {
             let attached = st.attached.is_some();
@@ -803,19 +1064,15 @@ impl AsyncWrite for Outbox {
         }
         let held = st.out.bytes();
         if held > 0 && held + buf.len() > hub.cfg.buffer {
-            if st.attached.is_some() {
-                st.writer = Some(cx.waker().clone());
-                return Poll::Pending;
+            st.writer = Some(cx.waker().clone());
+            if st.attached.is_none() && hub.kind == HubKind::Resumable {
+                debug!(
+                    peer = %hub.peer,
+                    session = hub.short(),
+                    "the resume buffer is full ({held} bytes held) and the client is away: the agent waits"
+                );
             }
-            let why = format!(
-                "the agent wrote more than the resume buffer ({} bytes) while the client was away",
-                hub.cfg.buffer
-            );
-            warn!(peer = %hub.peer, session = hub.short(), "{why}; ending the session");
-            st.gone = Some(why.clone());
-            drop(st);
-            hub.changed.notify_waiters();
-            return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, why)));
+            return Poll::Pending;
         }
         // The pump writes whole lines only: each write is one run of frames.
         st.out.push(Bytes::copy_from_slice(buf));
@@ -843,23 +1100,22 @@ pub type Inbox = crate::serve::pump::QueueReader;
 pub async fn read_hello(recv: &mut RecvStream) -> Result<(Option<String>, u64, Bytes), String> {
     let (line, rest) = read_line(recv).await.map_err(|e| format!("{REASON_PROTOCOL}: no hello: {e}"))?;
     match Control::parse(&line) {
-        Some(Control::Hello { session, received }) if line[0] == b'!' => Ok((session, received, rest)),
+        Ok(Some(Control::Hello { session, received })) if line[0] == b'!' => Ok((session, received, rest)),
+        Err(bad) => Err(format!("{REASON_PROTOCOL}: {bad}")),
         _ => Err(format!("{REASON_PROTOCOL}: the first line is not a hello")),
     }
 }
 
 /// Reads the first line of a resumable stream (a control line, short): the
 /// hello on the bridge's side, the welcome on the client's. Returns it and
-/// what followed it.
+/// what followed it. A line is judged by its length alone, however the stream
+/// split it ([`control_line_end`]).
 pub async fn read_line(recv: &mut RecvStream) -> Result<(Bytes, Bytes), String> {
     let mut buf = bytes::BytesMut::with_capacity(MAX_CONTROL_LINE);
     loop {
-        if let Some(nl) = thunderbolt_shared::ndjson::memchr_newline(&buf) {
+        if let Some(nl) = control_line_end(&buf).map_err(|e| e.to_string())? {
             let line = buf.split_to(nl + 1).freeze();
             return Ok((line, buf.freeze()));
-        }
-        if buf.len() > MAX_CONTROL_LINE {
-            return Err(format!("no line end within {MAX_CONTROL_LINE} bytes"));
         }
         buf.reserve(MAX_CONTROL_LINE);
         match recv.read_buf(&mut buf).await {
@@ -870,10 +1126,13 @@ pub async fn read_line(recv: &mut RecvStream) -> Result<(Bytes, Bytes), String> 
     }
 }
 
-/// The resumable sessions alive (attached or not), by token.
+/// The resumable and warm sessions alive (attached or not), by token, and
+/// what a late resume of an ended one is told.
 #[derive(Debug, Default)]
 pub struct Hubs {
     map: Mutex<HashMap<String, Arc<Hub>>>,
+    /// Recently ended sessions: token, owner, the close a resume gets.
+    ended: Mutex<VecDeque<(String, EndpointId, String)>>,
 }
 
 impl Hubs {
@@ -884,25 +1143,64 @@ impl Hubs {
     /// Registers `hub` until the guard is dropped.
     pub fn insert(&self, hub: &Arc<Hub>) -> HubGuard<'_> {
         self.lock().insert(hub.token.clone(), hub.clone());
-        HubGuard { hubs: self, token: hub.token.clone() }
+        HubGuard { hubs: self, hub: hub.clone() }
     }
 
-    /// The session `token` if `peer` owns it.
-    pub fn find(&self, token: &str, peer: &EndpointId) -> Option<Arc<Hub>> {
-        self.lock().get(token).filter(|h| h.owner == *peer).cloned()
+    /// The session `token` if `peer` owns it; else the reason to close a
+    /// resume of it with.
+    pub fn find(&self, token: &str, peer: &EndpointId) -> Result<Arc<Hub>, String> {
+        if let Some(h) = self.lock().get(token).filter(|h| h.owner == *peer) {
+            return Ok(h.clone());
+        }
+        let ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        Err(ended
+            .iter()
+            .rev()
+            .find(|(t, owner, _)| t == token && owner == peer)
+            .map_or_else(|| close::REASON_UNKNOWN_SESSION.to_string(), |(_, _, r)| r.clone()))
     }
 
     /// A warm agent of `peer`'s that no connection drives now.
     pub fn warm_for(&self, peer: &EndpointId) -> Option<Arc<Hub>> {
-        self.lock()
+        self.lock().values().find(|h| h.kind == HubKind::Warm && h.owner == *peer && h.is_detached()).cloned()
+    }
+
+    /// The detached session to end when a slot is needed for `requester`:
+    /// its own that waited longest, else the one that waited longest of all.
+    /// Never one with a connection attached.
+    pub fn eviction_candidate(&self, requester: &EndpointId) -> Option<Arc<Hub>> {
+        let detached: Vec<(Arc<Hub>, Duration)> =
+            self.lock().values().filter_map(|h| h.detached_for().map(|d| (h.clone(), d))).collect();
+        let oldest = |own: bool| {
+            detached
+                .iter()
+                .filter(|(h, _)| !own || h.owner == *requester)
+                .max_by_key(|(_, d)| *d)
+                .map(|(h, _)| h.clone())
+        };
+        oldest(true).or_else(|| oldest(false))
+    }
+
+    /// A session of `owner`'s detached: beyond [`MAX_DETACHED_PER_PEER`] the
+    /// oldest of its detached sessions are ended.
+    fn on_detach(&self, owner: &EndpointId) {
+        let mut theirs: Vec<(Arc<Hub>, Duration)> = self
+            .lock()
             .values()
-            .find(|h| {
-                h.kind == HubKind::Warm && h.owner == *peer && {
-                    let st = h.lock();
-                    st.attached.is_none() && st.gone.is_none()
-                }
-            })
-            .cloned()
+            .filter(|h| h.owner == *owner)
+            .filter_map(|h| h.detached_for().map(|d| (h.clone(), d)))
+            .collect();
+        if theirs.len() <= MAX_DETACHED_PER_PEER {
+            return;
+        }
+        theirs.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
+        let excess = theirs.len() - MAX_DETACHED_PER_PEER;
+        for (hub, _) in theirs.into_iter().take(excess) {
+            hub.evict(&format!(
+                "peer {} has more than {MAX_DETACHED_PER_PEER} detached sessions",
+                owner.fmt_short()
+            ));
+        }
     }
 
     /// Ends every session (attached or not) whose owner `trust` no longer admits.
@@ -919,19 +1217,48 @@ impl Hubs {
         ended
     }
 
-    /// Sessions waiting for their client.
+    /// Sessions waiting for their client (resumable) or for a next client (warm).
     pub fn detached(&self) -> usize {
-        self.lock().values().filter(|h| h.lock().attached.is_none()).count()
+        self.lock().values().filter(|h| h.is_detached()).count()
+    }
+
+    /// The detached and warm sessions, named, for the log: `2 detached
+    /// (ab12cd34 of 5f3e9a…, 42 s; …), 1 warm (…)`.
+    pub fn summary(&self) -> String {
+        let mut detached = Vec::new();
+        let mut warm = Vec::new();
+        for h in self.lock().values() {
+            if let Some(d) = h.detached_for() {
+                let entry = format!("{} of {}, {}s", h.short(), h.peer, d.as_secs());
+                match h.kind {
+                    HubKind::Resumable => detached.push(entry),
+                    HubKind::Warm => warm.push(entry),
+                }
+            }
+        }
+        let list = |v: &[String]| if v.is_empty() { String::new() } else { format!(" ({})", v.join("; ")) };
+        format!("{} detached{}, {} warm{}", detached.len(), list(&detached), warm.len(), list(&warm))
+    }
+
+    fn remember(&self, hub: &Hub) {
+        let reason =
+            hub.gone().map_or_else(|| close::REASON_UNKNOWN_SESSION.to_string(), |g| g.resume_reason);
+        let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        if ended.len() >= ENDED_REMEMBERED {
+            ended.pop_front();
+        }
+        ended.push_back((hub.token.clone(), hub.owner, reason));
     }
 }
 
 pub struct HubGuard<'a> {
     hubs: &'a Hubs,
-    token: String,
+    hub: Arc<Hub>,
 }
 
 impl Drop for HubGuard<'_> {
     fn drop(&mut self) {
-        self.hubs.lock().remove(&self.token);
+        self.hubs.lock().remove(&self.hub.token);
+        self.hubs.remember(&self.hub);
     }
 }

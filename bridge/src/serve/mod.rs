@@ -9,6 +9,7 @@ pub mod gate;
 pub mod hub;
 pub mod pump;
 pub mod reaper;
+pub mod requests;
 pub mod session;
 pub mod throttle;
 pub mod wss;
@@ -102,7 +103,7 @@ struct Shared {
     gate: Arc<Gate>,
     sessions: Sessions,
     /// Resumable sessions, attached or waiting for their client.
-    hubs: Hubs,
+    hubs: Arc<Hubs>,
     account: Option<Arc<Account>>,
     admission: Admission,
     agents: Arc<Semaphore>,
@@ -134,7 +135,7 @@ impl Bridge {
             trust,
             gate,
             sessions: Sessions::default(),
-            hubs: Hubs::default(),
+            hubs: Arc::new(Hubs::default()),
             account,
             agents: Arc::new(Semaphore::new(admission.max_agents)),
             admission,
@@ -207,7 +208,7 @@ async fn beat(shared: &Shared) {
         account.refresh().await;
     }
     let closed = shared.sessions.recheck(shared.trust.as_ref()) + shared.hubs.recheck(shared.trust.as_ref());
-    tracing::debug!(open = shared.sessions.len(), detached = shared.hubs.detached(), closed, "heartbeat");
+    tracing::debug!(open = shared.sessions.len(), closed, "heartbeat: {}", shared.hubs.summary());
 }
 
 fn remote_key(addr: &IncomingAddr) -> RemoteKey {
@@ -328,7 +329,7 @@ async fn admitted(conn: Connection, peer: EndpointId, grant: Grant, shared: Arc<
     if let Some(window) = shared.session.keep_warm {
         return warm(conn, peer, send, recv, window, shared.clone()).await;
     }
-    let Some(permit) = agent_slot(&conn, &short, &shared) else { return };
+    let Some(permit) = agent_slot(&conn, &peer, &short, &shared).await else { return };
     session::run(conn, send, recv, shared.session.clone(), permit, shared.shutdown.clone()).await;
 }
 
@@ -365,13 +366,33 @@ async fn resumable(
     };
     if let Some(token) = token {
         // Only the NodeId that started a session finds it.
-        let attached = match shared.hubs.find(&token, &peer) {
-            Some(hub) => hub.attach(conn.clone(), send, recv, received, leftover),
-            None => Err("no such session for this peer".into()),
+        let hub = match shared.hubs.find(&token, &peer) {
+            Ok(hub) => hub,
+            Err(reason) => {
+                info!(peer = %short, "refusing a resume: {reason}");
+                refuse(&conn, &reason);
+                return;
+            }
         };
-        if let Err(why) = attached {
-            info!(peer = %short, "refusing a resume: {why}");
-            refuse(&conn, close::REASON_UNKNOWN_SESSION);
+        match hub.attach(conn.clone(), send, recv, received, leftover) {
+            Ok(()) => {}
+            Err(hub::AttachError::Gone(reason)) => {
+                info!(peer = %short, session = hub.short(), "refusing a resume: the session ended ({reason})");
+                refuse(&conn, &reason);
+            }
+            Err(hub::AttachError::Stale { claimed, acked }) => {
+                info!(
+                    peer = %short,
+                    session = hub.short(),
+                    "ending the session: {} (the resume holds {claimed} frames, {acked} were acknowledged)",
+                    close::REASON_STALE_RESUME
+                );
+                refuse(&conn, close::REASON_STALE_RESUME);
+            }
+            Err(hub::AttachError::BadPosition(e)) => {
+                info!(peer = %short, session = hub.short(), "closing a resume: {e}");
+                refuse(&conn, hub::REASON_PROTOCOL);
+            }
         }
         return;
     }
@@ -380,11 +401,12 @@ async fn resumable(
         refuse(&conn, hub::REASON_PROTOCOL);
         return;
     }
-    let Some(permit) = agent_slot(&conn, &short, &shared) else { return };
-    let (hub, inbox, outbox) = Hub::new(HubKind::Resumable, peer, resume, shared.session.max_frame);
+    let Some(permit) = agent_slot(&conn, &peer, &short, &shared).await else { return };
+    let (hub, inbox, outbox) =
+        Hub::new(HubKind::Resumable, peer, resume, shared.session.max_frame, Arc::downgrade(&shared.hubs));
     let _registered = shared.hubs.insert(&hub);
     if let Err(e) = hub.attach(conn.clone(), send, recv, 0, leftover) {
-        warn!(peer = %short, "could not start a resumable session: {e}");
+        warn!(peer = %short, "could not start a resumable session: {e:?}");
         return;
     }
     debug!(peer = %short, "resumable session");
@@ -409,10 +431,11 @@ async fn warm(
             Err(streams) => (send, recv) = streams,
         }
     }
-    let Some(permit) = agent_slot(&conn, &short, &shared) else { return };
+    let Some(permit) = agent_slot(&conn, &peer, &short, &shared).await else { return };
     let buffer = shared.session.resume.map_or(crate::limits::RESUME_BUFFER, |r| r.buffer);
     let cfg = hub::ResumeConfig { grace: window, buffer };
-    let (hub, inbox, outbox) = Hub::new(HubKind::Warm, peer, cfg, shared.session.max_frame);
+    let (hub, inbox, outbox) =
+        Hub::new(HubKind::Warm, peer, cfg, shared.session.max_frame, Arc::downgrade(&shared.hubs));
     let _registered = shared.hubs.insert(&hub);
     if hub.attach_plain(conn.clone(), send, recv).is_err() {
         return;
@@ -420,14 +443,62 @@ async fn warm(
     run_hub(&hub, inbox, outbox, &short, permit, &shared).await;
 }
 
-/// An agent slot, or the peer is refused with `bridge at capacity`.
-fn agent_slot(conn: &Connection, short: &str, shared: &Shared) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    let permit = shared.agents.clone().try_acquire_owned().ok();
-    if permit.is_none() {
-        warn!(peer = %short, "refusing: {} ({} agents running)", close::REASON_AT_CAPACITY, shared.admission.max_agents);
+/// How long an eviction may take to free its slot: the evicted agent gets
+/// SIGTERM, then SIGKILL after the grace, and is reaped.
+const EVICTION_WAIT: Duration =
+    Duration::from_millis(crate::limits::AGENT_TERM_GRACE.as_millis() as u64 + 1000);
+
+/// An agent slot, or the peer is refused with `bridge at capacity` (the log
+/// says what holds the slots).
+async fn agent_slot(
+    conn: &Connection,
+    peer: &EndpointId,
+    short: &str,
+    shared: &Shared,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let permit = take_slot(conn, peer, short, shared).await;
+    if permit.is_none() && !shared.shutdown.is_cancelled() {
+        warn!(
+            peer = %short,
+            "refusing: {} ({} agents running; {}; every other session has a client attached)",
+            close::REASON_AT_CAPACITY,
+            shared.admission.max_agents,
+            shared.hubs.summary()
+        );
         refuse(conn, close::REASON_AT_CAPACITY);
     }
     permit
+}
+
+/// An agent slot. With every slot taken, a detached session is evicted to
+/// make room (the requester's own oldest, else the oldest of all; never one
+/// with a client attached).
+async fn take_slot(
+    conn: &Connection,
+    peer: &EndpointId,
+    short: &str,
+    shared: &Shared,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    // Bounded: each round ends one detached session; concurrent newcomers may
+    // take the slot it freed, and then the next one goes.
+    for _ in 0..shared.admission.max_agents {
+        if let Ok(permit) = shared.agents.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        let victim = shared.hubs.eviction_candidate(peer)?;
+        if !victim.evict(&format!("the bridge is at capacity and peer {short} needs a slot")) {
+            continue;
+        }
+        let wait = tokio::time::timeout(EVICTION_WAIT, shared.agents.clone().acquire_owned());
+        tokio::select! {
+            r = wait => if let Ok(Ok(permit)) = r { return Some(permit) },
+            _ = shared.shutdown.cancelled() => {
+                refuse(conn, close::REASON_SHUTTING_DOWN);
+                return None;
+            }
+        }
+    }
+    None
 }
 
 /// Runs a hub's session to its end, then lets go of its connection.

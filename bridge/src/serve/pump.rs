@@ -18,7 +18,7 @@
 use bytes::Bytes;
 use thunderbolt_shared::{
     jsonrpc::{self, is_json, Kind, PARSE_ERROR_LINE},
-    ndjson::{Piece, RunSplitter},
+    ndjson::{split_lines, Piece, RunSplitter},
 };
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
@@ -27,55 +27,91 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::limits::READ_CHUNK;
+use crate::{limits::READ_CHUNK, serve::requests::Requests};
+
+/// What a queue-fed session hands the agent's input pump: runs of whole
+/// lines, or the head of a line over the cap whose rest the source skipped
+/// (a resumable session's frames, a WebSocket's messages arrive whole, so
+/// the pump takes them as they are instead of buffering them again).
+#[derive(Debug)]
+pub enum Inbound {
+    Lines(Bytes),
+    Oversized(Bytes),
+}
 
 /// The agent's input when it comes through queues rather than one stream (a
-/// resumable session's connections, a WebSocket's frames): chunks of whole
-/// lines, read as bytes by [`peer_to_agent`].
+/// resumable session's connections, a WebSocket's frames).
 #[derive(Debug)]
 pub struct QueueReader {
-    rx: mpsc::Receiver<Bytes>,
+    rx: mpsc::Receiver<Inbound>,
     /// Lines the bridge writes itself, ahead of the peer's (answers for a
     /// client that went away).
     first: Option<mpsc::UnboundedReceiver<Bytes>>,
-    cur: Bytes,
     /// When `rx` closes: end of input, or keep waiting (the session ends
     /// another way).
     eof_at_close: bool,
+    max: usize,
 }
 
 impl QueueReader {
     pub fn new(
-        rx: mpsc::Receiver<Bytes>,
+        rx: mpsc::Receiver<Inbound>,
         first: Option<mpsc::UnboundedReceiver<Bytes>>,
         eof_at_close: bool,
+        max: usize,
     ) -> Self {
-        Self { rx, first, cur: Bytes::new(), eof_at_close }
+        Self { rx, first, eof_at_close, max }
     }
 }
 
-impl AsyncRead for QueueReader {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        use std::task::Poll;
-        while self.cur.is_empty() {
+/// Where the peer's lines come from, as [`Piece`]s for the agent's input pump.
+pub trait Source: Send + Unpin {
+    /// Appends what arrived next to `out`; `Ok(true)` once the input ended.
+    /// Cancel-safe: nothing is lost when the future is dropped.
+    fn pieces(
+        &mut self,
+        out: &mut Vec<Piece>,
+    ) -> impl std::future::Future<Output = std::io::Result<bool>> + Send;
+}
+
+/// A byte stream (a plain session's QUIC stream) cut into lines.
+pub struct ByteSource<R> {
+    r: R,
+    split: LineSplitter,
+}
+
+impl<R> ByteSource<R> {
+    pub fn new(r: R, max: usize) -> Self {
+        Self { r, split: LineSplitter::new(max) }
+    }
+}
+
+impl<R: AsyncRead + Unpin + Send> Source for ByteSource<R> {
+    async fn pieces(&mut self, out: &mut Vec<Piece>) -> std::io::Result<bool> {
+        let n = self.split.read_from(&mut self.r).await?;
+        out.extend(self.split.pieces(n == 0));
+        Ok(n == 0)
+    }
+}
+
+impl Source for QueueReader {
+    async fn pieces(&mut self, out: &mut Vec<Piece>) -> std::io::Result<bool> {
+        let next = match self.first.as_mut() {
             // Items are whole lines: switching between the queues keeps lines whole.
-            if let Some(Poll::Ready(Some(b))) = self.first.as_mut().map(|f| f.poll_recv(cx)) {
-                self.cur = b;
-                continue;
-            }
-            match self.rx.poll_recv(cx) {
-                Poll::Ready(Some(b)) => self.cur = b,
-                Poll::Ready(None) if self.eof_at_close => return Poll::Ready(Ok(())),
-                Poll::Ready(None) | Poll::Pending => return Poll::Pending,
-            }
+            Some(first) => tokio::select! {
+                biased;
+                Some(b) = first.recv() => Some(Inbound::Lines(b)),
+                i = self.rx.recv() => i,
+            },
+            None => self.rx.recv().await,
+        };
+        match next {
+            Some(Inbound::Lines(b)) => split_lines(&b, self.max, is_json, out),
+            Some(Inbound::Oversized(head)) => out.push(Piece::Oversized(head)),
+            None if self.eof_at_close => return Ok(true),
+            None => std::future::pending().await,
         }
-        let n = self.cur.len().min(buf.remaining());
-        buf.put_slice(&self.cur.split_to(n));
-        Poll::Ready(Ok(()))
+        Ok(false)
     }
 }
 
@@ -121,23 +157,25 @@ impl LineSplitter {
 ///
 /// `replies` carries the bridge's own answers to the peer; `to_agent` brings the
 /// bridge's answers to the agent (errors for its requests that were too large
-/// to forward), written between whole lines.
-pub async fn peer_to_agent<R, W>(
-    mut peer: R,
+/// to forward), written between whole lines. The peer's requests are noted in
+/// `requests` as they pass.
+pub async fn peer_to_agent<S, W>(
+    mut peer: S,
     mut agent_stdin: W,
     replies: mpsc::Sender<Bytes>,
     mut to_agent: mpsc::Receiver<Bytes>,
     max_frame: usize,
+    requests: &Requests,
 ) -> Result<(), PumpError>
 where
-    R: AsyncRead + Unpin,
+    S: Source,
     W: AsyncWrite + Unpin,
 {
-    let mut split = LineSplitter::new(max_frame);
     let mut to_agent_open = true;
     let write_err = |e| PumpError::Write(e, "agent stdin");
+    let mut pieces = Vec::new();
     loop {
-        let n = tokio::select! {
+        let ended = tokio::select! {
             biased;
             line = to_agent.recv(), if to_agent_open => {
                 match line {
@@ -146,11 +184,14 @@ where
                 }
                 continue;
             }
-            n = split.read_from(&mut peer) => n.map_err(|e| PumpError::Read(e, "peer"))?,
+            r = peer.pieces(&mut pieces) => r.map_err(|e| PumpError::Read(e, "peer"))?,
         };
-        for piece in split.pieces(n == 0) {
+        for piece in pieces.drain(..) {
             match piece {
-                Piece::Run(run) => agent_stdin.write_all(&run).await.map_err(write_err)?,
+                Piece::Run(run) => {
+                    requests.sent(&run);
+                    agent_stdin.write_all(&run).await.map_err(write_err)?
+                }
                 Piece::Rejected => {
                     warn!("peer sent a line that is not UTF-8 JSON; answered with a parse error");
                     // The writer side is gone only when the session is ending anyway.
@@ -182,7 +223,7 @@ where
                 }
             }
         }
-        if n == 0 {
+        if ended {
             let _ = agent_stdin.shutdown().await;
             return Ok(());
         }
@@ -191,7 +232,9 @@ where
 
 /// Agent → peer, plus the bridge's own replies (parse and size errors). Returns
 /// when the agent closed its stdout, or `stop` was cancelled, and everything it
-/// wrote in whole lines has been handed to the stream.
+/// wrote in whole lines has been handed to the stream. The agent's answers to
+/// the peer's requests are crossed off `requests`.
+#[allow(clippy::too_many_arguments)]
 pub async fn agent_to_peer<R, W>(
     mut agent_stdout: R,
     mut peer: W,
@@ -200,6 +243,7 @@ pub async fn agent_to_peer<R, W>(
     max_frame: usize,
     peer_name: &str,
     stop: CancellationToken,
+    requests: &Requests,
 ) -> Result<W, PumpError>
 where
     R: AsyncRead + Unpin,
@@ -231,12 +275,16 @@ where
         let mut dropped = 0usize;
         for piece in split.pieces(n == 0) {
             match piece {
-                Piece::Run(run) => peer.write_all(&run).await.map_err(write_err)?,
+                Piece::Run(run) => {
+                    requests.answered(&run);
+                    peer.write_all(&run).await.map_err(write_err)?
+                }
                 Piece::Rejected => dropped += 1,
                 Piece::Oversized(head) => {
                     let head = jsonrpc::peek_head(&head);
                     match (head.kind, head.id.as_deref()) {
                         (Kind::Response, Some(id)) => {
+                            requests.answered_id(id.as_bytes());
                             warn!(peer = %peer_name, "agent sent a response (id {id}) over the {max_frame}-byte frame limit; dropped, the peer gets an error for it");
                             peer.write_all(&jsonrpc::too_large_response(id, max_frame))
                                 .await
@@ -289,7 +337,9 @@ mod tests {
         let mut stdin = Vec::new();
         let (tx, mut rx) = mpsc::channel(8);
         let (_atx, arx) = mpsc::channel(1);
-        peer_to_agent(input, &mut stdin, tx, arx, 1024).await.unwrap();
+        peer_to_agent(ByteSource::new(input, 1024), &mut stdin, tx, arx, 1024, &Requests::default())
+            .await
+            .unwrap();
         assert_eq!(stdin, b"{\"a\":1}\n[2]\n");
         assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(PARSE_ERROR_LINE));
         assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(PARSE_ERROR_LINE), "invalid UTF-8");
@@ -302,8 +352,18 @@ mod tests {
         let mut peer = Vec::new();
         let (_tx, rx) = mpsc::channel(1);
         let (atx, _arx) = mpsc::channel(1);
-        let peer =
-            agent_to_peer(stdout, &mut peer, rx, atx, 1024, "p", CancellationToken::new()).await.unwrap();
+        let peer = agent_to_peer(
+            stdout,
+            &mut peer,
+            rx,
+            atx,
+            1024,
+            "p",
+            CancellationToken::new(),
+            &Requests::default(),
+        )
+        .await
+        .unwrap();
         assert_eq!(*peer, b"{\"id\":1}\n{\"id\":2}\n");
     }
 
@@ -317,7 +377,9 @@ mod tests {
         let mut stdin = Vec::new();
         let (tx, mut rx) = mpsc::channel(8);
         let (_atx, arx) = mpsc::channel(1);
-        peer_to_agent(&input[..], &mut stdin, tx, arx, 1024).await.unwrap();
+        peer_to_agent(ByteSource::new(&input[..], 1024), &mut stdin, tx, arx, 1024, &Requests::default())
+            .await
+            .unwrap();
         assert_eq!(stdin, b"{\"id\":42}\n", "only the small line reaches the agent");
         let err = lines(&rx.recv().await.unwrap());
         assert_eq!(err[0]["id"], 41);
@@ -330,7 +392,9 @@ mod tests {
         let mut stdin = Vec::new();
         let (tx, mut rx) = mpsc::channel(8);
         let (_atx, arx) = mpsc::channel(1);
-        peer_to_agent(big.as_bytes(), &mut stdin, tx, arx, 1024).await.unwrap();
+        peer_to_agent(ByteSource::new(big.as_bytes(), 1024), &mut stdin, tx, arx, 1024, &Requests::default())
+            .await
+            .unwrap();
         let to_agent = lines(&stdin);
         assert_eq!(to_agent[0]["id"], "a-7");
         assert_eq!(to_agent[0]["error"]["code"], jsonrpc::TOO_LARGE_RESPONSE_CODE);
@@ -350,9 +414,18 @@ mod tests {
         let stdout = [resp.as_bytes(), req.as_bytes(), b"{\"after\":1}\n"].concat();
         let (_tx, rx) = mpsc::channel(1);
         let (atx, mut arx) = mpsc::channel(4);
-        let peer = agent_to_peer(&stdout[..], Vec::new(), rx, atx, 1024, "p", CancellationToken::new())
-            .await
-            .unwrap();
+        let peer = agent_to_peer(
+            &stdout[..],
+            Vec::new(),
+            rx,
+            atx,
+            1024,
+            "p",
+            CancellationToken::new(),
+            &Requests::default(),
+        )
+        .await
+        .unwrap();
         let got = lines(&peer);
         assert_eq!(got.len(), 2, "{got:?}");
         assert_eq!(
@@ -376,7 +449,7 @@ mod tests {
         let stop = CancellationToken::new();
         let task = tokio::spawn({
             let stop = stop.clone();
-            async move { agent_to_peer(r, Vec::new(), rx, atx, 1024, "p", stop).await }
+            async move { agent_to_peer(r, Vec::new(), rx, atx, 1024, "p", stop, &Requests::default()).await }
         });
         tokio::task::yield_now().await;
         stop.cancel();

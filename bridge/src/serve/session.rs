@@ -34,6 +34,7 @@ use crate::{
     limits,
     serve::agent::{self, AgentProcess, Launcher},
     serve::pump::{self, PumpError},
+    serve::requests::Requests,
     serve::throttle::LogBudget,
 };
 
@@ -56,14 +57,18 @@ pub trait Link: Send + Sync {
     fn close(&self, code: u32, reason: &str);
     /// The agent's output is all in `out`: tell the peer nothing more comes.
     fn finish(&self, out: &mut Self::Out);
-    /// Resolves once the peer holds everything written to `out`.
-    fn delivered(&self, out: &mut Self::Out) -> impl Future<Output = ()> + Send;
-    /// How long [`Link::delivered`] may take before the session is closed anyway.
-    fn linger(&self, cfg: &SessionConfig) -> Duration;
+    /// Resolves with true once the peer holds everything written to `out`, or
+    /// with false when it gave up waiting: a peer attached for `linger`
+    /// without taking the end is not waited for longer (a link whose peer
+    /// may be between connections waits for it within its own bounds).
+    fn delivered(&self, out: &mut Self::Out, linger: Duration) -> impl Future<Output = bool> + Send;
     /// The agent's stdin is closed (it cannot hear the peer any more). A link
     /// whose contract ends the session then does so (wss); by default the
     /// session goes on until the agent ends.
     fn input_closed(&self) {}
+    /// The session's record of the peer's requests in flight, for a link
+    /// whose peers change (a warm agent's next client did not send them).
+    fn track(&self, _requests: &Arc<Requests>) {}
 }
 
 /// A session that is exactly one connection (`thunderbolt/<p>/0`).
@@ -89,12 +94,8 @@ impl Link for Plain {
         let _ = out.finish();
     }
 
-    async fn delivered(&self, out: &mut SendStream) {
-        let _ = out.stopped().await;
-    }
-
-    fn linger(&self, cfg: &SessionConfig) -> Duration {
-        cfg.finish_linger
+    async fn delivered(&self, out: &mut SendStream, linger: Duration) -> bool {
+        matches!(tokio::time::timeout(linger, out.stopped()).await, Ok(Ok(_)))
     }
 }
 
@@ -158,7 +159,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> End {
     let peer = conn.remote_id().fmt_short().to_string();
-    run_on(Plain(conn), send, recv, &peer, cfg, permit, shutdown).await
+    let input = pump::ByteSource::new(recv, cfg.max_frame);
+    run_on(Plain(conn), send, input, &peer, cfg, permit, shutdown).await
 }
 
 /// Runs the agent for a session's `link`: its output goes to `out`, its input
@@ -166,7 +168,7 @@ pub async fn run(
 pub async fn run_on<L: Link>(
     link: L,
     out: L::Out,
-    input: impl AsyncRead + Unpin + Send + 'static,
+    input: impl pump::Source + 'static,
     peer: &str,
     cfg: Arc<SessionConfig>,
     permit: OwnedSemaphorePermit,
@@ -203,7 +205,7 @@ pub async fn run_on<L: Link>(
 async fn drive<L: Link>(
     link: &L,
     send: L::Out,
-    recv: impl AsyncRead + Unpin + Send + 'static,
+    recv: impl pump::Source + 'static,
     stdin: impl AsyncWrite + Unpin + Send + 'static,
     stdout: impl AsyncRead + Unpin + Send,
     child: &mut dyn AgentProcess,
@@ -213,20 +215,26 @@ async fn drive<L: Link>(
 ) -> End {
     let (reply_tx, reply_rx) = mpsc::channel::<Bytes>(REPLY_QUEUE);
     let (agent_tx, agent_rx) = mpsc::channel::<Bytes>(REPLY_QUEUE);
+    let requests = Arc::new(Requests::default());
+    link.track(&requests);
 
     // Peer → agent runs on its own: its normal end (peer finished sending) is not
     // the end of the session; only its errors are.
     let max = cfg.max_frame;
     let (inbound_err_tx, mut inbound_err) = mpsc::channel::<PumpError>(1);
+    let inbound_requests = requests.clone();
     let _inbound = AbortOnDropHandle::new(tokio::spawn(async move {
         let mut stdin = stdin;
-        if let Err(e) = pump::peer_to_agent(recv, &mut stdin, reply_tx, agent_rx, max).await {
+        if let Err(e) =
+            pump::peer_to_agent(recv, &mut stdin, reply_tx, agent_rx, max, &inbound_requests).await
+        {
             let _ = inbound_err_tx.send(e).await;
         }
     }));
 
     let stop_reading = CancellationToken::new();
-    let outbound = pump::agent_to_peer(stdout, send, reply_rx, agent_tx, max, peer, stop_reading.clone());
+    let outbound =
+        pump::agent_to_peer(stdout, send, reply_rx, agent_tx, max, peer, stop_reading.clone(), &requests);
     tokio::pin!(outbound);
 
     let mut status: Option<Option<AgentEnd>> = None;
@@ -282,9 +290,14 @@ async fn drive<L: Link>(
         }
     };
 
-    // Everything the agent said is handed to the stream: finish at once so the
-    // peer gets it all, then learn how the agent ended.
-    link.finish(&mut send);
+    // Everything the agent said is handed to the stream. With no request of
+    // the peer's unanswered, finish at once so the peer gets it all, then learn
+    // how the agent ended; else learn that first (at once, normally: an agent
+    // closes its stdout by exiting) and answer each request with it.
+    let answer_first = !requests.is_empty();
+    if !answer_first {
+        link.finish(&mut send);
+    }
     let status = match status {
         Some(s) => s,
         None => {
@@ -300,10 +313,21 @@ async fn drive<L: Link>(
             }
         }
     };
+    let how = status.map_or_else(|| "agent ended".to_string(), |s| s.reason());
+    if answer_first {
+        info!(peer = %peer, "answering {} request(s) the agent left unanswered ({how})", requests.len());
+        let answers = requests.answer_all(&how);
+        use tokio::io::AsyncWriteExt;
+        match or_ended(link, shutdown, send.write_all(&answers)).await {
+            Err(end) => return end,
+            Ok(Err(e)) => debug!(peer = %peer, "could not write the answers: {e}"),
+            Ok(Ok(())) => {}
+        }
+        link.finish(&mut send);
+    }
 
     // Let the peer take the data, then tell it how the agent ended (a peer
     // that closes first, as clients that predate the close did, ends it too).
-    let linger = link.linger(cfg);
     tokio::select! {
         biased;
         _ = shutdown.cancelled() => {
@@ -311,12 +335,11 @@ async fn drive<L: Link>(
             return End::Shutdown;
         }
         _ = link.gone() => {}
-        r = tokio::time::timeout(linger, link.delivered(&mut send)) => {
-            if r.is_err() {
-                debug!(peer = %peer, "peer did not take the agent's last output within {linger:?}");
+        delivered = link.delivered(&mut send, cfg.finish_linger) => {
+            if !delivered {
+                debug!(peer = %peer, "peer did not take the agent's last output within {:?}", cfg.finish_linger);
             }
-            let reason = status.map_or_else(|| "agent ended".to_string(), |s| s.reason());
-            link.close(close::CLOSE_CODE_AGENT_ENDED, &reason);
+            link.close(close::CLOSE_CODE_AGENT_ENDED, &how);
         }
     }
     End::AgentEnded(status)

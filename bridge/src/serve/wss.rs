@@ -38,7 +38,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_websockets::{CloseCode, Limits, Message};
 use tracing::{info, warn};
 
-use crate::serve::session::{self, Link, SessionConfig};
+use crate::serve::{
+    pump::Inbound,
+    session::{self, Link, SessionConfig},
+};
+use thunderbolt_shared::ndjson::OVERSIZE_PEEK;
 
 /// Default ports of the reference: ACP 8839, MCP 8840.
 pub fn default_port(protocol: &thunderbolt_shared::Protocol) -> u16 {
@@ -159,7 +163,7 @@ impl WssServer {
             return;
         };
         info!(%from, "WebSocket session opened");
-        let (link, out, input) = WsLink::start(ws);
+        let (link, out, input) = WsLink::start(ws, self.session.max_frame);
         session::run_on(link, out, input, &peer, self.session.clone(), permit, shutdown).await;
     }
 
@@ -294,7 +298,7 @@ enum Out {
 }
 
 impl WsLink {
-    fn start<S>(ws: tokio_websockets::WebSocketStream<S>) -> (Self, WsOut, WsIn)
+    fn start<S>(ws: tokio_websockets::WebSocketStream<S>, max_frame: usize) -> (Self, WsOut, WsIn)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -303,7 +307,7 @@ impl WsLink {
         let gone = CancellationToken::new();
         let delivered = Arc::new(tokio::sync::Notify::new());
         let (out_tx, mut out_rx) = mpsc::channel::<Out>(OUT_QUEUE);
-        let (in_tx, in_rx) = mpsc::channel::<Bytes>(OUT_QUEUE);
+        let (in_tx, in_rx) = mpsc::channel::<Inbound>(OUT_QUEUE);
         let set_gone = {
             let (state, gone) = (state.clone(), gone.clone());
             move |why: String| {
@@ -317,15 +321,23 @@ impl WsLink {
             let why = loop {
                 match stream.next().await {
                     Some(Ok(m)) if m.is_text() || m.is_binary() => {
-                        let mut line = BytesMut::from(&*m.into_payload());
-                        // A JSON text holds newlines only as whitespace: keep it one line.
-                        for b in line.iter_mut() {
-                            if *b == b'\n' || *b == b'\r' {
-                                *b = b' ';
+                        let payload = m.into_payload();
+                        let item = if payload.len() > max_frame {
+                            // Answered by the pump like any line over the cap.
+                            let head = &payload[..payload.len().min(OVERSIZE_PEEK)];
+                            Inbound::Oversized(Bytes::copy_from_slice(head))
+                        } else {
+                            let mut line = BytesMut::from(&*payload);
+                            // A JSON text holds newlines only as whitespace: keep it one line.
+                            for b in line.iter_mut() {
+                                if *b == b'\n' || *b == b'\r' {
+                                    *b = b' ';
+                                }
                             }
-                        }
-                        line.extend_from_slice(b"\n");
-                        if in_tx.send(line.freeze()).await.is_err() {
+                            line.extend_from_slice(b"\n");
+                            Inbound::Lines(line.freeze())
+                        };
+                        if in_tx.send(item).await.is_err() {
                             break "the agent's input is closed".to_string();
                         }
                     }
@@ -371,7 +383,11 @@ impl WsLink {
             }
         });
         let link = Self { state, gone, out: out_tx.clone(), delivered };
-        (link, WsOut { tx: out_tx, pending: BytesMut::new(), sending: None }, WsIn::new(in_rx, None, false))
+        (
+            link,
+            WsOut { tx: out_tx, pending: BytesMut::new(), sending: None },
+            WsIn::new(in_rx, None, false, max_frame),
+        )
     }
 }
 
@@ -424,9 +440,9 @@ impl Link for WsLink {
         });
     }
 
-    fn delivered(&self, _out: &mut WsOut) -> impl Future<Output = ()> + Send {
+    fn delivered(&self, _out: &mut WsOut, linger: Duration) -> impl Future<Output = bool> + Send {
         let (state, delivered) = (self.state.clone(), self.delivered.clone());
-        async move {
+        let flushed = async move {
             loop {
                 let n = delivered.notified();
                 tokio::pin!(n);
@@ -436,11 +452,8 @@ impl Link for WsLink {
                 }
                 n.await;
             }
-        }
-    }
-
-    fn linger(&self, cfg: &SessionConfig) -> Duration {
-        cfg.finish_linger
+        };
+        async move { tokio::time::timeout(linger, flushed).await.is_ok() }
     }
 
     /// The contract: the agent's stdin gone ends the session, 1011.

@@ -16,6 +16,9 @@
 //!   (`answer: <line>`); answer lines are not asked about.
 //! - `respond SIZE`: answer every request (a line with `id` and `method`) with a
 //!   result; method `big` gets a result padded to SIZE bytes, any other `{"ok":true}`.
+//! - `stream BYTES`: write BYTES of ndjson notifications (16 KiB lines, numbered
+//!   by `n`) as fast as stdout takes them, then behave like `cat`.
+//! - `exit-after N CODE`: read N lines without answering any, then exit with CODE.
 
 use std::io::{BufRead, Read, Write};
 
@@ -72,6 +75,21 @@ fn main() {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         }
         "respond" => respond(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(1 << 20)),
+        "stream" => {
+            stream(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(1 << 20));
+            cat();
+        }
+        "exit-after" => {
+            let n: usize = args.get(1).and_then(|c| c.parse().ok()).unwrap_or(1);
+            let mut line = String::new();
+            for _ in 0..n {
+                line.clear();
+                if std::io::stdin().lock().read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+            }
+            std::process::exit(args.get(2).and_then(|c| c.parse().ok()).unwrap_or(1));
+        }
         other => {
             eprintln!("test-agent: unknown mode {other}");
             std::process::exit(2);
@@ -149,6 +167,22 @@ fn respond(size: usize) {
             return;
         }
     }
+}
+
+fn stream(total: usize) {
+    let mut out = std::io::stdout().lock();
+    let pad = "s".repeat(16 * 1024 - 64);
+    let (mut sent, mut n) = (0, 0u64);
+    while sent < total {
+        let line =
+            format!("{{\"jsonrpc\":\"2.0\",\"method\":\"s\",\"params\":{{\"n\":{n},\"d\":\"{pad}\"}}}}\n");
+        if out.write_all(line.as_bytes()).is_err() {
+            return;
+        }
+        sent += line.len();
+        n += 1;
+    }
+    let _ = out.flush();
 }
 
 fn cat() {

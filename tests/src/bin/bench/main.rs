@@ -37,6 +37,7 @@ use tokio::{
 mod measure;
 mod nat;
 mod peers;
+mod pressure;
 mod report;
 mod resume;
 mod sections;
@@ -44,6 +45,7 @@ mod sections;
 use measure::*;
 use nat::*;
 use peers::*;
+use pressure::*;
 use report::*;
 use resume::*;
 use sections::*;
@@ -58,19 +60,39 @@ pub struct Plan {
     pub rtts: usize,
     /// Bytes each of the 16 concurrent sessions streams.
     per_session_bytes: usize,
+    /// Requests in the pipelined pressure measure.
+    pub pipelined: usize,
 }
 
 /// `--quick`: about a minute on two cores.
-const QUICK: Plan =
-    Plan { setup_reps: 10, bulk_bytes: 64 << 20, bulk_reps: 3, rtts: 2000, per_session_bytes: 4 << 20 };
+const QUICK: Plan = Plan {
+    setup_reps: 10,
+    bulk_bytes: 64 << 20,
+    bulk_reps: 3,
+    rtts: 2000,
+    per_session_bytes: 4 << 20,
+    pipelined: 1000,
+};
 
 /// Tiny sizes, for the test that keeps the harness itself working (not a measurement).
-const SMOKE: Plan =
-    Plan { setup_reps: 2, bulk_bytes: 1 << 20, bulk_reps: 1, rtts: 200, per_session_bytes: 256 << 10 };
+const SMOKE: Plan = Plan {
+    setup_reps: 2,
+    bulk_bytes: 1 << 20,
+    bulk_reps: 1,
+    rtts: 200,
+    per_session_bytes: 256 << 10,
+    pipelined: 50,
+};
 
 /// The default: the figures the README quotes (about two and a half minutes).
-const FULL: Plan =
-    Plan { setup_reps: 30, bulk_bytes: 256 << 20, bulk_reps: 5, rtts: 10_000, per_session_bytes: 16 << 20 };
+const FULL: Plan = Plan {
+    setup_reps: 30,
+    bulk_bytes: 256 << 20,
+    bulk_reps: 5,
+    rtts: 10_000,
+    per_session_bytes: 16 << 20,
+    pipelined: 1000,
+};
 
 /// The parts of a run, in the order they run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -100,6 +122,9 @@ enum Section {
     Connect,
     /// Two NATs: time until the path is direct; direct against the relay (needs root).
     Nat,
+    /// Pipelined requests with large replies, resumable against plain; the bridge's
+    /// memory in the worst cases one allowed peer can make.
+    Pressure,
 }
 
 /// Which sections this run measures.

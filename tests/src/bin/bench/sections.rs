@@ -143,6 +143,9 @@ pub async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<(
             if only.has(Section::Resume) {
                 rows.extend(resume_rows(&b).await?);
             }
+            if only.has(Section::Pressure) {
+                rows.extend(pressure_rows(&b, &p).await?);
+            }
         }
         p.close().await;
     }
