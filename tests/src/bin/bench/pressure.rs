@@ -60,32 +60,36 @@ fn peak_kib(pid: u32) -> Result<f64> {
     Ok(line.split_whitespace().nth(1).context("VmHWM value")?.parse()?)
 }
 
-/// Waits until `pid`'s RSS has not grown for [`SETTLED`] (at most [`SETTLE_MAX`]).
+/// Waits until `pid`'s RSS has grown by less than 1 MiB over the last
+/// [`SETTLED`] (at most [`SETTLE_MAX`]).
 async fn settle(pid: u32) -> Result<()> {
+    const STEP: Duration = Duration::from_millis(250);
     let deadline = Instant::now() + SETTLE_MAX;
-    let (mut last, mut since) = (rss_kib(pid)?, Instant::now());
-    while Instant::now() < deadline && since.elapsed() < SETTLED {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = rss_kib(pid)?;
-        if now > last + 256.0 {
-            (last, since) = (now, Instant::now());
+    let window = (SETTLED.as_millis() / STEP.as_millis()) as usize;
+    let mut samples = std::collections::VecDeque::from([rss_kib(pid)?]);
+    while Instant::now() < deadline {
+        tokio::time::sleep(STEP).await;
+        samples.push_back(rss_kib(pid)?);
+        if samples.len() > window {
+            samples.pop_front();
+            if samples.back().unwrap() - samples.front().unwrap() < 1024.0 {
+                break;
+            }
         }
     }
     Ok(())
 }
 
-/// A raw resumable session that never acknowledges and never reads: what a
-/// phone does whose app was frozen mid-reply. `first` is written after the hello.
+/// A raw resumable session that never acknowledges and never reads (but
+/// keeps its stream open): what a phone does whose app was frozen mid-reply.
 async fn silent_session(
     ep: &Endpoint,
     addr: EndpointAddr,
-    first: &[u8],
-) -> Result<(Connection, iroh::endpoint::SendStream)> {
+) -> Result<(Connection, iroh::endpoint::SendStream, iroh::endpoint::RecvStream)> {
     let conn = ep.connect(addr, &resume_alpn(&Protocol::acp())).await?;
-    let (mut send, _recv) = conn.open_bi().await?;
+    let (mut send, recv) = conn.open_bi().await?;
     send.write_all(&Control::Hello { session: None, received: 0 }.encode()).await?;
-    send.write_all(first).await?;
-    Ok((conn, send))
+    Ok((conn, send, recv))
 }
 
 /// One worst case: `sessions` silent sessions against a bridge running
@@ -105,7 +109,7 @@ async fn worst_case(
     let idle = rss_kib(pid)?;
     let mut held = Vec::new();
     for _ in 0..sessions {
-        let (conn, mut send) = silent_session(&p.ep, p.addr_of(&bridge)?, b"").await?;
+        let (conn, mut send, recv) = silent_session(&p.ep, p.addr_of(&bridge)?).await?;
         if let Some(n) = line {
             let chunk = vec![b'x'; 1 << 20];
             let mut sent = 0;
@@ -117,12 +121,12 @@ async fn worst_case(
                 sent += k;
             }
         }
-        held.push((conn, send));
+        held.push((conn, send, recv));
     }
     settle(pid).await?;
     let peak = peak_kib(pid)?;
     eprintln!("bench: pressure {agent:?} ×{sessions} line {line:?}: idle {idle:.0} KiB, peak {peak:.0} KiB");
-    for (c, _) in held {
+    for (c, _, _) in held {
         c.close(0u32.into(), b"client closed");
     }
     bridge.terminate().await;
