@@ -17,6 +17,11 @@ pub const CLOSE_CODE_CLIENT: u32 = 0;
 /// Application close code the bridge uses after the agent ended and the peer
 /// has all of its output; the reason is an [`AgentEnd`].
 pub const CLOSE_CODE_AGENT_ENDED: u32 = 2;
+/// Application close code the bridge uses when a warm agent's client is done
+/// (its input ended and every request it sent was answered): the connection
+/// ends, the agent does not (the peer's next connection takes it over).
+pub const CLOSE_CODE_KEPT_WARM: u32 = 3;
+pub const REASON_KEPT_WARM: &str = "agent kept warm";
 
 pub const REASON_NOT_ALLOWLISTED: &str = "not allowlisted";
 pub const REASON_IDLE: &str = "idle: no data stream opened";

@@ -304,28 +304,9 @@ pub struct LimitArgs {
     pub keep_warm: Option<f64>,
 }
 
-/// A frame size: bytes, or with a K/M/G suffix (binary units), within the bounds of
-/// [`crate::limits::MIN_FRAME`] and [`crate::limits::MAX_FRAME`].
+/// A frame or buffer size flag (see [`crate::config::parse_size`]).
 fn frame_size(v: &str) -> Result<usize, String> {
-    use crate::limits::{MAX_FRAME, MIN_FRAME};
-    let t = v.trim();
-    let lower = t.to_ascii_lowercase();
-    let lower = lower.strip_suffix("ib").or_else(|| lower.strip_suffix('b')).unwrap_or(&lower);
-    let (digits, unit) = match lower.chars().last() {
-        Some('k') => (&lower[..lower.len() - 1], 1usize << 10),
-        Some('m') => (&lower[..lower.len() - 1], 1 << 20),
-        Some('g') => (&lower[..lower.len() - 1], 1 << 30),
-        _ => (lower, 1),
-    };
-    let n: usize = digits
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{v}' is not a size (bytes, or a number with K, M or G)"))?;
-    let bytes = n.checked_mul(unit).ok_or_else(|| format!("'{v}' is too large"))?;
-    if !(MIN_FRAME..=MAX_FRAME).contains(&bytes) {
-        return Err(format!("{bytes} bytes is outside {MIN_FRAME}..={MAX_FRAME}"));
-    }
-    Ok(bytes)
+    crate::config::parse_size(v)
 }
 
 #[derive(Debug, Subcommand)]

@@ -85,6 +85,46 @@ pub struct ResumeConfig {
     pub buffer: usize,
 }
 
+/// One hub's waits: what [`ResumeConfig`] says, plus a warm agent's window
+/// and the agent's `idle_stop`.
+#[derive(Debug, Clone, Copy)]
+pub struct HubTiming {
+    /// How long a lost resumable connection's session waits for its client.
+    pub grace: Duration,
+    pub buffer: usize,
+    /// A warm agent: how long it waits for the next connection of its peer.
+    pub warm: Option<Duration>,
+    /// The longest an agent runs with nothing attached, whatever the above say.
+    pub idle_stop: Option<Duration>,
+}
+
+impl HubTiming {
+    pub fn resume(r: ResumeConfig) -> Self {
+        Self { grace: r.grace, buffer: r.buffer, warm: None, idle_stop: None }
+    }
+
+    /// How long a session waits with nothing attached: the grace while a
+    /// resume may come, else the warm window; never past `idle_stop`.
+    fn wait(&self, resumable: bool) -> (Duration, &'static str) {
+        let (d, why) = match (resumable, self.warm) {
+            (true, Some(w)) => (self.grace.max(w), "grace"),
+            (true, None) => (self.grace, "grace"),
+            (false, Some(w)) => (w, "keep_warm"),
+            (false, None) => (self.grace, "grace"),
+        };
+        match self.idle_stop {
+            Some(i) if i < d => (i, "idle_stop"),
+            _ => (d, why),
+        }
+    }
+}
+
+/// Close code and reason when a warm agent's client has finished (its input
+/// ended and every request it sent was answered): the connection ends, the
+/// agent does not; the next connection of the same peer takes it over.
+pub const CLOSE_CODE_KEPT_WARM: u32 = close::CLOSE_CODE_KEPT_WARM;
+pub const REASON_KEPT_WARM: &str = close::REASON_KEPT_WARM;
+
 /// Close reason for a connection whose session was resumed on a newer one.
 pub const REASON_SUPERSEDED: &str = "session resumed on another connection";
 
@@ -148,12 +188,14 @@ impl Gone {
 /// One session's state between connections.
 #[derive(Debug)]
 pub struct Hub {
-    token: String,
+    /// The first token's first characters: the session's name in logs.
+    id: String,
     kind: HubKind,
     owner: EndpointId,
+    /// The agent it runs (its name; empty for the single-agent bridge).
+    agent: Arc<str>,
     peer: String,
-    /// For a warm hub, `grace` is the keep-warm window.
-    cfg: ResumeConfig,
+    cfg: HubTiming,
     max_frame: usize,
     created: Instant,
     state: Mutex<State>,
@@ -173,6 +215,14 @@ pub struct Hub {
 
 #[derive(Debug)]
 struct State {
+    /// What the client presents to resume. A warm agent's next session gets
+    /// a new one (frames are counted per session).
+    token: String,
+    /// A resumable connection was the last attached and did not close: output
+    /// is kept for it (else a warm agent's output with nobody attached is dropped).
+    resumable: bool,
+    /// The attached client's input ended (a warm agent's stdin stays open).
+    input_ended: bool,
     out: ReplayLog,
     /// The agent's output ended after this many frames.
     end_at: Option<(u64, Instant)>,
@@ -198,6 +248,8 @@ struct State {
     plain_done: bool,
     /// Warm: lines the agent wrote while no client was attached (dropped).
     dropped: u64,
+    /// Times a client resumed it.
+    resumes: u64,
 }
 
 #[derive(Debug)]
@@ -205,6 +257,8 @@ struct Attached {
     id: u64,
     conn: Connection,
     since: Instant,
+    /// `thunderbolt/<p>/r1` (else the plain protocol).
+    r1: bool,
     _task: AbortOnDropHandle<()>,
 }
 
@@ -247,23 +301,29 @@ impl Hub {
     pub fn new(
         kind: HubKind,
         owner: EndpointId,
-        cfg: ResumeConfig,
+        agent: Arc<str>,
+        cfg: HubTiming,
         max_frame: usize,
         registry: Weak<Hubs>,
     ) -> (Arc<Self>, Inbox, Outbox) {
         let (tx, rx) = mpsc::channel(INBOX_QUEUE);
         let (inject, injected) = mpsc::unbounded_channel();
         let now = Instant::now();
+        let token = new_token();
         let hub = Arc::new(Self {
-            token: new_token(),
+            id: token[..8].to_string(),
             kind,
             inject,
             owner,
+            agent,
             peer: owner.fmt_short().to_string(),
             cfg,
             max_frame,
             created: now,
             state: Mutex::new(State {
+                token,
+                resumable: false,
+                input_ended: false,
                 out: ReplayLog::new(),
                 end_at: None,
                 ack: AckPolicy::at(0),
@@ -279,6 +339,7 @@ impl Hub {
                 pending: HashSet::new(),
                 plain_done: false,
                 dropped: 0,
+                resumes: 0,
             }),
             changed: Notify::new(),
             output: Notify::new(),
@@ -289,9 +350,13 @@ impl Hub {
         (hub, Inbox::new(rx, Some(injected), true, max_frame), outbox)
     }
 
-    /// The token's first characters, for logs (the token itself is never logged).
+    /// The first token's first characters, for logs (a token itself is never logged).
     pub fn short(&self) -> &str {
-        &self.token[..8]
+        &self.id
+    }
+
+    pub fn agent(&self) -> &Arc<str> {
+        &self.agent
     }
 
     pub fn owner(&self) -> EndpointId {
@@ -374,7 +439,62 @@ impl Hub {
         received: u64,
         leftover: Bytes,
     ) -> Result<(), AttachError> {
+        let st = self.lock();
+        self.attach_r1(st, conn, send, recv, received, leftover)
+    }
+
+    /// A warm agent's next session (`thunderbolt/<p>/r1`, a new hello): it
+    /// takes the agent over from whatever connection had it, with frames
+    /// counted from zero and a token of its own. The streams come back when
+    /// the session ended meanwhile.
+    pub fn attach_fresh(
+        self: &Arc<Self>,
+        conn: Connection,
+        send: SendStream,
+        recv: RecvStream,
+        leftover: Bytes,
+    ) -> Result<(), (SendStream, RecvStream, Bytes)> {
         let mut st = self.lock();
+        if st.gone.is_some() {
+            return Err((send, recv, leftover));
+        }
+        self.next_session(&mut st);
+        self.attach_r1(st, conn, send, recv, 0, leftover)
+            .map_err(|_| unreachable!("a fresh session attaches"))
+    }
+
+    /// Warm: the agent goes to a new session of its peer. Whatever the last
+    /// one left (output not taken, the agent's requests to it) is settled:
+    /// the output dropped, the requests answered for it.
+    fn next_session(&self, st: &mut State) {
+        let answered = self.answer_for_vanished_client(st);
+        if let Some(r) = self.requests.get() {
+            r.clear();
+        }
+        if answered > 0 {
+            debug!(peer = %self.peer, "{answered} request(s) of the agent's, left by the last client, answered with an error");
+        }
+        st.token = new_token();
+        st.out = ReplayLog::new();
+        st.ack = AckPolicy::at(0);
+        st.ack_due = false;
+        st.ack_at = None;
+        st.oversize_at = None;
+        st.input_ended = false;
+        st.plain_done = false;
+        st.resumable = false;
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attach_r1(
+        self: &Arc<Self>,
+        mut st: MutexGuard<'_, State>,
+        conn: Connection,
+        send: SendStream,
+        recv: RecvStream,
+        received: u64,
+        leftover: Bytes,
+    ) -> Result<(), AttachError> {
         if let Some(g) = &st.gone {
             return Err(AttachError::Gone(g.resume_reason.clone()));
         }
@@ -395,13 +515,15 @@ impl Hub {
         st.ack_due = false;
         st.ack_at = None;
         let welcome = Control::Welcome {
-            session: self.token.clone(),
+            session: st.token.clone(),
             received: st.ack.received(),
-            grace_ms: self.cfg.grace.as_millis() as u64,
+            grace_ms: self.cfg.wait(true).0.as_millis() as u64,
         }
         .encode();
         let replay = st.out.total() - received;
+        st.resumable = true;
         if id > 0 {
+            st.resumes += 1;
             info!(
                 peer = %self.peer,
                 session = self.short(),
@@ -415,6 +537,7 @@ impl Hub {
             id,
             conn,
             since: Instant::now(),
+            r1: true,
             _task: AbortOnDropHandle::new(task),
         });
         st.detached_since = None;
@@ -441,7 +564,7 @@ impl Hub {
         leftover: Bytes,
     ) {
         let why = tokio::select! {
-            r = self.write_loop(id, &mut send, welcome, from) => match r {
+            r = self.write_loop(id, &mut send, welcome, from, &conn) => match r {
                 Ok(()) => return,
                 Err(e) => e,
             },
@@ -458,7 +581,9 @@ impl Hub {
     }
 
     /// The connection `id` is gone: the client's close ends the session, any
-    /// other loss detaches it.
+    /// other loss detaches it. A warm agent's session is only ever detached:
+    /// kept for a resume when a resumable connection was lost, else the agent
+    /// waits for its peer's next connection.
     fn lost(&self, id: u64, conn: &Connection, why: &str) {
         let mut st = self.lock();
         if !st.is_attached(id) {
@@ -466,21 +591,38 @@ impl Hub {
         }
         let attached = st.attached.take();
         let mut detached = false;
+        // The client's own close, or ours (a warm agent's finished client).
+        let ended =
+            is_client_close(conn) || matches!(conn.close_reason(), Some(ConnectionError::LocallyClosed));
         if self.kind == HubKind::Warm {
             if st.gone.is_none() {
                 st.detached_since = Some(Instant::now());
                 detached = true;
-                if let Some(r) = self.requests.get() {
-                    // Nobody waits for those answers any more.
-                    r.clear();
+                let r1 = attached.as_ref().is_some_and(|a| a.r1);
+                if r1 && !ended {
+                    st.resumable = true;
+                    info!(
+                        peer = %self.peer,
+                        session = self.short(),
+                        "connection lost ({why}); the warm agent keeps running and the session waits {:?} for \
+                         the client ({} byte(s) of output held)",
+                        self.cfg.wait(true).0,
+                        st.out.bytes()
+                    );
+                } else {
+                    st.resumable = false;
+                    if let Some(r) = self.requests.get() {
+                        // Nobody waits for those answers any more.
+                        r.clear();
+                    }
+                    let answered = self.answer_for_vanished_client(&mut st);
+                    info!(
+                        peer = %self.peer,
+                        "client left ({why}); the agent stays warm {:?} for this peer's next connection{}",
+                        self.cfg.wait(false).0,
+                        if answered > 0 { format!(" ({answered} of its request(s) answered with an error)") } else { String::new() }
+                    );
                 }
-                let answered = self.answer_for_vanished_client(&mut st);
-                info!(
-                    peer = %self.peer,
-                    "client left ({why}); the agent stays warm {:?} for this peer's next connection{}",
-                    self.cfg.grace,
-                    if answered > 0 { format!(" ({answered} of its request(s) answered with an error)") } else { String::new() }
-                );
             }
         } else if is_client_close(conn) {
             st.gone
@@ -493,7 +635,7 @@ impl Hub {
                 session = self.short(),
                 "connection lost ({why}); the agent keeps running and the session waits {:?} for the client \
                  ({} byte(s) of output held)",
-                self.cfg.grace,
+                self.cfg.wait(true).0,
                 st.out.bytes()
             );
         }
@@ -563,17 +705,21 @@ impl Hub {
         let id = st.next_conn;
         st.next_conn += 1;
         if id > 0 {
+            let took_over =
+                if st.attached.is_some() { ", taking it over from the older connection" } else { "" };
             info!(
                 peer = %self.peer,
-                "attached to the warm agent ({} message(s) it wrote meanwhile were dropped)",
+                "attached to the warm agent{took_over} ({} message(s) it wrote meanwhile were dropped)",
                 std::mem::take(&mut st.dropped)
             );
+            self.next_session(&mut st);
         }
         let task = tokio::spawn(self.clone().serve_plain(id, conn.clone(), send, recv));
         let old = st.attached.replace(Attached {
             id,
             conn,
             since: Instant::now(),
+            r1: false,
             _task: AbortOnDropHandle::new(task),
         });
         st.detached_since = None;
@@ -594,7 +740,7 @@ impl Hub {
         mut recv: RecvStream,
     ) {
         let why = tokio::select! {
-            e = self.write_plain(id, &mut send) => e,
+            e = self.write_plain(id, &mut send, &conn) => e,
             e = self.read_plain(id, &mut recv) => e,
             err = conn.closed() => err.to_string(),
         };
@@ -602,8 +748,10 @@ impl Hub {
     }
 
     /// Warm: the agent's output as it comes, nothing kept once written; at the
-    /// agent's end the stream is finished and its delivery awaited.
-    async fn write_plain(&self, id: u64, send: &mut SendStream) -> String {
+    /// agent's end the stream is finished and its delivery awaited. Once the
+    /// client's input ended and the agent answered all it asked, the stream is
+    /// finished too, and the connection closed with [`REASON_KEPT_WARM`].
+    async fn write_plain(&self, id: u64, send: &mut SendStream, conn: &Connection) -> String {
         let mut cursor = self.lock().out.total();
         loop {
             let next = self
@@ -614,13 +762,21 @@ impl Hub {
                     let runs = st.out.since(cursor).unwrap_or_default();
                     cursor = st.out.total();
                     let end = st.end_at.is_some_and(|(n, _)| n == cursor);
-                    if runs.is_empty() && !end {
+                    let finished = runs.is_empty() && st.input_ended && self.requests_idle();
+                    if runs.is_empty() && !end && !finished {
                         return Step::Wait(None);
                     }
-                    Step::Ready(Some((runs, end)))
+                    Step::Ready(Some((runs, end, finished)))
                 })
                 .await;
-            let Some((mut runs, end)) = next else { return "replaced".into() };
+            let Some((mut runs, end, finished)) = next else { return "replaced".into() };
+            if finished && !end {
+                let _ = send.finish();
+                let _ = send.stopped().await;
+                info!(peer = %self.peer, "the client finished; the agent stays warm for its next connection");
+                conn.close(VarInt::from_u32(CLOSE_CODE_KEPT_WARM), REASON_KEPT_WARM.as_bytes());
+                std::future::pending::<()>().await;
+            }
             if !runs.is_empty() {
                 if let Err(e) = send.write_all_chunks(&mut runs).await {
                     return e.to_string();
@@ -653,17 +809,6 @@ impl Hub {
         loop {
             rx.drain(&mut events);
             for ev in events.drain(..) {
-                if let Event::Data { bytes, frames } = &ev {
-                    if *frames > 0 {
-                        let mut st = self.lock();
-                        for line in bytes.split_inclusive(|b| *b == b'\n') {
-                            let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
-                            if let (Kind::Response, Some(id)) = (head.kind, head.id) {
-                                st.pending.remove(&id);
-                            }
-                        }
-                    }
-                }
                 if let Event::Data { bytes, frames } = ev {
                     let permit = self.reserve().await;
                     if let Err(e) = self.deliver(id, permit, bytes, frames) {
@@ -675,9 +820,10 @@ impl Hub {
             buf.reserve(READ_CHUNK);
             match recv.read_buf(buf).await {
                 Ok(0) => {
-                    if self.lock().inbox.take().is_some() {
-                        debug!(peer = %self.peer, "the client finished its stream: closing the agent's input");
-                    }
+                    // A warm agent's input stays open for the next client.
+                    self.lock().input_ended = true;
+                    debug!(peer = %self.peer, "the client finished its stream (the warm agent's input stays open)");
+                    self.output.notify_waiters();
                     std::future::pending::<()>().await;
                 }
                 Ok(_) => {}
@@ -694,6 +840,7 @@ impl Hub {
         send: &mut SendStream,
         welcome: Bytes,
         mut cursor: u64,
+        conn: &Connection,
     ) -> Result<(), String> {
         let werr = |e: iroh::endpoint::WriteError| e.to_string();
         send.write_all(&welcome).await.map_err(werr)?;
@@ -728,6 +875,16 @@ impl Hub {
                         runs.push(Control::End(n).encode());
                     }
                     if runs.is_empty() {
+                        // A warm agent's client that is done: its input ended, all it
+                        // asked was answered and all it was sent is acknowledged.
+                        let done = self.kind == HubKind::Warm
+                            && st.input_ended
+                            && st.end_at.is_none()
+                            && st.out.acked() == st.out.total()
+                            && self.requests_idle();
+                        if done {
+                            return Step::Ready(Ok(Some(Vec::new())));
+                        }
                         Step::Wait(st.ack_at)
                     } else {
                         Step::Ready(Ok(Some(runs)))
@@ -735,8 +892,19 @@ impl Hub {
                 })
                 .await?;
             let Some(mut runs) = next else { return Ok(()) };
+            if runs.is_empty() {
+                info!(peer = %self.peer, session = self.short(), "the client finished; the agent stays warm for its next connection");
+                conn.close(VarInt::from_u32(CLOSE_CODE_KEPT_WARM), REASON_KEPT_WARM.as_bytes());
+                return Err(REASON_KEPT_WARM.into());
+            }
             send.write_all_chunks(&mut runs).await.map_err(werr)?;
         }
+    }
+
+    /// Whether every request the attached client sent was answered (always,
+    /// for a session that does not track them).
+    fn requests_idle(&self) -> bool {
+        self.requests.get().is_none_or(|r| r.is_empty())
     }
 
     /// Takes the client's frames into the agent's queue and its control lines
@@ -835,6 +1003,14 @@ impl Hub {
         if !st.is_attached(id) {
             return Err("replaced by a newer connection".into());
         }
+        if self.kind == HubKind::Warm && frames > 0 && !st.pending.is_empty() {
+            // The client's answers to the agent's requests.
+            for line in bytes.split_inclusive(|b| *b == b'\n') {
+                if let Some(id) = jsonrpc::response_id(line) {
+                    st.pending.remove(&*String::from_utf8_lossy(id));
+                }
+            }
+        }
         let at = st.ack.received();
         let item = match (frames, st.oversize_at) {
             (0, Some(n)) if n == at => None,
@@ -885,7 +1061,12 @@ impl Hub {
                         st.ack.received()
                     ));
                 }
-                if st.inbox.take().is_some() {
+                if self.kind == HubKind::Warm {
+                    // A warm agent's input stays open for the next client.
+                    st.input_ended = true;
+                    drop(st);
+                    self.output.notify_waiters();
+                } else if st.inbox.take().is_some() {
                     debug!(peer = %self.peer, session = self.short(), "the client's input ended after {n} frames");
                 }
             }
@@ -959,13 +1140,15 @@ impl Link for HubLink {
                     return Step::Ready(g.why.clone());
                 }
                 let Some(since) = st.detached_since else { return Step::Wait(None) };
-                let at = since + hub.cfg.grace;
+                let (wait, why) = hub.cfg.wait(st.resumable || hub.kind == HubKind::Resumable);
+                let at = since + wait;
                 if Instant::now() < at {
                     return Step::Wait(Some(at));
                 }
-                let why = match hub.kind {
-                    HubKind::Resumable => format!("the client did not come back within {:?}", hub.cfg.grace),
-                    HubKind::Warm => format!("no client for {:?} (--keep-warm)", hub.cfg.grace),
+                let why = match (why, hub.kind) {
+                    ("idle_stop", _) => format!("nothing attached for {wait:?} (idle_stop)"),
+                    (_, HubKind::Resumable) => format!("the client did not come back within {wait:?}"),
+                    (_, HubKind::Warm) => format!("no client for {wait:?} (keep-warm)"),
                 };
                 st.gone = Some(Gone::new(why.clone(), close::REASON_SESSION_EXPIRED));
                 Step::Ready(why)
@@ -999,10 +1182,12 @@ impl Link for HubLink {
         async move {
             hub.until(Wake::Changed, |st| {
                 let Some((end, ended_at)) = st.end_at else { return Step::Wait(None) };
-                let done = match hub.kind {
-                    HubKind::Resumable => st.out.acked() >= end,
-                    // Nobody to deliver to, or the plain stream was taken whole.
-                    HubKind::Warm => st.plain_done || st.attached.is_none(),
+                let done = match &st.attached {
+                    Some(a) if a.r1 => st.out.acked() >= end,
+                    // The plain stream was taken whole.
+                    Some(_) => st.plain_done,
+                    // Nobody to deliver to, unless a resume may still come for it.
+                    None => !(st.resumable || hub.kind == HubKind::Resumable),
                 };
                 if done {
                     return Step::Ready(true);
@@ -1044,7 +1229,8 @@ impl AsyncWrite for Outbox {
             return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, g.why.clone())));
         }
         if hub.kind == HubKind::Warm {
-            let attached = st.attached.is_some();
+            // A resumable session that may come back keeps what it is sent.
+            let attached = st.attached.is_some() || st.resumable;
             for line in buf.split_inclusive(|b| *b == b'\n') {
                 let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
                 match (head.kind, head.id, attached) {
@@ -1142,15 +1328,21 @@ impl Hubs {
 
     /// Registers `hub` until the guard is dropped.
     pub fn insert(&self, hub: &Arc<Hub>) -> HubGuard<'_> {
-        self.lock().insert(hub.token.clone(), hub.clone());
+        self.lock().insert(hub.id.clone(), hub.clone());
         HubGuard { hubs: self, hub: hub.clone() }
     }
 
-    /// The session `token` if `peer` owns it; else the reason to close a
-    /// resume of it with.
-    pub fn find(&self, token: &str, peer: &EndpointId) -> Result<Arc<Hub>, String> {
-        if let Some(h) = self.lock().get(token).filter(|h| h.owner == *peer) {
-            return Ok(h.clone());
+    /// The session `token` of agent `agent` if `peer` owns it; else the
+    /// reason to close a resume of it with. (A scan: a bridge holds a few
+    /// dozen sessions at most, and a token is compared whole.)
+    pub fn find(&self, token: &str, peer: &EndpointId, agent: &str) -> Result<Arc<Hub>, String> {
+        let found = self
+            .lock()
+            .values()
+            .find(|h| h.owner == *peer && &*h.agent == agent && h.lock().token == token)
+            .cloned();
+        if let Some(h) = found {
+            return Ok(h);
         }
         let ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
         Err(ended
@@ -1160,9 +1352,24 @@ impl Hubs {
             .map_or_else(|| close::REASON_UNKNOWN_SESSION.to_string(), |(_, _, r)| r.clone()))
     }
 
-    /// A warm agent of `peer`'s that no connection drives now.
-    pub fn warm_for(&self, peer: &EndpointId) -> Option<Arc<Hub>> {
-        self.lock().values().find(|h| h.kind == HubKind::Warm && h.owner == *peer && h.is_detached()).cloned()
+    /// The warm agent of `peer`'s at `agent`, with or without a connection
+    /// (a newer connection takes it over from an older one).
+    pub fn warm_for(&self, peer: &EndpointId, agent: &str) -> Option<Arc<Hub>> {
+        self.lock()
+            .values()
+            .filter(|h| h.kind == HubKind::Warm && h.owner == *peer && &*h.agent == agent)
+            .find(|h| h.lock().gone.is_none())
+            .cloned()
+    }
+
+    /// Ends every session of `agent` with `reason` (code 1). Returns how many.
+    pub fn end_agent(&self, agent: &str, reason: &str) -> usize {
+        let hubs: Vec<Arc<Hub>> = self.lock().values().filter(|h| &*h.agent == agent).cloned().collect();
+        for h in &hubs {
+            info!(peer = %h.peer, session = h.short(), "ending the session: {reason}");
+            h.end(close::CLOSE_CODE_REFUSED, reason);
+        }
+        hubs.len()
     }
 
     /// The detached session to end when a slot is needed for `requester`:
@@ -1203,12 +1410,14 @@ impl Hubs {
         }
     }
 
-    /// Ends every session (attached or not) whose owner `trust` no longer admits.
-    pub fn recheck(&self, trust: &dyn TrustPolicy) -> usize {
+    /// Ends every session (attached or not) whose owner its agent's trust
+    /// (`trust_of` the agent's name) no longer admits.
+    pub fn recheck(&self, trust_of: impl Fn(&str) -> Option<Arc<dyn TrustPolicy>>) -> usize {
         let hubs: Vec<Arc<Hub>> = self.lock().values().cloned().collect();
         let mut ended = 0;
         for hub in hubs {
-            if trust.check(&hub.owner).is_none() {
+            let admitted = trust_of(&hub.agent).is_some_and(|t| t.check(&hub.owner).is_some());
+            if !admitted {
                 info!(peer = %hub.peer, session = hub.short(), "ending the session: {}", close::REASON_MEMBERSHIP_REVOKED);
                 hub.end(close::CLOSE_CODE_REFUSED, close::REASON_MEMBERSHIP_REVOKED);
                 ended += 1;
@@ -1247,7 +1456,7 @@ impl Hubs {
         if ended.len() >= ENDED_REMEMBERED {
             ended.pop_front();
         }
-        ended.push_back((hub.token.clone(), hub.owner, reason));
+        ended.push_back((hub.lock().token.clone(), hub.owner, reason));
     }
 }
 
@@ -1258,7 +1467,7 @@ pub struct HubGuard<'a> {
 
 impl Drop for HubGuard<'_> {
     fn drop(&mut self) {
-        self.hubs.lock().remove(&self.hub.token);
+        self.hubs.lock().remove(&self.hub.id);
         self.hubs.remember(&self.hub);
     }
 }

@@ -1,8 +1,15 @@
 //! The bridge: accept connections, admit trusted peers, run one agent each.
 //!
-//! Task ownership is explicit: the accept loop owns a `JoinSet` with one task
-//! per incoming connection; shutdown cancels a token every session watches,
-//! then waits for all of them so no agent outlives the bridge.
+//! One bridge serves one agent or many ([`crate::host`]): each agent on an
+//! endpoint of its own (its own NodeId, so every client, including those that
+//! pick no agent, reaches it by its ticket), all through one admission here:
+//! one gate, one handshake cap, one pool of agent slots, one registry of
+//! sessions, one heartbeat. What differs per agent ([`AgentConfig`]: who may
+//! reach it, how its sessions run) is looked up per connection.
+//!
+//! Task ownership is explicit: each agent's accept loop and every connection
+//! task run on one `TaskTracker`; shutdown cancels a token every session
+//! watches, then waits for all of them so no agent outlives the bridge.
 
 pub mod agent;
 pub mod gate;
@@ -16,7 +23,10 @@ pub mod wss;
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, RwLock,
+    },
     time::Duration,
 };
 
@@ -25,9 +35,9 @@ use iroh::{
     Endpoint, EndpointId,
 };
 use thunderbolt_shared::close;
-use tokio::{sync::Semaphore, task::JoinSet};
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::{
     serve::gate::{Drop as GateDrop, Gate, RemoteKey},
@@ -48,32 +58,129 @@ pub struct Admission {
     pub heartbeat: Duration,
 }
 
-/// The admitted connections, so the heartbeat can re-check them.
+/// Close reason for the sessions of an agent the host stopped serving (its
+/// manifest was removed, or changed its identity or protocol).
+pub const REASON_AGENT_REMOVED: &str = "agent removed from the host";
+
+/// One agent as the bridge serves it: who may reach it and how its sessions
+/// run. Swapped whole when its manifest changes: new sessions get the new one,
+/// running sessions keep the one they started with.
+#[derive(Debug)]
+pub struct AgentConfig {
+    /// Its name, in the log (empty for the single-agent bridge, whose log
+    /// lines stay as they always were).
+    pub name: Arc<str>,
+    pub trust: Arc<dyn TrustPolicy>,
+    pub session: Arc<SessionConfig>,
+    /// Live sessions of this agent at once, beside the bridge-wide agent cap.
+    pub max_sessions: Option<usize>,
+    /// The account side of this agent's NodeId, when account trust is on.
+    pub account: Option<Arc<Account>>,
+}
+
+/// An agent on its endpoint.
+#[derive(Debug)]
+pub struct Served {
+    pub endpoint: Endpoint,
+    config: RwLock<Arc<AgentConfig>>,
+    /// Its sessions with an agent running (for `max_sessions`).
+    live: AtomicUsize,
+    /// Cancelled when the host stops serving it.
+    stop: CancellationToken,
+}
+
+impl Served {
+    pub fn new(endpoint: Endpoint, config: AgentConfig) -> Arc<Self> {
+        Arc::new(Self {
+            endpoint,
+            config: RwLock::new(Arc::new(config)),
+            live: AtomicUsize::new(0),
+            stop: CancellationToken::new(),
+        })
+    }
+
+    pub fn config(&self) -> Arc<AgentConfig> {
+        self.config.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// New sessions run with `config` from now on.
+    pub fn replace(&self, config: AgentConfig) {
+        *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+    }
+
+    pub fn name(&self) -> Arc<str> {
+        self.config().name.clone()
+    }
+
+    /// Sessions of this agent with an agent process now.
+    pub fn live_sessions(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// One of this agent's `max_sessions`, or `None` when all are taken.
+    fn take_session(self: &Arc<Self>, cfg: &AgentConfig) -> Option<LiveGuard> {
+        let max = cfg.max_sessions.unwrap_or(usize::MAX);
+        self.live
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| LiveGuard(self.clone()))
+    }
+}
+
+/// A live session of an agent: counted until dropped.
+struct LiveGuard(Arc<Served>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An admitted plain connection: its peer, the connection, the agent it reached.
+type PlainSession = (EndpointId, Connection, Arc<Served>);
+
+/// The admitted plain connections, so the heartbeat can re-check them.
 #[derive(Debug, Default)]
 pub struct Sessions {
-    map: Mutex<HashMap<usize, (EndpointId, Connection)>>,
+    map: Mutex<HashMap<usize, PlainSession>>,
 }
 
 impl Sessions {
-    fn insert(&self, conn: &Connection) -> SessionGuard<'_> {
+    fn insert(&self, conn: &Connection, agent: &Arc<Served>) -> SessionGuard<'_> {
         let key = conn.stable_id();
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).insert(key, (conn.remote_id(), conn.clone()));
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, (conn.remote_id(), conn.clone(), agent.clone()));
         SessionGuard { sessions: self, key }
     }
 
-    /// Closes every session whose peer `trust` no longer admits, with
-    /// `membership revoked`. Returns how many were closed.
-    pub fn recheck(&self, trust: &dyn TrustPolicy) -> usize {
+    /// Closes every session whose peer its agent's trust no longer admits,
+    /// with `membership revoked`. Returns how many were closed.
+    pub fn recheck(&self) -> usize {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let mut closed = 0;
-        for (peer, conn) in map.values() {
-            if trust.check(peer).is_none() {
+        for (peer, conn, agent) in map.values() {
+            if agent.config().trust.check(peer).is_none() {
                 info!(peer = %peer.fmt_short(), "closing {peer}: {}", close::REASON_MEMBERSHIP_REVOKED);
                 refuse(conn, close::REASON_MEMBERSHIP_REVOKED);
                 closed += 1;
             }
         }
         closed
+    }
+
+    /// Closes every session of `agent` with `reason`.
+    fn close_agent(&self, agent: &Arc<Served>, reason: &str) -> usize {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut n = 0;
+        for (_, conn, a) in map.values() {
+            if Arc::ptr_eq(a, agent) {
+                refuse(conn, reason);
+                n += 1;
+            }
+        }
+        n
     }
 
     pub fn is_empty(&self) -> bool {
@@ -99,30 +206,42 @@ impl Drop for SessionGuard<'_> {
 /// Everything a connection task needs.
 #[derive(Debug)]
 struct Shared {
-    trust: Arc<dyn TrustPolicy>,
     gate: Arc<Gate>,
     sessions: Sessions,
-    /// Resumable sessions, attached or waiting for their client.
+    /// Resumable and warm sessions, attached or waiting for their client.
     hubs: Arc<Hubs>,
-    account: Option<Arc<Account>>,
     admission: Admission,
     agents: Arc<Semaphore>,
-    session: Arc<SessionConfig>,
+    /// The agents served now, by name.
+    served: RwLock<HashMap<Arc<str>, Arc<Served>>>,
     shutdown: CancellationToken,
+    tasks: TaskTracker,
     /// A stranger dialing in a loop costs a few log lines, not one per dial.
     refusal_log: Mutex<LogBudget>,
     /// A heartbeat is running (at most one at a time).
     beating: std::sync::atomic::AtomicBool,
 }
 
+/// What a running bridge is asked to change (the host's folder watch).
+#[derive(Debug)]
+pub enum Change {
+    /// Serve this agent too.
+    Add(Arc<Served>),
+    /// New sessions of the agent named so run with this.
+    Replace(AgentConfig),
+    /// Stop serving this agent: its sessions end with [`REASON_AGENT_REMOVED`].
+    Remove(Arc<str>),
+}
+
 /// A running bridge.
 #[derive(Debug)]
 pub struct Bridge {
-    endpoint: Endpoint,
     shared: Arc<Shared>,
+    changes: Option<mpsc::UnboundedReceiver<Change>>,
 }
 
 impl Bridge {
+    /// A bridge serving one agent on `endpoint` (the single-agent commands).
     pub fn new(
         endpoint: Endpoint,
         trust: Arc<dyn TrustPolicy>,
@@ -131,16 +250,45 @@ impl Bridge {
         admission: Admission,
         session: SessionConfig,
     ) -> Self {
+        let agent = Served::new(
+            endpoint,
+            AgentConfig { name: "".into(), trust, session: Arc::new(session), max_sessions: None, account },
+        );
+        let mut b = Self::empty(gate, admission);
+        b.shared.served.write().unwrap_or_else(|p| p.into_inner()).insert("".into(), agent);
+        b.changes = None;
+        b
+    }
+
+    /// A bridge serving `agents`, to which the returned sender adds, changes
+    /// and removes agents while it runs.
+    pub fn host(
+        gate: Arc<Gate>,
+        admission: Admission,
+        agents: Vec<Arc<Served>>,
+    ) -> (Self, mpsc::UnboundedSender<Change>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut b = Self::empty(gate, admission);
+        {
+            let mut served = b.shared.served.write().unwrap_or_else(|p| p.into_inner());
+            for a in agents {
+                served.insert(a.name(), a);
+            }
+        }
+        b.changes = Some(rx);
+        (b, tx)
+    }
+
+    fn empty(gate: Arc<Gate>, admission: Admission) -> Self {
         let shared = Arc::new(Shared {
-            trust,
             gate,
             sessions: Sessions::default(),
             hubs: Arc::new(Hubs::default()),
-            account,
             agents: Arc::new(Semaphore::new(admission.max_agents)),
             admission,
-            session: Arc::new(session),
+            served: RwLock::new(HashMap::new()),
             shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
             refusal_log: Mutex::new(LogBudget::new(
                 crate::limits::REFUSAL_LOG_BURST,
                 crate::limits::REFUSAL_LOG_PER_SEC,
@@ -148,16 +296,21 @@ impl Bridge {
             )),
             beating: std::sync::atomic::AtomicBool::new(false),
         });
-        Self { endpoint, shared }
+        Self { shared, changes: None }
     }
 
     /// Serves until `stop` is cancelled, then ends every session (agents killed
-    /// and reaped) and closes the endpoint.
-    pub async fn run(self, stop: CancellationToken) {
-        let mut tasks = JoinSet::new();
-        let mut heartbeat = tokio::time::interval(self.shared.admission.heartbeat);
+    /// and reaped) and closes the endpoints.
+    pub async fn run(mut self, stop: CancellationToken) {
+        let shared = self.shared.clone();
+        let initial: Vec<Arc<Served>> = shared.served().into_values().collect();
+        for agent in initial {
+            spawn_accept(&shared, agent);
+        }
+        let mut heartbeat = tokio::time::interval(shared.admission.heartbeat);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         heartbeat.reset();
+        let mut changes = self.changes.take();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
@@ -166,48 +319,116 @@ impl Bridge {
                     // beat at a time: with a backend slower than the heartbeat,
                     // overlapping refreshes could apply an older allowlist after
                     // a newer one; a beat that finds the last still running is skipped.
-                    if self.shared.beating.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                    if shared.beating.swap(true, Ordering::AcqRel) {
                         debug!("heartbeat skipped: the previous one is still waiting on the backend");
                     } else {
-                        let shared = self.shared.clone();
-                        tasks.spawn(async move {
+                        let s = shared.clone();
+                        shared.tasks.spawn(async move {
                             tokio::select! {
-                                _ = beat(&shared) => {}
+                                _ = beat(&s) => {}
                                 // Shutdown never waits on a hung backend.
-                                _ = shared.shutdown.cancelled() => {}
+                                _ = s.shutdown.cancelled() => {}
                             }
-                            shared.beating.store(false, std::sync::atomic::Ordering::Release);
+                            s.beating.store(false, Ordering::Release);
                         });
                     }
                 }
-                incoming = self.endpoint.accept() => {
-                    let Some(incoming) = incoming else { break };
-                    tasks.spawn(handle_incoming(incoming, self.shared.clone()));
-                }
-                Some(res) = tasks.join_next(), if !tasks.is_empty() => {
-                    if let Err(e) = res {
-                        if e.is_panic() {
-                            warn!("connection task panicked: {e}");
-                        }
-                    }
-                }
+                change = async { changes.as_mut()?.recv().await }, if changes.is_some() => match change {
+                    Some(c) => apply(&shared, c),
+                    None => changes = None,
+                },
             }
         }
-        info!("shutting down: ending {} connection(s)", tasks.len());
-        self.shared.shutdown.cancel();
-        while tasks.join_next().await.is_some() {}
-        crate::net::close_endpoint(self.endpoint, crate::limits::ENDPOINT_CLOSE_TIMEOUT).await;
+        let served = shared.served();
+        info!("shutting down: ending {} connection(s)", shared.tasks.len());
+        shared.shutdown.cancel();
+        shared.tasks.close();
+        shared.tasks.wait().await;
+        for agent in served.into_values() {
+            crate::net::close_endpoint(agent.endpoint.clone(), crate::limits::ENDPOINT_CLOSE_TIMEOUT).await;
+        }
+    }
+}
+
+impl Shared {
+    fn served(&self) -> HashMap<Arc<str>, Arc<Served>> {
+        self.served.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Starts accepting connections for `agent`.
+fn spawn_accept(shared: &Arc<Shared>, agent: Arc<Served>) {
+    let s = shared.clone();
+    let name = agent.name();
+    let accept = async move {
+        loop {
+            let incoming = tokio::select! {
+                i = agent.endpoint.accept() => i,
+                _ = agent.stop.cancelled() => break,
+                _ = s.shutdown.cancelled() => break,
+            };
+            let Some(incoming) = incoming else { break };
+            let task = handle_incoming(incoming, s.clone(), agent.clone());
+            s.tasks.spawn(task.in_current_span());
+        }
+    };
+    if name.is_empty() {
+        shared.tasks.spawn(accept);
+    } else {
+        shared.tasks.spawn(accept.instrument(tracing::info_span!("agent", name = %name)));
+    }
+}
+
+/// Applies one change the host asked for.
+fn apply(shared: &Arc<Shared>, change: Change) {
+    match change {
+        Change::Add(agent) => {
+            let name = agent.name();
+            shared.served.write().unwrap_or_else(|p| p.into_inner()).insert(name, agent.clone());
+            spawn_accept(shared, agent);
+        }
+        Change::Replace(config) => {
+            let name = config.name.clone();
+            match shared.served().get(&name) {
+                Some(agent) => agent.replace(config),
+                None => warn!(agent = %name, "asked to change an agent that is not served"),
+            }
+        }
+        Change::Remove(name) => {
+            let Some(agent) = shared.served.write().unwrap_or_else(|p| p.into_inner()).remove(&name) else {
+                return;
+            };
+            agent.stop.cancel();
+            let plain = shared.sessions.close_agent(&agent, REASON_AGENT_REMOVED);
+            let hubs = shared.hubs.end_agent(&name, REASON_AGENT_REMOVED);
+            info!(agent = %name, "no longer served: {} session(s) ended ({REASON_AGENT_REMOVED})", plain + hubs);
+            // The endpoint outlives its sessions' closes long enough to send them.
+            let s = shared.clone();
+            shared.tasks.spawn(async move {
+                let until_idle = async {
+                    while agent.live_sessions() > 0 {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                };
+                let _ = tokio::time::timeout(crate::limits::AGENT_TERM_GRACE * 2, until_idle).await;
+                drop(s);
+                crate::net::close_endpoint(agent.endpoint.clone(), crate::limits::ENDPOINT_CLOSE_TIMEOUT)
+                    .await;
+            });
+        }
     }
 }
 
 /// One heartbeat: refresh the account list, then re-check every open session
-/// against both trust layers (so removing a peer from the allow file also ends
+/// against its agent's trust (so removing a peer from the allow file also ends
 /// its session).
 async fn beat(shared: &Shared) {
-    if let Some(account) = &shared.account {
-        account.refresh().await;
-    }
-    let closed = shared.sessions.recheck(shared.trust.as_ref()) + shared.hubs.recheck(shared.trust.as_ref());
+    let accounts: Vec<Arc<Account>> =
+        shared.served().values().filter_map(|a| a.config().account.clone()).collect();
+    crate::trust::account::refresh_all(&accounts).await;
+    let served = shared.served();
+    let trust_of = |name: &str| served.get(name).map(|a| a.config().trust.clone());
+    let closed = shared.sessions.recheck() + shared.hubs.recheck(trust_of);
     tracing::debug!(open = shared.sessions.len(), closed, "heartbeat: {}", shared.hubs.summary());
 }
 
@@ -220,7 +441,7 @@ fn remote_key(addr: &IncomingAddr) -> RemoteKey {
     }
 }
 
-async fn handle_incoming(incoming: Incoming, shared: Arc<Shared>) {
+async fn handle_incoming(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Served>) {
     let addr = incoming.remote_addr();
     let key = remote_key(&addr);
     let handshake_slot = match shared.gate.admit(key) {
@@ -276,7 +497,9 @@ async fn handle_incoming(incoming: Incoming, shared: Arc<Shared>) {
     };
     drop(handshake_slot);
     let peer = conn.remote_id();
-    let Some(grant) = shared.trust.check(&peer) else {
+    // The agent as it is now: a manifest changed later applies to later sessions.
+    let cfg = agent.config();
+    let Some(grant) = cfg.trust.check(&peer) else {
         let budget =
             shared.refusal_log.lock().unwrap_or_else(|p| p.into_inner()).take(std::time::Instant::now());
         if let Some(suppressed) = budget {
@@ -293,14 +516,30 @@ async fn handle_incoming(incoming: Incoming, shared: Arc<Shared>) {
         refuse(&conn, close::REASON_NOT_ALLOWLISTED);
         return;
     };
-    admitted(conn, peer, grant, shared).await;
+    admitted(conn, peer, grant, shared, agent, cfg).await;
 }
 
-async fn admitted(conn: Connection, peer: EndpointId, grant: Grant, shared: Arc<Shared>) {
+/// What a connection's session runs with, from admission to its end.
+struct Admitted {
+    shared: Arc<Shared>,
+    agent: Arc<Served>,
+    cfg: Arc<AgentConfig>,
+    peer: EndpointId,
+    short: String,
+}
+
+async fn admitted(
+    conn: Connection,
+    peer: EndpointId,
+    grant: Grant,
+    shared: Arc<Shared>,
+    agent: Arc<Served>,
+    cfg: Arc<AgentConfig>,
+) {
     let short = peer.fmt_short().to_string();
     info!(peer = %short, "admitted {peer} ({grant})");
     let _path_log = crate::paths::log_changes(&conn, short.clone());
-    let _registered = shared.sessions.insert(&conn);
+    let _registered = shared.sessions.insert(&conn, &agent);
     let stream = tokio::select! {
         r = tokio::time::timeout(shared.admission.stream_open_timeout, conn.accept_bi()) => r,
         _ = shared.shutdown.cancelled() => {
@@ -320,30 +559,32 @@ async fn admitted(conn: Connection, peer: EndpointId, grant: Grant, shared: Arc<
             return;
         }
     };
-    if let Some(resume) = shared.session.resume {
+    let a = Admitted { shared: shared.clone(), agent, cfg, peer, short };
+    if let Some(resume) = a.cfg.session.resume {
         // The endpoint accepts our protocol's two ALPNs only: the suffix tells them apart.
         if conn.alpn().ends_with(thunderbolt_shared::resume::RESUME_ALPN_SUFFIX) {
-            return resumable(conn, peer, send, recv, resume, shared.clone()).await;
+            return resumable(conn, send, recv, resume, a).await;
         }
     }
-    if let Some(window) = shared.session.keep_warm {
-        return warm(conn, peer, send, recv, window, shared.clone()).await;
+    if let Some(window) = a.cfg.session.keep_warm {
+        return warm(conn, send, recv, window, a).await;
     }
-    let Some(permit) = agent_slot(&conn, &peer, &short, &shared).await else { return };
-    session::run(conn, send, recv, shared.session.clone(), permit, shared.shutdown.clone()).await;
+    let Some(slot) = agent_slot(&conn, &a).await else { return };
+    let session = a.cfg.session.clone();
+    session::run(conn, send, recv, session, slot.permit, a.shared.shutdown.clone()).await;
+    drop(slot.live);
 }
 
 /// A connection speaking `thunderbolt/<p>/r1`: starts a session, or re-attaches
 /// to one of this peer's.
 async fn resumable(
     conn: Connection,
-    peer: EndpointId,
     send: iroh::endpoint::SendStream,
     mut recv: iroh::endpoint::RecvStream,
     resume: hub::ResumeConfig,
-    shared: Arc<Shared>,
+    a: Admitted,
 ) {
-    let short = peer.fmt_short().to_string();
+    let (shared, short) = (&a.shared, a.short.as_str());
     let hello = tokio::select! {
         r = tokio::time::timeout(shared.admission.stream_open_timeout, hub::read_hello(&mut recv)) => r,
         _ = shared.shutdown.cancelled() => {
@@ -365,8 +606,8 @@ async fn resumable(
         }
     };
     if let Some(token) = token {
-        // Only the NodeId that started a session finds it.
-        let hub = match shared.hubs.find(&token, &peer) {
+        // Only the NodeId that started a session finds it, and only at its agent.
+        let hub = match shared.hubs.find(&token, &a.peer, &a.cfg.name) {
             Ok(hub) => hub,
             Err(reason) => {
                 info!(peer = %short, "refusing a resume: {reason}");
@@ -401,46 +642,89 @@ async fn resumable(
         refuse(&conn, hub::REASON_PROTOCOL);
         return;
     }
-    let Some(permit) = agent_slot(&conn, &peer, &short, &shared).await else { return };
-    let (hub, inbox, outbox) =
-        Hub::new(HubKind::Resumable, peer, resume, shared.session.max_frame, Arc::downgrade(&shared.hubs));
-    let _registered = shared.hubs.insert(&hub);
-    if let Err(e) = hub.attach(conn.clone(), send, recv, 0, leftover) {
-        warn!(peer = %short, "could not start a resumable session: {e:?}");
-        return;
+    if let Some(window) = a.cfg.session.keep_warm {
+        // A new session from a peer whose warm agent waits takes that agent over.
+        if let Some(hub) = shared.hubs.warm_for(&a.peer, &a.cfg.name) {
+            match hub.attach_fresh(conn.clone(), send, recv, leftover) {
+                Ok(()) => return,
+                // It ended just now: start a fresh one.
+                Err((s, r, l)) => return start_resumable(conn, s, r, l, resume, Some(window), a).await,
+            }
+        }
+        return start_resumable(conn, send, recv, leftover, resume, Some(window), a).await;
     }
-    debug!(peer = %short, "resumable session");
-    run_hub(&hub, inbox, outbox, &short, permit, &shared).await;
+    start_resumable(conn, send, recv, leftover, resume, None, a).await
 }
 
-/// A plain connection with `--keep-warm`: attaches to this peer's warm agent
-/// if one waits, else starts one that will outlive the connection.
+/// A new resumable session (warm when `warm` is set: its agent outlives it).
+async fn start_resumable(
+    conn: Connection,
+    send: iroh::endpoint::SendStream,
+    recv: iroh::endpoint::RecvStream,
+    leftover: bytes::Bytes,
+    resume: hub::ResumeConfig,
+    warm: Option<Duration>,
+    a: Admitted,
+) {
+    let Some(slot) = agent_slot(&conn, &a).await else { return };
+    let kind = if warm.is_some() { HubKind::Warm } else { HubKind::Resumable };
+    let (hub, inbox, outbox) = Hub::new(
+        kind,
+        a.peer,
+        a.cfg.name.clone(),
+        hub_timing(&a.cfg, resume, warm),
+        a.cfg.session.max_frame,
+        Arc::downgrade(&a.shared.hubs),
+    );
+    let _registered = a.shared.hubs.insert(&hub);
+    if let Err(e) = hub.attach(conn.clone(), send, recv, 0, leftover) {
+        warn!(peer = %a.short, "could not start a resumable session: {e:?}");
+        return;
+    }
+    debug!(peer = %a.short, "resumable session");
+    run_hub(&hub, inbox, outbox, slot, &a).await;
+}
+
+/// How long a hub waits with nothing attached: the resume grace (or, for a
+/// warm agent, its keep-warm window), capped by the agent's `idle_stop`.
+fn hub_timing(cfg: &AgentConfig, resume: hub::ResumeConfig, warm: Option<Duration>) -> hub::HubTiming {
+    hub::HubTiming { grace: resume.grace, buffer: resume.buffer, warm, idle_stop: cfg.session.idle_stop }
+}
+
+/// A plain connection with `--keep-warm`: takes over this peer's warm agent
+/// if one runs, else starts one that will outlive the connection.
 async fn warm(
     conn: Connection,
-    peer: EndpointId,
     mut send: iroh::endpoint::SendStream,
     mut recv: iroh::endpoint::RecvStream,
     window: std::time::Duration,
-    shared: Arc<Shared>,
+    a: Admitted,
 ) {
-    let short = peer.fmt_short().to_string();
-    if let Some(hub) = shared.hubs.warm_for(&peer) {
+    if let Some(hub) = a.shared.hubs.warm_for(&a.peer, &a.cfg.name) {
         match hub.attach_plain(conn.clone(), send, recv) {
             Ok(()) => return,
             // It ended just now: start a fresh one.
             Err(streams) => (send, recv) = streams,
         }
     }
-    let Some(permit) = agent_slot(&conn, &peer, &short, &shared).await else { return };
-    let buffer = shared.session.resume.map_or(crate::limits::RESUME_BUFFER, |r| r.buffer);
-    let cfg = hub::ResumeConfig { grace: window, buffer };
-    let (hub, inbox, outbox) =
-        Hub::new(HubKind::Warm, peer, cfg, shared.session.max_frame, Arc::downgrade(&shared.hubs));
-    let _registered = shared.hubs.insert(&hub);
+    let Some(slot) = agent_slot(&conn, &a).await else { return };
+    let resume = a.cfg.session.resume.unwrap_or(hub::ResumeConfig {
+        grace: crate::limits::RESUME_GRACE,
+        buffer: crate::limits::RESUME_BUFFER,
+    });
+    let (hub, inbox, outbox) = Hub::new(
+        HubKind::Warm,
+        a.peer,
+        a.cfg.name.clone(),
+        hub_timing(&a.cfg, resume, Some(window)),
+        a.cfg.session.max_frame,
+        Arc::downgrade(&a.shared.hubs),
+    );
+    let _registered = a.shared.hubs.insert(&hub);
     if hub.attach_plain(conn.clone(), send, recv).is_err() {
         return;
     }
-    run_hub(&hub, inbox, outbox, &short, permit, &shared).await;
+    run_hub(&hub, inbox, outbox, slot, &a).await;
 }
 
 /// How long an eviction may take to free its slot: the evicted agent gets
@@ -448,26 +732,38 @@ async fn warm(
 const EVICTION_WAIT: Duration =
     Duration::from_millis(crate::limits::AGENT_TERM_GRACE.as_millis() as u64 + 1000);
 
+/// A session's hold on an agent slot (bridge-wide) and on one of its agent's
+/// `max_sessions`.
+struct Slot {
+    permit: tokio::sync::OwnedSemaphorePermit,
+    live: LiveGuard,
+}
+
 /// An agent slot, or the peer is refused with `bridge at capacity` (the log
 /// says what holds the slots).
-async fn agent_slot(
-    conn: &Connection,
-    peer: &EndpointId,
-    short: &str,
-    shared: &Shared,
-) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    let permit = take_slot(conn, peer, short, shared).await;
-    if permit.is_none() && !shared.shutdown.is_cancelled() {
+async fn agent_slot(conn: &Connection, a: &Admitted) -> Option<Slot> {
+    let Some(live) = a.agent.take_session(&a.cfg) else {
         warn!(
-            peer = %short,
+            peer = %a.short,
+            "refusing: {} (the agent's max_sessions, {}, are all live)",
+            close::REASON_AT_CAPACITY,
+            a.cfg.max_sessions.unwrap_or(0)
+        );
+        refuse(conn, close::REASON_AT_CAPACITY);
+        return None;
+    };
+    let permit = take_slot(conn, &a.peer, &a.short, &a.shared).await;
+    if permit.is_none() && !a.shared.shutdown.is_cancelled() {
+        warn!(
+            peer = %a.short,
             "refusing: {} ({} agents running; {}; every other session has a client attached)",
             close::REASON_AT_CAPACITY,
-            shared.admission.max_agents,
-            shared.hubs.summary()
+            a.shared.admission.max_agents,
+            a.shared.hubs.summary()
         );
         refuse(conn, close::REASON_AT_CAPACITY);
     }
-    permit
+    Some(Slot { permit: permit?, live })
 }
 
 /// An agent slot. With every slot taken, a detached session is evicted to
@@ -502,16 +798,10 @@ async fn take_slot(
 }
 
 /// Runs a hub's session to its end, then lets go of its connection.
-async fn run_hub(
-    hub: &Arc<Hub>,
-    inbox: hub::Inbox,
-    outbox: hub::Outbox,
-    short: &str,
-    permit: tokio::sync::OwnedSemaphorePermit,
-    shared: &Shared,
-) {
+async fn run_hub(hub: &Arc<Hub>, inbox: hub::Inbox, outbox: hub::Outbox, slot: Slot, a: &Admitted) {
     let link = HubLink(hub.clone());
-    session::run_on(link, outbox, inbox, short, shared.session.clone(), permit, shared.shutdown.clone())
-        .await;
+    let session = a.cfg.session.clone();
+    session::run_on(link, outbox, inbox, &a.short, session, slot.permit, a.shared.shutdown.clone()).await;
     hub.release();
+    drop(slot.live);
 }

@@ -111,6 +111,9 @@ pub struct SessionConfig {
     pub resume: Option<crate::serve::hub::ResumeConfig>,
     /// `--keep-warm`: plain sessions' agents outlive their connection this long.
     pub keep_warm: Option<Duration>,
+    /// The longest an agent runs with nothing attached (a hosted agent's
+    /// `idle_stop`), whatever the grace or keep-warm window say.
+    pub idle_stop: Option<Duration>,
 }
 
 impl SessionConfig {
@@ -122,6 +125,7 @@ impl SessionConfig {
             finish_linger: limits::FINISH_LINGER,
             resume: None,
             keep_warm: None,
+            idle_stop: None,
         }
     }
 }

@@ -62,20 +62,41 @@ impl Account {
             return;
         }
         match self.backend.allowlist().await {
-            Ok(ids) => {
-                let n = ids.len();
-                if self.trust.apply(&self.own, ids) {
-                    tracing::debug!("account allowlist refreshed: {n} device(s)");
-                } else {
-                    warn!(
-                        "this bridge is no longer on its account's device list: it was revoked. \
-                         Account trust is off; account sessions are being closed; peers in the \
-                         manual allow file keep working"
-                    );
-                }
-            }
+            Ok(ids) => self.apply(ids),
             Err(e) => warn!("account allowlist refresh failed, keeping the last good list: {e}"),
         }
+    }
+
+    /// Applies a freshly fetched list to this NodeId's account trust.
+    fn apply(&self, ids: std::collections::HashSet<EndpointId>) {
+        let n = ids.len();
+        if self.trust.apply(&self.own, ids) {
+            tracing::debug!("account allowlist refreshed: {n} device(s)");
+        } else {
+            warn!(
+                node = %self.own.fmt_short(),
+                "this bridge is no longer on its account's device list: it was revoked. \
+                 Account trust is off; account sessions are being closed; peers in the \
+                 manual allow file keep working"
+            );
+        }
+    }
+}
+
+/// One heartbeat for every NodeId a host registered (each hosted agent is a
+/// device of the account): the list is fetched once, with the first
+/// account's credential (they share one), and applied to each. A NodeId the
+/// account no longer lists turns off that agent's account trust only.
+pub async fn refresh_all(accounts: &[std::sync::Arc<Account>]) {
+    let enabled: Vec<&std::sync::Arc<Account>> = accounts.iter().filter(|a| a.trust.is_enabled()).collect();
+    let Some(first) = enabled.first() else { return };
+    match first.backend.allowlist().await {
+        Ok(ids) => {
+            for a in enabled {
+                a.apply(ids.clone());
+            }
+        }
+        Err(e) => warn!("account allowlist refresh failed, keeping the last good list: {e}"),
     }
 }
 

@@ -1,0 +1,233 @@
+//! `$THUNDERBOLT_HOME/agents.d/`: every manifest in it, and what changed.
+//!
+//! The folder is read whole each time something in it changed (a file added,
+//! removed, or rewritten, found by polling each file's size, time and inode:
+//! no file-watch API is needed, and an editor's save-by-rename is seen as
+//! well). Files that are not `*.json`, or start with `.`, are not manifests
+//! (editor backups, swap files).
+
+use std::{
+    collections::BTreeMap,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use crate::host::manifest::{self, AgentSpec, Machine};
+
+/// How often the folder is looked at: a new file serves within about this
+/// (the issue's promise is 2 s), and a look costs one `stat` per file.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The folder's manifests as last read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Loaded {
+    /// Valid manifests by agent name.
+    pub agents: BTreeMap<String, AgentSpec>,
+    /// Refused files and why.
+    pub refused: Vec<(PathBuf, String)>,
+    /// A problem with the folder itself (then every file is refused).
+    pub folder: Option<String>,
+}
+
+/// What identifies a file's content without reading it.
+type Stamp = (u64, i64, i64, u64);
+
+/// The folder and what was seen in it.
+#[derive(Debug)]
+pub struct Folder {
+    dir: PathBuf,
+    machine: Machine,
+    stamps: BTreeMap<PathBuf, Stamp>,
+    dir_stamp: Option<Stamp>,
+}
+
+impl Folder {
+    pub fn new(dir: PathBuf, machine: Machine) -> Self {
+        Self { dir, machine, stamps: BTreeMap::new(), dir_stamp: None }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Reads every manifest now.
+    pub fn load(&mut self) -> Loaded {
+        let (stamps, dir_stamp) = self.scan();
+        self.stamps = stamps;
+        self.dir_stamp = dir_stamp;
+        load_dir(&self.dir, &self.machine)
+    }
+
+    /// The folder again, if anything in it changed since the last look.
+    pub fn changed(&mut self) -> Option<Loaded> {
+        let (stamps, dir_stamp) = self.scan();
+        if stamps == self.stamps && dir_stamp == self.dir_stamp {
+            return None;
+        }
+        Some(self.load())
+    }
+
+    fn scan(&self) -> (BTreeMap<PathBuf, Stamp>, Option<Stamp>) {
+        let stamp = |m: &std::fs::Metadata| (m.len(), m.mtime(), m.mtime_nsec(), m.ino() ^ u64::from(m.mode()));
+        let dir_stamp = std::fs::metadata(&self.dir).ok().map(|m| stamp(&m));
+        let mut out = BTreeMap::new();
+        for path in manifest_files(&self.dir) {
+            if let Ok(m) = std::fs::symlink_metadata(&path) {
+                out.insert(path, stamp(&m));
+            }
+        }
+        (out, dir_stamp)
+    }
+}
+
+/// The `*.json` files of `dir`, sorted (load order decides which of two
+/// files naming the same agent wins: the first).
+fn manifest_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut files: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            !name.starts_with('.') && name.ends_with(".json")
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// Reads every manifest in `dir`.
+pub fn load_dir(dir: &Path, machine: &Machine) -> Loaded {
+    let mut out = Loaded::default();
+    let files = manifest_files(dir);
+    match std::fs::metadata(dir) {
+        Err(_) => return out,
+        Ok(meta) => {
+            if let Err(why) = manifest::check_owner(&meta, machine, "the folder") {
+                out.folder = Some(format!("{}: {why}", dir.display()));
+                out.refused = files.into_iter().map(|f| (f, format!("its folder is refused: {why}"))).collect();
+                return out;
+            }
+        }
+    }
+    for file in files {
+        match manifest::load(&file, machine) {
+            Ok(spec) => match out.agents.get(&spec.name) {
+                Some(first) => {
+                    let why = format!("agent name '{}' is already used by {}", spec.name, first.source.display());
+                    out.refused.push((file, why));
+                }
+                None => {
+                    out.agents.insert(spec.name.clone(), spec);
+                }
+            },
+            Err(why) => out.refused.push((file, why.0)),
+        }
+    }
+    out
+}
+
+/// How the agents changed between two reads of the folder.
+#[derive(Debug, Default, PartialEq)]
+pub struct Changes {
+    pub added: Vec<AgentSpec>,
+    pub removed: Vec<String>,
+    /// Same name, new content.
+    pub changed: Vec<AgentSpec>,
+}
+
+pub fn diff(old: &Loaded, new: &Loaded) -> Changes {
+    let mut c = Changes::default();
+    for (name, spec) in &new.agents {
+        match old.agents.get(name) {
+            None => c.added.push(spec.clone()),
+            Some(prev) if prev != spec => c.changed.push(spec.clone()),
+            Some(_) => {}
+        }
+    }
+    for name in old.agents.keys() {
+        if !new.agents.contains_key(name) {
+            c.removed.push(name.clone());
+        }
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn setup() -> (tempfile::TempDir, PathBuf, Machine) {
+        let dir = tempfile::tempdir().unwrap();
+        let prog = dir.path().join("agent");
+        std::fs::write(&prog, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let agents = dir.path().join("agents.d");
+        std::fs::create_dir(&agents).unwrap();
+        std::fs::set_permissions(&agents, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let m = Machine {
+            uid: unsafe { libc::getuid() },
+            path: Some(dir.path().as_os_str().to_owned()),
+            home_dir: Some(dir.path().to_path_buf()),
+        };
+        (dir, agents, m)
+    }
+
+    fn write(dir: &Path, name: &str, text: &str, mode: u32) {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn bad_files_are_skipped_and_the_rest_load() {
+        let (_d, agents, m) = setup();
+        write(&agents, "a.json", r#"{"name":"a","command":["agent"]}"#, 0o600);
+        write(&agents, "b.json", r#"{"name":"b","command":"agent --x"}"#, 0o600);
+        write(&agents, "c.json", r#"{"name":"c","command":["agent"]}"#, 0o666);
+        write(&agents, "d.json", r#"{"name":"a","command":["agent"]}"#, 0o600);
+        write(&agents, "e.json", r#"{"name":"e","command":["agent"],"env":{"T":"s"}}"#, 0o644);
+        write(&agents, "notes.txt", "not a manifest", 0o600);
+        write(&agents, ".a.json.swp", "junk", 0o600);
+        let l = load_dir(&agents, &m);
+        assert_eq!(l.agents.keys().collect::<Vec<_>>(), ["a", "e"]);
+        let reasons: Vec<String> = l.refused.iter().map(|(p, w)| format!("{}: {w}", p.display())).collect();
+        assert_eq!(reasons.len(), 3, "{reasons:?}");
+        assert!(reasons[0].contains("b.json") && reasons[0].contains("array of words"), "{reasons:?}");
+        assert!(reasons[1].contains("c.json") && reasons[1].contains("writable by others"), "{reasons:?}");
+        assert!(reasons[2].contains("d.json") && reasons[2].contains("already used"), "{reasons:?}");
+        assert!(l.agents["e"].warnings[0].contains("readable by others"), "{:?}", l.agents["e"].warnings);
+    }
+
+    #[test]
+    fn a_loose_folder_refuses_every_file() {
+        let (_d, agents, m) = setup();
+        write(&agents, "a.json", r#"{"name":"a","command":["agent"]}"#, 0o600);
+        std::fs::set_permissions(&agents, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let l = load_dir(&agents, &m);
+        assert!(l.agents.is_empty());
+        assert!(l.folder.as_deref().unwrap().contains("writable by others"), "{:?}", l.folder);
+        assert_eq!(l.refused.len(), 1);
+    }
+
+    #[test]
+    fn changes_are_seen_and_told_apart() {
+        let (_d, agents, m) = setup();
+        let mut f = Folder::new(agents.clone(), m);
+        let first = f.load();
+        assert!(first.agents.is_empty());
+        assert!(f.changed().is_none());
+        write(&agents, "a.json", r#"{"name":"a","command":["agent"]}"#, 0o600);
+        let second = f.changed().expect("a new file is a change");
+        assert_eq!(diff(&first, &second).added.len(), 1);
+        write(&agents, "a.json", r#"{"name":"a","command":["agent"],"label":"A"}"#, 0o600);
+        let third = f.changed().expect("a rewrite is a change");
+        assert_eq!(diff(&second, &third).changed[0].label, "A");
+        std::fs::remove_file(agents.join("a.json")).unwrap();
+        let fourth = f.changed().expect("a removal is a change");
+        assert_eq!(diff(&third, &fourth).removed, ["a"]);
+    }
+}
