@@ -67,6 +67,11 @@ impl Home {
         self.iroh_dir().join("allowlist")
     }
 
+    /// The host's agent manifests: `agents.d/*.json`.
+    pub fn agents_dir(&self) -> PathBuf {
+        self.root.join("agents.d")
+    }
+
     /// Creates `iroh/` (and the home above it) if missing and forces it to 0700.
     pub fn ensure_iroh_dir(&self) -> Result<PathBuf, HomeError> {
         let dir = self.iroh_dir();

@@ -40,9 +40,15 @@ pub enum Origin {
 
 /// Loads the protocol's identity, creating it on first use.
 pub fn load_or_create(home: &Home, protocol: &Protocol) -> Result<(SecretKey, Origin), IdentityError> {
+    load_or_create_named(home, &protocol.identity_file_name())
+}
+
+/// Loads the identity in `$THUNDERBOLT_HOME/iroh/<file_name>`, creating it on
+/// first use (a hosted agent's own, `identity-agent-<name>`, or a protocol's).
+pub fn load_or_create_named(home: &Home, file_name: &str) -> Result<(SecretKey, Origin), IdentityError> {
     home.ensure_iroh_dir()?;
-    let path = home.identity_path(protocol);
-    match load(home, protocol)? {
+    let path = home.iroh_dir().join(file_name);
+    match load_path(&path)? {
         Some(key) => Ok((key, Origin::Loaded)),
         None => {
             let key = SecretKey::generate();
@@ -51,7 +57,7 @@ pub fn load_or_create(home: &Home, protocol: &Protocol) -> Result<(SecretKey, Or
                 Ok(()) => Ok((key, Origin::Created)),
                 // Another process created it between our read and our create: use theirs.
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    let key = load(home, protocol)?.ok_or_else(|| IdentityError::Read {
+                    let key = load_path(&path)?.ok_or_else(|| IdentityError::Read {
                         path: path.clone(),
                         source: io::Error::new(io::ErrorKind::NotFound, "vanished while reading"),
                     })?;
@@ -65,7 +71,11 @@ pub fn load_or_create(home: &Home, protocol: &Protocol) -> Result<(SecretKey, Or
 
 /// Loads the protocol's identity if it exists (forcing its mode to 0600).
 pub fn load(home: &Home, protocol: &Protocol) -> Result<Option<SecretKey>, IdentityError> {
-    let path = home.identity_path(protocol);
+    load_path(&home.identity_path(protocol))
+}
+
+fn load_path(path: &std::path::Path) -> Result<Option<SecretKey>, IdentityError> {
+    let path = path.to_path_buf();
     let bytes = match fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),

@@ -23,6 +23,7 @@ pub mod acp_agent;
 pub mod cli;
 pub mod config;
 pub mod home;
+pub mod host;
 pub mod identity;
 pub mod limits;
 pub mod net;

@@ -9,7 +9,7 @@ use iroh::{
     TransportAddr,
 };
 use tokio_util::task::AbortOnDropHandle;
-use tracing::{debug, info};
+use tracing::{debug, info, Instrument};
 
 /// The kind of a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,26 +50,29 @@ pub fn selected(conn: &Connection) -> Option<(PathKind, TransportAddr)> {
 pub fn log_changes(conn: &Connection, peer: String) -> AbortOnDropHandle<()> {
     let mut events = conn.path_events();
     let first = selected(conn);
-    AbortOnDropHandle::new(tokio::spawn(async move {
-        let mut last = first.as_ref().map(|(k, _)| *k);
-        if let Some((kind, addr)) = first {
-            info!(peer = %peer, "path: {kind} ({addr})");
-        }
-        while let Some(event) = events.next().await {
-            match event {
-                PathEvent::Selected { remote_addr, .. } => {
-                    let kind = PathKind::of(&remote_addr);
-                    match last.replace(kind) {
-                        Some(was) if was != kind => {
-                            info!(peer = %peer, "path changed: {kind} ({remote_addr}), was {was}")
+    AbortOnDropHandle::new(tokio::spawn(
+        async move {
+            let mut last = first.as_ref().map(|(k, _)| *k);
+            if let Some((kind, addr)) = first {
+                info!(peer = %peer, "path: {kind} ({addr})");
+            }
+            while let Some(event) = events.next().await {
+                match event {
+                    PathEvent::Selected { remote_addr, .. } => {
+                        let kind = PathKind::of(&remote_addr);
+                        match last.replace(kind) {
+                            Some(was) if was != kind => {
+                                info!(peer = %peer, "path changed: {kind} ({remote_addr}), was {was}")
+                            }
+                            Some(_) => debug!(peer = %peer, "path: {kind} ({remote_addr})"),
+                            None => info!(peer = %peer, "path: {kind} ({remote_addr})"),
                         }
-                        Some(_) => debug!(peer = %peer, "path: {kind} ({remote_addr})"),
-                        None => info!(peer = %peer, "path: {kind} ({remote_addr})"),
                     }
+                    PathEvent::Lagged { missed, .. } => debug!(peer = %peer, "{missed} path event(s) missed"),
+                    _ => {}
                 }
-                PathEvent::Lagged { missed, .. } => debug!(peer = %peer, "{missed} path event(s) missed"),
-                _ => {}
             }
         }
-    }))
+        .in_current_span(),
+    ))
 }

@@ -33,6 +33,16 @@ fn redact_assignment(word: &str) -> Option<String> {
     }
 }
 
+/// An environment variable's value as shown to people: masked when its name
+/// says it is a secret.
+pub fn env_value(name: &str, value: &str) -> String {
+    if is_secret_name(name) {
+        MASK.to_string()
+    } else {
+        value.to_string()
+    }
+}
+
 /// The command as one line with secret values replaced by `***`. Words with
 /// spaces are quoted so the line reads like what was typed.
 pub fn redact_command(words: &[String]) -> String {

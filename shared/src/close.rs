@@ -39,6 +39,9 @@ pub const REASON_SHUTTING_DOWN: &str = "bridge shutting down";
 /// A resume (`thunderbolt/<p>/r1`) named a session the bridge does not hold for
 /// this peer: it ended (grace over, agent gone) or never was.
 pub const REASON_UNKNOWN_SESSION: &str = "unknown session";
+/// Ours: the host stopped serving the agent (its manifest was removed, or
+/// changed its identity or protocol).
+pub const REASON_AGENT_REMOVED: &str = "agent removed from the host";
 /// A resumable stream broke the protocol (a malformed or out-of-place
 /// control line); the connection is closed, the session waits as after a loss.
 pub const REASON_RESUME_PROTOCOL: &str = "resume protocol error";
@@ -177,6 +180,7 @@ pub enum Refusal {
     SessionExpired,
     SessionEvicted,
     StaleResume,
+    AgentRemoved,
     /// Code 1 with a reason this version does not know.
     Other(String),
 }
@@ -201,6 +205,7 @@ impl Refusal {
             REASON_SESSION_EXPIRED => Self::SessionExpired,
             REASON_SESSION_EVICTED => Self::SessionEvicted,
             REASON_STALE_RESUME => Self::StaleResume,
+            REASON_AGENT_REMOVED => Self::AgentRemoved,
             r => match r.strip_prefix(SPAWN_PREFIX).and_then(|r| r.strip_suffix('\'')) {
                 Some(argv0) => Self::FailedToSpawn(argv0.to_string()),
                 None => Self::Other(r.to_string()),
@@ -276,6 +281,7 @@ impl Refusal {
             Self::SessionExpired => REASON_SESSION_EXPIRED.into(),
             Self::SessionEvicted => REASON_SESSION_EVICTED.into(),
             Self::StaleResume => REASON_STALE_RESUME.into(),
+            Self::AgentRemoved => REASON_AGENT_REMOVED.into(),
             Self::Other(r) => r.clone(),
         }
     }
@@ -306,6 +312,7 @@ mod tests {
             Refusal::SessionExpired,
             Refusal::SessionEvicted,
             Refusal::StaleResume,
+            Refusal::AgentRemoved,
             Refusal::Other("something new".into()),
         ] {
             assert_eq!(Refusal::from_close(1, r.reason().as_bytes()), Some(r));

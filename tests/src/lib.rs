@@ -261,28 +261,35 @@ pub struct RunningBridge {
     pub log: Log,
 }
 
-impl RunningBridge {
-    pub async fn start(mut c: Command) -> Self {
-        c.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = c.spawn().expect("bridge spawns");
-        let log = Log::default();
-        log.capture(child.stderr.take().expect("stderr"));
-        let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let mut banner = String::new();
-        let read_banner = async {
-            while let Some(line) = out.next_line().await.expect("read stdout") {
-                banner.push_str(&line);
-                banner.push('\n');
-                if line.trim_start().starts_with("Allow a peer:") {
-                    return true;
-                }
+/// Starts `c` and reads its banner (up to the `Allow a peer:` line): the
+/// child, the banner, and its stderr as a [`Log`].
+pub async fn start_with_banner(mut c: Command) -> (Child, String, Log) {
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn().expect("bridge spawns");
+    let log = Log::default();
+    log.capture(child.stderr.take().expect("stderr"));
+    let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut banner = String::new();
+    let read_banner = async {
+        while let Some(line) = out.next_line().await.expect("read stdout") {
+            banner.push_str(&line);
+            banner.push('\n');
+            if line.trim_start().starts_with("Allow a peer:") {
+                return true;
             }
-            false
-        };
-        let ok = tokio::time::timeout(WAIT, read_banner).await;
-        assert!(matches!(ok, Ok(true)), "bridge printed no banner; stderr:\n{}", log.text());
-        // Keep draining stdout so the bridge never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
+        }
+        false
+    };
+    let ok = tokio::time::timeout(WAIT, read_banner).await;
+    assert!(matches!(ok, Ok(true)), "bridge printed no banner; stderr:\n{}", log.text());
+    // Keep draining stdout so the bridge never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
+    (child, banner, log)
+}
+
+impl RunningBridge {
+    pub async fn start(c: Command) -> Self {
+        let (child, banner, log) = start_with_banner(c).await;
         let field = |name: &str| {
             banner
                 .lines()

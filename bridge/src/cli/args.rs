@@ -48,6 +48,16 @@ pub enum Command {
     /// Identity and manual trust: id, pair, allow, deny, list.
     #[command(subcommand)]
     Iroh(IrohCmd),
+    /// Serve every agent described in $THUNDERBOLT_HOME/agents.d/*.json, in one process.
+    ///
+    /// Each agent has its own NodeId and ticket (clients reach it as they reach a single-agent
+    /// bridge, the Thunderbolt app included). The folder is watched: add, change or remove a
+    /// manifest and the host follows within a second, no restart. `thunderbolt agents list`
+    /// shows what it serves; `thunderbolt agents check FILE` what a manifest would run.
+    Host(HostArgs),
+    /// The agents the host serves: list them, or check a manifest.
+    #[command(subcommand)]
+    Agents(AgentsCmd),
     /// Store an account credential so bridges trust your own devices automatically.
     ///
     /// Writes `$THUNDERBOLT_HOME/credentials.json` (0600). The token is sent as
@@ -125,6 +135,50 @@ pub struct ServeArgs {
     /// the built-in agent (`thunderbolt acp serve`).
     #[arg(last = true, value_name = "AGENT-CMD")]
     pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct HostArgs {
+    #[command(flatten)]
+    pub net: NetArgs,
+
+    #[command(flatten)]
+    pub limits: LimitArgs,
+
+    #[command(flatten)]
+    pub app: AppArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentsCmd {
+    /// Every manifest in agents.d: name, label, protocol, NodeId, ticket, and whether it
+    /// loads (or why it is refused).
+    List(AgentsListArgs),
+    /// Check one manifest and print exactly what it would run (argv, cwd, environment with
+    /// secret-looking values masked). Exit code 1 when it is refused.
+    Check(AgentsCheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AgentsListArgs {
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+    /// Print this agent's ticket as a QR code.
+    #[arg(long, value_name = "NAME")]
+    pub qr: Option<String>,
+    #[command(flatten)]
+    pub net: NetArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct AgentsCheckArgs {
+    /// The manifest file.
+    #[arg(value_name = "FILE")]
+    pub file: std::path::PathBuf,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -46,6 +46,12 @@ const ADMISSION_SETTLE_FACTOR: u32 = 3;
 const ADMISSION_SETTLE_MIN: Duration = Duration::from_millis(200);
 const ADMISSION_SETTLE_MAX: Duration = Duration::from_secs(2);
 
+/// Whether `err` is a warm agent's bridge ending our connection because we
+/// are done (our input ended, all we asked was answered): the agent runs on.
+pub fn kept_warm(err: &ConnectionError) -> bool {
+    matches!(err, ConnectionError::ApplicationClosed(ac) if ac.error_code.into_inner() == close::CLOSE_CODE_KEPT_WARM as u64)
+}
+
 /// How the agent ended, when `err` is the bridge's close after the agent's last byte.
 fn agent_end(err: &ConnectionError) -> Option<close::AgentEnd> {
     match err {
@@ -221,6 +227,8 @@ async fn pipe(
     let announce = |how: &str| info!(bridge = %conn.remote_id().fmt_short(), "connected ({how})");
     let mut announced = false;
     let mut ended: Option<close::AgentEnd> = None;
+    // Told to stop (a signal): there is nothing more to wait for.
+    let mut stopped = false;
 
     let outcome = {
         let upload = async {
@@ -262,6 +270,11 @@ async fn pipe(
                 err = conn.closed(), if ended.is_none() => match agent_end(&err) {
                     // Sent after our acknowledgement of the last byte: the download finishes by itself.
                     Some(end) => ended = Some(end),
+                    None if kept_warm(&err) => {
+                        info!("done: the agent stays warm for the next connection");
+                        stopped = true;
+                        break Ok(());
+                    }
                     None => break Err(anyhow!(describe_close(&err, protocol))),
                 },
                 r = &mut upload, if !upload_done => {
@@ -280,6 +293,7 @@ async fn pipe(
                 }
                 which = term.recv() => {
                     info!("{which}: closing the connection");
+                    stopped = true;
                     break Ok(());
                 }
             }
@@ -291,7 +305,7 @@ async fn pipe(
         }
         outcome
     };
-    if outcome.is_ok() && ended.is_none() && conn.close_reason().is_none() {
+    if outcome.is_ok() && ended.is_none() && !stopped && conn.close_reason().is_none() {
         // The stream ended: the bridge is about to say how the agent ended.
         match tokio::time::timeout(AGENT_END_WAIT, conn.closed()).await {
             Ok(err) => ended = agent_end(&err),

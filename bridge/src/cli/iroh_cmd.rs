@@ -127,7 +127,7 @@ fn offline_ticket(
 }
 
 /// The ticket as a terminal QR code (two modules per character cell).
-fn qr(data: &str) -> Result<String> {
+pub fn qr(data: &str) -> Result<String> {
     use qrcode::{render::unicode, EcLevel, QrCode};
     let code = QrCode::with_error_correction_level(data.as_bytes(), EcLevel::L)
         .context("ticket too long for a QR code")?;

@@ -1,6 +1,7 @@
 //! The command line: what each `thunderbolt` command does, built on the
 //! library's serving core ([`crate::serve`]) and trust layers ([`crate::trust`]).
 
+pub mod agents_cmd;
 pub mod args;
 pub mod banner;
 pub mod connect;
@@ -31,6 +32,8 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Acp(cmd) => protocol_cmd(&home, Protocol::acp(), cmd).await,
         Command::Mcp(cmd) => protocol_cmd(&home, Protocol::mcp(), cmd).await,
         Command::Iroh(cmd) => iroh_cmd::run(&home, cmd),
+        Command::Host(a) => agents_cmd::host(&home, a).await,
+        Command::Agents(cmd) => agents_cmd::run(&home, cmd),
         Command::Login(a) => login(&home, a),
         Command::Logout => {
             let path = account::credential_path(&home);
@@ -93,7 +96,11 @@ fn secs(v: f64, what: &str) -> Result<Duration> {
 /// The bridge's [`Config`] from its flags, each checked with a message naming
 /// the flag.
 pub fn serve_config(args: &ServeArgs) -> Result<Config> {
-    let l = &args.limits;
+    limits_config(&args.limits, &args.app)
+}
+
+/// The [`Config`] of these limit and app flags (the bridge's and the host's).
+pub fn limits_config(l: &args::LimitArgs, app: &args::AppArgs) -> Result<Config> {
     let admission = Admission {
         max_agents: l.max_agents,
         handshake_timeout: secs(l.handshake_timeout, "--handshake-timeout")?,
@@ -144,7 +151,7 @@ pub fn serve_config(args: &ServeArgs) -> Result<Config> {
             Some(d)
         }
     };
-    let backend_timeout = secs(args.app.backend_timeout, "--backend-timeout")?;
+    let backend_timeout = secs(app.backend_timeout, "--backend-timeout")?;
     Ok(Config { admission, gate, idle_timeout, max_frame: l.max_frame, resume, keep_warm, backend_timeout })
 }
 
@@ -262,6 +269,21 @@ async fn start_account(
     app: &args::AppArgs,
     timeout: Duration,
 ) -> std::result::Result<account::Account, account::OffReason> {
+    let backend = account_backend(home, app, timeout)?;
+    let a = account::Account::start(backend, own, &account::device_name()).await;
+    match a.trust.status() {
+        account::AccountStatus::On { .. } => Ok(a),
+        account::AccountStatus::Off(why) => Err(why),
+    }
+}
+
+/// The account backend of the credential the environment or `thunderbolt
+/// login` gives; else why account trust is off.
+pub(crate) fn account_backend(
+    home: &Home,
+    app: &args::AppArgs,
+    timeout: Duration,
+) -> std::result::Result<account::Backend, account::OffReason> {
     use account::OffReason;
     let cred = match account::load_credential(home, app.token.clone(), app.cloud_url.clone()) {
         Ok(Some(c)) => c,
@@ -271,17 +293,11 @@ async fn start_account(
             return Err(OffReason::BadCredential(e.to_string()));
         }
     };
-    let backend =
-        account::Backend::new(cred, timeout).map_err(|e| OffReason::BadCredential(e.to_string()))?;
-    let a = account::Account::start(backend, own, &account::device_name()).await;
-    match a.trust.status() {
-        account::AccountStatus::On { .. } => Ok(a),
-        account::AccountStatus::Off(why) => Err(why),
-    }
+    account::Backend::new(cred, timeout).map_err(|e| OffReason::BadCredential(e.to_string()))
 }
 
 /// Ctrl-C or SIGTERM: stop accepting, end every session (agents killed), exit.
-async fn stop_on_signal(mut term: signals::Terminate, stop: CancellationToken) {
+pub(crate) async fn stop_on_signal(mut term: signals::Terminate, stop: CancellationToken) {
     let which = term.recv().await;
     info!("{which}: shutting down");
     stop.cancel();

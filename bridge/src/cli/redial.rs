@@ -179,6 +179,10 @@ pub async fn run(
 
 /// The bridge closed the connection: how the session ended.
 fn closed(err: &ConnectionError, st: &State, protocol: &Protocol) -> Result<Finish> {
+    if crate::cli::connect::kept_warm(err) {
+        info!("done: the agent stays warm for the next connection");
+        return Ok(Finish::Stopped);
+    }
     if let ConnectionError::ApplicationClosed(ac) = err {
         let code = ac.error_code.into_inner();
         if let Some(end) = AgentEnd::from_close(code, &ac.reason) {
@@ -463,8 +467,13 @@ async fn download(
                     output.write_all(&bytes).await.map_err(|_| Down::LocalClosed)?;
                     output.flush().await.map_err(|_| Down::LocalClosed)?;
                     let mut s = st.borrow_mut();
+                    let was_pending = s.ack.pending();
                     if s.ack.took(frames, len) || s.all_delivered() {
                         s.ack_due = true;
+                        ack_wake.notify_one();
+                    } else if !was_pending {
+                        // The upload side arms its ack timer for the first frame
+                        // not yet acknowledged: it may be asleep without one.
                         ack_wake.notify_one();
                     }
                 }

@@ -69,7 +69,8 @@ impl Folder {
     }
 
     fn scan(&self) -> (BTreeMap<PathBuf, Stamp>, Option<Stamp>) {
-        let stamp = |m: &std::fs::Metadata| (m.len(), m.mtime(), m.mtime_nsec(), m.ino() ^ u64::from(m.mode()));
+        let stamp =
+            |m: &std::fs::Metadata| (m.len(), m.mtime(), m.mtime_nsec(), m.ino() ^ u64::from(m.mode()));
         let dir_stamp = std::fs::metadata(&self.dir).ok().map(|m| stamp(&m));
         let mut out = BTreeMap::new();
         for path in manifest_files(&self.dir) {
@@ -106,7 +107,8 @@ pub fn load_dir(dir: &Path, machine: &Machine) -> Loaded {
         Ok(meta) => {
             if let Err(why) = manifest::check_owner(&meta, machine, "the folder") {
                 out.folder = Some(format!("{}: {why}", dir.display()));
-                out.refused = files.into_iter().map(|f| (f, format!("its folder is refused: {why}"))).collect();
+                out.refused =
+                    files.into_iter().map(|f| (f, format!("its folder is refused: {why}"))).collect();
                 return out;
             }
         }
@@ -115,7 +117,8 @@ pub fn load_dir(dir: &Path, machine: &Machine) -> Loaded {
         match manifest::load(&file, machine) {
             Ok(spec) => match out.agents.get(&spec.name) {
                 Some(first) => {
-                    let why = format!("agent name '{}' is already used by {}", spec.name, first.source.display());
+                    let why =
+                        format!("agent name '{}' is already used by {}", spec.name, first.source.display());
                     out.refused.push((file, why));
                 }
                 None => {
@@ -196,7 +199,7 @@ mod tests {
         assert_eq!(l.agents.keys().collect::<Vec<_>>(), ["a", "e"]);
         let reasons: Vec<String> = l.refused.iter().map(|(p, w)| format!("{}: {w}", p.display())).collect();
         assert_eq!(reasons.len(), 3, "{reasons:?}");
-        assert!(reasons[0].contains("b.json") && reasons[0].contains("array of words"), "{reasons:?}");
+        assert!(reasons[0].contains("b.json") && reasons[0].contains("is a string"), "{reasons:?}");
         assert!(reasons[1].contains("c.json") && reasons[1].contains("writable by others"), "{reasons:?}");
         assert!(reasons[2].contains("d.json") && reasons[2].contains("already used"), "{reasons:?}");
         assert!(l.agents["e"].warnings[0].contains("readable by others"), "{:?}", l.agents["e"].warnings);

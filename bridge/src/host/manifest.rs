@@ -93,7 +93,10 @@ pub enum ResumeChoice {
     /// The host's settings.
     Default,
     Off,
-    On { grace: Option<Duration>, buffer: Option<usize> },
+    On {
+        grace: Option<Duration>,
+        buffer: Option<usize>,
+    },
 }
 
 impl ResumeChoice {
@@ -103,11 +106,12 @@ impl ResumeChoice {
             Self::Default => default,
             Self::Off => None,
             Self::On { grace, buffer } => {
-                let base = default.unwrap_or(ResumeConfig {
-                    grace: limits::RESUME_GRACE,
-                    buffer: limits::RESUME_BUFFER,
-                });
-                Some(ResumeConfig { grace: grace.unwrap_or(base.grace), buffer: buffer.unwrap_or(base.buffer) })
+                let base = default
+                    .unwrap_or(ResumeConfig { grace: limits::RESUME_GRACE, buffer: limits::RESUME_BUFFER });
+                Some(ResumeConfig {
+                    grace: grace.unwrap_or(base.grace),
+                    buffer: buffer.unwrap_or(base.buffer),
+                })
             }
         }
     }
@@ -151,7 +155,8 @@ fn refuse<T>(why: impl Into<String>) -> Result<T, Refused> {
 
 /// Seconds in a manifest: a non-negative number.
 fn secs(v: f64, field: &str) -> Result<Duration, Refused> {
-    Duration::try_from_secs_f64(v).map_err(|_| Refused(format!("\"{field}\" must be a number of seconds, not {v}")))
+    Duration::try_from_secs_f64(v)
+        .map_err(|_| Refused(format!("\"{field}\" must be a number of seconds, not {v}")))
 }
 
 /// The JSON type each field must have.
@@ -202,7 +207,9 @@ fn check_fields(obj: &serde_json::Map<String, Value>) -> Result<(), Refused> {
                         let ok = match k.as_str() {
                             "grace" => v.as_f64().is_some_and(|n| n >= 0.0),
                             "buffer" => v.is_string() || v.is_u64(),
-                            _ => return refuse(format!("unknown field `resume.{k}` (it has: grace, buffer)")),
+                            _ => {
+                                return refuse(format!("unknown field `resume.{k}` (it has: grace, buffer)"))
+                            }
                         };
                         if !ok {
                             return refuse(format!(
@@ -228,8 +235,10 @@ fn check_fields(obj: &serde_json::Map<String, Value>) -> Result<(), Refused> {
                 (Kind::Resume, _) => "false, or an object {\"grace\": seconds, \"buffer\": size}",
                 (Kind::Str, _) => "a string",
             };
-            let what = if v.is_string() && key == "command" { " (it is a string)" } else { "" };
-            return refuse(format!("\"{key}\" must be {must}{what}"));
+            if v.is_string() && key == "command" {
+                return refuse(format!("\"command\" is a string; it must be {must}"));
+            }
+            return refuse(format!("\"{key}\" must be {must}"));
         }
     }
     Ok(())
@@ -294,7 +303,10 @@ pub fn load(path: &Path, machine: &Machine) -> Result<AgentSpec, Refused> {
     }
     check_owner(&meta, machine, "it")?;
     if meta.len() > MAX_MANIFEST_BYTES {
-        return refuse(format!("{} bytes: larger than any manifest ({MAX_MANIFEST_BYTES} at most)", meta.len()));
+        return refuse(format!(
+            "{} bytes: larger than any manifest ({MAX_MANIFEST_BYTES} at most)",
+            meta.len()
+        ));
     }
     let text = std::fs::read(path).map_err(|e| Refused(format!("cannot read it: {e}")))?;
     let mut spec = parse(&text, path, machine)?;
@@ -378,7 +390,9 @@ pub fn parse(text: &[u8], path: &Path, machine: &Machine) -> Result<AgentSpec, R
         Some(ResumeField::Settings(s)) => {
             let grace = s.grace.map(|g| secs(g, "resume.grace")).transpose()?;
             if grace.is_some_and(|g| g.is_zero()) {
-                return refuse("\"resume.grace\" must be above zero (use \"resume\": false to switch it off)");
+                return refuse(
+                    "\"resume.grace\" must be above zero (use \"resume\": false to switch it off)",
+                );
             }
             let buffer = match s.buffer {
                 None => None,
@@ -398,12 +412,13 @@ pub fn parse(text: &[u8], path: &Path, machine: &Machine) -> Result<AgentSpec, R
             return refuse(format!("\"max_sessions\" must be from 1 to {}", limits::MAX_COUNT_FLAG));
         }
     }
-    let identity = match f.identity.as_deref() {
-        None | Some("own") => IdentityChoice::Own,
-        Some(p) => IdentityChoice::Protocol(Protocol::parse_known(p).map_err(|_| {
-            Refused(format!("\"identity\" must be \"own\", \"acp\" or \"mcp\", not '{p}'"))
-        })?),
-    };
+    let identity =
+        match f.identity.as_deref() {
+            None | Some("own") => IdentityChoice::Own,
+            Some(p) => IdentityChoice::Protocol(Protocol::parse_known(p).map_err(|_| {
+                Refused(format!("\"identity\" must be \"own\", \"acp\" or \"mcp\", not '{p}'"))
+            })?),
+        };
     Ok(AgentSpec {
         label: f.label.unwrap_or_else(|| name.clone()),
         name,
@@ -424,12 +439,20 @@ pub fn parse(text: &[u8], path: &Path, machine: &Machine) -> Result<AgentSpec, R
 
 /// A file in the ACP registry's `agent.json` shape: `id`, `name` and an npx
 /// or uvx `distribution` become a manifest with the defaults.
-fn registry(obj: &serde_json::Map<String, Value>, path: &Path, machine: &Machine) -> Result<AgentSpec, Refused> {
-    let id = obj.get("id").and_then(Value::as_str).ok_or_else(|| Refused("registry agent.json without an \"id\"".into()))?;
+fn registry(
+    obj: &serde_json::Map<String, Value>,
+    path: &Path,
+    machine: &Machine,
+) -> Result<AgentSpec, Refused> {
+    let id = obj
+        .get("id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| Refused("registry agent.json without an \"id\"".into()))?;
     let name = check_name(id)?;
-    let dist = obj.get("distribution").and_then(Value::as_object).ok_or_else(|| {
-        Refused("\"distribution\" must be an object (npx, uvx or binary)".into())
-    })?;
+    let dist = obj
+        .get("distribution")
+        .and_then(Value::as_object)
+        .ok_or_else(|| Refused("\"distribution\" must be an object (npx, uvx or binary)".into()))?;
     let runner = ["npx", "uvx"].into_iter().find(|r| dist.contains_key(*r));
     let Some(runner) = runner else {
         return refuse(
@@ -489,7 +512,9 @@ pub fn check_name(name: &str) -> Result<String, Refused> {
 /// bare name found on `PATH` now.
 fn resolve_command(command: &[String], machine: &Machine) -> Result<Vec<OsString>, Refused> {
     let Some(program) = command.first() else {
-        return refuse("\"command\" is empty: give the program and its arguments, e.g. [\"my-agent\", \"--acp\"]");
+        return refuse(
+            "\"command\" is empty: give the program and its arguments, e.g. [\"my-agent\", \"--acp\"]",
+        );
     };
     let is_exec = |p: &Path| {
         std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
@@ -535,7 +560,9 @@ fn expand_cwd(cwd: &str, machine: &Machine) -> Result<PathBuf, Refused> {
 
 fn accept_from(list: &[String]) -> Result<AcceptFrom, Refused> {
     if list.is_empty() {
-        return refuse("\"accept_from\" is empty: nobody could reach the agent (leave it out for your own devices)");
+        return refuse(
+            "\"accept_from\" is empty: nobody could reach the agent (leave it out for your own devices)",
+        );
     }
     let mut a = AcceptFrom::default();
     for entry in list {
@@ -547,7 +574,9 @@ fn accept_from(list: &[String]) -> Result<AcceptFrom, Refused> {
         } else if !e.is_empty() && e.len() <= 64 && !e.chars().any(char::is_control) {
             a.names.push(e.to_string());
         } else {
-            return refuse(format!("\"accept_from\": '{entry}' is neither \"self\", a NodeId nor a device name"));
+            return refuse(format!(
+                "\"accept_from\": '{entry}' is neither \"self\", a NodeId nor a device name"
+            ));
         }
     }
     Ok(a)
@@ -558,7 +587,11 @@ mod tests {
     use super::*;
 
     fn machine(dir: &Path) -> Machine {
-        Machine { uid: unsafe { libc::getuid() }, path: Some(dir.as_os_str().to_owned()), home_dir: Some(dir.to_path_buf()) }
+        Machine {
+            uid: unsafe { libc::getuid() },
+            path: Some(dir.as_os_str().to_owned()),
+            home_dir: Some(dir.to_path_buf()),
+        }
     }
 
     fn with_program() -> (tempfile::TempDir, Machine) {
@@ -591,7 +624,10 @@ mod tests {
         assert_eq!(spec.cwd.as_deref(), Some(dir.path()));
         assert_eq!(spec.keep_warm, Some(Duration::from_secs(120)));
         assert_eq!(spec.idle_stop, Duration::from_secs(60));
-        assert_eq!(spec.resume, ResumeChoice::On { grace: Some(Duration::from_secs(30)), buffer: Some(1 << 20) });
+        assert_eq!(
+            spec.resume,
+            ResumeChoice::On { grace: Some(Duration::from_secs(30)), buffer: Some(1 << 20) }
+        );
         assert_eq!(spec.identity.file_name("claude"), "identity-mcp");
         let min = parse_str(r#"{"name":"a","command":["my-agent"]}"#, &m).unwrap();
         assert_eq!((min.label.as_str(), min.protocol.as_str()), ("a", "acp"));
@@ -607,7 +643,10 @@ mod tests {
             (r#"{"name":"a","command":["my-agent"],"colour":"red"}"#, "unknown field `colour`"),
             (r#"{"name":"a","command":["my-agent"],"resume":{"grace":3,"x":1}}"#, "unknown field `resume.x`"),
             (r#"{"name":"a","command":["my-agent"],"resume":"on"}"#, "\"resume\" must be"),
-            (r#"{"name":"a","command":"my-agent --acp"}"#, "\"command\" must be an array of words"),
+            (
+                r#"{"name":"a","command":"my-agent --acp"}"#,
+                "\"command\" is a string; it must be an array of words",
+            ),
             (r#"{"name":"a"}"#, "\"command\" is missing"),
             (r#"{"name":7,"command":["my-agent"]}"#, "\"name\" must be a string"),
             (r#"{"name":"a","command":[]}"#, "\"command\" is empty"),
@@ -620,8 +659,14 @@ mod tests {
             (r#"{"name":"a","command":["my-agent"],"protocol":"xyz"}"#, "\"protocol\""),
             (r#"{"name":"a","command":["my-agent"],"keep_warm":"2m"}"#, "keep_warm"),
             (r#"{"name":"a","command":["my-agent"],"max_sessions":0}"#, "max_sessions"),
-            (r#"{"name":"a","command":["my-agent"],"max_sessions":1.5}"#, "\"max_sessions\" must be a whole number"),
-            (r#"{"name":"a","command":["my-agent"],"keep_warm":-1}"#, "\"keep_warm\" must be a number of seconds"),
+            (
+                r#"{"name":"a","command":["my-agent"],"max_sessions":1.5}"#,
+                "\"max_sessions\" must be a whole number",
+            ),
+            (
+                r#"{"name":"a","command":["my-agent"],"keep_warm":-1}"#,
+                "\"keep_warm\" must be a number of seconds",
+            ),
             (r#"{"name":"a","command":["my-agent"],"accept_from":[]}"#, "accept_from"),
             (r#"{"name":"a","command":["my-agent"],"identity":"bob"}"#, "identity"),
             (r#"{"name":"a","command":["my-agent"],"cwd":"rel/dir"}"#, "cwd"),
@@ -637,9 +682,15 @@ mod tests {
     fn accept_from_takes_self_ids_and_names() {
         let (_dir, m) = with_program();
         let id = iroh::SecretKey::from_bytes(&[3; 32]).public();
-        let spec =
-            parse_str(&format!(r#"{{"name":"a","command":["my-agent"],"accept_from":["{id}","phone"]}}"#), &m).unwrap();
-        assert_eq!(spec.accept_from, AcceptFrom { own_devices: false, ids: vec![id], names: vec!["phone".into()] });
+        let spec = parse_str(
+            &format!(r#"{{"name":"a","command":["my-agent"],"accept_from":["{id}","phone"]}}"#),
+            &m,
+        )
+        .unwrap();
+        assert_eq!(
+            spec.accept_from,
+            AcceptFrom { own_devices: false, ids: vec![id], names: vec!["phone".into()] }
+        );
     }
 
     #[test]

@@ -33,12 +33,28 @@ use crate::redact;
 #[derive(Debug, Clone)]
 pub struct AgentCommand {
     argv: Vec<OsString>,
+    /// Added to the bridge's own environment.
+    env: Vec<(String, String)>,
+    /// Where it runs (else where the bridge runs).
+    cwd: Option<std::path::PathBuf>,
 }
 
 impl AgentCommand {
     /// `None` for an empty argv.
     pub fn new(argv: Vec<OsString>) -> Option<Self> {
-        (!argv.is_empty()).then_some(Self { argv })
+        (!argv.is_empty()).then_some(Self { argv, env: Vec::new(), cwd: None })
+    }
+
+    /// The same command with variables added to its environment and a working directory.
+    pub fn with(mut self, env: Vec<(String, String)>, cwd: Option<std::path::PathBuf>) -> Self {
+        self.env = env;
+        self.cwd = cwd;
+        self
+    }
+
+    /// Its argv, for showing what runs.
+    pub fn argv(&self) -> &[OsString] {
+        &self.argv
     }
 
     /// The program as the user wrote it (for `failed to spawn '<argv0>'`).
@@ -79,6 +95,10 @@ impl AgentCommand {
     /// Starts the agent with piped stdio.
     pub fn spawn(&self) -> std::io::Result<Child> {
         let mut cmd = Command::new(&self.argv[0]);
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        if let Some(dir) = &self.cwd {
+            cmd.current_dir(dir);
+        }
         cmd.args(&self.argv[1..])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

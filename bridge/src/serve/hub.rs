@@ -119,6 +119,13 @@ impl HubTiming {
     }
 }
 
+/// How long a warm agent must have been quiet after its client's input ended
+/// and its last request was answered before that client is let go: notifications
+/// that follow an answer (or answer a client's notification, as an echo does)
+/// arrive within it on any live agent; a person waiting at `connect` hardly
+/// notices it.
+pub const KEPT_WARM_QUIET: Duration = Duration::from_millis(300);
+
 /// Close code and reason when a warm agent's client has finished (its input
 /// ended and every request it sent was answered): the connection ends, the
 /// agent does not; the next connection of the same peer takes it over.
@@ -221,8 +228,11 @@ struct State {
     /// A resumable connection was the last attached and did not close: output
     /// is kept for it (else a warm agent's output with nobody attached is dropped).
     resumable: bool,
-    /// The attached client's input ended (a warm agent's stdin stays open).
-    input_ended: bool,
+    /// When the attached client's input ended (a warm agent's stdin stays open).
+    input_ended: Option<Instant>,
+    /// When the agent last wrote (a warm agent's finished client is let go
+    /// only once it has been quiet a moment: see [`KEPT_WARM_QUIET`]).
+    last_output: Option<Instant>,
     out: ReplayLog,
     /// The agent's output ended after this many frames.
     end_at: Option<(u64, Instant)>,
@@ -323,7 +333,8 @@ impl Hub {
             state: Mutex::new(State {
                 token,
                 resumable: false,
-                input_ended: false,
+                input_ended: None,
+                last_output: None,
                 out: ReplayLog::new(),
                 end_at: None,
                 ack: AckPolicy::at(0),
@@ -480,7 +491,7 @@ impl Hub {
         st.ack_due = false;
         st.ack_at = None;
         st.oversize_at = None;
-        st.input_ended = false;
+        st.input_ended = None;
         st.plain_done = false;
         st.resumable = false;
     }
@@ -762,9 +773,10 @@ impl Hub {
                     let runs = st.out.since(cursor).unwrap_or_default();
                     cursor = st.out.total();
                     let end = st.end_at.is_some_and(|(n, _)| n == cursor);
-                    let finished = runs.is_empty() && st.input_ended && self.requests_idle();
+                    let (finished, until) =
+                        if runs.is_empty() { self.client_done(st) } else { (false, None) };
                     if runs.is_empty() && !end && !finished {
-                        return Step::Wait(None);
+                        return Step::Wait(until);
                     }
                     Step::Ready(Some((runs, end, finished)))
                 })
@@ -821,7 +833,7 @@ impl Hub {
             match recv.read_buf(buf).await {
                 Ok(0) => {
                     // A warm agent's input stays open for the next client.
-                    self.lock().input_ended = true;
+                    self.lock().input_ended = Some(Instant::now());
                     debug!(peer = %self.peer, "the client finished its stream (the warm agent's input stays open)");
                     self.output.notify_waiters();
                     std::future::pending::<()>().await;
@@ -877,15 +889,19 @@ impl Hub {
                     if runs.is_empty() {
                         // A warm agent's client that is done: its input ended, all it
                         // asked was answered and all it was sent is acknowledged.
-                        let done = self.kind == HubKind::Warm
-                            && st.input_ended
-                            && st.end_at.is_none()
-                            && st.out.acked() == st.out.total()
-                            && self.requests_idle();
+                        let (done, until) = if st.out.acked() == st.out.total() && st.end_at.is_none() {
+                            self.client_done(st)
+                        } else {
+                            (false, None)
+                        };
                         if done {
                             return Step::Ready(Ok(Some(Vec::new())));
                         }
-                        Step::Wait(st.ack_at)
+                        let wake = match (st.ack_at, until) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                        Step::Wait(wake)
                     } else {
                         Step::Ready(Ok(Some(runs)))
                     }
@@ -905,6 +921,23 @@ impl Hub {
     /// for a session that does not track them).
     fn requests_idle(&self) -> bool {
         self.requests.get().is_none_or(|r| r.is_empty())
+    }
+
+    /// Whether a warm agent's attached client is done with it: its input
+    /// ended, every request it sent was answered, and the agent has been
+    /// quiet for [`KEPT_WARM_QUIET`] since (a notification or two may follow
+    /// a last answer). Else, when to look again.
+    fn client_done(&self, st: &State) -> (bool, Option<Instant>) {
+        let Some(ended) = st.input_ended.filter(|_| self.kind == HubKind::Warm) else { return (false, None) };
+        if !self.requests_idle() {
+            return (false, None);
+        }
+        let quiet_at = st.last_output.map_or(ended, |o| o.max(ended)) + KEPT_WARM_QUIET;
+        if Instant::now() >= quiet_at {
+            (true, None)
+        } else {
+            (false, Some(quiet_at))
+        }
     }
 
     /// Takes the client's frames into the agent's queue and its control lines
@@ -1063,7 +1096,7 @@ impl Hub {
                 }
                 if self.kind == HubKind::Warm {
                     // A warm agent's input stays open for the next client.
-                    st.input_ended = true;
+                    st.input_ended = Some(Instant::now());
                     drop(st);
                     self.output.notify_waiters();
                 } else if st.inbox.take().is_some() {
@@ -1262,6 +1295,7 @@ impl AsyncWrite for Outbox {
         }
         // The pump writes whole lines only: each write is one run of frames.
         st.out.push(Bytes::copy_from_slice(buf));
+        st.last_output = Some(Instant::now());
         drop(st);
         hub.output.notify_waiters();
         Poll::Ready(Ok(buf.len()))

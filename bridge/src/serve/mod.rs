@@ -60,7 +60,7 @@ pub struct Admission {
 
 /// Close reason for the sessions of an agent the host stopped serving (its
 /// manifest was removed, or changed its identity or protocol).
-pub const REASON_AGENT_REMOVED: &str = "agent removed from the host";
+pub const REASON_AGENT_REMOVED: &str = close::REASON_AGENT_REMOVED;
 
 /// One agent as the bridge serves it: who may reach it and how its sessions
 /// run. Swapped whole when its manifest changes: new sessions get the new one,

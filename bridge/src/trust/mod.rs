@@ -19,6 +19,8 @@ pub enum Grant {
     Account,
     /// Listed in the manual allow file.
     Manual,
+    /// Named in the agent's manifest (`accept_from`).
+    Manifest,
 }
 
 impl std::fmt::Display for Grant {
@@ -26,6 +28,7 @@ impl std::fmt::Display for Grant {
         f.write_str(match self {
             Grant::Account => "account",
             Grant::Manual => "allow file",
+            Grant::Manifest => "the agent's accept_from",
         })
     }
 }
@@ -39,6 +42,23 @@ pub trait TrustPolicy: Send + Sync + std::fmt::Debug {
 impl TrustPolicy for LiveAllowFile {
     fn check(&self, peer: &EndpointId) -> Option<Grant> {
         self.contains(peer).then_some(Grant::Manual)
+    }
+}
+
+/// Who may reach a hosted agent (its manifest's `accept_from`): your own
+/// devices (`own`: the account and the allow file), and peers it names.
+#[derive(Debug)]
+pub struct AcceptFrom {
+    pub own: Option<Arc<dyn TrustPolicy>>,
+    pub ids: std::collections::HashSet<EndpointId>,
+}
+
+impl TrustPolicy for AcceptFrom {
+    fn check(&self, peer: &EndpointId) -> Option<Grant> {
+        if let Some(g) = self.own.as_ref().and_then(|o| o.check(peer)) {
+            return Some(g);
+        }
+        self.ids.contains(peer).then_some(Grant::Manifest)
     }
 }
 

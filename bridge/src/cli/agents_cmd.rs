@@ -1,0 +1,182 @@
+//! `thunderbolt host` and `thunderbolt agents list | check`.
+
+use std::{collections::HashMap, sync::Arc};
+
+use anyhow::{bail, Result};
+use serde_json::json;
+use thunderbolt_shared::node_id_base32;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::{
+    cli::{
+        account_backend,
+        args::{AgentsCmd, HostArgs},
+        iroh_cmd::qr,
+        limits_config, stop_on_signal,
+    },
+    home::Home,
+    host::{
+        self,
+        folder::{self, Folder},
+        manifest::{self, Machine},
+        HostContext,
+    },
+    identity, redact,
+    serve::{gate, reaper, Bridge},
+    signals,
+};
+
+/// `thunderbolt host`: serves every agent of agents.d and follows the folder.
+pub async fn host(home: &Home, args: HostArgs) -> Result<()> {
+    let net = args.net.config()?;
+    let config = limits_config(&args.limits, &args.app)?;
+    let credential = account_backend(home, &args.app, config.backend_timeout).ok();
+    let ctx = Arc::new(HostContext::new(home.clone(), net, config.clone(), credential));
+    let mut folder = Folder::new(home.agents_dir(), Machine::this());
+    let loaded = folder.load();
+    host::report(&loaded);
+    let mut served = Vec::new();
+    let mut started = Vec::new();
+    for spec in loaded.agents.values() {
+        match ctx.start(spec).await {
+            Ok((a, s)) => {
+                served.push(a);
+                started.push(s);
+            }
+            Err(e) => tracing::warn!(agent = %spec.name, "cannot serve {}: {e:#}", spec.name),
+        }
+    }
+    let term = signals::Terminate::new();
+    print!("{}", host::banner(folder.dir(), &started, &loaded, &home.allowlist_path()));
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let stop = CancellationToken::new();
+    tokio::spawn(stop_on_signal(term, stop.clone()));
+    reaper::start();
+    let gate = Arc::new(gate::Gate::new(config.gate.clone(), Arc::new(gate::SystemClock)));
+    let by_name: HashMap<String, _> =
+        started.iter().map(|s| s.name.clone()).zip(served.iter().cloned()).collect();
+    let (bridge, changes) = Bridge::host(gate, config.admission, served);
+    tokio::spawn(host::watch(ctx, folder, loaded, by_name, changes, stop.clone()));
+    bridge.run(stop).await;
+    info!("host stopped");
+    Ok(())
+}
+
+pub fn run(home: &Home, cmd: AgentsCmd) -> Result<()> {
+    match cmd {
+        AgentsCmd::List(a) => list(home, a),
+        AgentsCmd::Check(a) => check(a),
+    }
+}
+
+fn list(home: &Home, a: crate::cli::args::AgentsListArgs) -> Result<()> {
+    let net = a.net.config()?;
+    let dir = home.agents_dir();
+    let loaded = folder::load_dir(&dir, &Machine::this());
+    let mut rows = Vec::new();
+    for spec in loaded.agents.values() {
+        let (key, _) = identity::load_or_create_named(home, &spec.identity.file_name(&spec.name))?;
+        let id = key.public();
+        let ticket = thunderbolt_shared::EndpointTicket::new(host::offline_addr(id, &net));
+        rows.push((spec, id, ticket));
+    }
+    if let Some(name) = &a.qr {
+        let Some((_, _, ticket)) = rows.iter().find(|(s, _, _)| &s.name == name) else {
+            bail!("no agent named '{name}' loads from {} (see `thunderbolt agents list`)", dir.display());
+        };
+        println!("{}", qr(&ticket.to_string())?);
+        return Ok(());
+    }
+    if a.json {
+        let agents: Vec<_> = rows
+            .iter()
+            .map(|(s, id, t)| {
+                json!({
+                    "name": s.name, "label": s.label, "protocol": s.protocol.as_str(),
+                    "nodeId": id.to_string(), "nodeIdBase32": node_id_base32(id), "ticket": t.to_string(),
+                    "file": s.source, "status": "loaded", "warnings": s.warnings,
+                })
+            })
+            .collect();
+        let refused: Vec<_> = loaded
+            .refused
+            .iter()
+            .map(|(f, why)| json!({"file": f, "status": "refused", "reason": why}))
+            .collect();
+        println!("{}", json!({"dir": dir, "agents": agents, "refused": refused, "folder": loaded.folder}));
+        return Ok(());
+    }
+    if rows.is_empty() && loaded.refused.is_empty() {
+        println!(
+            "no agents in {} yet: add a manifest, e.g. {{\"name\": \"my-agent\", \"command\": [\"my-agent\", \"--acp\"]}}",
+            dir.display()
+        );
+    }
+    for (s, id, t) in &rows {
+        println!("{} ({}, {}): loaded from {}", s.name, s.label, s.protocol, s.source.display());
+        println!("  NodeId: {id}  ({})", node_id_base32(id));
+        println!("  Ticket: {t}");
+        for w in &s.warnings {
+            println!("  warning: {w}");
+        }
+    }
+    for (f, why) in &loaded.refused {
+        println!("{}: refused: {why}", f.display());
+    }
+    if let Some(why) = &loaded.folder {
+        println!("the folder is refused: {why}");
+    }
+    Ok(())
+}
+
+fn check(a: crate::cli::args::AgentsCheckArgs) -> Result<()> {
+    let spec = match manifest::load(&a.file, &Machine::this()) {
+        Ok(s) => s,
+        Err(why) => {
+            if a.json {
+                println!("{}", json!({"file": a.file, "status": "refused", "reason": why.0}));
+                std::process::exit(1);
+            }
+            bail!("{} is refused: {why}", a.file.display());
+        }
+    };
+    let argv: Vec<String> = spec.argv.iter().map(|w| w.to_string_lossy().into_owned()).collect();
+    let env: serde_json::Map<String, serde_json::Value> =
+        spec.env.iter().map(|(k, v)| (k.clone(), redact::env_value(k, v).into())).collect();
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "file": a.file, "status": "loaded", "name": spec.name, "label": spec.label,
+                "protocol": spec.protocol.as_str(), "argv": redact::redact_command(&argv),
+                "cwd": spec.cwd, "env": env, "warnings": spec.warnings,
+            })
+        );
+        return Ok(());
+    }
+    println!("{} loads: agent {} ({}, {})", a.file.display(), spec.name, spec.label, spec.protocol);
+    println!("  runs:  {}", redact::redact_command(&argv));
+    println!(
+        "  in:    {}",
+        spec.cwd
+            .as_ref()
+            .map_or_else(|| "the host's working directory".to_string(), |c| c.display().to_string())
+    );
+    for (k, v) in &env {
+        println!("  env:   {k}={}", v.as_str().unwrap_or_default());
+    }
+    let who = if spec.accept_from.own_devices { "your own devices (account and allow file)" } else { "" };
+    let mut listed: Vec<String> = spec.accept_from.ids.iter().map(|i| i.to_string()).collect();
+    listed.extend(spec.accept_from.names.iter().cloned());
+    println!(
+        "  from:  {who}{}{}",
+        if !who.is_empty() && !listed.is_empty() { ", " } else { "" },
+        listed.join(", ")
+    );
+    for w in &spec.warnings {
+        println!("  warning: {w}");
+    }
+    Ok(())
+}

@@ -1,0 +1,305 @@
+//! `thunderbolt host`: every agent described in `$THUNDERBOLT_HOME/agents.d/`,
+//! served by one process.
+//!
+//! Each agent gets an endpoint of its own (its own NodeId and ticket, so the
+//! clients that exist today, the Thunderbolt app's included, reach it without
+//! picking an agent), all through the serving core's one admission
+//! ([`crate::serve::Bridge`]): one gate and handshake cap, one pool of agent
+//! slots (`--max-agents`) beside each agent's `max_sessions`, one allow file,
+//! one account credential and heartbeat. The folder is watched: a new valid
+//! file serves within about a second, a changed one applies to new sessions
+//! (running ones keep what they started with; a changed identity or protocol
+//! is a new endpoint, so its old sessions end), a removed one stops its agent
+//! and ends its sessions with [`crate::serve::REASON_AGENT_REMOVED`].
+//!
+//! Account trust: every hosted agent's NodeId is registered with the account
+//! as a device of its own (`<hostname> (<label>)`), so the account's list,
+//! fetched once per heartbeat, says of each whether it is still trusted; a
+//! revoked agent loses its account trust, and only it.
+
+pub mod folder;
+pub mod manifest;
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
+
+use anyhow::{Context, Result};
+use iroh::{EndpointAddr, TransportAddr};
+use thunderbolt_shared::{node_id_base32, resume, EndpointTicket};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::{
+    config::Config,
+    home::Home,
+    host::{folder::Folder, manifest::AgentSpec},
+    identity,
+    net::NetConfig,
+    serve::{agent::AgentCommand, AgentConfig, Change, Served},
+    trust::{self, account, allowfile::LiveAllowFile, TrustPolicy},
+};
+
+/// What every hosted agent shares.
+pub struct HostContext {
+    pub home: Home,
+    pub net: NetConfig,
+    pub config: Config,
+    pub allow: Arc<LiveAllowFile>,
+    /// The account credential, when one is configured (each agent registers with it).
+    pub credential: Option<account::Backend>,
+    /// Endpoints bound so far: after the first, a fixed `--bind` port would
+    /// clash, so the others take any free port on the same address.
+    bound: std::sync::atomic::AtomicUsize,
+}
+
+/// One agent as the host started it, for the banner and `agents list`.
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub name: String,
+    pub label: String,
+    pub protocol: String,
+    pub addr: EndpointAddr,
+    pub account: String,
+}
+
+impl Started {
+    pub fn ticket(&self) -> EndpointTicket {
+        EndpointTicket::new(self.addr.clone())
+    }
+}
+
+impl HostContext {
+    pub fn new(home: Home, net: NetConfig, config: Config, credential: Option<account::Backend>) -> Self {
+        let allow = Arc::new(crate::trust::allowfile::live(home.allowlist_path()));
+        Self { home, net, config, allow, credential, bound: 0.into() }
+    }
+
+    /// Binds `spec`'s endpoint with its identity and starts serving it.
+    pub async fn start(&self, spec: &AgentSpec) -> Result<(Arc<Served>, Started)> {
+        let file = spec.identity.file_name(&spec.name);
+        let (key, _) = identity::load_or_create_named(&self.home, &file)?;
+        let mut net = self.net.clone();
+        if self.bound.fetch_add(1, std::sync::atomic::Ordering::AcqRel) > 0 {
+            if let Some(b) = net.bind.as_mut() {
+                b.set_port(0);
+            }
+        }
+        let ep = net.bind(key, alpns(spec, &self.config), self.config.idle_timeout).await?;
+        let addr = crate::net::reachable_addr(&ep, &net.relays).await;
+        let account = match &self.credential {
+            None => None,
+            Some(backend) => {
+                let name = format!("{} ({})", account::device_name(), spec.label);
+                Some(Arc::new(account::Account::start(backend.clone(), ep.id(), &name).await))
+            }
+        };
+        let account_status = account.as_ref().map_or_else(
+            || account::AccountStatus::Off(account::OffReason::NoCredential).to_string(),
+            |a| a.trust.status().to_string(),
+        );
+        let config = self.agent_config(spec, account)?;
+        let started = Started {
+            name: spec.name.clone(),
+            label: spec.label.clone(),
+            protocol: spec.protocol.to_string(),
+            addr,
+            account: account_status,
+        };
+        Ok((Served::new(ep, config), started))
+    }
+
+    /// How `spec`'s sessions run and who may reach it.
+    pub fn agent_config(
+        &self,
+        spec: &AgentSpec,
+        account: Option<Arc<account::Account>>,
+    ) -> Result<AgentConfig> {
+        let env: Vec<(String, String)> = spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let command = AgentCommand::new(spec.argv.clone())
+            .context("a manifest's command is never empty")?
+            .with(env, spec.cwd.clone());
+        let mut session = self.config.session(command);
+        session.resume = spec.resume.apply(self.config.resume);
+        session.keep_warm = spec.keep_warm;
+        session.idle_stop = Some(spec.idle_stop);
+        let own: Option<Arc<dyn TrustPolicy>> = spec.accept_from.own_devices.then(|| {
+            let mut layers: Vec<Arc<dyn TrustPolicy>> = Vec::new();
+            if let Some(a) = &account {
+                layers.push(a.trust.clone());
+            }
+            layers.push(self.allow.clone());
+            Arc::new(trust::Layered { layers }) as Arc<dyn TrustPolicy>
+        });
+        let ids: HashSet<_> = spec.accept_from.ids.iter().copied().collect();
+        let trust = Arc::new(trust::AcceptFrom { own, ids });
+        Ok(AgentConfig {
+            name: spec.name.as_str().into(),
+            trust,
+            session: Arc::new(session),
+            max_sessions: spec.max_sessions,
+            account,
+        })
+    }
+}
+
+/// The ALPNs an agent's endpoint serves: the resumable one first when its
+/// sessions resume (the server's order decides), then the plain one.
+pub fn alpns(spec: &AgentSpec, config: &Config) -> Vec<Vec<u8>> {
+    let mut v = Vec::new();
+    if spec.resume.apply(config.resume).is_some() {
+        v.push(resume::resume_alpn(&spec.protocol));
+    }
+    v.push(spec.protocol.alpn());
+    v
+}
+
+/// Whether a changed manifest needs a new endpoint (a new NodeId or ALPN
+/// family): then its old sessions end; otherwise new sessions just run with it.
+pub fn needs_new_endpoint(old: &AgentSpec, new: &AgentSpec) -> bool {
+    old.identity != new.identity || old.protocol != new.protocol
+}
+
+/// Logs what a read of the folder refused and warned about, one line each.
+pub fn report(loaded: &folder::Loaded) {
+    if let Some(why) = &loaded.folder {
+        warn!("agents.d refused: {why}");
+    }
+    for (file, why) in &loaded.refused {
+        warn!("skipping {}: {why}", file.display());
+    }
+    for spec in loaded.agents.values() {
+        for w in &spec.warnings {
+            warn!(agent = %spec.name, "{w}");
+        }
+    }
+}
+
+/// Watches the folder and asks the running bridge to follow it. `served`:
+/// the agents it serves now, by name.
+pub async fn watch(
+    ctx: Arc<HostContext>,
+    mut folder: Folder,
+    mut current: folder::Loaded,
+    mut served: HashMap<String, Arc<Served>>,
+    changes: mpsc::UnboundedSender<Change>,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(folder::POLL_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let Some(next) = folder.changed() else { continue };
+        let diff = folder::diff(&current, &next);
+        // New refusals and warnings, once each.
+        let fresh = folder::Loaded {
+            agents: diff.added.iter().chain(&diff.changed).map(|s| (s.name.clone(), s.clone())).collect(),
+            refused: next.refused.iter().filter(|r| !current.refused.contains(r)).cloned().collect(),
+            folder: next.folder.clone().filter(|_| next.folder != current.folder),
+        };
+        report(&fresh);
+        for name in &diff.removed {
+            info!(agent = %name, "manifest removed: no longer serving {name}; its sessions end");
+            served.remove(name);
+            let _ = changes.send(Change::Remove(name.as_str().into()));
+        }
+        for spec in &diff.changed {
+            let old = &current.agents[&spec.name];
+            let running = served.get(&spec.name).cloned();
+            match running {
+                Some(agent) if !needs_new_endpoint(old, spec) => {
+                    // Same endpoint: new sessions get the new settings.
+                    match ctx.agent_config(spec, agent.config().account.clone()) {
+                        Ok(cfg) => {
+                            agent.endpoint.set_alpns(alpns(spec, &ctx.config));
+                            info!(agent = %spec.name, "manifest changed: new sessions of {} use it; running ones keep theirs", spec.name);
+                            let _ = changes.send(Change::Replace(cfg));
+                        }
+                        Err(e) => warn!(agent = %spec.name, "cannot apply the changed manifest: {e:#}"),
+                    }
+                }
+                _ => {
+                    info!(agent = %spec.name, "manifest changed its identity or protocol: restarting {}; its sessions end", spec.name);
+                    let _ = changes.send(Change::Remove(spec.name.as_str().into()));
+                    if let Some(a) = start_and_add(&ctx, spec, &changes).await {
+                        served.insert(spec.name.clone(), a);
+                    }
+                }
+            }
+        }
+        for spec in &diff.added {
+            if let Some(a) = start_and_add(&ctx, spec, &changes).await {
+                served.insert(spec.name.clone(), a);
+            }
+        }
+        current = next;
+    }
+}
+
+async fn start_and_add(
+    ctx: &HostContext,
+    spec: &AgentSpec,
+    changes: &mpsc::UnboundedSender<Change>,
+) -> Option<Arc<Served>> {
+    match ctx.start(spec).await {
+        Ok((served, started)) => {
+            info!(
+                agent = %spec.name,
+                "now serving {} ({}, {}) as {}; ticket {}",
+                spec.name,
+                spec.label,
+                spec.protocol,
+                started.addr.id,
+                started.ticket()
+            );
+            let _ = changes.send(Change::Add(served.clone()));
+            Some(served)
+        }
+        Err(e) => {
+            warn!(agent = %spec.name, "cannot serve {}: {e:#}", spec.name);
+            None
+        }
+    }
+}
+
+/// The host's banner: every agent with its NodeId and ticket, what was refused.
+pub fn banner(
+    dir: &std::path::Path,
+    started: &[Started],
+    loaded: &folder::Loaded,
+    allow_file: &std::path::Path,
+) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(s, "thunderbolt host is serving {} agent(s) from {}", started.len(), dir.display());
+    if started.is_empty() {
+        let _ = writeln!(
+            s,
+            "  (none yet: add a manifest, e.g. {}/my-agent.json with {{\"name\": \"my-agent\", \"command\": [\"my-agent\", \"--acp\"]}}; it is picked up without a restart)",
+            dir.display()
+        );
+    }
+    for a in started {
+        let _ = writeln!(s, "  {} ({}, {})", a.name, a.label, a.protocol);
+        let _ = writeln!(s, "    NodeId:  {}  ({})", a.addr.id, node_id_base32(&a.addr.id));
+        let _ = writeln!(s, "    Ticket:  {}", a.ticket());
+        let _ = writeln!(s, "    Account: {}", a.account);
+    }
+    for (file, why) in &loaded.refused {
+        let _ = writeln!(s, "  Refused: {}: {why}", file.display());
+    }
+    let _ = writeln!(s, "  Trust:   allow file {} (and each agent's accept_from)", allow_file.display());
+    let _ = writeln!(s, "  Allow a peer: thunderbolt iroh allow <its-nodeid>");
+    s
+}
+
+/// An offline address for an agent (its NodeId and the configured relays),
+/// for `agents list` when no host runs.
+pub fn offline_addr(id: iroh::EndpointId, net: &NetConfig) -> EndpointAddr {
+    EndpointAddr::from_parts(id, net.relays.urls().into_iter().map(TransportAddr::Relay))
+}

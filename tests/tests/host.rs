@@ -1,0 +1,472 @@
+//! `thunderbolt host`: every agent of `agents.d` in one process. Real host
+//! processes, real agents, real QUIC on loopback; clients are `connect` and
+//! in-process endpoints.
+
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use iroh::EndpointId;
+use serde_json::Value;
+use thunderbolt_shared::{close, EndpointTicket, Protocol};
+use thunderbolt_tests::*;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+/// One agent as the host's banner lists it.
+#[derive(Debug, Clone)]
+struct Listed {
+    name: String,
+    id: EndpointId,
+    ticket: String,
+}
+
+/// A running `thunderbolt host`.
+struct RunningHost {
+    child: tokio::process::Child,
+    banner: String,
+    log: Log,
+    agents: Vec<Listed>,
+}
+
+impl RunningHost {
+    async fn start(home: &Tb, extra: &[&str]) -> Self {
+        let mut c = home.cmd();
+        c.arg("host").args(extra);
+        let (child, banner, log) = start_with_banner(c).await;
+        let mut agents = Vec::new();
+        let mut lines = banner.lines().peekable();
+        while let Some(line) = lines.next() {
+            let t = line.trim();
+            let agent_line = lines.peek().is_some_and(|next| next.trim_start().starts_with("NodeId:"));
+            if agent_line {
+                let name = t.split(' ').next().unwrap().to_string();
+                let id = lines.next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+                let ticket = lines.next().unwrap().split_whitespace().nth(1).unwrap().to_string();
+                agents.push(Listed { name, id, ticket });
+            }
+        }
+        Self { child, banner, log, agents }
+    }
+
+    fn agent(&self, name: &str) -> &Listed {
+        self.agents
+            .iter()
+            .find(|a| a.name == name)
+            .unwrap_or_else(|| panic!("{name} not served:\n{}", self.banner))
+    }
+
+    async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            signal(pid, libc::SIGTERM);
+        }
+        tokio::time::timeout(WAIT, self.child.wait()).await.expect("host exits").expect("wait");
+    }
+}
+
+/// The home's `agents.d`, created 0700.
+fn agents_dir(home: &Tb) -> PathBuf {
+    let d = home.home().join("agents.d");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    d
+}
+
+fn write_manifest(dir: &Path, file: &str, json: &str, mode: u32) -> PathBuf {
+    let p = dir.join(file);
+    // Written beside and renamed in, as editors save: the host never reads half a file.
+    let tmp = dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, json).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).unwrap();
+    std::fs::rename(&tmp, &p).unwrap();
+    p
+}
+
+fn cat(name: &str, extra: &str) -> String {
+    format!(r#"{{"name":"{name}","command":["{}","cat"]{extra}}}"#, test_agent_bin().display())
+}
+
+/// `thunderbolt <protocol> connect <ticket>` from `client`, one line in, its output.
+async fn exchange(client: &Tb, protocol: &str, ticket: &str, line: &str) -> std::process::Output {
+    let mut c = client.cmd();
+    c.args([protocol, "connect", ticket]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(line.as_bytes()).await.unwrap();
+    drop(stdin);
+    tokio::time::timeout(WAIT, child.wait_with_output()).await.unwrap().unwrap()
+}
+
+/// A host home with a client home allowed in its allow file.
+async fn homes() -> (Tb, Tb) {
+    init_tracing();
+    let host = Tb::new(None);
+    let client = Tb::new(None);
+    host.allow(&client.node_id("acp").await).await;
+    (host, client)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn manifests_are_read_strictly_each_refusal_names_its_reason_and_the_rest_serve() {
+    let (host, client) = homes().await;
+    let dir = agents_dir(&host);
+    let agent = test_agent_bin().display().to_string();
+    let cases: Vec<(&str, String, u32, &str)> = vec![
+        ("unknown.json", cat("unknown", r#","colour":"red""#), 0o600, "unknown field `colour`"),
+        ("nested.json", cat("nested", r#","resume":{"grace":1,"x":2}"#), 0o600, "unknown field `resume.x`"),
+        (
+            "shell.json",
+            format!(r#"{{"name":"shell","command":"{agent} cat"}}"#),
+            0o600,
+            "\"command\" is a string",
+        ),
+        (
+            "badname.json",
+            format!(r#"{{"name":"Bad_Name","command":["{agent}"]}}"#),
+            0o600,
+            "\"name\" 'Bad_Name'",
+        ),
+        (
+            "env.json",
+            cat("env", r#","env":{"A":1}"#),
+            0o600,
+            "\"env\" must be an object whose values are strings",
+        ),
+        (
+            "type.json",
+            cat("type", r#","max_sessions":"2""#),
+            0o600,
+            "\"max_sessions\" must be a whole number",
+        ),
+        (
+            "missing.json",
+            r#"{"name":"missing","command":["no-such-agent-anywhere"]}"#.into(),
+            0o600,
+            "not found on PATH",
+        ),
+        ("loose.json", cat("loose", ""), 0o666, "writable by others"),
+        ("group.json", cat("group", ""), 0o620, "writable by its group"),
+    ];
+    for (file, json, mode, _) in &cases {
+        write_manifest(&dir, file, json, *mode);
+    }
+    // One owned by someone else.
+    let foreign = write_manifest(&dir, "foreign.json", &cat("foreign", ""), 0o644);
+    let chowned = std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).is_ok();
+    write_manifest(&dir, "good.json", &cat("good", r#","label":"Good one""#), 0o600);
+    // Secrets readable by others: served, with a warning naming the file.
+    write_manifest(&dir, "secret.json", &cat("secret", r#","env":{"MY_TOKEN":"s3cret"}"#), 0o644);
+
+    let h = RunningHost::start(&host, &[]).await;
+    assert_eq!(
+        h.agents.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(),
+        ["good", "secret"],
+        "{}",
+        h.banner
+    );
+    for (file, _, _, why) in &cases {
+        let line =
+            h.banner.lines().find(|l| l.contains(file)).unwrap_or_else(|| panic!("{file}:\n{}", h.banner));
+        assert!(line.contains("Refused:") && line.contains(why), "{file}: {line}");
+        h.log.wait_for(&format!("skipping {}", dir.join(file).display())).await;
+    }
+    if chowned {
+        assert!(h.banner.contains("foreign.json: it is owned by uid 65534"), "{}", h.banner);
+    }
+    h.log.wait_for("secret.json sets env values and is readable by others").await;
+    let out = exchange(&client, "acp", &h.agent("good").ticket, "{\"good\":1}\n").await;
+    assert_eq!(out.stdout, b"{\"good\":1}\n", "{}", String::from_utf8_lossy(&out.stderr));
+
+    // `agents check` says the same, and prints what would run (secrets masked).
+    for (file, _, _, why) in &cases {
+        let out = host.run(&["agents", "check", &dir.join(file).display().to_string()]).await;
+        assert_eq!(out.status.code(), Some(1), "{file}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "{file}: {err}");
+    }
+    let out = host.run(&["agents", "check", &dir.join("secret.json").display().to_string()]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(&format!("runs:  {agent} cat")), "{text}");
+    assert!(text.contains("env:   MY_TOKEN=***") && !text.contains("s3cret"), "{text}");
+    let out = host.run(&["agents", "list", "--json"]).await;
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> =
+        v["agents"].as_array().unwrap().iter().map(|a| a["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["good", "secret"]);
+    assert_eq!(v["agents"][0]["label"], "Good one");
+    assert_eq!(v["agents"][0]["nodeId"], h.agent("good").id.to_string());
+    assert_eq!(v["refused"].as_array().unwrap().len(), cases.len() + chowned as usize);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_folder_writable_by_others_refuses_every_manifest() {
+    let (host, _client) = homes().await;
+    let dir = agents_dir(&host);
+    write_manifest(&dir, "good.json", &cat("good", ""), 0o600);
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let h = RunningHost::start(&host, &[]).await;
+    assert!(h.agents.is_empty(), "{}", h.banner);
+    assert!(
+        h.banner.contains("its folder is refused") && h.banner.contains("writable by others"),
+        "{}",
+        h.banner
+    );
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_manifest_serves_within_two_seconds_and_a_removed_one_ends_its_sessions() {
+    let (host, client) = homes().await;
+    let dir = agents_dir(&host);
+    let h = RunningHost::start(&host, &[]).await;
+    assert!(h.banner.contains("serving 0 agent(s)"), "{}", h.banner);
+    let written = Instant::now();
+    let file = write_manifest(&dir, "late.json", &cat("late", ""), 0o600);
+    h.log.wait_for("now serving late").await;
+    let took = written.elapsed();
+    assert!(took < Duration::from_secs(2), "served {took:?} after the file appeared");
+    let line = h.log.text().lines().find(|l| l.contains("now serving late")).unwrap().to_string();
+    let ticket = line.split("ticket ").nth(1).unwrap().split_whitespace().next().unwrap().to_string();
+    // A live session, then the file goes: the session ends with a reason of its own.
+    let mut c = client.cmd();
+    c.args(["acp", "connect", &ticket]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"{\"live\":1}\n").await.unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(
+        tokio::time::timeout(WAIT, lines.next_line()).await.unwrap().unwrap().as_deref(),
+        Some("{\"live\":1}")
+    );
+    std::fs::remove_file(&file).unwrap();
+    h.log.wait_for("manifest removed: no longer serving late").await;
+    let out = tokio::time::timeout(WAIT, child.wait_with_output()).await.unwrap().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(close::REASON_AGENT_REMOVED), "{err}");
+    drop(stdin);
+    // And nothing answers there any more.
+    let out = client.run(&["acp", "connect", "--dial-timeout", "3", &ticket]).await;
+    assert!(!out.status.success());
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_agents_answer_by_their_tickets_their_node_ids_survive_a_restart_and_old_identities_are_kept() {
+    let (host, client) = homes().await;
+    let dir = agents_dir(&host);
+    // The single-agent bridge's ACP identity, paired before the host existed.
+    let paired = host.node_id("acp").await;
+    write_manifest(&dir, "a.json", &cat("coder", r#","label":"Coder""#), 0o600);
+    write_manifest(&dir, "m.json", &cat("files", r#","protocol":"mcp""#), 0o600);
+    write_manifest(&dir, "old.json", &cat("old", r#","identity":"acp""#), 0o600);
+    let h = RunningHost::start(&host, &[]).await;
+    assert_eq!(h.agent("old").id, paired, "an agent on the old identity keeps its NodeId");
+    assert_ne!(h.agent("coder").id, h.agent("files").id);
+    let out = exchange(&client, "acp", &h.agent("coder").ticket, "{\"to\":\"coder\"}\n").await;
+    assert_eq!(out.stdout, b"{\"to\":\"coder\"}\n", "{}", String::from_utf8_lossy(&out.stderr));
+    let out = exchange(&client, "mcp", &h.agent("files").ticket, "{\"to\":\"files\"}\n").await;
+    assert_eq!(out.stdout, b"{\"to\":\"files\"}\n", "{}", String::from_utf8_lossy(&out.stderr));
+    // The MCP agent does not speak ACP.
+    let out = exchange(&client, "acp", &h.agent("files").ticket, "{}\n").await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not serve acp"));
+    let ids: Vec<(String, EndpointId)> = h.agents.iter().map(|a| (a.name.clone(), a.id)).collect();
+    h.log.wait_for("agent{name=coder}: session ended").await;
+    h.stop().await;
+    let again = RunningHost::start(&host, &[]).await;
+    for (name, id) in ids {
+        assert_eq!(again.agent(&name).id, id, "{name}'s NodeId changed across a restart");
+    }
+    let identity = host.home().join("iroh").join("identity-agent-coder");
+    assert_eq!(std::fs::metadata(&identity).unwrap().permissions().mode() & 0o777, 0o600);
+    again.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn accept_from_lets_a_peer_reach_one_agent_and_not_another() {
+    let (host, _allowed) = homes().await;
+    let dir = agents_dir(&host);
+    let work = tempfile::tempdir().unwrap();
+    let stranger = Tb::new(None);
+    let sid = stranger.node_id("acp").await;
+    let pid_file = work.path().join("own.pid");
+    write_manifest(&dir, "open.json", &cat("open", &format!(r#","accept_from":["{sid}"]"#)), 0o600);
+    let own = format!(
+        r#"{{"name":"own","command":["{}","--pid-file","{}","cat"]}}"#,
+        test_agent_bin().display(),
+        pid_file.display()
+    );
+    write_manifest(&dir, "own.json", &own, 0o600);
+    let h = RunningHost::start(&host, &[]).await;
+    let out = exchange(&stranger, "acp", &h.agent("open").ticket, "{\"in\":1}\n").await;
+    assert_eq!(out.stdout, b"{\"in\":1}\n", "{}", String::from_utf8_lossy(&out.stderr));
+    h.log.wait_for("(the agent's accept_from)").await;
+    let out = exchange(&stranger, "acp", &h.agent("own").ticket, "{\"in\":1}\n").await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains(close::REASON_NOT_ALLOWLISTED));
+    h.log.wait_for("agent{name=own}: refused").await;
+    assert!(!pid_file.exists(), "nothing was spawned for the refused peer");
+    h.stop().await;
+}
+
+/// One line from `lines` as JSON (bounded).
+async fn next_json(lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) -> Value {
+    let line = tokio::time::timeout(WAIT, lines.next_line()).await.unwrap().unwrap().expect("a line");
+    serde_json::from_str(&line).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_agent_is_one_process_across_connections_ending_by_eof_sigterm_and_sigkill() {
+    let (host, client) = homes().await;
+    let dir = agents_dir(&host);
+    let builtin = format!(
+        r#"{{"name":"warm","command":["{}","acp","serve"],"keep_warm":60}}"#,
+        thunderbolt_bin().display()
+    );
+    write_manifest(&dir, "warm.json", &builtin, 0o600);
+    let h = RunningHost::start(&host, &[]).await;
+    let ticket = h.agent("warm").ticket.clone();
+    let connect = |extra: &[&str]| {
+        let mut c = client.cmd();
+        c.args(["acp", "connect"]).args(extra).arg(&ticket);
+        c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let log = Log::default();
+        log.capture_stderr(child.stderr.take().unwrap());
+        let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        (child, stdout, log)
+    };
+    let init =
+        "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}\n";
+    // 1: a session is made; the input ends (as acpx ends it): connect is done by itself.
+    let (mut c1, mut out1, log1) = connect(&[]);
+    let mut stdin = c1.stdin.take().unwrap();
+    stdin.write_all(init.as_bytes()).await.unwrap();
+    stdin
+        .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"session/new\",\"params\":{\"cwd\":\"/\",\"mcpServers\":[]}}\n")
+        .await
+        .unwrap();
+    assert_eq!(next_json(&mut out1).await["id"], 1);
+    let sid = next_json(&mut out1).await["result"]["sessionId"].as_str().unwrap().to_string();
+    drop(stdin);
+    let status = tokio::time::timeout(WAIT, c1.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{}", log1.text());
+    assert!(log1.contains("the agent stays warm"), "{}", log1.text());
+    let load = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"session/load\",\"params\":{{\"sessionId\":\"{sid}\",\"cwd\":\"/\",\"mcpServers\":[]}}}}\n"
+    );
+    // 2 (plain protocol) and 3 (resumable): session/load finds it; ended by SIGTERM, then SIGKILL.
+    for (extra, sig) in [(&["--no-resume"][..], libc::SIGTERM), (&[][..], libc::SIGKILL)] {
+        let (mut c, mut out, log) = connect(extra);
+        let mut stdin = c.stdin.take().unwrap();
+        stdin.write_all(init.as_bytes()).await.unwrap();
+        stdin.write_all(load.as_bytes()).await.unwrap();
+        assert_eq!(next_json(&mut out).await["id"], 1);
+        let loaded = loop {
+            let v = next_json(&mut out).await;
+            if v["id"] == 3 {
+                break v;
+            }
+        };
+        assert!(loaded.get("error").is_none(), "session/load failed: {loaded}\n{}", log.text());
+        let t0 = Instant::now();
+        signal(c.id().unwrap(), sig);
+        tokio::time::timeout(WAIT, c.wait()).await.unwrap().unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(3), "connect took {:?} to go after {sig}", t0.elapsed());
+        drop(stdin);
+    }
+    // One agent for all three.
+    let (mut c4, mut out4, _log4) = connect(&[]);
+    let mut stdin = c4.stdin.take().unwrap();
+    stdin.write_all(init.as_bytes()).await.unwrap();
+    stdin.write_all(load.as_bytes()).await.unwrap();
+    next_json(&mut out4).await;
+    let v = next_json(&mut out4).await;
+    assert!(v.get("error").is_none(), "{v}");
+    drop(stdin);
+    tokio::time::timeout(WAIT, c4.wait()).await.unwrap().unwrap();
+    let text = h.log.text();
+    assert_eq!(text.matches("agent started").count(), 1, "one agent process:\n{text}");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_stop_ends_an_agent_nothing_is_attached_to() {
+    let (host, client) = homes().await;
+    let dir = agents_dir(&host);
+    let work = tempfile::tempdir().unwrap();
+    let pid_file = work.path().join("agent.pid");
+    let m = format!(
+        r#"{{"name":"idle","command":["{}","--pid-file","{}","cat"],"keep_warm":60,"idle_stop":1}}"#,
+        test_agent_bin().display(),
+        pid_file.display()
+    );
+    write_manifest(&dir, "idle.json", &m, 0o600);
+    let h = RunningHost::start(&host, &[]).await;
+    // Its input ended: the warm agent answers, then lets the client go.
+    let out = exchange(&client, "acp", &h.agent("idle").ticket, "{\"x\":1}\n").await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.stdout, b"{\"x\":1}\n");
+    let pid = agent_pid(&pid_file.display().to_string()).await;
+    h.log.wait_for("nothing attached for 1s (idle_stop)").await;
+    assert!(wait_pid_gone(pid).await, "the idle agent was stopped");
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_at_one_agent_does_not_keep_another_agents_peer_out() {
+    let (host, client) = homes().await;
+    let dir = agents_dir(&host);
+    write_manifest(&dir, "target.json", &cat("target", ""), 0o600);
+    write_manifest(&dir, "other.json", &cat("other", ""), 0o600);
+    // Every dial here comes from 127.0.0.1, one address's budget (as for a NAT
+    // shared by everyone behind it): lifted, so what is shared is the rest of
+    // the gate (the handshake cap) and the agent slots.
+    let h = RunningHost::start(&host, &["--per-remote-max", "1000000"]).await;
+    let target: EndpointTicket = h.agent("target").ticket.parse().unwrap();
+    let other: EndpointTicket = h.agent("other").ticket.parse().unwrap();
+    // Fresh identities dialing the target as fast as they can (bounded).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let addr = target.endpoint_addr().clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut dials = 0;
+            while dials < 300 && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let ep = client_endpoint(iroh::SecretKey::generate(), None, false).await;
+                let _ = tokio::time::timeout(
+                    Duration::from_millis(500),
+                    ep.connect(addr.clone(), &Protocol::acp().alpn()),
+                )
+                .await;
+                ep.close().await;
+                dials += 1;
+            }
+            dials
+        })
+    };
+    let ep = client_endpoint(client.secret_key("acp").await, None, false).await;
+    // The flood is under way before the first dial.
+    h.log.wait_for_count("agent{name=target}: refused", 10).await;
+    for i in 0..10 {
+        let conn =
+            tokio::time::timeout(WAIT, ep.connect(other.endpoint_addr().clone(), &Protocol::acp().alpn()))
+                .await
+                .unwrap_or_else(|_| panic!("dial {i} timed out"))
+                .expect("the other agent's peer gets in");
+        let (mut s, mut r) = conn.open_bi().await.unwrap();
+        s.write_all(b"{}\n").await.unwrap();
+        let mut buf = [0u8; 3];
+        tokio::time::timeout(WAIT, r.read_exact(&mut buf)).await.unwrap().unwrap();
+        conn.close(0u32.into(), b"client closed");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let dials = flood.await.unwrap();
+    assert!(dials > 0);
+    h.stop().await;
+}
