@@ -3,7 +3,8 @@
 #   - Rust unit tests and the integration tests that start real `thunderbolt`
 #     processes, real agents and a real local iroh relay on loopback;
 #   - the browser end-to-end tests: the wasm client in headless Chromium against
-#     a real bridge through a real local relay.
+#     a real bridge through a real local relay; and acpx (an ACP client from npm)
+#     against a warm agent of `thunderbolt host`.
 #
 # Preparation needs the package registries (crates, npm, Debian packages) and
 # installs what is missing (as root): Chromium, the wasm toolchain, npm deps.
@@ -42,5 +43,6 @@ fi
 export CARGO_NET_OFFLINE=true
 cargo test --workspace --locked "$@"
 if [ "${TB_SKIP_BROWSER:-}" != 1 ]; then
-  (cd client-wasm/e2e && node --test --test-concurrency=1 e2e.test.mjs)
+  # The browser client in Chromium, and real clients from npm (acpx).
+  (cd client-wasm/e2e && node --test --test-concurrency=1 e2e.test.mjs acpx.test.mjs)
 fi

@@ -6,64 +6,25 @@
 // (cargo build --workspace --bins), Debian chromium, `npm ci` here.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, mkdirSync, readdirSync, readFileSync, existsSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join, resolve, dirname } from "node:path";
-import { fileURLToPath } from "node:url";
-import { createInterface } from "node:readline";
+import { mkdirSync, readdirSync, readFileSync, existsSync, writeFileSync, chmodSync } from "node:fs";
+import { join } from "node:path";
 import { chromium } from "playwright-core";
 import { startServer } from "../serve.mjs";
+import { ROOT, BIN, WAIT_MS, waitFor, run, tbEnv, tempHome, tb, endAll } from "./harness.mjs";
 
-const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "../..");
-const BIN = process.env.TB_BIN_DIR || join(ROOT, "target/debug");
 const ARTIFACTS = join(ROOT, "target/e2e-artifacts");
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
-/// Upper bound for anything we wait on; a passing run never waits it out.
-const WAIT_MS = 30_000;
 
-const procs = [];
 let relayUrl, server, browser, page, baseUrl;
 let bridge; // { child, ticket, home, log }
 let relayProc; // the relay process (the last test restarts it)
 
-function waitFor(cond, what, ms = WAIT_MS) {
-  return new Promise((res, rej) => {
-    const start = Date.now();
-    const tick = () => {
-      let v;
-      try { v = cond(); } catch (e) { return rej(e); }
-      if (v) return res(v);
-      if (Date.now() - start > ms) return rej(new Error(`timed out waiting for ${what}`));
-      setTimeout(tick, 25);
-    };
-    tick();
-  });
-}
-
-/// Spawns a process, collecting its stdout lines and stderr text.
-function run(cmd, args, env = {}) {
-  const child = spawn(cmd, args, { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
-  const p = { child, out: [], err: "" };
-  createInterface({ input: child.stdout }).on("line", (l) => p.out.push(l));
-  child.stderr.on("data", (d) => (p.err += d));
-  procs.push(p);
-  return p;
-}
-
 function bridgeEnv(home) {
-  return {
-    THUNDERBOLT_HOME: home,
-    THUNDERBOLT_IROH_RELAY_URL: relayUrl,
-    THUNDERBOLT_IROH_DISCOVERY: "off",
-    THUNDERBOLT_IROH_PORTMAPPER: "off",
-    THUNDERBOLT_IROH_BIND: "127.0.0.1:0",
-    RUST_LOG: "info",
-  };
+  return tbEnv(home, relayUrl);
 }
 
 async function startBridge(agent = [], extra = []) {
-  const home = mkdtempSync(join(tmpdir(), "tb-e2e-"));
+  const home = tempHome();
   const args = ["acp", "--transport", "iroh", ...extra, ...(agent.length ? ["--", ...agent] : [])];
   const p = run(join(BIN, "thunderbolt"), args, bridgeEnv(home));
   await waitFor(() => p.out.some((l) => l.trim().startsWith("Allow a peer:")), "bridge banner").catch((e) => {
@@ -74,7 +35,7 @@ async function startBridge(agent = [], extra = []) {
 }
 
 function allow(b, nodeId) {
-  execFileSync(join(BIN, "thunderbolt"), ["iroh", "allow", nodeId], { env: { ...process.env, ...bridgeEnv(b.home) } });
+  tb(b.home, relayUrl, ["iroh", "allow", nodeId]);
 }
 
 /// The bridge's agent processes: its children (the built-in agent runs as `thunderbolt acp serve`).
@@ -122,7 +83,7 @@ before(async () => {
 after(async () => {
   await browser?.close();
   server?.close();
-  for (const p of procs) p.child.kill("SIGTERM");
+  endAll();
 });
 
 test("a browser NodeId that is not allowed gets `not allowlisted` as a typed error", async () => {
@@ -200,7 +161,7 @@ test("drop-in: the app's module name, and a ticket, a hex NodeId and a base32 No
   const b32 = base32(hex);
   assert.match(b32, /^[a-z2-7]{52}$/, "the app's form accepts ^[a-z2-7]{52,}$");
   // The CLI's own base32 (`iroh id --json`) is the same spelling as this independent encoder's.
-  const id = JSON.parse(execFileSync(join(BIN, "thunderbolt"), ["iroh", "id", "--json"], { env: { ...process.env, ...bridgeEnv(bridge.home) } }));
+  const id = JSON.parse(tb(bridge.home, relayUrl, ["iroh", "id", "--json"]));
   assert.deepEqual([id.nodeId, id.nodeIdBase32], [hex, b32]);
   const r = await page.evaluate(async (targets) => {
     // As the app imports it: the module under its own file name, initialised by its default export.
@@ -371,7 +332,7 @@ test("a page reload in the middle of a streamed reply resumes the session: the r
 });
 
 test("--transport wss: a page from the app's origin runs an ACP exchange over the printed URL", async () => {
-  const home = mkdtempSync(join(tmpdir(), "tb-e2e-wss-"));
+  const home = tempHome();
   const p = run(join(BIN, "thunderbolt"), ["acp", "--transport", "wss", "--port", "0"], bridgeEnv(home));
   const url = await waitFor(() => {
     const l = p.out.map((x) => x.trim()).find((x) => x.startsWith("Paste into the app: "));
@@ -420,6 +381,41 @@ test("--transport wss: a page from the app's origin runs an ACP exchange over th
     appServer.close();
     p.child.kill("SIGTERM");
   }
+});
+
+test("thunderbolt host: two agents (ACP and MCP) through one relay, each by its ticket, from one page with the app's API", async () => {
+  const home = tempHome();
+  mkdirSync(join(home, "agents.d"), { mode: 0o700 });
+  for (const [name, protocol] of [["coder", "acp"], ["files", "mcp"]]) {
+    const f = join(home, "agents.d", `${name}.json`);
+    writeFileSync(f, JSON.stringify({ name, protocol, command: [join(BIN, "test-agent"), "cat"] }));
+    chmodSync(f, 0o600);
+  }
+  tb(home, relayUrl, ["iroh", "allow", await page.textContent("#node-id")]);
+  const host = run(join(BIN, "thunderbolt"), ["host"], tbEnv(home, relayUrl));
+  await waitFor(() => host.out.some((l) => l.includes("Allow a peer:")), "the host's banner").catch((e) => {
+    throw new Error(`${e.message}\n${host.err}`);
+  });
+  const tickets = host.out.map((l) => l.trim()).filter((l) => l.startsWith("Ticket:")).map((l) => l.split(/\s+/)[1]);
+  assert.equal(tickets.length, 2, host.out.join("\n"));
+  const r = await page.evaluate(async ([coder, files]) => {
+    const client = window.thunderbolt.state.client;
+    // The app's byte API, as its shipped client uses it, on the ACP agent.
+    const a = await client.connect(coder, "thunderbolt/acp/0");
+    const reader = a.readable().getReader();
+    await a.send(new TextEncoder().encode('{"jsonrpc":"2.0","method":"to","params":{"agent":"coder"}}\n'));
+    let text = "";
+    while (!text.includes("\n")) text += new TextDecoder().decode((await reader.read()).value);
+    // The message API on the MCP one.
+    const m = await client.connectProtocol(files, "mcp");
+    await m.send({ jsonrpc: "2.0", method: "to", params: { agent: "files" } });
+    const { value } = await m.messages().getReader().read();
+    a.close();
+    m.close();
+    return [JSON.parse(text).params.agent, value.params.agent];
+  }, tickets);
+  assert.deepEqual(r, ["coder", "files"]);
+  host.child.kill("SIGTERM");
 });
 
 test("30 reloads of a page that never keeps its session: another device still gets an agent", async () => {
