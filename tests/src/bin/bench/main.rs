@@ -34,6 +34,7 @@ use tokio::{
     process::Command,
 };
 
+mod host;
 mod measure;
 mod nat;
 mod peers;
@@ -42,6 +43,7 @@ mod report;
 mod resume;
 mod sections;
 
+use host::*;
 use measure::*;
 use nat::*;
 use peers::*;
@@ -125,6 +127,8 @@ enum Section {
     /// Pipelined requests with large replies, resumable against plain; the bridge's
     /// memory in the worst cases one allowed peer can make.
     Pressure,
+    /// `thunderbolt host`: idle RSS with 1, 5 and 20 agents, the 20th agent's setup, a flood at another.
+    Host,
 }
 
 /// Which sections this run measures.

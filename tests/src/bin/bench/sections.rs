@@ -13,7 +13,7 @@ pub const ROUND_TRIP_BLOCKS: usize = 10;
 /// measuring client's identity (allowed in that home).
 pub struct Bench {
     pub plan: Plan,
-    relay_url: RelayUrl,
+    pub relay_url: RelayUrl,
     pub tb: Tb,
     client_key: SecretKey,
     pub agent: String,
@@ -24,6 +24,15 @@ pub const INIT: &[u8] =
     b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}\n";
 
 impl Bench {
+    /// The measuring client's NodeId (allowed on every bridge of the bench).
+    pub fn client_id(&self) -> iroh::EndpointId {
+        self.client_key.public()
+    }
+
+    pub fn client_key(&self) -> SecretKey {
+        self.client_key.clone()
+    }
+
     /// A bridge on the local relay running `argv` (the built-in agent when empty).
     async fn bridge(&self, argv: Vec<String>) -> RunningBridge {
         self.bridge_with(&[], argv, "warn").await
@@ -66,7 +75,7 @@ impl Bench {
 
 /// One path under test: the client endpoint and a raw echo server reached the same way.
 pub struct Path {
-    relay_only: bool,
+    pub relay_only: bool,
     pub ep: Endpoint,
     echo: tokio::process::Child,
     echo_addr: EndpointAddr,
@@ -145,6 +154,9 @@ pub async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<(
             }
             if only.has(Section::Pressure) {
                 rows.extend(pressure_rows(&b, &p).await?);
+            }
+            if only.has(Section::Host) {
+                rows.extend(host_rows(&b, &p).await?);
             }
         }
         p.close().await;
