@@ -1505,3 +1505,23 @@ impl Drop for HubGuard<'_> {
         self.hubs.remember(&self.hub);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn how_long_a_session_waits_with_nothing_attached() {
+        let s = Duration::from_secs;
+        let t = HubTiming { grace: s(300), buffer: 1, warm: None, idle_stop: None };
+        assert_eq!(t.wait(true), (s(300), "grace"));
+        let warm = HubTiming { warm: Some(s(120)), ..t };
+        assert_eq!(warm.wait(false), (s(120), "keep_warm"), "a warm agent's next connection");
+        assert_eq!(warm.wait(true), (s(300), "grace"), "a lost resumable connection may come back");
+        let capped = HubTiming { idle_stop: Some(s(60)), ..warm };
+        assert_eq!(capped.wait(true), (s(60), "idle_stop"));
+        assert_eq!(capped.wait(false), (s(60), "idle_stop"));
+        let loose = HubTiming { idle_stop: Some(s(900)), ..warm };
+        assert_eq!(loose.wait(false), (s(120), "keep_warm"), "idle_stop only ever shortens");
+    }
+}
