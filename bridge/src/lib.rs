@@ -22,6 +22,8 @@
 pub mod acp_agent;
 pub mod cli;
 pub mod config;
+pub mod control;
+pub mod devices;
 pub mod home;
 pub mod host;
 pub mod identity;

@@ -42,6 +42,8 @@ pub const REASON_UNKNOWN_SESSION: &str = "unknown session";
 /// Ours: the host stopped serving the agent (its manifest was removed, or
 /// changed its identity or protocol).
 pub const REASON_AGENT_REMOVED: &str = "agent removed from the host";
+/// Ours: the host's operator ended the session (`thunderbolt kick`).
+pub const REASON_KICKED: &str = "ended by the host";
 /// A resumable stream broke the protocol (a malformed or out-of-place
 /// control line); the connection is closed, the session waits as after a loss.
 pub const REASON_RESUME_PROTOCOL: &str = "resume protocol error";
@@ -181,6 +183,7 @@ pub enum Refusal {
     SessionEvicted,
     StaleResume,
     AgentRemoved,
+    Kicked,
     /// Code 1 with a reason this version does not know.
     Other(String),
 }
@@ -206,6 +209,7 @@ impl Refusal {
             REASON_SESSION_EVICTED => Self::SessionEvicted,
             REASON_STALE_RESUME => Self::StaleResume,
             REASON_AGENT_REMOVED => Self::AgentRemoved,
+            REASON_KICKED => Self::Kicked,
             r => match r.strip_prefix(SPAWN_PREFIX).and_then(|r| r.strip_suffix('\'')) {
                 Some(argv0) => Self::FailedToSpawn(argv0.to_string()),
                 None => Self::Other(r.to_string()),
@@ -282,6 +286,7 @@ impl Refusal {
             Self::SessionEvicted => REASON_SESSION_EVICTED.into(),
             Self::StaleResume => REASON_STALE_RESUME.into(),
             Self::AgentRemoved => REASON_AGENT_REMOVED.into(),
+            Self::Kicked => REASON_KICKED.into(),
             Self::Other(r) => r.clone(),
         }
     }
@@ -313,6 +318,7 @@ mod tests {
             Refusal::SessionEvicted,
             Refusal::StaleResume,
             Refusal::AgentRemoved,
+            Refusal::Kicked,
             Refusal::Other("something new".into()),
         ] {
             assert_eq!(Refusal::from_close(1, r.reason().as_bytes()), Some(r));

@@ -31,6 +31,8 @@ use crate::{
 pub async fn host(home: &Home, args: HostArgs) -> Result<()> {
     let net = args.net.config()?;
     let config = limits_config(&args.limits, &args.app)?;
+    // First: a second host on this home stops here, naming the first.
+    let control = crate::control::Control::bind(home, "host")?;
     let credential = account_backend(home, &args.app, config.backend_timeout).ok();
     let ctx = Arc::new(HostContext::new(home.clone(), net, config.clone(), credential));
     let mut folder = Folder::new(home.agents_dir(), Machine::this());
@@ -59,7 +61,7 @@ pub async fn host(home: &Home, args: HostArgs) -> Result<()> {
         started.iter().map(|s| s.name.clone()).zip(served.iter().cloned()).collect();
     let (bridge, changes) = Bridge::host(gate, config.admission, served);
     tokio::spawn(host::watch(ctx, folder, loaded, by_name, changes, stop.clone()));
-    bridge.run(stop).await;
+    crate::cli::run_served(bridge, control, stop).await;
     info!("host stopped");
     Ok(())
 }
@@ -82,6 +84,22 @@ fn list(home: &Home, a: crate::cli::args::AgentsListArgs) -> Result<()> {
         let ticket = thunderbolt_shared::EndpointTicket::new(host::offline_addr(id, &net));
         rows.push((spec, id, ticket));
     }
+    // Live sessions, from the running host (if one runs).
+    let live: HashMap<String, u64> = crate::control::client::ask_all(home, "GET", "/v1/status", None)
+        .into_iter()
+        .filter(|(_, r)| r.body["kind"] == "host")
+        .flat_map(|(_, r)| {
+            r.body["agents"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|a| {
+                    (a["name"].as_str().unwrap_or("").to_string(), a["liveSessions"].as_u64().unwrap_or(0))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
     if let Some(name) = &a.qr {
         let Some((_, _, ticket)) = rows.iter().find(|(s, _, _)| &s.name == name) else {
             bail!("no agent named '{name}' loads from {} (see `thunderbolt agents list`)", dir.display());
@@ -97,6 +115,7 @@ fn list(home: &Home, a: crate::cli::args::AgentsListArgs) -> Result<()> {
                     "name": s.name, "label": s.label, "protocol": s.protocol.as_str(),
                     "nodeId": id.to_string(), "nodeIdBase32": node_id_base32(id), "ticket": t.to_string(),
                     "file": s.source, "status": "loaded", "warnings": s.warnings,
+                    "liveSessions": live.get(&s.name),
                 })
             })
             .collect();
@@ -115,7 +134,11 @@ fn list(home: &Home, a: crate::cli::args::AgentsListArgs) -> Result<()> {
         );
     }
     for (s, id, t) in &rows {
-        println!("{} ({}, {}): loaded from {}", s.name, s.label, s.protocol, s.source.display());
+        let sessions = match live.get(&s.name) {
+            Some(n) => format!("; {n} live session(s)"),
+            None => String::new(),
+        };
+        println!("{} ({}, {}): loaded from {}{sessions}", s.name, s.label, s.protocol, s.source.display());
         println!("  NodeId: {id}  ({})", node_id_base32(id));
         println!("  Ticket: {t}");
         for w in &s.warnings {

@@ -58,6 +58,20 @@ pub enum Command {
     /// The agents the host serves: list them, or check a manifest.
     #[command(subcommand)]
     Agents(AgentsCmd),
+    /// What the running bridge or host is doing: agents, relay health, every session.
+    ///
+    /// Asks the running process through its control socket (`$THUNDERBOLT_HOME/control-*.sock`).
+    /// Exit code 0 with an answer; 3 when no bridge runs on this home.
+    Status(StatusArgs),
+    /// End sessions now: by session id (from `thunderbolt status`), NodeId or device name.
+    ///
+    /// The peer is closed with code 1 `ended by the host`, its agent ended and its slot freed;
+    /// a resumable session cannot be resumed after. Exit code 1 when nothing matched, 3 when
+    /// no bridge runs.
+    Kick(KickArgs),
+    /// Run the host as a user service that survives the terminal and reboots (systemd, launchd).
+    #[command(subcommand)]
+    Service(ServiceCmd),
     /// Store an account credential so bridges trust your own devices automatically.
     ///
     /// Writes `$THUNDERBOLT_HOME/credentials.json` (0600). The token is sent as
@@ -135,6 +149,40 @@ pub struct ServeArgs {
     /// the built-in agent (`thunderbolt acp serve`).
     #[arg(last = true, value_name = "AGENT-CMD")]
     pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Machine-readable output: `{"bridges": [ … ]}`, one entry per running bridge or host.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct KickArgs {
+    /// A session id (as `thunderbolt status` shows it), a NodeId, or a device name.
+    #[arg(value_name = "SESSION|NODEID|NAME")]
+    pub target: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ServiceCmd {
+    /// Write the unit (systemd user unit on Linux, LaunchAgent on macOS) and start it.
+    Install(ServiceArgs),
+    /// Stop the service and remove its unit.
+    Uninstall(ServiceArgs),
+    /// Whether it is installed, and what the service manager says of it.
+    Status(ServiceArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServiceArgs {
+    /// Print what would be written or done, and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The service manager to write for (default: this machine's).
+    #[arg(long = "for", value_enum, value_name = "MANAGER")]
+    pub manager: Option<crate::control::service::Manager>,
 }
 
 #[derive(Debug, Args)]

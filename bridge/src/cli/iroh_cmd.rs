@@ -77,10 +77,19 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
             let id = parse_node_id(&a.node_id)?;
             let path = home.allowlist_path();
             let removed = allowfile::deny(&path, &id)?;
+            // Running bridges re-check now instead of at their next heartbeat.
+            let ended: u64 = crate::control::client::ask_all(home, "POST", "/v1/recheck", None)
+                .iter()
+                .map(|(_, r)| r.body["ended"].as_u64().unwrap_or(0))
+                .sum();
             if a.json {
-                println!("{}", json!({"nodeId": id.to_string(), "removed": removed, "path": path}));
+                println!(
+                    "{}",
+                    json!({"nodeId": id.to_string(), "removed": removed, "path": path, "sessionsEnded": ended})
+                );
             } else if removed {
-                println!("removed {id} from {}; its next connection is refused", path.display());
+                let live = if ended > 0 { format!("; {ended} live session(s) ended") } else { String::new() };
+                println!("removed {id} from {}; its next connection is refused{live}", path.display());
             } else {
                 println!("{id} was not in {}", path.display());
             }

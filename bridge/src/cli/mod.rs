@@ -5,6 +5,7 @@ pub mod agents_cmd;
 pub mod args;
 pub mod banner;
 pub mod connect;
+pub mod control_cmd;
 pub mod iroh_cmd;
 pub mod redial;
 
@@ -34,6 +35,9 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Iroh(cmd) => iroh_cmd::run(&home, cmd),
         Command::Host(a) => agents_cmd::host(&home, a).await,
         Command::Agents(cmd) => agents_cmd::run(&home, cmd),
+        Command::Status(a) => control_cmd::status(&home, a),
+        Command::Kick(a) => control_cmd::kick(&home, a),
+        Command::Service(cmd) => control_cmd::service(&home, cmd),
         Command::Login(a) => login(&home, a),
         Command::Logout => {
             let path = account::credential_path(&home);
@@ -166,6 +170,8 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     agent.check_program().map_err(anyhow::Error::msg)?;
     let net = args.net.config()?;
     let config = serve_config(&args)?;
+    // First: a second bridge of this protocol on this home stops here, naming the first.
+    let control = crate::control::Control::bind(home, protocol.as_str())?;
     let (key, origin) = identity::load_or_create(home, &protocol)?;
     // The server's order decides (rustls picks its first ALPN the client
     // offers): r1 first, so a client offering both gets the resumable protocol.
@@ -219,8 +225,9 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     let gate = Arc::new(gate::Gate::new(config.gate.clone(), Arc::new(gate::SystemClock)));
     reaper::start();
     let session = config.session(agent);
-    let bridge = Bridge::new(endpoint, trust, gate, account.ok().map(Arc::new), config.admission, session);
-    bridge.run(stop).await;
+    let bridge = Bridge::new(endpoint, trust, gate, account.ok().map(Arc::new), config.admission, session)
+        .serving(&protocol);
+    run_served(bridge, control, stop).await;
     info!("bridge stopped");
     Ok(())
 }
@@ -294,6 +301,25 @@ pub(crate) fn account_backend(
         }
     };
     account::Backend::new(cred, timeout).map_err(|e| OffReason::BadCredential(e.to_string()))
+}
+
+/// Runs `bridge` with its control API, telling a service manager it is ready
+/// (and, later, stopping), until `stop`.
+pub(crate) async fn run_served(bridge: Bridge, control: crate::control::Control, stop: CancellationToken) {
+    let api = tokio::spawn(control.serve(bridge.handle(), stop.clone()));
+    let watchdog = tokio::spawn(crate::control::notify::watchdog(stop.clone()));
+    crate::control::notify::ready();
+    let stopping = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            crate::control::notify::stopping();
+        })
+    };
+    bridge.run(stop).await;
+    let _ = api.await;
+    watchdog.abort();
+    let _ = stopping.await;
 }
 
 /// Ctrl-C or SIGTERM: stop accepting, end every session (agents killed), exit.

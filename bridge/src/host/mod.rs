@@ -137,6 +137,8 @@ impl HostContext {
         let trust = Arc::new(trust::AcceptFrom { own, ids });
         Ok(AgentConfig {
             name: spec.name.as_str().into(),
+            label: spec.label.as_str().into(),
+            protocol: spec.protocol.to_string(),
             trust,
             session: Arc::new(session),
             max_sessions: spec.max_sessions,

@@ -72,7 +72,10 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
 use crate::{
-    limits::READ_CHUNK, serve::pump::Inbound, serve::requests::Requests, serve::session::Link,
+    limits::READ_CHUNK,
+    serve::pump::Inbound,
+    serve::requests::Requests,
+    serve::session::{Link, SessionInfo},
     trust::TrustPolicy,
 };
 
@@ -218,6 +221,8 @@ pub struct Hub {
     registry: Weak<Hubs>,
     /// Warm: the session's record of the client's requests in flight.
     requests: OnceLock<Arc<Requests>>,
+    /// What `thunderbolt status` shows of it.
+    info: Arc<SessionInfo>,
 }
 
 #[derive(Debug)]
@@ -294,6 +299,19 @@ enum Wake {
     Any,
 }
 
+/// A session as `thunderbolt status` sees it.
+#[derive(Debug)]
+pub struct HubView {
+    pub info: Arc<SessionInfo>,
+    /// The connection attached now, and whether it speaks `r1`.
+    pub attached: Option<(Connection, bool)>,
+    /// Nothing attached: how long it waits still.
+    pub waiting: Option<Duration>,
+    pub warm: bool,
+    pub resumes: u64,
+    pub gone: bool,
+}
+
 /// Why a connection could not attach.
 #[derive(Debug)]
 pub enum AttachError {
@@ -320,7 +338,9 @@ impl Hub {
         let (inject, injected) = mpsc::unbounded_channel();
         let now = Instant::now();
         let token = new_token();
+        let info = SessionInfo::new(token[..8].to_string(), agent.clone(), owner);
         let hub = Arc::new(Self {
+            info,
             id: token[..8].to_string(),
             kind,
             inject,
@@ -437,6 +457,37 @@ impl Hub {
             return None;
         }
         st.detached_since.map(|t| t.elapsed())
+    }
+
+    /// What `thunderbolt status` shows of the session now.
+    pub fn view(&self) -> HubView {
+        let st = self.lock();
+        let attached = st.attached.as_ref().map(|a| (a.conn.clone(), a.r1));
+        let waiting = match (&st.attached, st.detached_since, &st.gone) {
+            (None, Some(since), None) => {
+                let (wait, _) = self.cfg.wait(st.resumable || self.kind == HubKind::Resumable);
+                Some((since + wait).saturating_duration_since(Instant::now()))
+            }
+            _ => None,
+        };
+        HubView {
+            info: self.info.clone(),
+            attached,
+            waiting,
+            warm: self.kind == HubKind::Warm,
+            resumes: st.resumes,
+            gone: st.gone.is_some(),
+        }
+    }
+
+    pub fn info(&self) -> &Arc<SessionInfo> {
+        &self.info
+    }
+
+    /// Ends the session now: the host's operator asked (`thunderbolt kick`).
+    /// A later resume finds no such session.
+    pub fn kick(&self, reason: &str) {
+        self.end_closing(close::CLOSE_CODE_REFUSED, reason, Gone::new(reason, close::REASON_UNKNOWN_SESSION));
     }
 
     /// Attaches a connection whose client holds the first `received` frames of
@@ -1123,6 +1174,11 @@ impl Hub {
     /// how the agent ended).
     fn end_with(&self, code: u32, gone: Gone) {
         let text = if code == close::CLOSE_CODE_REFUSED { &gone.resume_reason } else { &gone.why }.clone();
+        self.end_closing(code, &text, gone);
+    }
+
+    /// Ends the session, closing the attached connection with `code` and `text`.
+    fn end_closing(&self, code: u32, text: &str, gone: Gone) {
         let mut st = self.lock();
         st.gone.get_or_insert(gone);
         let attached = st.attached.take();
@@ -1243,6 +1299,10 @@ impl Link for HubLink {
 
     fn track(&self, requests: &Arc<Requests>) {
         let _ = self.0.requests.set(requests.clone());
+    }
+
+    fn agent_started(&self, pid: Option<u32>) {
+        self.0.info.set_pid(pid);
     }
 }
 
@@ -1458,6 +1518,11 @@ impl Hubs {
             }
         }
         ended
+    }
+
+    /// Every session now.
+    pub fn all(&self) -> Vec<Arc<Hub>> {
+        self.lock().values().cloned().collect()
     }
 
     /// Sessions waiting for their client (resumable) or for a next client (warm).

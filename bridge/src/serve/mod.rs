@@ -16,8 +16,10 @@ pub mod gate;
 pub mod hub;
 pub mod pump;
 pub mod reaper;
+pub mod relay_health;
 pub mod requests;
 pub mod session;
+pub mod status;
 pub mod throttle;
 pub mod wss;
 
@@ -42,7 +44,7 @@ use tracing::{debug, info, warn, Instrument};
 use crate::{
     serve::gate::{Drop as GateDrop, Gate, RemoteKey},
     serve::hub::{Hub, HubKind, HubLink, Hubs},
-    serve::session::{refuse, SessionConfig},
+    serve::session::{refuse, SessionConfig, SessionInfo},
     serve::throttle::LogBudget,
     trust::account::Account,
     trust::{Grant, TrustPolicy},
@@ -70,6 +72,10 @@ pub struct AgentConfig {
     /// Its name, in the log (empty for the single-agent bridge, whose log
     /// lines stay as they always were).
     pub name: Arc<str>,
+    /// Shown to people (`thunderbolt status`).
+    pub label: Arc<str>,
+    /// `acp`, `mcp`.
+    pub protocol: String,
     pub trust: Arc<dyn TrustPolicy>,
     pub session: Arc<SessionConfig>,
     /// Live sessions of this agent at once, beside the bridge-wide agent cap.
@@ -87,6 +93,8 @@ pub struct Served {
     live: AtomicUsize,
     /// Cancelled when the host stops serving it.
     stop: CancellationToken,
+    /// How its endpoint's home relay is doing.
+    pub relay: relay_health::RelayHealth,
 }
 
 impl Served {
@@ -96,6 +104,7 @@ impl Served {
             config: RwLock::new(Arc::new(config)),
             live: AtomicUsize::new(0),
             stop: CancellationToken::new(),
+            relay: relay_health::RelayHealth::default(),
         })
     }
 
@@ -136,8 +145,9 @@ impl Drop for LiveGuard {
     }
 }
 
-/// An admitted plain connection: its peer, the connection, the agent it reached.
-type PlainSession = (EndpointId, Connection, Arc<Served>);
+/// An admitted connection: its peer, the connection, the agent it reached,
+/// and for a plain session what `status` shows of it (a hub has its own).
+type PlainSession = (EndpointId, Connection, Arc<Served>, Option<Arc<SessionInfo>>);
 
 /// The admitted plain connections, so the heartbeat can re-check them.
 #[derive(Debug, Default)]
@@ -146,13 +156,23 @@ pub struct Sessions {
 }
 
 impl Sessions {
-    fn insert(&self, conn: &Connection, agent: &Arc<Served>) -> SessionGuard<'_> {
+    fn insert(
+        &self,
+        conn: &Connection,
+        agent: &Arc<Served>,
+        info: Option<&Arc<SessionInfo>>,
+    ) -> SessionGuard<'_> {
         let key = conn.stable_id();
         self.map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(key, (conn.remote_id(), conn.clone(), agent.clone()));
+            .insert(key, (conn.remote_id(), conn.clone(), agent.clone(), info.cloned()));
         SessionGuard { sessions: self, key }
+    }
+
+    /// A copy of every entry, to look at without holding the lock.
+    fn snapshot(&self) -> Vec<PlainSession> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
     }
 
     /// Closes every session whose peer its agent's trust no longer admits,
@@ -160,7 +180,8 @@ impl Sessions {
     pub fn recheck(&self) -> usize {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let mut closed = 0;
-        for (peer, conn, agent) in map.values() {
+        // A hub's connection is re-checked with its hub (`Hubs::recheck`).
+        for (peer, conn, agent, _) in map.values().filter(|(_, _, _, info)| info.is_some()) {
             if agent.config().trust.check(peer).is_none() {
                 info!(peer = %peer.fmt_short(), "closing {peer}: {}", close::REASON_MEMBERSHIP_REVOKED);
                 refuse(conn, close::REASON_MEMBERSHIP_REVOKED);
@@ -174,7 +195,7 @@ impl Sessions {
     fn close_agent(&self, agent: &Arc<Served>, reason: &str) -> usize {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let mut n = 0;
-        for (_, conn, a) in map.values() {
+        for (_, conn, a, _) in map.values() {
             if Arc::ptr_eq(a, agent) {
                 refuse(conn, reason);
                 n += 1;
@@ -205,13 +226,13 @@ impl Drop for SessionGuard<'_> {
 
 /// Everything a connection task needs.
 #[derive(Debug)]
-struct Shared {
+pub(crate) struct Shared {
     gate: Arc<Gate>,
-    sessions: Sessions,
+    pub(crate) sessions: Sessions,
     /// Resumable and warm sessions, attached or waiting for their client.
-    hubs: Arc<Hubs>,
-    admission: Admission,
-    agents: Arc<Semaphore>,
+    pub(crate) hubs: Arc<Hubs>,
+    pub(crate) admission: Admission,
+    pub(crate) agents: Arc<Semaphore>,
     /// The agents served now, by name.
     served: RwLock<HashMap<Arc<str>, Arc<Served>>>,
     shutdown: CancellationToken,
@@ -238,6 +259,7 @@ pub enum Change {
 pub struct Bridge {
     shared: Arc<Shared>,
     changes: Option<mpsc::UnboundedReceiver<Change>>,
+    handle: status::BridgeHandle,
 }
 
 impl Bridge {
@@ -250,14 +272,45 @@ impl Bridge {
         admission: Admission,
         session: SessionConfig,
     ) -> Self {
+        let protocol = String::new();
         let agent = Served::new(
             endpoint,
-            AgentConfig { name: "".into(), trust, session: Arc::new(session), max_sessions: None, account },
+            AgentConfig {
+                name: "".into(),
+                label: protocol.clone().into(),
+                protocol,
+                trust,
+                session: Arc::new(session),
+                max_sessions: None,
+                account,
+            },
         );
-        let mut b = Self::empty(gate, admission);
+        let mut b = Self::empty(gate, admission, "bridge");
         b.shared.served.write().unwrap_or_else(|p| p.into_inner()).insert("".into(), agent);
         b.changes = None;
         b
+    }
+
+    /// The single agent serves `protocol` (for `thunderbolt status`).
+    pub fn serving(self, protocol: &thunderbolt_shared::Protocol) -> Self {
+        for agent in self.shared.served().values() {
+            let cfg = agent.config();
+            agent.replace(AgentConfig {
+                name: cfg.name.clone(),
+                label: protocol.as_str().into(),
+                protocol: protocol.to_string(),
+                trust: cfg.trust.clone(),
+                session: cfg.session.clone(),
+                max_sessions: cfg.max_sessions,
+                account: cfg.account.clone(),
+            });
+        }
+        self
+    }
+
+    /// What the control API drives: status, kick, recheck.
+    pub fn handle(&self) -> status::BridgeHandle {
+        self.handle.clone()
     }
 
     /// A bridge serving `agents`, to which the returned sender adds, changes
@@ -268,7 +321,7 @@ impl Bridge {
         agents: Vec<Arc<Served>>,
     ) -> (Self, mpsc::UnboundedSender<Change>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let mut b = Self::empty(gate, admission);
+        let mut b = Self::empty(gate, admission, "host");
         {
             let mut served = b.shared.served.write().unwrap_or_else(|p| p.into_inner());
             for a in agents {
@@ -279,7 +332,7 @@ impl Bridge {
         (b, tx)
     }
 
-    fn empty(gate: Arc<Gate>, admission: Admission) -> Self {
+    fn empty(gate: Arc<Gate>, admission: Admission, kind: &'static str) -> Self {
         let shared = Arc::new(Shared {
             gate,
             sessions: Sessions::default(),
@@ -296,7 +349,8 @@ impl Bridge {
             )),
             beating: std::sync::atomic::AtomicBool::new(false),
         });
-        Self { shared, changes: None }
+        let handle = status::BridgeHandle::new(shared.clone(), kind);
+        Self { shared, changes: None, handle }
     }
 
     /// Serves until `stop` is cancelled, then ends every session (agents killed
@@ -351,7 +405,7 @@ impl Bridge {
 }
 
 impl Shared {
-    fn served(&self) -> HashMap<Arc<str>, Arc<Served>> {
+    pub(crate) fn served(&self) -> HashMap<Arc<str>, Arc<Served>> {
         self.served.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
@@ -360,6 +414,7 @@ impl Shared {
 fn spawn_accept(shared: &Arc<Shared>, agent: Arc<Served>) {
     let s = shared.clone();
     let name = agent.name();
+    let agent_for_relay = agent.clone();
     let accept = async move {
         loop {
             let incoming = tokio::select! {
@@ -372,10 +427,14 @@ fn spawn_accept(shared: &Arc<Shared>, agent: Arc<Served>) {
             s.tasks.spawn(task.in_current_span());
         }
     };
+    let relay = relay_health::watch(agent_for_relay, shared.shutdown.clone());
     if name.is_empty() {
         shared.tasks.spawn(accept);
+        shared.tasks.spawn(relay);
     } else {
-        shared.tasks.spawn(accept.instrument(tracing::info_span!("agent", name = %name)));
+        let span = tracing::info_span!("agent", name = %name);
+        shared.tasks.spawn(accept.instrument(span.clone()));
+        shared.tasks.spawn(relay.instrument(span));
     }
 }
 
@@ -526,6 +585,8 @@ struct Admitted {
     cfg: Arc<AgentConfig>,
     peer: EndpointId,
     short: String,
+    /// The plain session's (a hub has its own).
+    info: Arc<SessionInfo>,
 }
 
 async fn admitted(
@@ -539,7 +600,12 @@ async fn admitted(
     let short = peer.fmt_short().to_string();
     info!(peer = %short, "admitted {peer} ({grant})");
     let _path_log = crate::paths::log_changes(&conn, short.clone());
-    let _registered = shared.sessions.insert(&conn, &agent);
+    let info = SessionInfo::new(hub::random_hex(4), cfg.name.clone(), peer);
+    // A plain session is the connection itself; the others' own hubs say what they are.
+    let r1 =
+        cfg.session.resume.is_some() && conn.alpn().ends_with(thunderbolt_shared::resume::RESUME_ALPN_SUFFIX);
+    let plain = !r1 && cfg.session.keep_warm.is_none();
+    let _registered = shared.sessions.insert(&conn, &agent, plain.then_some(&info));
     let stream = tokio::select! {
         r = tokio::time::timeout(shared.admission.stream_open_timeout, conn.accept_bi()) => r,
         _ = shared.shutdown.cancelled() => {
@@ -559,7 +625,7 @@ async fn admitted(
             return;
         }
     };
-    let a = Admitted { shared: shared.clone(), agent, cfg, peer, short };
+    let a = Admitted { shared: shared.clone(), agent, cfg, peer, short, info };
     if let Some(resume) = a.cfg.session.resume {
         // The endpoint accepts our protocol's two ALPNs only: the suffix tells them apart.
         if conn.alpn().ends_with(thunderbolt_shared::resume::RESUME_ALPN_SUFFIX) {
@@ -571,7 +637,8 @@ async fn admitted(
     }
     let Some(slot) = agent_slot(&conn, &a).await else { return };
     let session = a.cfg.session.clone();
-    session::run(conn, send, recv, session, slot.permit, a.shared.shutdown.clone()).await;
+    session::run(conn, send, recv, session, slot.permit, a.shared.shutdown.clone(), Some(a.info.clone()))
+        .await;
     drop(slot.live);
 }
 

@@ -69,10 +69,39 @@ pub trait Link: Send + Sync {
     /// The session's record of the peer's requests in flight, for a link
     /// whose peers change (a warm agent's next client did not send them).
     fn track(&self, _requests: &Arc<Requests>) {}
+    /// The agent process started (its pid, for `thunderbolt status`).
+    fn agent_started(&self, _pid: Option<u32>) {}
+}
+
+/// What `thunderbolt status` shows of a session beside its connection.
+#[derive(Debug)]
+pub struct SessionInfo {
+    /// Short and unique among the bridge's sessions: what `thunderbolt kick` takes.
+    pub id: String,
+    /// The agent's name (empty for the single-agent bridge).
+    pub agent: Arc<str>,
+    pub peer: iroh::EndpointId,
+    pub started: std::time::SystemTime,
+    /// The agent process's pid; 0 before it started.
+    pid: std::sync::atomic::AtomicU32,
+}
+
+impl SessionInfo {
+    pub fn new(id: String, agent: Arc<str>, peer: iroh::EndpointId) -> Arc<Self> {
+        Arc::new(Self { id, agent, peer, started: std::time::SystemTime::now(), pid: 0.into() })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        Some(self.pid.load(std::sync::atomic::Ordering::Relaxed)).filter(|p| *p != 0)
+    }
+
+    pub fn set_pid(&self, pid: Option<u32>) {
+        self.pid.store(pid.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// A session that is exactly one connection (`thunderbolt/<p>/0`).
-pub struct Plain(pub Connection);
+pub struct Plain(pub Connection, pub Option<Arc<SessionInfo>>);
 
 impl Link for Plain {
     type Out = SendStream;
@@ -88,6 +117,12 @@ impl Link for Plain {
 
     fn close(&self, code: u32, reason: &str) {
         self.0.close(VarInt::from_u32(code), reason.as_bytes());
+    }
+
+    fn agent_started(&self, pid: Option<u32>) {
+        if let Some(i) = &self.1 {
+            i.set_pid(pid);
+        }
     }
 
     fn finish(&self, out: &mut SendStream) {
@@ -161,10 +196,11 @@ pub async fn run(
     cfg: Arc<SessionConfig>,
     permit: OwnedSemaphorePermit,
     shutdown: CancellationToken,
+    info: Option<Arc<SessionInfo>>,
 ) -> End {
     let peer = conn.remote_id().fmt_short().to_string();
     let input = pump::ByteSource::new(recv, cfg.max_frame);
-    run_on(Plain(conn), send, input, &peer, cfg, permit, shutdown).await
+    run_on(Plain(conn, info), send, input, &peer, cfg, permit, shutdown).await
 }
 
 /// Runs the agent for a session's `link`: its output goes to `out`, its input
@@ -189,6 +225,7 @@ pub async fn run_on<L: Link>(
         }
     };
     let pid = process.id();
+    link.agent_started(pid);
     info!(peer = %peer, pid, "agent started: {}", cfg.agent.redacted());
     let stderr = stderr.map(|e| AbortOnDropHandle::new(tokio::spawn(log_stderr(e, peer.clone()))));
     let end = drive(&link, out, input, stdin, stdout, process.as_mut(), &cfg, &peer, &shutdown).await;

@@ -135,7 +135,10 @@ pub async fn host_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
     }
     let one = rss[0].1;
     for (n, kib) in &rss[1..] {
-        rows.push(row_stats(&format!("host RSS idle, {n} agents"), "KiB", *kib, one, false).named_baseline("host with 1 agent"));
+        rows.push(
+            row_stats(&format!("host RSS idle, {n} agents"), "KiB", *kib, one, false)
+                .named_baseline("host with 1 agent"),
+        );
     }
     Ok(rows)
 }

@@ -1,0 +1,136 @@
+//! Whether an endpoint's home relay is reachable, told the truth about: a
+//! bridge that a browser cannot reach (browsers come only through the relay)
+//! must never look healthy. Every change is one log line at the default level
+//! (connected; lost or unreachable, with the cause), and [`RelayHealth`] keeps
+//! what `thunderbolt status` shows: connected or not, since when, how many
+//! times it dropped, the last error.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::SystemTime,
+};
+
+use futures::StreamExt;
+use iroh::Watcher;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::serve::Served;
+
+/// The home relay as last seen.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayState {
+    /// The home relay's URL; `None` with relays disabled or before one is picked.
+    pub url: Option<String>,
+    pub connected: bool,
+    /// Since when it is connected (or not).
+    pub since: Option<SystemTime>,
+    /// Times a connection to it was lost.
+    pub drops: u64,
+    /// The most recent failure, in words.
+    pub last_error: Option<String>,
+}
+
+/// Shared between the watcher and whoever reports it.
+#[derive(Debug, Default)]
+pub struct RelayHealth(Mutex<RelayState>);
+
+impl RelayHealth {
+    pub fn get(&self) -> RelayState {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut RelayState)) {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+}
+
+/// Follows `agent`'s endpoint's home relay until `stop`.
+pub async fn watch(agent: Arc<Served>, stop: CancellationToken) {
+    let mut statuses = agent.endpoint.home_relay_status().stream();
+    loop {
+        let next = tokio::select! {
+            s = statuses.next() => s,
+            _ = stop.cancelled() => return,
+        };
+        let Some(list) = next else { return };
+        let Some(status) = list.first() else { continue };
+        let url = status.url().to_string();
+        let connected = status.is_connected();
+        let error = status
+            .auth_denied_reason()
+            .map(|r| format!("the relay refused this bridge: {r}"))
+            .or_else(|| status.last_error().map(|e| describe(&format!("{e:#}"))));
+        let before = agent.relay.get();
+        agent.relay.update(|s| {
+            if s.connected != connected || s.url.as_deref() != Some(&url) {
+                s.since = Some(SystemTime::now());
+            }
+            if s.connected && !connected {
+                s.drops += 1;
+            }
+            s.url = Some(url.clone());
+            s.connected = connected;
+            if error.is_some() {
+                s.last_error = error.clone();
+            }
+        });
+        match (before.connected, connected) {
+            (false, true) => info!("relay {url}: connected"),
+            (true, false) => warn!(
+                "relay {url}: connection lost{} (browsers cannot reach this bridge until it is back; retrying)",
+                error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
+            ),
+            (false, false) if error.is_some() && error != before.last_error => warn!(
+                "relay {url}: unreachable: {} (browsers cannot reach this bridge; retrying)",
+                error.as_deref().unwrap_or_default()
+            ),
+            _ => {}
+        }
+    }
+}
+
+/// A relay failure in words a person can act on: the certificate, a refusal,
+/// or the network, first; iroh's own chain after.
+pub fn describe(chain: &str) -> String {
+    let lower = chain.to_ascii_lowercase();
+    let cause = if lower.contains("unknownissuer")
+        || lower.contains("unknown issuer")
+        || lower.contains("certificate")
+    {
+        "its TLS certificate is not trusted (a private CA? give it with THUNDERBOLT_IROH_RELAY_CA)"
+    } else if lower.contains("connection refused") {
+        "nothing listens there (connection refused)"
+    } else if lower.contains("dns") || lower.contains("resolve") || lower.contains("lookup") {
+        "its name does not resolve"
+    } else if lower.contains("timed out") || lower.contains("timeout") {
+        "no answer (timed out)"
+    } else if lower.contains("401")
+        || lower.contains("403")
+        || lower.contains("denied")
+        || lower.contains("unauthorized")
+    {
+        "the relay refused this endpoint (its access list)"
+    } else {
+        ""
+    };
+    if cause.is_empty() {
+        chain.to_string()
+    } else {
+        format!("{cause} ({chain})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_come_first() {
+        assert!(describe("tls: invalid peer certificate: UnknownIssuer")
+            .starts_with("its TLS certificate is not trusted"));
+        assert!(describe("io: Connection refused (os error 111)").starts_with("nothing listens there"));
+        assert_eq!(describe("something else"), "something else");
+    }
+}

@@ -1,0 +1,239 @@
+//! What a running bridge is doing, as `thunderbolt status` shows it, and
+//! what its operator can ask of it (end sessions now, re-check trust now).
+//! The control API ([`crate::control`]) serves these over its socket.
+
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use iroh::endpoint::Connection;
+use serde::Serialize;
+use thunderbolt_shared::{close, node_id_base32, EndpointTicket};
+
+use crate::{
+    paths,
+    serve::{relay_health::RelayState, session::SessionInfo, Shared},
+};
+
+/// The whole picture.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub pid: u32,
+    pub version: String,
+    /// `host` or `bridge` (the single-agent commands).
+    pub kind: String,
+    pub started_ms: u64,
+    pub agents: Vec<AgentStatus>,
+    pub sessions: Vec<SessionStatus>,
+    /// Agent slots in use, and how many there are (`--max-agents`).
+    pub slots_used: usize,
+    pub slots: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    /// Empty for the single-agent bridge.
+    pub name: String,
+    pub label: String,
+    pub protocol: String,
+    pub node_id: String,
+    pub node_id_base32: String,
+    pub ticket: String,
+    pub live_sessions: usize,
+    pub relay: RelayStatus,
+}
+
+/// [`RelayState`] with times as numbers.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayStatus {
+    pub url: Option<String>,
+    pub connected: bool,
+    pub since_ms: Option<u64>,
+    pub drops: u64,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionStatus {
+    /// What `thunderbolt kick` takes.
+    pub id: String,
+    pub agent: String,
+    pub peer: String,
+    pub peer_short: String,
+    /// The device's name, where one is known.
+    pub device: Option<String>,
+    pub since_ms: u64,
+    /// `attached`, `detached` (a resumable session waiting for its client) or
+    /// `warm` (a warm agent waiting for its peer's next connection).
+    pub state: String,
+    /// `r1` (resumable) or `0` (plain); `None` with nothing attached.
+    pub protocol: Option<String>,
+    /// `direct`, `relay`, or `none`.
+    pub path: String,
+    pub rtt_ms: Option<f64>,
+    /// QUIC bytes of the attached connection, each way.
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Nothing attached: how long the session still waits.
+    pub waits_ms: Option<u64>,
+    pub pid: Option<u32>,
+    pub resumes: u64,
+}
+
+fn ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_millis() as u64
+}
+
+/// Path, RTT and bytes of a connection.
+fn conn_view(conn: &Connection) -> (String, Option<f64>, u64, u64) {
+    let path = match paths::selected(conn) {
+        Some((kind, _)) => kind.to_string(),
+        None => "none".to_string(),
+    };
+    let rtt = conn.paths().iter().find(|p| p.is_selected()).map(|p| p.rtt().as_secs_f64() * 1e3);
+    let stats = conn.stats();
+    (path, rtt, stats.udp_tx.bytes, stats.udp_rx.bytes)
+}
+
+fn session(
+    info: &SessionInfo,
+    state: &str,
+    conn: Option<(&Connection, bool)>,
+    waits: Option<Duration>,
+    resumes: u64,
+) -> SessionStatus {
+    let (path, rtt_ms, bytes_sent, bytes_received) = match conn {
+        Some((c, _)) => conn_view(c),
+        None => ("none".to_string(), None, 0, 0),
+    };
+    SessionStatus {
+        id: info.id.clone(),
+        agent: info.agent.to_string(),
+        peer: info.peer.to_string(),
+        peer_short: info.peer.fmt_short().to_string(),
+        device: crate::devices::name_of(&info.peer),
+        since_ms: ms(info.started),
+        state: state.to_string(),
+        protocol: conn.map(|(_, r1)| if r1 { "r1" } else { "0" }.to_string()),
+        path,
+        rtt_ms,
+        bytes_sent,
+        bytes_received,
+        waits_ms: waits.map(|d| d.as_millis() as u64),
+        pid: info.pid(),
+        resumes,
+    }
+}
+
+/// What the control API asks of a running bridge.
+#[derive(Debug, Clone)]
+pub struct BridgeHandle {
+    pub(crate) shared: Arc<Shared>,
+    pub kind: &'static str,
+    started: SystemTime,
+}
+
+impl BridgeHandle {
+    pub(crate) fn new(shared: Arc<Shared>, kind: &'static str) -> Self {
+        Self { shared, kind, started: SystemTime::now() }
+    }
+
+    pub fn status(&self) -> Status {
+        let s = &self.shared;
+        let mut agents: Vec<AgentStatus> = s
+            .served()
+            .values()
+            .map(|a| {
+                let cfg = a.config();
+                let relay: RelayState = a.relay.get();
+                let id = a.endpoint.id();
+                AgentStatus {
+                    name: cfg.name.to_string(),
+                    label: cfg.label.to_string(),
+                    protocol: cfg.protocol.clone(),
+                    node_id: id.to_string(),
+                    node_id_base32: node_id_base32(&id),
+                    ticket: EndpointTicket::new(a.endpoint.addr()).to_string(),
+                    live_sessions: a.live_sessions(),
+                    relay: RelayStatus {
+                        url: relay.url,
+                        connected: relay.connected,
+                        since_ms: relay.since.map(ms),
+                        drops: relay.drops,
+                        last_error: relay.last_error,
+                    },
+                }
+            })
+            .collect();
+        agents.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut sessions: Vec<SessionStatus> = s
+            .sessions
+            .snapshot()
+            .iter()
+            .filter_map(|(_, conn, _, info)| {
+                Some(session(info.as_ref()?, "attached", Some((conn, false)), None, 0))
+            })
+            .collect();
+        for hub in s.hubs.all() {
+            let v = hub.view();
+            if v.gone {
+                continue;
+            }
+            let state = match (&v.attached, v.warm) {
+                (Some(_), _) => "attached",
+                (None, true) => "warm",
+                (None, false) => "detached",
+            };
+            let conn = v.attached.as_ref().map(|(c, r1)| (c, *r1));
+            sessions.push(session(&v.info, state, conn, v.waiting, v.resumes));
+        }
+        sessions.sort_by_key(|x| x.since_ms);
+        Status {
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            kind: self.kind.to_string(),
+            started_ms: ms(self.started),
+            agents,
+            sessions,
+            slots_used: s.admission.max_agents - s.agents.available_permits(),
+            slots: s.admission.max_agents,
+        }
+    }
+
+    /// Ends the sessions `target` names (a session id, or a peer's NodeId or
+    /// device name) now, with code 1 `ended by the host`. Returns how many.
+    pub fn kick(&self, target: &str) -> usize {
+        let peer = crate::devices::resolve(target);
+        let matches = |info: &SessionInfo| info.id == target || peer.is_some_and(|p| p == info.peer);
+        let mut n = 0;
+        for (_, conn, _, info) in self.shared.sessions.snapshot() {
+            if info.as_ref().is_some_and(|i| matches(i)) {
+                let info = info.expect("matched");
+                tracing::info!(peer = %info.peer.fmt_short(), session = %info.id, "ending the session: {}", close::REASON_KICKED);
+                crate::serve::session::refuse(&conn, close::REASON_KICKED);
+                n += 1;
+            }
+        }
+        for hub in self.shared.hubs.all() {
+            if matches(hub.info()) && !hub.view().gone {
+                tracing::info!(peer = %hub.info().peer.fmt_short(), session = hub.short(), "ending the session: {}", close::REASON_KICKED);
+                hub.kick(close::REASON_KICKED);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Re-checks every session against its agent's trust now (e.g. after
+    /// `iroh deny`) instead of at the next heartbeat. Returns how many ended.
+    pub fn recheck(&self) -> usize {
+        let served = self.shared.served();
+        let trust_of = |name: &str| served.get(name).map(|a| a.config().trust.clone());
+        self.shared.sessions.recheck() + self.shared.hubs.recheck(trust_of)
+    }
+}
