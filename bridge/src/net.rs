@@ -197,7 +197,7 @@ pub async fn reachable_addr(ep: &Endpoint, relays: &Relays) -> EndpointAddr {
         debug!("no direct address after {:?}", limits::DIRECT_ADDR_TIMEOUT);
     }
     if *relays != Relays::Disabled {
-        wait_online(ep, limits::RELAY_ONLINE_TIMEOUT).await;
+        wait_online(ep, relays, limits::RELAY_ONLINE_TIMEOUT).await;
     }
     ep.addr()
 }
@@ -214,13 +214,37 @@ pub async fn close_endpoint(ep: Endpoint, budget: Duration) {
     }
 }
 
-async fn wait_online(ep: &Endpoint, timeout: Duration) {
+async fn wait_online(ep: &Endpoint, relays: &Relays, timeout: Duration) {
     if tokio::time::timeout(timeout, ep.online()).await.is_err() {
+        let why = relay_problem(ep, relays).map(|w| format!(": {w}")).unwrap_or_default();
         warn!(
-            "no relay reachable within {timeout:?}; the ticket carries direct addresses only \
-             (works on this host and LAN); the relay is retried in the background"
+            "no relay reachable within {timeout:?}{why}; browsers cannot reach this bridge until one is. \
+             The ticket carries direct addresses only (works on this host and LAN); the relay is retried \
+             in the background"
         );
     }
+}
+
+/// Why the home relay is not connected, in words (its cause first), if it
+/// is not (and relays are configured at all).
+pub fn relay_problem(ep: &Endpoint, relays: &Relays) -> Option<String> {
+    if *relays == Relays::Disabled {
+        return None;
+    }
+    let statuses = ep.home_relay_status().get();
+    let Some(s) = statuses.first() else {
+        let urls: Vec<String> = relays.urls().iter().map(|u| u.to_string()).collect();
+        return Some(format!("none of {} answered", urls.join(", ")));
+    };
+    if s.is_connected() {
+        return None;
+    }
+    let why = s
+        .auth_denied_reason()
+        .map(|r| format!("the relay refused this endpoint: {r}"))
+        .or_else(|| s.last_error().map(|e| crate::serve::relay_health::describe(&format!("{e:#}"))))
+        .unwrap_or_else(|| "no answer yet".to_string());
+    Some(format!("{} {why}", s.url()))
 }
 
 #[cfg(test)]

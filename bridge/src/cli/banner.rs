@@ -28,6 +28,8 @@ pub struct Banner<'a> {
     pub resume: Option<crate::serve::hub::ResumeConfig>,
     /// `--keep-warm`, when on.
     pub keep_warm: Option<std::time::Duration>,
+    /// Why the relay was not reached at start, when it was not.
+    pub relay_problem: Option<String>,
 }
 
 impl Banner<'_> {
@@ -51,6 +53,12 @@ impl Banner<'_> {
             if direct.is_empty() { "none".into() } else { direct.join(", ") },
             if relays.is_empty() { "none".into() } else { relays.join(", ") }
         );
+        if let Some(why) = &self.relay_problem {
+            let _ = writeln!(
+                s,
+                "  Relay:   NOT reachable ({why}); browsers cannot reach this bridge until it is"
+            );
+        }
         match pairing_url(self.app_url, p) {
             Some(url) => {
                 let _ = writeln!(s, "  Pair:    open {url} and add this bridge with the ticket above");

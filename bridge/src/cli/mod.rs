@@ -213,6 +213,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         app_url: app_url.as_deref(),
         resume: config.resume,
         keep_warm: config.keep_warm,
+        relay_problem: net::relay_problem(&endpoint, &net.relays),
     };
     // Before the banner: a SIGTERM right after it must shut down cleanly.
     let term = signals::Terminate::new();
@@ -226,7 +227,8 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     reaper::start();
     let session = config.session(agent);
     let bridge = Bridge::new(endpoint, trust, gate, account.ok().map(Arc::new), config.admission, session)
-        .serving(&protocol);
+        .serving(&protocol)
+        .relays(&net.relays);
     run_served(bridge, control, stop).await;
     info!("bridge stopped");
     Ok(())

@@ -63,6 +63,8 @@ pub struct Started {
     pub protocol: String,
     pub addr: EndpointAddr,
     pub account: String,
+    /// Why its relay was not reached at start, when it was not.
+    pub relay_problem: Option<String>,
 }
 
 impl Started {
@@ -101,14 +103,18 @@ impl HostContext {
             |a| a.trust.status().to_string(),
         );
         let config = self.agent_config(spec, account)?;
+        let relay_problem = crate::net::relay_problem(&ep, &net.relays);
         let started = Started {
+            relay_problem,
             name: spec.name.clone(),
             label: spec.label.clone(),
             protocol: spec.protocol.to_string(),
             addr,
             account: account_status,
         };
-        Ok((Served::new(ep, config), started))
+        let served = Served::new(ep, config);
+        served.relay.configured(&net.relays);
+        Ok((served, started))
     }
 
     /// How `spec`'s sessions run and who may reach it.
@@ -291,6 +297,12 @@ pub fn banner(
         let _ = writeln!(s, "    NodeId:  {}  ({})", a.addr.id, node_id_base32(&a.addr.id));
         let _ = writeln!(s, "    Ticket:  {}", a.ticket());
         let _ = writeln!(s, "    Account: {}", a.account);
+        if let Some(why) = &a.relay_problem {
+            let _ = writeln!(
+                s,
+                "    Relay:   NOT reachable ({why}); browsers cannot reach this agent until it is"
+            );
+        }
     }
     for (file, why) in &loaded.refused {
         let _ = writeln!(s, "  Refused: {}: {why}", file.display());

@@ -308,6 +308,15 @@ impl Bridge {
         self
     }
 
+    /// The relays the endpoints are configured with (what `status` says is
+    /// unreachable before iroh picks one).
+    pub fn relays(self, relays: &crate::net::Relays) -> Self {
+        for agent in self.shared.served().values() {
+            agent.relay.configured(relays);
+        }
+        self
+    }
+
     /// What the control API drives: status, kick, recheck.
     pub fn handle(&self) -> status::BridgeHandle {
         self.handle.clone()

@@ -44,6 +44,20 @@ impl RelayHealth {
     fn update(&self, f: impl FnOnce(&mut RelayState)) {
         f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()));
     }
+
+    /// The relay the endpoint is set up with, before any is reached.
+    pub fn configured(&self, relays: &crate::net::Relays) {
+        let first = relays.urls().first().map(|u| u.to_string());
+        self.update(|s| {
+            if s.url.is_none() {
+                s.url = first;
+                s.since = Some(SystemTime::now());
+                if s.url.is_some() && !s.connected {
+                    s.last_error = Some("not reached yet".into());
+                }
+            }
+        });
+    }
 }
 
 /// Follows `agent`'s endpoint's home relay until `stop`.
