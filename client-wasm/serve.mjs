@@ -22,6 +22,12 @@ export function startServer(port = 0, host = "127.0.0.1") {
   const server = createServer(async (req, res) => {
     try {
       let path = normalize(decodeURIComponent(new URL(req.url, "http://x").pathname));
+      // The app's pairing pages (`thunderbolt iroh pair --app-url <this server>`):
+      // the demo page stands in. The browser keeps the #fragment across the redirect.
+      if (path === "/settings/agents" || path === "/settings/mcp-servers") {
+        res.writeHead(302, { location: "/www/" });
+        return res.end();
+      }
       if (path.includes("..")) throw Object.assign(new Error("bad path"), { code: "ENOENT" });
       let file = join(ROOT, path);
       if ((await stat(file)).isDirectory()) file = join(file, "index.html");

@@ -1,15 +1,167 @@
-//! Devices: the peers a bridge knows by name.
+//! Devices: the peers a bridge knows by name, how and when each was added,
+//! and when it was last seen.
 //!
-//! Names live beside the allow file, never inside it (the reference tool
-//! compares each allow-file line whole: a user switching back keeps every
-//! pairing). This is how the rest of the bridge asks about them.
+//! Kept in `iroh/devices.json`, beside the allow file and never inside it:
+//! the reference tool compares each allow-file line whole, so a user who
+//! switches back keeps every pairing. The allow file still decides who gets
+//! in; this file only names them (`iroh list`, `status`, the log) and lets
+//! `iroh deny` and `kick` take a name.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::PathBuf,
+    sync::Mutex,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
 
 use iroh::EndpointId;
+use serde::{Deserialize, Serialize};
 use thunderbolt_shared::parse_node_id;
+use tracing::debug;
 
-/// The NodeId a kick or deny target names: a NodeId (hex, base32 or a
-/// ticket) or a device name.
-pub fn resolve(target: &str) -> Option<EndpointId> {
+use crate::home::{self, Home};
+
+/// How often a device's "last seen" is written: a device that reconnects
+/// all day costs one write a minute, not one per connection.
+pub const SEEN_EVERY: Duration = Duration::from_secs(60);
+
+/// How a device came to be allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum How {
+    /// It paired with a one-time code (`iroh pair`).
+    Pairing,
+    /// `iroh allow`.
+    Allow,
+    /// The account lists it.
+    Account,
+}
+
+impl std::fmt::Display for How {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            How::Pairing => "pairing",
+            How::Allow => "iroh allow",
+            How::Account => "account",
+        })
+    }
+}
+
+/// What is known of one device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    pub name: Option<String>,
+    pub how: How,
+    pub added_ms: u64,
+    pub last_seen_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct File {
+    /// By NodeId (hex).
+    devices: BTreeMap<String, Device>,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_millis() as u64
+}
+
+/// The devices of one home.
+#[derive(Debug)]
+pub struct Devices {
+    path: PathBuf,
+    last_seen_write: Mutex<HashMap<EndpointId, Instant>>,
+}
+
+impl Devices {
+    pub fn new(home: &Home) -> Self {
+        Self { path: home.iroh_dir().join("devices.json"), last_seen_write: Mutex::new(HashMap::new()) }
+    }
+
+    /// Every device (a missing or unreadable file is none; the latter is logged).
+    pub fn all(&self) -> BTreeMap<EndpointId, Device> {
+        let file: File = match home::read_json(&self.path) {
+            Ok(f) => f,
+            Err(e) => {
+                debug!("{e}");
+                File::default()
+            }
+        };
+        file.devices.into_iter().filter_map(|(k, v)| Some((parse_node_id(&k).ok()?, v))).collect()
+    }
+
+    pub fn get(&self, id: &EndpointId) -> Option<Device> {
+        self.all().remove(id)
+    }
+
+    pub fn name_of(&self, id: &EndpointId) -> Option<String> {
+        self.get(id).and_then(|d| d.name)
+    }
+
+    /// The device named `name` (compared without case).
+    pub fn by_name(&self, name: &str) -> Option<EndpointId> {
+        self.all()
+            .into_iter()
+            .find(|(_, d)| d.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name.trim())))
+            .map(|(id, _)| id)
+    }
+
+    /// Notes `id` as added `how`, with `name` (keeping an earlier name when none is given).
+    pub fn record(&self, id: &EndpointId, name: Option<String>, how: How) -> std::io::Result<()> {
+        home::edit_json(&self.path, |f: &mut File| {
+            let d = f.devices.entry(id.to_string()).or_insert(Device {
+                name: None,
+                how,
+                added_ms: now_ms(),
+                last_seen_ms: None,
+            });
+            if name.is_some() {
+                d.name = name;
+            }
+            d.how = how;
+        })
+    }
+
+    /// Forgets `id` (it was denied).
+    pub fn forget(&self, id: &EndpointId) -> std::io::Result<()> {
+        home::edit_json(&self.path, |f: &mut File| {
+            f.devices.remove(&id.to_string());
+        })
+    }
+
+    /// `id` was admitted just now: its "last seen" is written, at most once
+    /// per [`SEEN_EVERY`]; one never recorded is recorded as added `how`.
+    pub fn seen(&self, id: &EndpointId, how: How) {
+        {
+            let mut last = self.last_seen_write.lock().unwrap_or_else(|p| p.into_inner());
+            if last.get(id).is_some_and(|t| t.elapsed() < SEEN_EVERY) {
+                return;
+            }
+            last.insert(*id, Instant::now());
+        }
+        let r = home::edit_json(&self.path, |f: &mut File| {
+            let d = f.devices.entry(id.to_string()).or_insert(Device {
+                name: None,
+                how,
+                added_ms: now_ms(),
+                last_seen_ms: None,
+            });
+            d.last_seen_ms = Some(now_ms());
+        });
+        if let Err(e) = r {
+            debug!("could not note that {} was seen: {e}", id.fmt_short());
+        }
+    }
+
+    /// The NodeId a target names: a NodeId (hex, base32, a ticket) or a device name.
+    pub fn resolve(&self, target: &str) -> Option<EndpointId> {
+        resolve_id(target).or_else(|| self.by_name(target))
+    }
+}
+
+/// A NodeId written as hex, base32 or a ticket.
+pub fn resolve_id(target: &str) -> Option<EndpointId> {
     let t = target.trim();
     if let Ok(id) = parse_node_id(t) {
         return Some(id);
@@ -17,7 +169,29 @@ pub fn resolve(target: &str) -> Option<EndpointId> {
     t.parse::<thunderbolt_shared::Target>().ok().map(|t| t.id())
 }
 
-/// The name a device was given, if any.
-pub fn name_of(_peer: &EndpointId) -> Option<String> {
-    None
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_live_beside_the_allow_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().to_path_buf());
+        let d = Devices::new(&home);
+        let id = iroh::SecretKey::from_bytes(&[5; 32]).public();
+        assert_eq!(d.name_of(&id), None);
+        d.record(&id, Some("Pixel 9".into()), How::Pairing).unwrap();
+        assert_eq!(d.by_name("pixel 9"), Some(id));
+        assert_eq!(d.resolve("Pixel 9"), Some(id));
+        assert_eq!(d.resolve(&id.to_string()), Some(id));
+        d.seen(&id, How::Allow);
+        let dev = d.get(&id).unwrap();
+        assert_eq!((dev.how, dev.name.as_deref()), (How::Pairing, Some("Pixel 9")));
+        assert!(dev.last_seen_ms.is_some());
+        d.record(&id, None, How::Allow).unwrap();
+        assert_eq!(d.name_of(&id).as_deref(), Some("Pixel 9"), "a name stays unless replaced");
+        d.forget(&id).unwrap();
+        assert!(d.all().is_empty());
+        assert!(!home.allowlist_path().exists(), "the allow file is not touched");
+    }
 }

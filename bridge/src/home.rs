@@ -82,6 +82,65 @@ impl Home {
     }
 }
 
+/// An exclusive lock serializing edits of a file across processes (a sidecar
+/// `.<name>.lock` beside it), held until dropped: concurrent `iroh allow`
+/// runs, a pairing the bridge records, never lose one another's change.
+pub struct EditLock(#[allow(dead_code)] fs::File);
+
+impl EditLock {
+    /// Takes the lock for `path`, waiting for another editor to finish.
+    pub fn take(path: &Path) -> std::io::Result<Self> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(FILE_MODE)
+            .open(dir.join(format!(".{name}.lock")))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a descriptor we own; blocks until the other editor is done.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self(f))
+    }
+}
+
+/// Reads `path` as JSON (`T::default()` when it does not exist), lets `edit`
+/// change it, and writes it back atomically at 0600, all under the file's
+/// [`EditLock`]. Returns what `edit` returned.
+pub fn edit_json<T, R>(path: &Path, edit: impl FnOnce(&mut T) -> R) -> std::io::Result<R>
+where
+    T: serde::de::DeserializeOwned + serde::Serialize + Default,
+{
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let _lock = EditLock::take(path)?;
+    let mut value = read_json(path)?;
+    let out = edit(&mut value);
+    let text = serde_json::to_vec_pretty(&value).map_err(std::io::Error::other)?;
+    write_secure_atomic(path, &text).map_err(std::io::Error::other)?;
+    Ok(out)
+}
+
+/// Reads `path` as JSON; `T::default()` when it does not exist. A file that
+/// exists but does not parse is an error naming it (never silently replaced).
+pub fn read_json<T: serde::de::DeserializeOwned + Default>(path: &Path) -> std::io::Result<T> {
+    match fs::read(path) {
+        Ok(b) => serde_json::from_slice(&b).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{} is not valid: {e}", path.display()),
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(T::default()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Forces a file to 0600 (we do this on every load: a key copied with `cp`
 /// from another machine often arrives world-readable).
 /// A change is logged (once: the next load finds 0600), so a user who made the

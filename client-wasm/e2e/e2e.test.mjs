@@ -418,6 +418,42 @@ test("thunderbolt host: two agents (ACP and MCP) through one relay, each by its 
   host.child.kill("SIGTERM");
 });
 
+test("a pairing link: the demo page pairs, connects and runs an ACP exchange; nobody types its NodeId", async () => {
+  const b = await startBridge();
+  const minted = JSON.parse(tb(b.home, relayUrl, ["iroh", "pair", "--json", "--app-url", baseUrl]));
+  assert.equal(minted.ticket, b.ticket, "the running bridge's ticket");
+  assert.ok(minted.link.startsWith(`${baseUrl}/settings/agents#ticket=`), minted.link);
+  // A fresh profile: a device the workstation has never seen.
+  const ctx = await browser.newContext();
+  const phone = await ctx.newPage();
+  await phone.goto(minted.link);
+  await phone.waitForFunction(() => document.querySelector("#status").className === "ok" || window.lastError, null, { timeout: WAIT_MS });
+  const err = await phone.evaluate(() => window.lastError);
+  assert.equal(err, undefined, `pairing failed: ${JSON.stringify(err)}\n${b.err}`);
+  assert.ok(!phone.url().includes("pair="), `the spent code left the address bar: ${phone.url()}`);
+  const nodeId = await phone.textContent("#node-id");
+  const name = await phone.inputValue("#device-name");
+  assert.match(await phone.textContent("#paired-as"), new RegExp(name));
+  await phone.fill("#prompt", "paired in one step");
+  await phone.click("#send");
+  await phone.waitForFunction(() => document.querySelector("#reply").dataset.stopReason === "end_turn", null, { timeout: WAIT_MS });
+  assert.equal(await phone.textContent("#reply"), "You said: paired in one step");
+  await phone.screenshot({ path: join(ARTIFACTS, "demo-page-paired.png"), fullPage: true });
+  const list = JSON.parse(tb(b.home, relayUrl, ["iroh", "list", "--json"]));
+  assert.deepEqual(list.devices.map((d) => [d.nodeId, d.name, d.how]), [[nodeId, name, "pairing"]]);
+  // The same link in another fresh profile: the code is spent, and says so.
+  const ctx2 = await browser.newContext();
+  const late = await ctx2.newPage();
+  await late.goto(minted.link);
+  await late.waitForFunction(() => window.lastError, null, { timeout: WAIT_MS });
+  assert.equal((await late.evaluate(() => window.lastError)).reason, "pairing code already used");
+  assert.match(await late.textContent("#status"), /pairing failed: .*already used/);
+  assert.equal(JSON.parse(tb(b.home, relayUrl, ["iroh", "list", "--json"])).devices.length, 1);
+  await ctx.close();
+  await ctx2.close();
+  b.child.kill("SIGTERM");
+});
+
 test("30 reloads of a page that never keeps its session: another device still gets an agent", async () => {
   // Each reload leaves a resumable session behind without a close; the bridge
   // notices after its idle timeout (2 s here, so the reloads can come fast)

@@ -8,6 +8,8 @@
 //! await init();
 //! const client = await IrohClient.create(localStorage.secret, "https://relay.example");
 //! localStorage.secret = client.secretKeyHex();        // stable NodeId across reloads
+//! // Once, with a pairing link's #ticket=…&pair=… (`thunderbolt iroh pair`):
+//! await client.pair(ticket, code, "Chrome on Linux");   // → {paired: true, name}
 //! // Byte API (drop-in for the app's client):
 //! const conn = await client.connect(ticket, "thunderbolt/acp/0");
 //! await conn.send(new TextEncoder().encode('{"jsonrpc":"2.0",...}\n'));

@@ -13,7 +13,7 @@ use thunderbolt_shared::{
     close,
     jsonrpc::is_json,
     ndjson::{encode_frame, is_blank, LineFramer, MAX_FRAME_LEN, MIN_FRAME_LEN},
-    Protocol, Target,
+    pairing, Protocol, Target,
 };
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
@@ -270,6 +270,36 @@ impl IrohClient {
                 false,
             );
             Ok(FramedConnection { inner: Framed::Resumable(r), max_frame }.into())
+        })
+    }
+
+    /// Pairs this client with a bridge using a one-time code (the `pair=` of a
+    /// pairing link, beside its `ticket=`): afterwards this NodeId is allowed
+    /// there and connects as usual. `name`: what the device is listed as
+    /// (`iroh list`); `protocol`: `acp` (default) or `mcp`. Resolves with
+    /// `{paired: true, name}`; a refused code rejects with `kind: "closed"` and
+    /// the bridge's `reason` (`pairing code expired`, `pairing code already used`, …).
+    #[wasm_bindgen(unchecked_return_type = "Promise<{paired: boolean, name?: string}>")]
+    pub fn pair(
+        &self,
+        target: String,
+        secret: String,
+        name: Option<String>,
+        protocol: Option<String>,
+        timeout_ms: Option<u32>,
+    ) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let p: Protocol = protocol.as_deref().unwrap_or("acp").parse().map_err(input_error)?;
+            let c = dial(&inner, &target, pairing::pair_alpn(&p), timeout_ms).await?;
+            c.write(&pairing::request(&secret, name.as_deref().unwrap_or_default())).await?;
+            let _ = c.send.lock().await.finish();
+            let mut recv = c.take_recv()?;
+            let answer = recv.read_to_end(pairing::MAX_PAIR_LINE).await.map_err(|e| op_error(&c.conn, e))?;
+            c.close();
+            let text = String::from_utf8_lossy(&answer);
+            js_sys::JSON::parse(text.trim())
+                .map_err(|_| input_error("the bridge's pairing answer is unreadable"))
         })
     }
 

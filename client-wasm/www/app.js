@@ -137,11 +137,43 @@ $("new-identity").onclick = async () => {
   await startClient();
 };
 
+/// Pairs with the one-time code of a pairing link, then connects as usual.
+async function pairAndConnect(ticket, code) {
+  const name = $("device-name").value.trim() || defaultDeviceName();
+  setStatus("pairing…");
+  try {
+    const res = await state.client.pair(ticket, code, name, "acp");
+    $("paired-as").textContent = `paired as “${res.name || name}”`;
+    window.paired = res;
+  } catch (err) {
+    setStatus(`pairing failed: ${describe(err)}`, "error");
+    window.lastError = { kind: err.kind, code: err.code, reason: err.reason, message: err.message };
+    return;
+  }
+  await connect();
+}
+
+function defaultDeviceName() {
+  const ua = navigator.userAgent;
+  const browser = /Firefox\//.test(ua) ? "Firefox" : /Edg\//.test(ua) ? "Edge" : /Chrom/.test(ua) ? "Chrome" : /Safari\//.test(ua) ? "Safari" : "Browser";
+  const os = /Android/.test(ua) ? "Android" : /iPhone|iPad/.test(ua) ? "iOS" : /Mac/.test(ua) ? "macOS" : /Windows/.test(ua) ? "Windows" : /Linux/.test(ua) ? "Linux" : "";
+  return os ? `${browser} on ${os}` : browser;
+}
+
 await init();
+// A pairing link carries `ticket`, `pair` (and, for a self-hosted relay, `relay`)
+// in its #fragment, which no server sees; `?ticket=&relay=` work too.
 const params = new URLSearchParams(location.search);
-$("relay").value = params.get("relay") || localStorage.getItem(RELAY_KEY) || "";
-if (params.get("ticket")) $("ticket").value = params.get("ticket");
+const frag = new URLSearchParams(location.hash.slice(1));
+const param = (k) => frag.get(k) || params.get(k);
+$("relay").value = param("relay") || localStorage.getItem(RELAY_KEY) || "";
+if (param("ticket")) $("ticket").value = param("ticket");
+$("device-name").value = defaultDeviceName();
+const code = frag.get("pair");
+// The code is spent by this visit: a reload must not show or retry it.
+if (code) history.replaceState(null, "", location.pathname + location.search);
 // For scripts and tests: the module's API and the page's state.
 window.thunderbolt = { IrohClient, state, describe };
 await startClient();
 window.ready = true;
+if (code && $("ticket").value) pairAndConnect($("ticket").value.trim(), code);

@@ -25,6 +25,7 @@ pub mod backend;
 pub mod close;
 pub mod jsonrpc;
 pub mod ndjson;
+pub mod pairing;
 #[cfg(unix)]
 pub mod pem;
 pub mod protocol;

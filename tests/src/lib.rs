@@ -152,6 +152,17 @@ impl Tb {
         out
     }
 
+    /// `thunderbolt acp connect <args…>` with piped stdio; its stderr goes to the returned log.
+    pub fn connect(&self, args: &[&str]) -> (Child, Log) {
+        let mut c = self.cmd();
+        c.args(["acp", "connect"]).args(args);
+        c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().expect("connect spawns");
+        let log = Log::default();
+        log.capture_stderr(child.stderr.take().expect("stderr"));
+        (child, log)
+    }
+
     /// `thunderbolt iroh id --protocol P --json` → NodeId.
     pub async fn node_id(&self, protocol: &str) -> EndpointId {
         let out = self.run(&["iroh", "id", "--protocol", protocol, "--json"]).await;

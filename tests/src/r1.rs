@@ -3,8 +3,6 @@
 //! sends exactly the bytes a test asks for, so tests can play a well-behaved
 //! client, a stale one, a silent one or a hostile one.
 
-use std::process::Stdio;
-
 use iroh::{
     endpoint::{Connection, RecvStream, SendStream, VarInt},
     Endpoint,
@@ -50,13 +48,9 @@ impl Setup {
 
     /// `thunderbolt acp connect` with piped stdio; its stderr goes to the returned log.
     pub fn connect(&self, extra: &[&str]) -> (tokio::process::Child, Log) {
-        let mut c = self.client_home.cmd();
-        c.args(["acp", "connect"]).args(extra).arg(&self.bridge.ticket);
-        c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        let log = Log::default();
-        log.capture_stderr(child.stderr.take().unwrap());
-        (child, log)
+        let mut args = extra.to_vec();
+        args.push(&self.bridge.ticket);
+        self.client_home.connect(&args)
     }
 
     /// An in-process endpoint dialing as `home`.

@@ -332,12 +332,9 @@ async fn a_warm_agent_is_one_process_across_connections_ending_by_eof_sigterm_an
     let h = RunningHost::start(&host, &[]).await;
     let ticket = h.agent("warm").ticket.clone();
     let connect = |extra: &[&str]| {
-        let mut c = client.cmd();
-        c.args(["acp", "connect"]).args(extra).arg(&ticket);
-        c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        let log = Log::default();
-        log.capture_stderr(child.stderr.take().unwrap());
+        let mut args = extra.to_vec();
+        args.push(&ticket);
+        let (mut child, log) = client.connect(&args);
         let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
         (child, stdout, log)
     };

@@ -3,8 +3,6 @@
 //! real outages (all UDP to the bridge dropped with nftables in the test's own
 //! network namespace).
 
-use std::process::Stdio;
-
 use iroh::endpoint::{RecvStream, SendStream, VarInt};
 use serde_json::Value;
 use thunderbolt_shared::{
@@ -273,12 +271,7 @@ async fn a_relay_killed_and_restarted_mid_session_loses_nothing() {
     // The relay is the only path: no UDP between the client and the bridge.
     let _direct_off = Outage::udp_port(banner_port(&bridge.banner));
 
-    let mut c = client_home.cmd();
-    c.args(["acp", "connect", "--idle-timeout", "1", &bridge.ticket]);
-    c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    let log = Log::default();
-    log.capture_stderr(child.stderr.take().unwrap());
+    let (mut child, log) = client_home.connect(&["--idle-timeout", "1", &bridge.ticket]);
     let mut stdin = child.stdin.take().unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut expect = 0u64;

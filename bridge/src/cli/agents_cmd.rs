@@ -60,6 +60,7 @@ pub async fn host(home: &Home, args: HostArgs) -> Result<()> {
     let by_name: HashMap<String, _> =
         started.iter().map(|s| s.name.clone()).zip(served.iter().cloned()).collect();
     let (bridge, changes) = Bridge::host(gate, config.admission, served);
+    let bridge = bridge.with_home(home);
     tokio::spawn(host::watch(ctx, folder, loaded, by_name, changes, stop.clone()));
     crate::cli::run_served(bridge, control, stop).await;
     info!("host stopped");

@@ -110,7 +110,7 @@ pub enum ProtocolAction {
     ///
     /// Dials with the ACP identity (`$THUNDERBOLT_HOME/iroh/identity`): the NodeId printed by
     /// `thunderbolt iroh id` is the one the bridge must allow.
-    Connect(ConnectArgs),
+    Connect(Box<ConnectArgs>),
     /// Run the built-in ACP agent on stdin/stdout (what `acp --transport iroh` serves when
     /// no agent command is given).
     Serve,
@@ -245,6 +245,16 @@ pub struct ConnectArgs {
     /// it are served the plain protocol).
     #[arg(long)]
     pub no_resume: bool,
+
+    /// Pair first with this one-time code (from `thunderbolt iroh pair` on the bridge's machine),
+    /// then connect. Once paired, later connections need no code.
+    #[arg(long, value_name = "CODE")]
+    pub pair: Option<String>,
+
+    /// With --pair: the name this device asks to be saved under (default: this machine's
+    /// hostname). `iroh pair --name` on the bridge's side wins over it.
+    #[arg(long, value_name = "LABEL", requires = "pair")]
+    pub device_name: Option<String>,
 
     /// Seconds of silence after which the connection is taken for lost (then redialed when
     /// resuming). Keep-alives flow every 3 s (every third of this when shorter). At least 0.3.
@@ -415,13 +425,19 @@ fn frame_size(v: &str) -> Result<usize, String> {
 pub enum IrohCmd {
     /// Print this machine's NodeId and a ticket for a protocol's identity.
     Id(IdArgs),
-    /// Print a pairing ticket, what to run on both sides, and the ticket as a QR code.
+    /// Mint a one-time pairing code: one scan (or one command) on a new device adds it.
+    ///
+    /// Prints the `connect --pair` command line and a browser link (the code in its #fragment,
+    /// which no web server sees), and the link as a QR code. The code is stored only as a hash,
+    /// pairs one device, and expires (10 minutes by default); five wrong codes tried at the
+    /// bridge burn it.
     Pair(PairArgs),
-    /// Allow a peer (by NodeId) to connect to your bridges.
+    /// Allow a peer (by NodeId or ticket) to connect to your bridges.
     Allow(AllowArgs),
-    /// Remove a peer from the allow file.
-    Deny(AllowArgs),
-    /// List the peers in the allow file.
+    /// Remove a peer from the allow file; a running bridge ends its sessions at once.
+    Deny(DenyArgs),
+    /// List the peers in the allow file, with their names, how and when they were added, and
+    /// when they were last seen.
     List(ListArgs),
 }
 
@@ -439,28 +455,58 @@ pub struct IdArgs {
 
 #[derive(Debug, Args)]
 pub struct PairArgs {
+    /// Whose NodeId the device pairs with: `acp` (the ACP bridge) or `mcp`.
     #[arg(long, default_value = "acp")]
     pub protocol: String,
+    /// Pair with this agent of the host (`agents.d/<file>.json`'s name) instead.
+    #[arg(long, value_name = "NAME")]
+    pub agent: Option<String>,
+    /// The name the device gets (`iroh list`, `status`, the log); else the name it sends.
+    #[arg(long, value_name = "LABEL")]
+    pub name: Option<String>,
+    /// How long the code is valid: e.g. 10m, 1h, 90s.
+    #[arg(long, default_value = "10m", value_name = "DURATION", value_parser = crate::pairing::parse_duration)]
+    pub expires: std::time::Duration,
+    /// Machine-readable output: the code, the ticket, the link, the command line.
     #[arg(long)]
     pub json: bool,
     /// Do not draw the QR code.
     #[arg(long)]
     pub no_qr: bool,
+    /// The app's base URL for the browser link (`<app>/settings/agents#ticket=…&pair=…`).
+    #[arg(long, env = "THUNDERBOLT_APP_URL", value_name = "URL")]
+    pub app_url: Option<String>,
     #[command(flatten)]
     pub net: NetArgs,
 }
 
 #[derive(Debug, Args)]
 pub struct AllowArgs {
-    /// The peer's NodeId (64 hex characters, as printed by `thunderbolt iroh id` on its side).
-    #[arg(value_name = "NODEID")]
+    /// The peer: its NodeId (64 hex or 52 base32 characters, as `thunderbolt iroh id` prints on
+    /// its side) or its ticket.
+    #[arg(value_name = "NODEID|TICKET")]
     pub node_id: String,
+    /// A name for the device (`iroh list`, `status`, the log; `iroh deny` takes it too).
+    #[arg(long, value_name = "LABEL")]
+    pub name: Option<String>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DenyArgs {
+    /// The peer: its NodeId, its ticket, or its device name.
+    #[arg(value_name = "NODEID|TICKET|NAME")]
+    pub node_id: String,
+    /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct ListArgs {
+    /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
 }

@@ -17,7 +17,7 @@ use iroh::{
 };
 use thunderbolt_shared::{
     close::{self, is_alpn_refusal},
-    resume, EndpointTicket, Protocol, Target,
+    pairing as pairing_wire, resume, EndpointTicket, Protocol, Target,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info};
@@ -99,11 +99,110 @@ pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<(
         .map_err(|_| anyhow!("invalid --idle-timeout: {}", args.idle_timeout))?;
     let ep = net.bind(key, vec![], idle).await?;
     let mut reached = false;
-    let result = dial_and_pipe(&ep, &target, &protocol, args, &mut reached).await;
+    let result = match args.pair.clone() {
+        Some(code) => {
+            let name = args.device_name.clone().unwrap_or_else(crate::trust::account::device_name);
+            match pair_first(&ep, &target, &protocol, &code, &name, args.dial_timeout).await {
+                Ok(()) => dial_and_pipe(&ep, &target, &protocol, args, &mut reached).await,
+                Err(e) => Err(e),
+            }
+        }
+        None => dial_and_pipe(&ep, &target, &protocol, args, &mut reached).await,
+    };
     // Only a connection that reached the bridge has a close frame worth waiting for.
     let budget = if reached { CLOSE_FLUSH_TIMEOUT } else { UNREACHED_CLOSE_TIMEOUT };
     crate::net::close_endpoint(ep, budget).await;
     result
+}
+
+/// How long the bridge may take to answer a pairing request once connected
+/// (it writes two small files).
+const PAIR_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Pairs this device with the bridge using a one-time code
+/// ([`thunderbolt_shared::pairing`]), before connecting as usual.
+async fn pair_first(
+    ep: &iroh::Endpoint,
+    target: &Target,
+    protocol: &Protocol,
+    code: &str,
+    name: &str,
+    dial_timeout: u64,
+) -> Result<()> {
+    let alpn = pairing_wire::pair_alpn(protocol);
+    let dial = tokio::time::timeout(Duration::from_secs(dial_timeout), async {
+        ep.connect(target.endpoint_addr(), &alpn).await
+    });
+    let conn = match dial.await {
+        Err(_) => {
+            bail!("could not reach {} within {dial_timeout}s to pair (is the bridge running?)", target.id())
+        }
+        Ok(Err(e)) if is_alpn_refusal(&format!("{e:#}")) => bail!(
+            "{} does not take pairing codes (it predates `iroh pair`, or is not a {protocol} bridge): \
+             run `thunderbolt iroh id` here and `thunderbolt iroh allow <that-nodeid>` there instead",
+            target.id()
+        ),
+        Ok(Err(e)) => return Err(anyhow!(e).context(format!("could not connect to {} to pair", target.id()))),
+        Ok(Ok(c)) => c,
+    };
+    let exchange = async {
+        let (mut send, mut recv) = conn.open_bi().await?;
+        send.write_all(&pairing_wire::request(code, name)).await?;
+        send.finish()?;
+        let answer = recv.read_to_end(pairing_wire::MAX_PAIR_LINE).await?;
+        anyhow::Ok(answer)
+    };
+    let answer = tokio::time::timeout(PAIR_ANSWER_TIMEOUT, exchange).await;
+    // The bridge's refusal says why; it wins over however the stream ended.
+    let refused = || match conn.close_reason() {
+        Some(ConnectionError::ApplicationClosed(ac)) => {
+            Some(String::from_utf8_lossy(&ac.reason).into_owned())
+        }
+        _ => None,
+    };
+    let answer = match answer {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) => {
+            let why = match refused() {
+                Some(r) => r,
+                None => match tokio::time::timeout(Duration::from_secs(1), conn.closed()).await {
+                    Ok(ConnectionError::ApplicationClosed(ac)) => {
+                        String::from_utf8_lossy(&ac.reason).into_owned()
+                    }
+                    _ => format!("{e:#}"),
+                },
+            };
+            bail!("pairing refused: {why}{}", pair_hint(&why));
+        }
+        Err(_) => bail!("the bridge did not answer the pairing request within {PAIR_ANSWER_TIMEOUT:?}"),
+    };
+    conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_CLIENT_CLOSED.as_bytes());
+    let v: serde_json::Value = serde_json::from_slice(answer.trim_ascii())
+        .map_err(|_| anyhow!("the bridge's pairing answer is unreadable"))?;
+    if v["paired"] != true {
+        bail!("the bridge did not pair this device (it answered {v})");
+    }
+    match v["name"].as_str() {
+        Some(n) => info!("paired with {} as \"{n}\"", target.id().fmt_short()),
+        None => info!("paired with {}", target.id().fmt_short()),
+    }
+    Ok(())
+}
+
+/// What to do next after a refused pairing.
+fn pair_hint(reason: &str) -> &'static str {
+    match reason {
+        pairing_wire::REASON_PAIR_EXPIRED
+        | pairing_wire::REASON_PAIR_SPENT
+        | pairing_wire::REASON_PAIR_BURNED => {
+            " (mint a new one with `thunderbolt iroh pair` on the bridge's machine)"
+        }
+        pairing_wire::REASON_PAIR_WRONG => {
+            " (check the code, or mint a new one with `thunderbolt iroh pair`)"
+        }
+        pairing_wire::REASON_PAIR_OTHER_AGENT => " (use the ticket printed beside the code)",
+        _ => "",
+    }
 }
 
 /// A bare NodeId carries no address. With relays of our own (`--relay-url`, e.g. a

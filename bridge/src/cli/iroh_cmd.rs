@@ -1,11 +1,22 @@
 //! `thunderbolt iroh id | pair | allow | deny | list`.
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use iroh::{EndpointAddr, TransportAddr};
 use serde_json::json;
-use thunderbolt_shared::{node_id_base32, parse_node_id, EndpointTicket, Protocol};
+use thunderbolt_shared::{node_id_base32, pairing as pairing_wire, parse_node_id, EndpointTicket, Protocol};
 
-use crate::{cli::args::IrohCmd, home::Home, identity, trust::allowfile};
+use crate::{
+    cli::{
+        args::{IrohCmd, PairArgs},
+        banner::pairing_url,
+    },
+    devices::{now_ms, resolve_id, Devices, How},
+    home::Home,
+    host::{folder, manifest::Machine},
+    identity,
+    pairing::{self, Pairings},
+    trust::allowfile,
+};
 
 pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
     match cmd {
@@ -27,71 +38,58 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
                 println!("Ticket: {ticket}");
             }
         }
-        IrohCmd::Pair(a) => {
-            let (protocol, id, ticket) = offline_ticket(home, &a.protocol, &a.net)?;
-            let (dial_id, _) = identity::load_or_create(home, &Protocol::acp())?;
+        IrohCmd::Pair(a) => pair(home, a)?,
+        IrohCmd::Allow(a) => {
+            let id = resolve_id(&a.node_id).ok_or_else(|| {
+                anyhow!("'{}' is neither a NodeId nor a ticket ({})", a.node_id, bad_id_hint(&a.node_id))
+            })?;
+            let path = home.allowlist_path();
+            let added = allowfile::allow(&path, &id)?;
+            let name = a.name.as_deref().and_then(pairing_wire::clean_name);
+            let devices = Devices::new(home);
+            // A device allowed earlier keeps how it came (a pairing stays a pairing).
+            let how = if added { How::Allow } else { devices.get(&id).map_or(How::Allow, |d| d.how) };
+            devices.record(&id, name.clone(), how)?;
+            let label = name.map(|n| format!(" as \"{n}\"")).unwrap_or_default();
             if a.json {
                 println!(
                     "{}",
-                    json!({
-                        "protocol": protocol.as_str(),
-                        "nodeId": id.to_string(),
-                        "nodeIdBase32": node_id_base32(&id),
-                        "ticket": ticket.to_string(),
-                        "dialerNodeId": dial_id.public().to_string(),
-                    })
+                    json!({"nodeId": id.to_string(), "added": added, "name": devices.name_of(&id), "path": path})
                 );
-                return Ok(());
-            }
-            println!("Pairing ticket for this machine's {protocol} bridge (NodeId {id}):\n");
-            println!("  {ticket}\n");
-            println!("On this machine (the workstation), run the bridge:");
-            println!(
-                "  thunderbolt {protocol} --transport iroh{}",
-                if protocol == Protocol::acp() { "" } else { " -- <server-cmd…>" }
-            );
-            println!("  (its banner prints a fresher ticket that also carries direct addresses)\n");
-            println!("On the other machine, print its NodeId:");
-            println!("  thunderbolt iroh id");
-            println!("then allow that NodeId here:");
-            println!("  thunderbolt iroh allow <its-nodeid>");
-            println!("and connect from there:");
-            println!("  thunderbolt {protocol} connect {ticket}\n");
-            if !a.no_qr {
-                println!("{}", qr(&ticket.to_string())?);
-            }
-        }
-        IrohCmd::Allow(a) => {
-            let id = parse_node_id(&a.node_id)?;
-            let path = home.allowlist_path();
-            let added = allowfile::allow(&path, &id)?;
-            if a.json {
-                println!("{}", json!({"nodeId": id.to_string(), "added": added, "path": path}));
             } else if added {
-                println!("allowed {id} (in {})", path.display());
+                println!("allowed {id}{label} (in {})", path.display());
             } else {
-                println!("{id} was already allowed (in {})", path.display());
+                println!("{id} was already allowed{label} (in {})", path.display());
             }
         }
         IrohCmd::Deny(a) => {
-            let id = parse_node_id(&a.node_id)?;
+            let devices = Devices::new(home);
+            let Some(id) = devices.resolve(&a.node_id) else {
+                bail!(
+                    "'{}' is not a NodeId, a ticket or a device's name (`thunderbolt iroh list` shows them)",
+                    a.node_id
+                );
+            };
+            let name = devices.name_of(&id);
             let path = home.allowlist_path();
             let removed = allowfile::deny(&path, &id)?;
+            devices.forget(&id)?;
             // Running bridges re-check now instead of at their next heartbeat.
             let ended: u64 = crate::control::client::ask_all(home, "POST", "/v1/recheck", None)
                 .iter()
                 .map(|(_, r)| r.body["ended"].as_u64().unwrap_or(0))
                 .sum();
+            let label = name.as_deref().map(|n| format!(" (\"{n}\")")).unwrap_or_default();
             if a.json {
                 println!(
                     "{}",
-                    json!({"nodeId": id.to_string(), "removed": removed, "path": path, "sessionsEnded": ended})
+                    json!({"nodeId": id.to_string(), "name": name, "removed": removed, "path": path, "sessionsEnded": ended})
                 );
             } else if removed {
                 let live = if ended > 0 { format!("; {ended} live session(s) ended") } else { String::new() };
-                println!("removed {id} from {}; its next connection is refused{live}", path.display());
+                println!("removed {id}{label} from {}; its next connection is refused{live}", path.display());
             } else {
-                println!("{id} was not in {}", path.display());
+                println!("{id}{label} was not in {}", path.display());
             }
         }
         IrohCmd::List(a) => {
@@ -100,19 +98,45 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
             for bad in &allowed.bad_lines {
                 eprintln!("warning: {}:{}: ignored: {}", path.display(), bad.line_no, bad.error);
             }
+            let known = Devices::new(home).all();
             if a.json {
                 let ids: Vec<String> = allowed.ids.iter().map(|i| i.to_string()).collect();
+                let devices: Vec<_> = allowed
+                    .ids
+                    .iter()
+                    .map(|id| {
+                        let d = known.get(id);
+                        json!({
+                            "nodeId": id.to_string(),
+                            "name": d.and_then(|d| d.name.clone()),
+                            "how": d.map(|d| d.how),
+                            "added": d.map(|d| rfc3339(d.added_ms)),
+                            "lastSeen": d.and_then(|d| d.last_seen_ms).map(rfc3339),
+                        })
+                    })
+                    .collect();
                 let bad: Vec<_> =
                     allowed.bad_lines.iter().map(|b| json!({"line": b.line_no, "error": b.error})).collect();
-                println!("{}", json!({"path": path, "nodeIds": ids, "badLines": bad}));
+                println!("{}", json!({"path": path, "nodeIds": ids, "devices": devices, "badLines": bad}));
             } else if allowed.ids.is_empty() {
                 eprintln!(
-                    "no peers allowed yet ({}); add one with: thunderbolt iroh allow <nodeid>",
+                    "no peers allowed yet ({}); pair one with `thunderbolt iroh pair`, or add one with \
+                     `thunderbolt iroh allow <nodeid>`",
                     path.display()
                 );
             } else {
+                let now = now_ms();
                 for id in &allowed.ids {
-                    println!("{id}");
+                    match known.get(id) {
+                        Some(d) => println!(
+                            "{id}  {}  added {} by {}, last seen {}",
+                            d.name.as_deref().unwrap_or("(no name)"),
+                            ago(now, d.added_ms),
+                            d.how,
+                            d.last_seen_ms.map_or_else(|| "never".to_string(), |t| ago(now, t)),
+                        ),
+                        None => println!("{id}  (no name)"),
+                    }
                 }
             }
         }
@@ -141,4 +165,204 @@ pub fn qr(data: &str) -> Result<String> {
     let code = QrCode::with_error_correction_level(data.as_bytes(), EcLevel::L)
         .context("ticket too long for a QR code")?;
     Ok(code.render::<unicode::Dense1x2>().quiet_zone(true).build())
+}
+
+/// Why `text` is not a NodeId (the parser's words), for the error.
+fn bad_id_hint(text: &str) -> String {
+    match parse_node_id(text) {
+        Err(e) => e.to_string(),
+        Ok(_) => "unreadable".into(),
+    }
+}
+
+/// `thunderbolt iroh pair`: mints a one-time code and says how to use it.
+fn pair(home: &Home, a: PairArgs) -> Result<()> {
+    let net = a.net.config()?;
+    // What the code pairs with, whose identity the device dials.
+    let (protocol, what, target, identity_file) = match &a.agent {
+        Some(name) => {
+            let dir = home.agents_dir();
+            let loaded = folder::load_dir(&dir, &Machine::this());
+            let Some(spec) = loaded.agents.get(name) else {
+                let known: Vec<&str> = loaded.agents.keys().map(String::as_str).collect();
+                bail!(
+                    "no agent named '{name}' loads from {} ({}; `thunderbolt agents list` shows why)",
+                    dir.display(),
+                    if known.is_empty() {
+                        "none does".to_string()
+                    } else {
+                        format!("these do: {}", known.join(", "))
+                    }
+                );
+            };
+            (
+                spec.protocol.clone(),
+                format!("agent {name} ({})", spec.label),
+                pairing::agent_target(name),
+                spec.identity.file_name(name),
+            )
+        }
+        None => {
+            let protocol = Protocol::parse_known(&a.protocol)?;
+            let file = protocol.identity_file_name();
+            (
+                protocol.clone(),
+                format!("this machine's {protocol} bridge"),
+                pairing::bridge_target(protocol.as_str()),
+                file,
+            )
+        }
+    };
+    let (key, _) = identity::load_or_create_named(home, &identity_file)?;
+    let id = key.public();
+    // A running bridge's ticket also carries its direct addresses.
+    let live = live_ticket(home, &id);
+    let running = live.is_some();
+    let ticket = live.unwrap_or_else(|| {
+        EndpointTicket::new(EndpointAddr::from_parts(
+            id,
+            net.relays.urls().into_iter().map(TransportAddr::Relay),
+        ))
+    });
+    let name = a.name.as_deref().and_then(pairing_wire::clean_name);
+    let code = Pairings::new(home).mint(&target, name.clone(), a.expires)?;
+    let command = format!("thunderbolt {protocol} connect --pair {code} {ticket}");
+    // A self-hosted relay rides along: a browser has no other way to learn it.
+    let relay = match &net.relays {
+        crate::net::Relays::Custom(urls) => {
+            urls.first().map(|u| format!("&relay={}", fragment_escape(u.as_str())))
+        }
+        _ => None,
+    };
+    let link = pairing_url(a.app_url.as_deref(), &protocol)
+        .map(|page| format!("{page}#ticket={ticket}&pair={code}{}", relay.unwrap_or_default()));
+    let expires_ms = now_ms().saturating_add(a.expires.as_millis() as u64);
+    let no_address = ticket.endpoint_addr().addrs.is_empty();
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "code": code, "ticket": ticket.to_string(), "command": command, "link": link,
+                "nodeId": id.to_string(), "nodeIdBase32": node_id_base32(&id), "protocol": protocol.as_str(),
+                "agent": a.agent, "name": name, "expires": rfc3339(expires_ms), "bridgeRunning": running,
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "One-time pairing code for {what} (NodeId {}): pairs one device, valid {}.\n",
+        id.fmt_short(),
+        for_how_long(a.expires)
+    );
+    println!("On the device, run:\n  {command}\n");
+    match &link {
+        Some(link) => {
+            println!("or open this link in its browser (the code rides in the #fragment, which no web server sees):");
+            println!("  {link}\n");
+        }
+        None => println!(
+            "(For a link a phone's browser opens, give the app's address: --app-url <url> or THUNDERBOLT_APP_URL.)\n"
+        ),
+    }
+    if !a.no_qr {
+        // The link when there is one: a phone's camera opens it.
+        println!("{}", qr(link.as_deref().unwrap_or(&command))?);
+    }
+    if !running {
+        let how = match &a.agent {
+            Some(_) => "thunderbolt host".to_string(),
+            None => format!("thunderbolt {protocol} --transport iroh -- <agent-cmd…>"),
+        };
+        println!("No bridge serves this NodeId right now: start it before the device dials ({how}).");
+    }
+    if no_address {
+        eprintln!(
+            "warning: this ticket carries no address (relays are disabled and no bridge runs to \
+             add its direct ones): start the bridge, then run `thunderbolt iroh pair` again"
+        );
+    }
+    println!(
+        "Without a code: on the device run `thunderbolt iroh id`, then here `thunderbolt iroh allow <its-nodeid> --name <label>`."
+    );
+    Ok(())
+}
+
+/// `text` safe as a value in a `#a=b&c=d` fragment (URLSearchParams reads it back).
+fn fragment_escape(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' | b':' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The ticket a running bridge of this home serves `id` with, if one does.
+fn live_ticket(home: &Home, id: &iroh::EndpointId) -> Option<EndpointTicket> {
+    crate::control::client::ask_all(home, "GET", "/v1/status", None).into_iter().find_map(|(_, r)| {
+        r.body["agents"].as_array()?.iter().find_map(|agent| {
+            (agent["nodeId"].as_str()? == id.to_string()).then(|| agent["ticket"].as_str()?.parse().ok())?
+        })
+    })
+}
+
+/// "10 minutes", "1 hour", "90 seconds".
+fn for_how_long(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    let (n, unit) = if s.is_multiple_of(86_400) {
+        (s / 86_400, "day")
+    } else if s.is_multiple_of(3600) {
+        (s / 3600, "hour")
+    } else if s.is_multiple_of(60) {
+        (s / 60, "minute")
+    } else {
+        (s, "second")
+    };
+    format!("{n} {unit}{}", if n == 1 { "" } else { "s" })
+}
+
+/// "just now", "5 min ago", "3 h ago", "2 days ago".
+fn ago(now_ms: u64, then_ms: u64) -> String {
+    let s = now_ms.saturating_sub(then_ms) / 1000;
+    match s {
+        0..60 => "just now".into(),
+        60..3600 => format!("{} min ago", s / 60),
+        3600..86_400 => format!("{} h ago", s / 3600),
+        _ => format!("{} days ago", s / 86_400),
+    }
+}
+
+/// Milliseconds since the epoch as RFC 3339 UTC (`2026-12-01T10:45:00Z`).
+pub fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (proleptic Gregorian).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_read_as_people_write_them() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_796_121_900_000), "2026-12-01T10:45:00Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(for_how_long(std::time::Duration::from_secs(600)), "10 minutes");
+        assert_eq!(for_how_long(std::time::Duration::from_secs(3600)), "1 hour");
+        assert_eq!(for_how_long(std::time::Duration::from_secs(90)), "90 seconds");
+        assert_eq!(ago(120_000, 0), "2 min ago");
+    }
 }

@@ -67,7 +67,7 @@ fn login(home: &Home, a: args::LoginArgs) -> Result<()> {
 
 async fn protocol_cmd(home: &Home, protocol: Protocol, cmd: ProtocolCmd) -> Result<()> {
     match cmd.action {
-        Some(ProtocolAction::Connect(args)) => connect::run(home, protocol, args).await,
+        Some(ProtocolAction::Connect(args)) => connect::run(home, protocol, *args).await,
         Some(ProtocolAction::Serve) => {
             if protocol != Protocol::acp() {
                 bail!("there is no built-in {protocol} server; give one after `--`");
@@ -180,6 +180,8 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         alpns.push(thunderbolt_shared::resume::resume_alpn(&protocol));
     }
     alpns.push(protocol.alpn());
+    // Devices that pair with a one-time code (`iroh pair`) dial this one.
+    alpns.push(thunderbolt_shared::pairing::pair_alpn(&protocol));
     let endpoint = net.bind(key, alpns, config.idle_timeout).await?;
     let addr = net::reachable_addr(&endpoint, &net.relays).await;
 
@@ -228,7 +230,8 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     let session = config.session(agent);
     let bridge = Bridge::new(endpoint, trust, gate, account.ok().map(Arc::new), config.admission, session)
         .serving(&protocol)
-        .relays(&net.relays);
+        .relays(&net.relays)
+        .with_home(home);
     run_served(bridge, control, stop).await;
     info!("bridge stopped");
     Ok(())

@@ -161,6 +161,7 @@ pub fn alpns(spec: &AgentSpec, config: &Config) -> Vec<Vec<u8>> {
         v.push(resume::resume_alpn(&spec.protocol));
     }
     v.push(spec.protocol.alpn());
+    v.push(thunderbolt_shared::pairing::pair_alpn(&spec.protocol));
     v
 }
 

@@ -14,6 +14,7 @@
 pub mod agent;
 pub mod gate;
 pub mod hub;
+pub mod pair;
 pub mod pump;
 pub mod reaper;
 pub mod relay_health;
@@ -241,6 +242,27 @@ pub(crate) struct Shared {
     refusal_log: Mutex<LogBudget>,
     /// A heartbeat is running (at most one at a time).
     beating: std::sync::atomic::AtomicBool,
+    /// The home's devices, pairing codes and allow file (absent in tests of
+    /// the bare serving core).
+    stores: RwLock<Option<Arc<Stores>>>,
+}
+
+/// What a bridge keeps in its home beside its identities.
+#[derive(Debug)]
+pub struct Stores {
+    pub devices: crate::devices::Devices,
+    pub pairings: crate::pairing::Pairings,
+    pub allow_file: std::path::PathBuf,
+}
+
+impl Stores {
+    pub fn new(home: &crate::home::Home) -> Arc<Self> {
+        Arc::new(Self {
+            devices: crate::devices::Devices::new(home),
+            pairings: crate::pairing::Pairings::new(home),
+            allow_file: home.allowlist_path(),
+        })
+    }
 }
 
 /// What a running bridge is asked to change (the host's folder watch).
@@ -308,6 +330,14 @@ impl Bridge {
         self
     }
 
+    /// The home whose devices, pairing codes and allow file this bridge uses:
+    /// devices pair with it, names show in the log and in `status`, and an
+    /// allow-file edit is applied to live sessions within a second.
+    pub fn with_home(self, home: &crate::home::Home) -> Self {
+        *self.shared.stores.write().unwrap_or_else(|p| p.into_inner()) = Some(Stores::new(home));
+        self
+    }
+
     /// The relays the endpoints are configured with (what `status` says is
     /// unreachable before iroh picks one).
     pub fn relays(self, relays: &crate::net::Relays) -> Self {
@@ -357,6 +387,7 @@ impl Bridge {
                 std::time::Instant::now(),
             )),
             beating: std::sync::atomic::AtomicBool::new(false),
+            stores: RwLock::new(None),
         });
         let handle = status::BridgeHandle::new(shared.clone(), kind);
         Self { shared, changes: None, handle }
@@ -374,9 +405,30 @@ impl Bridge {
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         heartbeat.reset();
         let mut changes = self.changes.take();
+        // An edited allow file (`iroh deny`, or by hand) applies to live
+        // sessions within a second, not at the next heartbeat.
+        let mut allow_tick = tokio::time::interval(ALLOW_FILE_CHECK);
+        allow_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let allow_stamp = |s: &Shared| {
+            let path = s.stores()?.allow_file.clone();
+            let m = std::fs::metadata(path).ok()?;
+            use std::os::unix::fs::MetadataExt;
+            Some((m.len(), m.mtime(), m.mtime_nsec(), m.ino()))
+        };
+        let mut last_allow = allow_stamp(&shared);
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
+                _ = allow_tick.tick() => {
+                    let now = allow_stamp(&shared);
+                    if now != last_allow {
+                        last_allow = now;
+                        let ended = self.handle.recheck();
+                        if ended > 0 {
+                            info!("the allow file changed: {ended} session(s) no longer allowed were ended");
+                        }
+                    }
+                }
                 _ = heartbeat.tick() => {
                     // Runs as a task so a slow backend never stalls accepting. One
                     // beat at a time: with a backend slower than the heartbeat,
@@ -414,6 +466,10 @@ impl Bridge {
 }
 
 impl Shared {
+    pub(crate) fn stores(&self) -> Option<Arc<Stores>> {
+        self.stores.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     pub(crate) fn served(&self) -> HashMap<Arc<str>, Arc<Served>> {
         self.served.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -567,6 +623,9 @@ async fn handle_incoming(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Ser
     let peer = conn.remote_id();
     // The agent as it is now: a manifest changed later applies to later sessions.
     let cfg = agent.config();
+    if conn.alpn().ends_with(thunderbolt_shared::pairing::PAIR_ALPN_SUFFIX) {
+        return crate::serve::pair::pair(conn, peer, &cfg, &shared).await;
+    }
     let Some(grant) = cfg.trust.check(&peer) else {
         let budget =
             shared.refusal_log.lock().unwrap_or_else(|p| p.into_inner()).take(std::time::Instant::now());
@@ -607,7 +666,18 @@ async fn admitted(
     cfg: Arc<AgentConfig>,
 ) {
     let short = peer.fmt_short().to_string();
-    info!(peer = %short, "admitted {peer} ({grant})");
+    let device = shared.stores().and_then(|s| s.devices.name_of(&peer));
+    let named = device.as_deref().map(|d| format!(", device \"{d}\"")).unwrap_or_default();
+    info!(peer = %short, "admitted {peer} ({grant}{named})");
+    // Devices are the allow file's and the account's; a peer a manifest names is neither.
+    let how = match grant {
+        Grant::Account => Some(crate::devices::How::Account),
+        Grant::Manual => Some(crate::devices::How::Allow),
+        Grant::Manifest => None,
+    };
+    if let (Some(stores), Some(how)) = (shared.stores(), how) {
+        tokio::task::spawn_blocking(move || stores.devices.seen(&peer, how));
+    }
     let _path_log = crate::paths::log_changes(&conn, short.clone());
     let info = SessionInfo::new(hub::random_hex(4), cfg.name.clone(), peer);
     // A plain session is the connection itself; the others' own hubs say what they are.
@@ -802,6 +872,10 @@ async fn warm(
     }
     run_hub(&hub, inbox, outbox, slot, &a).await;
 }
+
+/// How often the allow file is looked at (one `stat`) for a change to apply
+/// to live sessions: a revoked device is out within about this.
+const ALLOW_FILE_CHECK: Duration = Duration::from_secs(1);
 
 /// How long an eviction may take to free its slot: the evicted agent gets
 /// SIGTERM, then SIGKILL after the grace, and is reaped.

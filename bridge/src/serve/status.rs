@@ -106,6 +106,7 @@ fn session(
     conn: Option<(&Connection, bool)>,
     waits: Option<Duration>,
     resumes: u64,
+    device: Option<String>,
 ) -> SessionStatus {
     let (path, rtt_ms, bytes_sent, bytes_received) = match conn {
         Some((c, _)) => conn_view(c),
@@ -116,7 +117,7 @@ fn session(
         agent: info.agent.to_string(),
         peer: info.peer.to_string(),
         peer_short: info.peer.fmt_short().to_string(),
-        device: crate::devices::name_of(&info.peer),
+        device,
         since_ms: ms(info.started),
         state: state.to_string(),
         protocol: conn.map(|(_, r1)| if r1 { "r1" } else { "0" }.to_string()),
@@ -145,6 +146,8 @@ impl BridgeHandle {
 
     pub fn status(&self) -> Status {
         let s = &self.shared;
+        let devices = s.stores().map(|st| st.devices.all()).unwrap_or_default();
+        let name = |info: &SessionInfo| devices.get(&info.peer).and_then(|d| d.name.clone());
         let mut agents: Vec<AgentStatus> = s
             .served()
             .values()
@@ -176,7 +179,8 @@ impl BridgeHandle {
             .snapshot()
             .iter()
             .filter_map(|(_, conn, _, info)| {
-                Some(session(info.as_ref()?, "attached", Some((conn, false)), None, 0))
+                let info = info.as_ref()?;
+                Some(session(info, "attached", Some((conn, false)), None, 0, name(info)))
             })
             .collect();
         for hub in s.hubs.all() {
@@ -190,7 +194,7 @@ impl BridgeHandle {
                 (None, false) => "detached",
             };
             let conn = v.attached.as_ref().map(|(c, r1)| (c, *r1));
-            sessions.push(session(&v.info, state, conn, v.waiting, v.resumes));
+            sessions.push(session(&v.info, state, conn, v.waiting, v.resumes, name(&v.info)));
         }
         sessions.sort_by_key(|x| x.since_ms);
         Status {
@@ -208,7 +212,10 @@ impl BridgeHandle {
     /// Ends the sessions `target` names (a session id, or a peer's NodeId or
     /// device name) now, with code 1 `ended by the host`. Returns how many.
     pub fn kick(&self, target: &str) -> usize {
-        let peer = crate::devices::resolve(target);
+        let peer = match self.shared.stores() {
+            Some(st) => st.devices.resolve(target),
+            None => crate::devices::resolve_id(target),
+        };
         let matches = |info: &SessionInfo| info.id == target || peer.is_some_and(|p| p == info.peer);
         let mut n = 0;
         for (_, conn, _, info) in self.shared.sessions.snapshot() {

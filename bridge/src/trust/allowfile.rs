@@ -13,7 +13,6 @@
 
 use std::{
     fs, io,
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
@@ -57,27 +56,8 @@ fn edit_target(path: &Path) -> PathBuf {
 /// for path resolution is 40.
 const MAX_SYMLINK_HOPS: usize = 40;
 
-/// An exclusive lock serializing edits of `path` across processes, held until dropped.
-struct EditLock(#[allow(dead_code)] fs::File);
-
-fn lock_for_edit(path: &Path) -> Result<EditLock, AllowFileError> {
-    let err = |source| AllowFileError::Lock { path: path.to_path_buf(), source };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let f = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(crate::home::FILE_MODE)
-        .open(dir.join(format!(".{name}.lock")))
-        .map_err(err)?;
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on a descriptor we own; blocks until the other editor is done.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(err(io::Error::last_os_error()));
-    }
-    Ok(EditLock(f))
+fn lock_for_edit(path: &Path) -> Result<home::EditLock, AllowFileError> {
+    home::EditLock::take(path).map_err(|source| AllowFileError::Lock { path: path.to_path_buf(), source })
 }
 
 /// Reads and parses the file; a missing file is an empty list.
