@@ -162,11 +162,7 @@ impl Devices {
 
 /// A NodeId written as hex, base32 or a ticket.
 pub fn resolve_id(target: &str) -> Option<EndpointId> {
-    let t = target.trim();
-    if let Ok(id) = parse_node_id(t) {
-        return Some(id);
-    }
-    t.parse::<thunderbolt_shared::Target>().ok().map(|t| t.id())
+    target.parse::<thunderbolt_shared::Target>().ok().map(|t| t.id())
 }
 
 #[cfg(test)]

@@ -43,8 +43,10 @@ impl Home {
     }
 
     /// `THUNDERBOLT_HOME` if given (CLI flag or env, resolved by clap), else `~/.thunderbolt`.
+    /// `--home`, else `$THUNDERBOLT_HOME`, else `~/.thunderbolt`.
     pub fn resolve(explicit: Option<PathBuf>) -> Result<Self, HomeError> {
-        if let Some(p) = explicit.filter(|p| !p.as_os_str().is_empty()) {
+        let from_env = std::env::var_os("THUNDERBOLT_HOME").map(PathBuf::from);
+        if let Some(p) = explicit.or(from_env).filter(|p| !p.as_os_str().is_empty()) {
             return Ok(Self::new(p));
         }
         let home = std::env::var_os("HOME").filter(|h| !h.is_empty()).ok_or(HomeError::NoHome)?;

@@ -59,10 +59,14 @@ fn main() -> ExitCode {
     rt.shutdown_background();
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Err(e) => match e.downcast_ref::<cli::connect::Interrupted>() {
+            // Already logged when it happened; the exit code says it to scripts.
+            Some(i) => ExitCode::from(i.exit_code()),
+            None => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

@@ -180,8 +180,9 @@ pub fn keep_alive(idle: Duration) -> Duration {
 }
 
 /// Waits (bounded) until the endpoint knows how it can be reached, then returns
-/// its address. Never hangs: without a relay we return direct addresses only.
-pub async fn reachable_addr(ep: &Endpoint, relays: &Relays) -> EndpointAddr {
+/// its address, and why the relay is not reached when it is not. Never
+/// hangs: without a relay we return direct addresses only.
+pub async fn reachable_addr(ep: &Endpoint, net: &NetConfig) -> (EndpointAddr, Option<String>) {
     let mut w = ep.watch_addr();
     let direct = tokio::time::timeout(limits::DIRECT_ADDR_TIMEOUT, async {
         loop {
@@ -196,10 +197,11 @@ pub async fn reachable_addr(ep: &Endpoint, relays: &Relays) -> EndpointAddr {
     if direct.await.is_err() {
         debug!("no direct address after {:?}", limits::DIRECT_ADDR_TIMEOUT);
     }
-    if *relays != Relays::Disabled {
-        wait_online(ep, relays, limits::RELAY_ONLINE_TIMEOUT).await;
+    let mut problem = None;
+    if net.relays != Relays::Disabled {
+        problem = wait_online(ep, net, limits::RELAY_ONLINE_TIMEOUT).await;
     }
-    ep.addr()
+    (ep.addr(), problem)
 }
 
 /// Closes `ep`, giving it `budget` to flush close frames and drain its
@@ -214,37 +216,104 @@ pub async fn close_endpoint(ep: Endpoint, budget: Duration) {
     }
 }
 
-async fn wait_online(ep: &Endpoint, relays: &Relays, timeout: Duration) {
-    if tokio::time::timeout(timeout, ep.online()).await.is_err() {
-        let why = relay_problem(ep, relays).map(|w| format!(": {w}")).unwrap_or_default();
-        warn!(
-            "no relay reachable within {timeout:?}{why}; browsers cannot reach this bridge until one is. \
-             The ticket carries direct addresses only (works on this host and LAN); the relay is retried \
-             in the background"
-        );
+/// Waits for the home relay; when it does not come, says why (logged, and returned).
+async fn wait_online(ep: &Endpoint, net: &NetConfig, timeout: Duration) -> Option<String> {
+    if tokio::time::timeout(timeout, ep.online()).await.is_ok() {
+        return None;
     }
+    let problem = relay_problem(ep, net).await;
+    let why = problem.as_deref().map(|w| format!(": {w}")).unwrap_or_default();
+    warn!(
+        "no relay reachable within {timeout:?}{why}; browsers cannot reach this bridge until one is. \
+         The ticket carries direct addresses only (works on this host and LAN); the relay is retried \
+         in the background"
+    );
+    problem
 }
 
 /// Why the home relay is not connected, in words (its cause first), if it
-/// is not (and relays are configured at all).
-pub fn relay_problem(ep: &Endpoint, relays: &Relays) -> Option<String> {
-    if *relays == Relays::Disabled {
+/// is not (and relays are configured at all). When iroh has nothing to say
+/// (no relay chosen yet, no error recorded: how a relay with an untrusted
+/// certificate looks from outside), the relays are asked over HTTPS
+/// ourselves, so the cause is still named.
+pub async fn relay_problem(ep: &Endpoint, net: &NetConfig) -> Option<String> {
+    if net.relays == Relays::Disabled {
         return None;
     }
-    let statuses = ep.home_relay_status().get();
-    let Some(s) = statuses.first() else {
-        let urls: Vec<String> = relays.urls().iter().map(|u| u.to_string()).collect();
-        return Some(format!("none of {} answered", urls.join(", ")));
+    if let Some(s) = ep.home_relay_status().get().first() {
+        if s.is_connected() {
+            return None;
+        }
+        if let Some(r) = s.auth_denied_reason() {
+            return Some(format!("{} refused this device: {r}", s.url()));
+        }
+        if let Some(e) = s.last_error() {
+            return Some(format!("{} {}", s.url(), crate::serve::relay_health::describe(&format!("{e:#}"))));
+        }
+    }
+    let probes = net.relays.urls().into_iter().map(|url| async move {
+        let why = probe_relay(&url, &net.relay_ca).await;
+        format!("{url} {why}")
+    });
+    Some(futures::future::join_all(probes).await.join("; "))
+}
+
+/// How long asking a silent relay ourselves may take.
+const RELAY_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// One HTTPS request to `url`, trusting what the endpoint trusts: the cause
+/// (certificate, refused, no such name, no answer) when it fails.
+async fn probe_relay(url: &RelayUrl, ca: &[rustls_pki_types::CertificateDer<'static>]) -> String {
+    let mut b = reqwest::Client::builder()
+        .timeout(RELAY_PROBE_TIMEOUT)
+        .connect_timeout(RELAY_PROBE_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none());
+    for c in ca {
+        if let Ok(cert) = reqwest::Certificate::from_der(c) {
+            b = b.add_root_certificate(cert);
+        }
+    }
+    let client = match b.build() {
+        Ok(c) => c,
+        Err(e) => return format!("did not answer (and could not be asked: {e})"),
     };
-    if s.is_connected() {
-        return None;
+    match client.get(url.as_str()).send().await {
+        Ok(r) => format!("answers over HTTP ({}), but no relay connection was made yet", r.status()),
+        Err(e) => {
+            let mut chain = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                chain.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            if e.is_timeout() && !chain.contains("timed out") {
+                chain.push_str(": timed out");
+            }
+            crate::serve::relay_health::describe(&chain)
+        }
     }
-    let why = s
-        .auth_denied_reason()
-        .map(|r| format!("the relay refused this endpoint: {r}"))
-        .or_else(|| s.last_error().map(|e| crate::serve::relay_health::describe(&format!("{e:#}"))))
-        .unwrap_or_else(|| "no answer yet".to_string());
-    Some(format!("{} {why}", s.url()))
+}
+
+/// The home relay's refusal of this endpoint (its access list), in words.
+pub fn relay_refusal(ep: &Endpoint) -> Option<String> {
+    ep.home_relay_status().get().iter().find_map(|s| {
+        s.auth_denied_reason().map(|r| format!("the relay {} refused this device: {r}", s.url()))
+    })
+}
+
+/// Resolves once the home relay has refused this endpoint (never, if it does
+/// not): a dial that only the relay could carry need not wait for its timeout.
+pub async fn relay_denied(ep: &Endpoint) {
+    use iroh::Watcher;
+    let mut w = ep.home_relay_status();
+    loop {
+        if w.get().iter().any(|s| s.auth_denied_reason().is_some()) {
+            return;
+        }
+        if w.updated().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use thunderbolt_shared::{
     close,
     jsonrpc::is_json,
     ndjson::{encode_frame, is_blank, LineFramer, MAX_FRAME_LEN, MIN_FRAME_LEN},
-    pairing, Protocol, Target,
+    pairing, words, Protocol, Target,
 };
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
@@ -348,8 +348,11 @@ async fn dial_conn(
         }
     }
     let ms = timeout_ms.unwrap_or(DEFAULT_DIAL_TIMEOUT_MS);
+    // Whether the relay was reached: a dial that never got that far says so.
+    let online = std::cell::Cell::new(false);
     let fut = async {
         client.ep.online().await;
+        online.set(true);
         match fallback {
             Some((plain, transport)) => {
                 crate::resumable::connect_either(client, addr.clone(), alpn, plain, transport).await
@@ -358,8 +361,16 @@ async fn dial_conn(
         }
     };
     match n0_future::time::timeout(Duration::from_millis(ms as u64), fut).await {
+        Err(_) if !online.get() => {
+            let relay =
+                client.relay.as_ref().map_or_else(|| "(n0's public relays)".into(), |r| r.to_string());
+            Err(js_error(&ErrorKind::Timeout, &words::relay_unreachable(&relay)))
+        }
         Err(_) => {
             Err(js_error(&ErrorKind::Timeout, &format!("could not reach {} within {ms} ms", target.id())))
+        }
+        Ok(Err(text)) if words::is_identity_mismatch(&text) => {
+            Err(js_error(&ErrorKind::Network, words::OTHER_IDENTITY))
         }
         Ok(Err(text)) => {
             Err(js_error(&classify_text(&text), &format!("could not connect to {}: {text}", target.id())))

@@ -71,6 +71,8 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,iroh_relay=warn")),
         )
         .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal, never into a log file or journal.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let _ = rustls::crypto::ring::default_provider().install_default();
     if let Err(e) = run(Args::parse()) {

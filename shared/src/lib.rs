@@ -31,6 +31,7 @@ pub mod pem;
 pub mod protocol;
 pub mod resume;
 pub mod target;
+pub mod words;
 
 pub use iroh_base::{EndpointAddr, EndpointId};
 pub use iroh_tickets::endpoint::EndpointTicket;

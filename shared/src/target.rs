@@ -15,21 +15,24 @@ pub const NODE_ID_BASE32_LEN: usize = 52;
 /// Every iroh endpoint ticket starts with this kind prefix.
 pub const TICKET_PREFIX: &str = "endpoint";
 
-/// Why a NodeId or ticket was refused.
+/// Why a NodeId or ticket was refused (in [`crate::words`]' terms: what
+/// happened, and what to do).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TargetError {
-    #[error("empty target: expected a ticket (endpoint…) or a 64-character hex NodeId")]
+    #[error("no bridge named: give its ticket (endpoint…) or its NodeId (64 hex characters)")]
     Empty,
-    #[error("malformed NodeId '{shown}': expected 64 hex characters (or 52 base32), got {len}")]
+    #[error("{}", crate::words::not_a_peer(shown, *len))]
     WrongLength { shown: String, len: usize },
-    #[error("malformed NodeId '{shown}': only hex digits 0-9 a-f are allowed")]
+    #[error("'{shown}' is not a NodeId: 64 characters, but not all hex (0-9, a-f): copy it again")]
     NotHex { shown: String },
-    #[error("malformed NodeId '{shown}': only base32 letters a-z and digits 2-7 are allowed")]
+    #[error("'{shown}' is not a NodeId: 52 characters, but not base32 (a-z, 2-7): copy it again")]
     NotBase32 { shown: String },
-    #[error("malformed NodeId '{shown}': not a valid ed25519 public key")]
+    #[error(
+        "'{shown}' is not a NodeId: no ed25519 key is written that way (a character changed?): copy it again"
+    )]
     NotAKey { shown: String },
-    #[error("malformed ticket: {0}")]
-    BadTicket(String),
+    #[error("{}", crate::words::TICKET_DAMAGED)]
+    BadTicket,
 }
 
 /// Shortens user input for error messages so a pasted blob does not flood the terminal.
@@ -158,11 +161,11 @@ impl FromStr for Target {
         if s.is_empty() {
             return Err(TargetError::Empty);
         }
-        if s.starts_with(TICKET_PREFIX) && s.len() != NODE_ID_BASE32_LEN {
-            return s
-                .parse::<EndpointTicket>()
-                .map(Target::Ticket)
-                .map_err(|e| TargetError::BadTicket(e.to_string()));
+        // Whatever starts like a ticket is one: a ticket cut to 52 characters
+        // is a damaged ticket, not a base32 NodeId (one of those starting with
+        // `endpoint` is a 1 in 2^40 chance).
+        if s.starts_with(TICKET_PREFIX) {
+            return s.parse::<EndpointTicket>().map(Target::Ticket).map_err(|_| TargetError::BadTicket);
         }
         parse_node_id(s).map(Target::NodeId)
     }
@@ -234,6 +237,12 @@ mod tests {
         assert_eq!(t.endpoint_addr(), addr);
         let t: Target = id.to_string().parse().unwrap();
         assert_eq!(t, Target::NodeId(id));
-        assert!(matches!("endpointzzzz".parse::<Target>(), Err(TargetError::BadTicket(_))));
+        assert_eq!("endpointzzzz".parse::<Target>(), Err(TargetError::BadTicket));
+        // Cut short (even to a base32 NodeId's length), or with a character dropped.
+        assert_eq!(ticket[..52].parse::<Target>(), Err(TargetError::BadTicket));
+        assert_eq!(ticket[..ticket.len() - 1].parse::<Target>(), Err(TargetError::BadTicket));
+        let e =
+            "endpiontadm27aurvlyarcjnirljac6v2juirorcdhqqebvtafzx6u7armmg2aa".parse::<Target>().unwrap_err();
+        assert!(e.to_string().contains("is neither a ticket nor a NodeId"), "{e}");
     }
 }

@@ -178,7 +178,14 @@ async fn refused_peer_spawns_nothing_then_allow_admits_without_restart() {
     let out = tokio::time::timeout(WAIT, child.wait_with_output()).await.unwrap().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "refused connect must exit non-zero");
-    assert!(err.contains("the bridge refused the connection: not allowlisted"), "stderr: {err}");
+    let own = s.client_home.node_id("acp").await;
+    assert!(
+        err.contains(&format!(
+            "error: the bridge refused the connection: not allowlisted: on the bridge's machine run \
+             `thunderbolt iroh allow {own}` (or `thunderbolt iroh pair` there, then connect here with --pair <code>)"
+        )),
+        "stderr: {err}"
+    );
     assert!(!err.contains("connected"), "a refused client must not say it connected: {err}");
     assert!(out.stdout.is_empty());
     bridge.log.wait_for("not allowlisted").await;
@@ -520,25 +527,27 @@ async fn sigkill_of_the_bridge_leaves_no_orphan_agent() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn ctrl_c_on_connect_closes_the_session_cleanly() {
+async fn ctrl_c_or_sigterm_on_connect_closes_the_session_cleanly_and_exits_like_a_signal() {
     use tokio::io::AsyncBufReadExt;
     let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
-    let mut c = s.client_home.cmd();
-    c.args(["acp", "connect", &s.bridge.ticket])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"{\"hello\":1}\n").await.unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let echoed = tokio::time::timeout(WAIT, lines.next_line()).await.unwrap().unwrap();
-    assert_eq!(echoed.as_deref(), Some("{\"hello\":1}"));
-    signal(child.id().unwrap(), libc::SIGINT);
-    let status = tokio::time::timeout(WAIT, child.wait()).await.unwrap().unwrap();
-    assert!(status.success(), "connect after Ctrl-C: {status:?}");
-    s.bridge.log.wait_for("client closed").await;
-    drop(stdin);
+    // Resumable and plain; 128 + the signal, as a shell reports it (0 is for the agent's success).
+    for (extra, sig, code) in [(&[][..], libc::SIGINT, 130), (&["--no-resume"][..], libc::SIGTERM, 143)] {
+        let closes = s.bridge.log.text().matches("client closed").count();
+        let mut args = extra.to_vec();
+        args.push(&s.bridge.ticket);
+        let (mut child, log) = s.client_home.connect(&args);
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"{\"hello\":1}\n").await.unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let echoed = tokio::time::timeout(WAIT, lines.next_line()).await.unwrap().unwrap();
+        assert_eq!(echoed.as_deref(), Some("{\"hello\":1}"));
+        signal(child.id().unwrap(), sig);
+        let status = tokio::time::timeout(WAIT, child.wait()).await.unwrap().unwrap();
+        assert_eq!(status.code(), Some(code), "connect {extra:?} after signal {sig}: {}", log.text());
+        assert!(!log.contains("error:"), "a signal is not an error: {}", log.text());
+        s.bridge.log.wait_for_count("client closed", closes + 1).await;
+        drop(stdin);
+    }
 }
 
 /// Runs `acp connect` as the client home, writes `input`, closes stdin, and

@@ -136,7 +136,7 @@ async fn allow_deny_list() {
 async fn malformed_input_gets_one_clear_line() {
     let tb = Tb::new(None);
     let o = tb.run(&["iroh", "allow", "abc123"]).await;
-    assert_clean_error(&o, "malformed NodeId");
+    assert_clean_error(&o, "'abc123' is neither a ticket nor a NodeId");
     let o = tb.run(&["iroh", "allow", &"z".repeat(64)]).await;
     assert_clean_error(&o, "hex");
     assert!(!tb.home().join("iroh/allowlist").exists(), "nothing written for bad input");
@@ -145,12 +145,16 @@ async fn malformed_input_gets_one_clear_line() {
     let o = tb.run(&["iroh", "id", "--protocol", "../etc"]).await;
     assert_clean_error(&o, "protocol name");
     let o = tb.run(&["acp", "connect", "endpointnotaticket"]).await;
-    assert_clean_error(&o, "malformed ticket");
+    assert_clean_error(&o, thunderbolt_shared::words::TICKET_DAMAGED);
     let o = tb.run(&["acp", "connect", "1234"]).await;
-    assert_clean_error(&o, "malformed NodeId");
+    assert_clean_error(&o, "'1234' is neither a ticket nor a NodeId");
     // A bare NodeId with neither discovery nor a relay of our own: say what to use instead.
     let o = tb.run(&["acp", "connect", &Tb::new(None).node_id("acp").await.to_string()]).await;
-    assert_clean_error(&o, "a bare NodeId carries no address");
+    assert_clean_error(
+        &o,
+        "a bare NodeId carries no address and discovery is off (THUNDERBOLT_IROH_DISCOVERY=off): use the \
+         ticket from the bridge's banner, or --relay-url with the bridge's relay",
+    );
     let o = tb.run(&["acp", "--transport", "iroh", "--", "no-such-agent-xyz"]).await;
     assert_clean_error(&o, "agent command 'no-such-agent-xyz' not found");
     let o = tb.run(&["mcp", "--transport", "iroh"]).await;
@@ -290,4 +294,56 @@ async fn an_allow_file_that_is_not_a_regular_file_is_refused() {
     assert_clean_error(&o, "not a regular file");
     let o = tb.run(&["iroh", "list"]).await;
     assert_clean_error(&o, "not a regular file");
+}
+
+#[tokio::test]
+async fn damaged_tickets_and_node_ids_say_what_happened_and_what_to_do() {
+    use thunderbolt_shared::{words, EndpointTicket};
+    let tb = Tb::new(None);
+    let bridge_home = Tb::new(None);
+    let b = bridge_home.bridge("acp", &[], &[&test_agent_bin().display().to_string(), "cat"]).await;
+    let ticket = b.ticket.clone();
+    let damaged = |o: &std::process::Output| {
+        assert_clean_error(o, &format!("error: {}", words::TICKET_DAMAGED));
+        let err = stderr(o);
+        for internals in ["trailing bits", "end of buffer", "expected more data", "postcard", "base32"] {
+            assert!(!err.contains(internals), "decoder internals: {err}");
+        }
+    };
+    // Cut short (also to exactly a base32 NodeId's 52 characters), or with a character dropped.
+    for cut in [&ticket[..52], &ticket[..ticket.len() - 3], &ticket[..40]] {
+        damaged(&tb.run(&["acp", "connect", cut]).await);
+        damaged(&tb.run(&["iroh", "allow", cut]).await);
+    }
+    // A typo in the prefix: neither form, said in those words.
+    let typo = ticket.replacen("endpoint", "endpiont", 1);
+    let o = tb.run(&["acp", "connect", &typo]).await;
+    assert_clean_error(
+        &o,
+        &format!(
+            "is neither a ticket nor a NodeId: a ticket starts with `endpoint`, a NodeId is 64 hex or 52 \
+             base32 characters (this is {}): copy it again",
+            typo.len()
+        ),
+    );
+    // One character changed inside the NodeId still decodes: to another key at the same
+    // addresses. The handshake notices; say so, not "invalid peer certificate".
+    let t: EndpointTicket = ticket.parse().unwrap();
+    let other = iroh::SecretKey::generate().public();
+    let wrong =
+        EndpointTicket::new(iroh::EndpointAddr::from_parts(other, t.endpoint_addr().addrs.iter().cloned()));
+    let o = tb.run(&["acp", "connect", "--dial-timeout", "10", &wrong.to_string()]).await;
+    assert_clean_error(&o, &format!("error: {}", words::OTHER_IDENTITY));
+    assert!(!stderr(&o).contains("certificate"), "{}", stderr(&o));
+    // A ticket with no address at all.
+    let bare = EndpointTicket::new(iroh::EndpointAddr::new(b.node_id)).to_string();
+    let o = tb.run(&["acp", "connect", &bare]).await;
+    assert_clean_error(&o, &format!("error: {}", words::NO_ADDRESS));
+    // And the same `iroh pair` that mints such a ticket warns about it.
+    let o = Tb::new(None)
+        .with_env("THUNDERBOLT_IROH_RELAY_URL", "disabled")
+        .run(&["iroh", "pair", "--no-qr"])
+        .await;
+    assert!(o.status.success());
+    assert!(stderr(&o).contains("warning: this ticket carries no address"), "{}", stderr(&o));
 }

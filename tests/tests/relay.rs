@@ -267,3 +267,55 @@ async fn sigterm_stops_the_relay() {
     assert!(st.success());
     relay.log.wait_for("relay stopped").await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_with_an_untrusted_certificate_is_named_as_the_cause() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tls_config(dir.path(), "");
+    let relay = Relay::start(&["--config", cfg.to_str().unwrap()]).await;
+    // No CA given: iroh's relay client never gets a relay, and says nothing at the
+    // default level; the bridge asks the relay itself and names the certificate.
+    let b = bridge_via(&Tb::new(None), relay.url.as_str(), None).await;
+    let line =
+        b.banner.lines().find(|l| l.trim_start().starts_with("Relay:")).unwrap_or_default().to_string();
+    assert!(
+        line.contains("NOT reachable") && line.contains("its TLS certificate is not trusted"),
+        "{}",
+        b.banner
+    );
+    assert!(line.contains("THUNDERBOLT_IROH_RELAY_CA"), "what to do next: {line}");
+    b.log.wait_for("its TLS certificate is not trusted").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_device_the_relay_refuses_is_told_so_not_timed_out() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let home = Tb::new(None);
+    let bridge_id = home.node_id("acp").await;
+    let allow = dir.path().join("allowlist");
+    std::fs::write(&allow, format!("{bridge_id}\n")).unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &format!("http_bind_addr = \"127.0.0.1:0\"\n[access]\nallow_file = \"{}\"\n", allow.display()),
+    );
+    let relay = Relay::start(&["--config", cfg.to_str().unwrap()]).await;
+    let phone = Tb::with_relay_url(&relay.url);
+    home.allow(&phone.node_id("acp").await).await;
+    let bridge = bridge_via(&home, relay.url.as_str(), None).await;
+    let ticket = EndpointTicket::new(relay_only(&bridge.ticket)).to_string();
+    let t0 = std::time::Instant::now();
+    let out = phone.run(&["acp", "connect", "--dial-timeout", "25", &ticket]).await;
+    // Told as soon as the relay said no, not after the dial timeout.
+    assert!(t0.elapsed() < std::time::Duration::from_secs(20), "took {:?}", t0.elapsed());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let phone_id = phone.node_id("acp").await;
+    assert!(
+        err.contains(&format!("the relay {} refused this device: not in the allow file", relay.url))
+            && err.contains(&format!("ask its operator to allow this device ({phone_id})")),
+        "{err}"
+    );
+    assert!(!err.contains("timed out"), "{err}");
+}

@@ -28,11 +28,15 @@ pub use crate::net::{Discovery, NetConfig, OnOff};
         thunderbolt acp --transport iroh -- my-agent --acp  # serve your own agent\n  \
         thunderbolt iroh allow <nodeid-of-the-other-side>\n\n\
         Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more. The bridge runs on half \
-        the cores (at least one), leaving the rest to its agents; TOKIO_WORKER_THREADS=N overrides."
+        the cores (at least one), leaving the rest to its agents; TOKIO_WORKER_THREADS=N overrides.",
+    arg_required_else_help = true
 )]
 pub struct Cli {
-    /// State directory (identity keys, allow file).
-    #[arg(long, global = true, env = "THUNDERBOLT_HOME", value_name = "DIR")]
+    /// State directory: identity keys, the allow file, devices, agents.d [default:
+    /// $THUNDERBOLT_HOME, else ~/.thunderbolt].
+    // Not clap's `env`: an argument set from the environment counts as given, and
+    // clap would print `--home <DIR>` in every usage line as if it were required.
+    #[arg(long, global = true, value_name = "DIR")]
     pub home: Option<PathBuf>,
 
     #[command(subcommand)]
@@ -44,6 +48,8 @@ pub enum Command {
     /// Serve an ACP agent over iroh, or dial one (`acp connect`).
     Acp(ProtocolCmd),
     /// Serve an MCP server over iroh, or dial one (`mcp connect`).
+    // There is no built-in MCP server: `serve` is ACP's only.
+    #[command(mut_subcommand("serve", |c| c.hide(true)))]
     Mcp(ProtocolCmd),
     /// Identity and manual trust: id, pair, allow, deny, list.
     #[command(subcommand)]
@@ -397,8 +403,8 @@ pub struct LimitArgs {
     pub resume_grace: f64,
 
     /// Most agent output (bytes; K, M, G suffixes) a resumable session holds for its client: not
-    /// yet acknowledged, or written while the client was away. Past it, with the client away, the
-    /// session ends.
+    /// yet acknowledged, or written while the client was away. When it is full the agent is held
+    /// (its output is not read) until the client acknowledges some; nothing is dropped.
     #[arg(long, default_value = "32M", value_name = "BYTES", value_parser = frame_size)]
     pub resume_buffer: usize,
 
@@ -525,5 +531,29 @@ mod tests {
         assert!(frame_size("5G").is_err(), "above the maximum");
         assert!(frame_size("lots").is_err());
         assert!(frame_size("99999999999999999999G").is_err());
+    }
+
+    /// Every flag, argument and command a person can see says what it is for.
+    #[test]
+    fn everything_visible_has_help() {
+        use clap::CommandFactory;
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let builtin = matches!(a.get_id().as_str(), "help" | "version");
+                if !a.is_hide_set() && !builtin && a.get_help().is_none() && a.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", a.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands().filter(|c| !c.is_hide_set() && c.get_name() != "help") {
+                let here = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() {
+                    missing.push(here.clone());
+                }
+                walk(sub, &here, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "thunderbolt", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:#?}");
     }
 }

@@ -17,7 +17,7 @@ use iroh::{
 };
 use thunderbolt_shared::{
     close::{self, is_alpn_refusal},
-    pairing as pairing_wire, resume, EndpointTicket, Protocol, Target,
+    pairing as pairing_wire, resume, words, EndpointTicket, Protocol, Target,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info};
@@ -90,7 +90,7 @@ pub fn describe_close(err: &ConnectionError, protocol: &Protocol) -> String {
 
 pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<()> {
     let net = args.net.config()?;
-    let target = with_relay_hint(args.target.parse().context("invalid target")?, &net.relays);
+    let target = with_relay_hint(args.target.parse()?, &net.relays);
     // `connect` always dials with the ACP identity: the NodeId `iroh id` prints.
     let (key, _) = identity::load_or_create(home, &Protocol::acp())?;
     // Keep-alives and a short idle timeout: a dead path is noticed (and, when
@@ -102,17 +102,98 @@ pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<(
     let result = match args.pair.clone() {
         Some(code) => {
             let name = args.device_name.clone().unwrap_or_else(crate::trust::account::device_name);
-            match pair_first(&ep, &target, &protocol, &code, &name, args.dial_timeout).await {
-                Ok(()) => dial_and_pipe(&ep, &target, &protocol, args, &mut reached).await,
+            match pair_first(&ep, &target, &protocol, &net, &code, &name, args.dial_timeout).await {
+                Ok(()) => dial_and_pipe(&ep, &target, &protocol, &net, args, &mut reached).await,
                 Err(e) => Err(e),
             }
         }
-        None => dial_and_pipe(&ep, &target, &protocol, args, &mut reached).await,
+        None => dial_and_pipe(&ep, &target, &protocol, &net, args, &mut reached).await,
     };
+    // Refused as a stranger: say the one line that lets this device in.
+    let result = result.map_err(|e| {
+        if e.downcast_ref::<Interrupted>().is_none()
+            && format!("{e:#}").ends_with(close::REASON_NOT_ALLOWLISTED)
+        {
+            anyhow!(
+                "{e:#}: on the bridge's machine run `thunderbolt iroh allow {}` (or `thunderbolt iroh pair` \
+                 there, then connect here with --pair <code>)",
+                ep.id()
+            )
+        } else {
+            e
+        }
+    });
     // Only a connection that reached the bridge has a close frame worth waiting for.
     let budget = if reached { CLOSE_FLUSH_TIMEOUT } else { UNREACHED_CLOSE_TIMEOUT };
     crate::net::close_endpoint(ep, budget).await;
     result
+}
+
+/// `dial`, given up early when it can only go through the relay and the
+/// relay refused this device (the reason is then found by [`unreachable`]).
+async fn relay_or_bust<T>(
+    ep: &iroh::Endpoint,
+    target: &Target,
+    dial: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    if target.endpoint_addr().ip_addrs().next().is_some() {
+        return dial.await;
+    }
+    tokio::select! {
+        r = dial => r,
+        _ = crate::net::relay_denied(ep) => Err(anyhow!("the relay refused this device")),
+    }
+}
+
+/// Why a dial failed (`err`: iroh's words, `None` for our own timeout), in
+/// one line that says what to do.
+async fn unreachable(
+    ep: &iroh::Endpoint,
+    target: &Target,
+    protocol: &Protocol,
+    net: &crate::net::NetConfig,
+    secs: u64,
+    err: Option<String>,
+) -> anyhow::Error {
+    let id = target.id();
+    let text = err.unwrap_or_default();
+    if is_alpn_refusal(&text) {
+        return anyhow!(
+            "{id} does not serve {protocol} (ALPN {} refused): is it a {protocol} bridge?",
+            String::from_utf8_lossy(&protocol.alpn())
+        );
+    }
+    if words::is_identity_mismatch(&text) {
+        return anyhow!(words::OTHER_IDENTITY);
+    }
+    // The relay turned this device away: nothing reaches the bridge through it.
+    if let Some(why) = crate::net::relay_refusal(ep) {
+        return anyhow!("{why}: ask its operator to allow this device ({}), or use another relay", ep.id());
+    }
+    let no_addr = target.endpoint_addr().addrs.is_empty();
+    if no_addr && matches!(target, Target::Ticket(_)) {
+        return anyhow!(words::NO_ADDRESS);
+    }
+    if no_addr {
+        let discovery = if net.discovery == crate::net::Discovery::Off {
+            "discovery is off (THUNDERBOLT_IROH_DISCOVERY=off)"
+        } else {
+            "discovery found none"
+        };
+        return anyhow!(
+            "could not connect to {id}: a bare NodeId carries no address and {discovery}: use the \
+             ticket from the bridge's banner, or --relay-url with the bridge's relay"
+        );
+    }
+    let relay =
+        crate::net::relay_problem(ep, net).await.map(|p| format!("; the relay: {p}")).unwrap_or_default();
+    if text.is_empty() || text.to_ascii_lowercase().contains("timed out") {
+        return anyhow!(
+            "could not reach {id} within {secs}s: is the bridge running, and does the ticket carry a \
+             reachable address or relay?{relay}"
+        );
+    }
+    anyhow!("could not connect to {id}: {text}{relay}")
 }
 
 /// How long the bridge may take to answer a pairing request once connected
@@ -125,24 +206,28 @@ async fn pair_first(
     ep: &iroh::Endpoint,
     target: &Target,
     protocol: &Protocol,
+    net: &crate::net::NetConfig,
     code: &str,
     name: &str,
     dial_timeout: u64,
 ) -> Result<()> {
     let alpn = pairing_wire::pair_alpn(protocol);
-    let dial = tokio::time::timeout(Duration::from_secs(dial_timeout), async {
-        ep.connect(target.endpoint_addr(), &alpn).await
-    });
+    let dial = tokio::time::timeout(
+        Duration::from_secs(dial_timeout),
+        relay_or_bust(ep, target, async {
+            ep.connect(target.endpoint_addr(), &alpn).await.map_err(anyhow::Error::from)
+        }),
+    );
     let conn = match dial.await {
-        Err(_) => {
-            bail!("could not reach {} within {dial_timeout}s to pair (is the bridge running?)", target.id())
-        }
+        Err(_) => return Err(unreachable(ep, target, protocol, net, dial_timeout, None).await),
         Ok(Err(e)) if is_alpn_refusal(&format!("{e:#}")) => bail!(
             "{} does not take pairing codes (it predates `iroh pair`, or is not a {protocol} bridge): \
              run `thunderbolt iroh id` here and `thunderbolt iroh allow <that-nodeid>` there instead",
             target.id()
         ),
-        Ok(Err(e)) => return Err(anyhow!(e).context(format!("could not connect to {} to pair", target.id()))),
+        Ok(Err(e)) => {
+            return Err(unreachable(ep, target, protocol, net, dial_timeout, Some(format!("{e:#}"))).await)
+        }
         Ok(Ok(c)) => c,
     };
     let exchange = async {
@@ -221,6 +306,7 @@ async fn dial_and_pipe(
     ep: &iroh::Endpoint,
     target: &Target,
     protocol: &Protocol,
+    net: &crate::net::NetConfig,
     args: ConnectArgs,
     reached: &mut bool,
 ) -> Result<()> {
@@ -237,33 +323,14 @@ async fn dial_and_pipe(
             ep.connect_with_opts(target.endpoint_addr(), &resume::resume_alpn(protocol), opts).await?;
         Ok(connecting.await?)
     };
-    let dial = tokio::time::timeout(Duration::from_secs(args.dial_timeout), dial).await;
+    let dial =
+        tokio::time::timeout(Duration::from_secs(args.dial_timeout), relay_or_bust(ep, target, dial)).await;
     let conn = match dial {
-        Err(_) => bail!(
-            "could not reach {} within {}s (is the bridge running, and does the ticket carry a \
-             reachable address or relay?)",
-            target.id(),
-            args.dial_timeout
-        ),
+        Err(_) => return Err(unreachable(ep, target, protocol, net, args.dial_timeout, None).await),
         Ok(Err(e)) => {
-            let text = format!("{e:#}");
-            let e = anyhow!(e.to_string());
-            if is_alpn_refusal(&text) {
-                bail!(
-                    "{} does not serve {protocol} (ALPN {} refused): is it a {protocol} bridge?",
-                    target.id(),
-                    String::from_utf8_lossy(&alpn)
-                );
-            }
-            if matches!(target, Target::NodeId(_)) && text.contains("No addressing information") {
-                bail!(
-                    "could not connect to {}: a bare NodeId carries no address, and discovery \
-                     found none; use the ticket from the bridge's banner, or --relay-url with \
-                     the bridge's relay",
-                    target.id()
-                );
-            }
-            return Err(anyhow!(e).context(format!("could not connect to {}", target.id())));
+            return Err(
+                unreachable(ep, target, protocol, net, args.dial_timeout, Some(format!("{e:#}"))).await
+            )
         }
         Ok(Ok(c)) => c,
     };
@@ -318,7 +385,8 @@ async fn pipe(
         }
         return match finish? {
             redial::Finish::AgentEnded(end) => agent_result(end),
-            redial::Finish::Stopped => Ok(()),
+            redial::Finish::KeptWarm => Ok(()),
+            redial::Finish::Interrupted(which) => Err(Interrupted(which).into()),
         };
     }
     let _path_log = crate::paths::log_changes(conn, conn.remote_id().fmt_short().to_string());
@@ -328,6 +396,8 @@ async fn pipe(
     let mut ended: Option<close::AgentEnd> = None;
     // Told to stop (a signal): there is nothing more to wait for.
     let mut stopped = false;
+    // Which signal, when one stopped us.
+    let mut interrupted: Option<&'static str> = None;
 
     let outcome = {
         let upload = async {
@@ -393,6 +463,7 @@ async fn pipe(
                 which = term.recv() => {
                     info!("{which}: closing the connection");
                     stopped = true;
+                    interrupted = Some(which);
                     break Ok(());
                 }
             }
@@ -423,7 +494,27 @@ async fn pipe(
         }
     }
     outcome?;
+    if let Some(which) = interrupted {
+        return Err(Interrupted(which).into());
+    }
     agent_result(ended)
+}
+
+/// `connect` was stopped by a signal: it exits 130 (Ctrl-C) or 143 (SIGTERM),
+/// as a shell reports a process ended by one, never 0 (0 means the agent's
+/// work ended well).
+#[derive(Debug, thiserror::Error)]
+#[error("stopped by {0}")]
+pub struct Interrupted(pub &'static str);
+
+impl Interrupted {
+    pub fn exit_code(&self) -> u8 {
+        if self.0 == "SIGTERM" {
+            128 + 15
+        } else {
+            128 + 2
+        }
+    }
 }
 
 /// Our exit for how the agent ended: success only for exit code 0 (or an

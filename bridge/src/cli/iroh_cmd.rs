@@ -1,16 +1,16 @@
 //! `thunderbolt iroh id | pair | allow | deny | list`.
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use iroh::{EndpointAddr, TransportAddr};
 use serde_json::json;
-use thunderbolt_shared::{node_id_base32, pairing as pairing_wire, parse_node_id, EndpointTicket, Protocol};
+use thunderbolt_shared::{node_id_base32, pairing as pairing_wire, EndpointTicket, Protocol, Target};
 
 use crate::{
     cli::{
         args::{IrohCmd, PairArgs},
         banner::pairing_url,
     },
-    devices::{now_ms, resolve_id, Devices, How},
+    devices::{now_ms, Devices, How},
     home::Home,
     host::{folder, manifest::Machine},
     identity,
@@ -40,9 +40,7 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
         }
         IrohCmd::Pair(a) => pair(home, a)?,
         IrohCmd::Allow(a) => {
-            let id = resolve_id(&a.node_id).ok_or_else(|| {
-                anyhow!("'{}' is neither a NodeId nor a ticket ({})", a.node_id, bad_id_hint(&a.node_id))
-            })?;
+            let id = a.node_id.parse::<Target>()?.id();
             let path = home.allowlist_path();
             let added = allowfile::allow(&path, &id)?;
             let name = a.name.as_deref().and_then(pairing_wire::clean_name);
@@ -159,20 +157,25 @@ fn offline_ticket(
     Ok((protocol, id, EndpointTicket::new(addr)))
 }
 
-/// The ticket as a terminal QR code (two modules per character cell).
+/// `data` as a terminal QR code (two modules per character cell).
+///
+/// On a terminal it is drawn black on white whatever the terminal's own
+/// colours: plain block characters come out inverted on a dark background,
+/// which many phone cameras do not read. Into a pipe or a file it stays
+/// plain text.
 pub fn qr(data: &str) -> Result<String> {
     use qrcode::{render::unicode, EcLevel, QrCode};
+    use std::io::IsTerminal;
     let code = QrCode::with_error_correction_level(data.as_bytes(), EcLevel::L)
         .context("ticket too long for a QR code")?;
-    Ok(code.render::<unicode::Dense1x2>().quiet_zone(true).build())
-}
-
-/// Why `text` is not a NodeId (the parser's words), for the error.
-fn bad_id_hint(text: &str) -> String {
-    match parse_node_id(text) {
-        Err(e) => e.to_string(),
-        Ok(_) => "unreadable".into(),
+    let plain = code.render::<unicode::Dense1x2>().quiet_zone(true).build();
+    if !std::io::stdout().is_terminal() {
+        return Ok(plain);
     }
+    // Black text (the dark modules) on a white background (the light ones).
+    const BLACK_ON_WHITE: &str = "\x1b[38;5;16;48;5;231m";
+    const RESET: &str = "\x1b[0m";
+    Ok(plain.lines().map(|l| format!("{BLACK_ON_WHITE}{l}{RESET}")).collect::<Vec<_>>().join("\n"))
 }
 
 /// `thunderbolt iroh pair`: mints a one-time code and says how to use it.

@@ -183,7 +183,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     // Devices that pair with a one-time code (`iroh pair`) dial this one.
     alpns.push(thunderbolt_shared::pairing::pair_alpn(&protocol));
     let endpoint = net.bind(key, alpns, config.idle_timeout).await?;
-    let addr = net::reachable_addr(&endpoint, &net.relays).await;
+    let (addr, relay_problem) = net::reachable_addr(&endpoint, &net).await;
 
     if let Err(e @ allowfile::AllowFileError::File(allowfile::ReadError::NotRegular { .. })) =
         allowfile::read(&home.allowlist_path())
@@ -215,7 +215,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         app_url: app_url.as_deref(),
         resume: config.resume,
         keep_warm: config.keep_warm,
-        relay_problem: net::relay_problem(&endpoint, &net.relays),
+        relay_problem,
     };
     // Before the banner: a SIGTERM right after it must shut down cleanly.
     let term = signals::Terminate::new();

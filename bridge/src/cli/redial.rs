@@ -63,8 +63,10 @@ const WELCOME_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum Finish {
     /// The agent ended and everything it said was delivered; how, if the bridge said.
     AgentEnded(Option<AgentEnd>),
-    /// We were told to stop (a signal) and closed the session.
-    Stopped,
+    /// A warm agent's bridge let us go: we are done, the agent runs on.
+    KeptWarm,
+    /// We were told to stop (this signal) and closed the session.
+    Interrupted(&'static str),
 }
 
 /// Why one connection stopped carrying the session.
@@ -72,7 +74,7 @@ enum ConnEnd {
     Lost(String),
     Protocol(String),
     Closed(ConnectionError),
-    Stopped,
+    Stopped(&'static str),
     LocalOutputClosed,
 }
 
@@ -118,12 +120,12 @@ pub async fn run(
         let end = carry(&conn, &st, &mut input, &mut output, term, attached_before, protocol).await;
         attached_before = attached_before || st.borrow().token.is_some();
         match end {
-            Ok(ConnEnd::Stopped) => {
+            Ok(ConnEnd::Stopped(which)) => {
                 conn.close(
                     VarInt::from_u32(close::CLOSE_CODE_CLIENT),
                     close::REASON_CLIENT_CLOSED.as_bytes(),
                 );
-                break Ok(Finish::Stopped);
+                break Ok(Finish::Interrupted(which));
             }
             Ok(ConnEnd::Protocol(e)) => {
                 conn.close(
@@ -163,7 +165,7 @@ pub async fn run(
                     c = &mut redial => c,
                     which = term.recv() => {
                         info!("{which}: giving up the session");
-                        break Ok(Finish::Stopped);
+                        break Ok(Finish::Interrupted(which));
                     }
                 };
                 match next {
@@ -181,7 +183,7 @@ pub async fn run(
 fn closed(err: &ConnectionError, st: &State, protocol: &Protocol) -> Result<Finish> {
     if crate::cli::connect::kept_warm(err) {
         info!("done: the agent stays warm for the next connection");
-        return Ok(Finish::Stopped);
+        return Ok(Finish::KeptWarm);
     }
     if let ConnectionError::ApplicationClosed(ac) = err {
         let code = ac.error_code.into_inner();
@@ -318,7 +320,7 @@ async fn carry(
         },
         which = term.recv() => {
             info!("{which}: closing the session");
-            return Ok(ConnEnd::Stopped);
+            return Ok(ConnEnd::Stopped(which));
         }
     };
     stop.cancel();
@@ -330,7 +332,7 @@ async fn carry(
         }
         which = term.recv() => {
             info!("{which}: closing the session");
-            return Ok(ConnEnd::Stopped);
+            return Ok(ConnEnd::Stopped(which));
         }
     }
     Ok(end)

@@ -90,7 +90,7 @@ impl HostContext {
             }
         }
         let ep = net.bind(key, alpns(spec, &self.config), self.config.idle_timeout).await?;
-        let addr = crate::net::reachable_addr(&ep, &net.relays).await;
+        let (addr, relay_problem) = crate::net::reachable_addr(&ep, &net).await;
         let account = match &self.credential {
             None => None,
             Some(backend) => {
@@ -103,7 +103,6 @@ impl HostContext {
             |a| a.trust.status().to_string(),
         );
         let config = self.agent_config(spec, account)?;
-        let relay_problem = crate::net::relay_problem(&ep, &net.relays);
         let started = Started {
             relay_problem,
             name: spec.name.clone(),

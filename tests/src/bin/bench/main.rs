@@ -86,7 +86,7 @@ const SMOKE: Plan = Plan {
     pipelined: 50,
 };
 
-/// The default: the figures the README quotes (about two and a half minutes).
+/// The default: the figures docs/performance.md quotes (about two and a half minutes).
 const FULL: Plan = Plan {
     setup_reps: 30,
     bulk_bytes: 256 << 20,

@@ -134,7 +134,7 @@ async fn worst_case(
 }
 
 /// Pipelined requests, r1 against plain; the memory worst cases against the
-/// bound the README states (replay buffer plus about `--max-frame` per direction).
+/// bound docs/performance.md states (replay buffer plus about `--max-frame` per direction).
 pub async fn pressure_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
     let client = Tb::new(None);
     b.tb.allow(&client.node_id("acp").await).await;

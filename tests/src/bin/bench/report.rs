@@ -83,7 +83,7 @@ impl Row {
     }
 }
 
-/// The markdown table the README quotes.
+/// The markdown table docs/performance.md quotes.
 pub fn print_table(rows: &[Row]) {
     println!("| measure | bridge median (min–max) | baseline | baseline median (min–max) | ratio |");
     println!("|---|---|---|---|---|");
