@@ -32,7 +32,7 @@ if ! command -v wasm-bindgen >/dev/null || [ "$(wasm-bindgen --version | awk '{p
 fi
 
 # wasm SIMD (Rust, std and ring's C): 42 KB smaller at the same speed; needs a
-# browser from 2021 on, or Safari/WebKit 16.4 (README, "Browser client").
+# browser from 2021 on, or Safari/WebKit 16.4 (docs/browser.md).
 # -Zlocation-detail=none: panics keep their message but not the file:line of
 # every panic site in std, iroh and noq: 65 KB raw, 22 KB gzipped.
 PATH=/usr/lib/llvm-22/bin:/usr/local/bin:/usr/bin:/bin \

@@ -140,6 +140,8 @@ test("closing the page's connection kills the agent on the bridge", async () => 
   await page.click("#disconnect");
   await waitFor(() => pids.every((pid) => !alive(pid)), `agents ${pids} to exit`);
   assert.deepEqual(agentPids(bridge).filter(alive), []);
+  await page.waitForFunction(() => !document.querySelector("#connect").disabled, null, { timeout: WAIT_MS });
+  assert.equal(await page.textContent("#status"), "disconnected: you closed the session");
 });
 
 /// A NodeId (64 hex digits) in the form the app's own form accepts: unpadded
@@ -241,11 +243,18 @@ test("errors are typed: bad input, wrong protocol, bad frames, dial timeout", as
     // A NodeId nobody serves: the dial is bounded by its timeout.
     const ghost = (await window.thunderbolt.IrohClient.create(undefined, new URLSearchParams(location.search).get("relay"))).nodeId();
     try { await client.connectProtocol(ghost, "acp", 1500); } catch (e) { out.timeout = e.kind; out.retryable = e.retryable; }
+    // The CLI's words: a damaged ticket, and a relay this page never reached.
+    try { await client.connectProtocol(ticket.slice(0, 52), "acp"); } catch (e) { out.damaged = [e.kind, e.message]; }
+    const stranded = await window.thunderbolt.IrohClient.create(undefined, "http://127.0.0.1:9/");
+    try { await stranded.connectProtocol(ticket, "acp", 1500); } catch (e) { out.noRelay = [e.kind, e.message]; }
+    await stranded.shutdown();
     return out;
   }, bridge.ticket);
   assert.deepEqual(r, {
     input: "input", protocol: "input", alpn: "alpn", notJson: "frame", tooBig: "frame", tinyFrame: "input", stillWorks: 9,
     timeout: "timeout", retryable: true,
+    damaged: ["input", "this ticket is damaged: copy it again, whole (from the bridge's banner, or `thunderbolt iroh id` on its machine)"],
+    noRelay: ["timeout", "could not reach the relay http://127.0.0.1:9/: is it running, and does this device trust its certificate? (opening http://127.0.0.1:9/ in a browser shows why)"],
   });
 });
 
@@ -418,6 +427,50 @@ test("thunderbolt host: two agents (ACP and MCP) through one relay, each by its 
   host.child.kill("SIGTERM");
 });
 
+test("the demo page: its relay field is applied, its ticket and session survive a reload, its endings are worded truthfully", async () => {
+  const b = await startBridge();
+  const ctx = await browser.newContext();
+  const p = await ctx.newPage();
+  // No ?relay: the page starts on the public relays (unreachable here) until the field says otherwise.
+  await p.goto(`${baseUrl}/www/`);
+  await p.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+  allow(b, await p.textContent("#node-id"));
+  await p.fill("#relay", relayUrl);
+  await p.fill("#ticket", b.ticket);
+  await p.click("#connect");
+  await p.waitForFunction(() => document.querySelector("#status").className === "ok" || window.lastError, null, { timeout: WAIT_MS });
+  assert.equal(await p.evaluate(() => window.lastError), undefined, await p.textContent("#status"));
+  const sid = await p.evaluate(() => window.thunderbolt.state.sessionId);
+  const agents = agentPids(b).filter(alive);
+  assert.equal(agents.length, 1);
+  // A reload: the ticket and the relay are still there, and the session is taken back.
+  await p.reload();
+  await p.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+  assert.equal(await p.inputValue("#ticket"), b.ticket);
+  assert.equal(await p.inputValue("#relay"), relayUrl);
+  await p.waitForFunction(() => window.resumedAfterReload && document.querySelector("#status").className === "ok", null, { timeout: WAIT_MS });
+  assert.equal(await p.textContent("#status"), `resumed after the reload · thunderbolt-echo · session ${sid}`);
+  await p.fill("#prompt", "still the same session");
+  await p.click("#send");
+  await p.waitForFunction(() => document.querySelector("#reply").dataset.stopReason === "end_turn", null, { timeout: WAIT_MS });
+  assert.equal(await p.textContent("#reply"), "You said: still the same session");
+  assert.deepEqual(agentPids(b).filter(alive), agents, "one agent, before and after the reload");
+  await p.screenshot({ path: join(ARTIFACTS, "demo-page-resumed.png"), fullPage: true });
+  // The bridge shutting down is said as such, not as a refusal.
+  b.child.kill("SIGTERM");
+  await p.waitForFunction(() => document.querySelector("#status").className === "error", null, { timeout: WAIT_MS });
+  assert.equal(await p.textContent("#status"), "the bridge shut down: connect again once it runs");
+  // An agent that exits: its code, in words.
+  const c = await startBridge([join(BIN, "test-agent"), "exit-after", "1", "3"]);
+  allow(c, await p.textContent("#node-id"));
+  await p.fill("#ticket", c.ticket);
+  await p.click("#connect");
+  await p.waitForFunction(() => document.querySelector("#status").textContent.startsWith("the agent ended"), null, { timeout: WAIT_MS });
+  assert.equal(await p.textContent("#status"), "the agent ended: the agent exited with code 3");
+  await ctx.close();
+  c.child.kill("SIGTERM");
+});
+
 test("a pairing link: the demo page pairs, connects and runs an ACP exchange; nobody types its NodeId", async () => {
   const b = await startBridge();
   const minted = JSON.parse(tb(b.home, relayUrl, ["iroh", "pair", "--json", "--app-url", baseUrl]));
@@ -506,6 +559,16 @@ test("30 reloads of a page that never keeps its session: another device still ge
 // Last: it restarts the shared relay.
 test("the relay killed and restarted mid-session: the page's session resumes by itself", async () => {
   allow(bridge, await page.textContent("#node-id"));
+  // The page's own session, noticing a lost path after 1.5 s; every status it shows is kept.
+  await page.goto(`${baseUrl}/www/?${new URLSearchParams({ relay: relayUrl, ticket: bridge.ticket, idle: 1500 })}`);
+  await page.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+  await page.click("#connect");
+  await page.waitForFunction(() => document.querySelector("#status").className === "ok", null, { timeout: WAIT_MS });
+  await page.evaluate(() => {
+    window.statuses = [];
+    new MutationObserver(() => window.statuses.push(document.querySelector("#status").textContent))
+      .observe(document.querySelector("#status"), { childList: true, characterData: true, subtree: true });
+  });
   await page.evaluate(async (ticket) => {
     const client = window.thunderbolt.state.client;
     window.rEvents = [];
@@ -525,6 +588,8 @@ test("the relay killed and restarted mid-session: the page's session resumes by 
   const port = new URL(relayUrl).port;
   relayProc.child.kill("SIGKILL");
   await page.waitForFunction(() => window.rEvents.includes("reconnecting"), null, { timeout: WAIT_MS });
+  await page.waitForFunction(() => document.querySelector("#status").className === "warn", null, { timeout: WAIT_MS });
+  assert.equal(await page.textContent("#status"), "reconnecting… (connection lost; the bridge keeps the session)");
   // Sent while the path is down: delivered after the resume.
   await page.evaluate(() => window.rConn.send({ jsonrpc: "2.0", id: 2, method: "session/new", params: { cwd: "/", mcpServers: [] } }));
   const again = run(join(BIN, "thunderbolt-relay"), ["--dev", "--bind", `127.0.0.1:${port}`]);
@@ -549,5 +614,12 @@ test("the relay killed and restarted mid-session: the page's session resumes by 
   assert.deepEqual(r.events.filter((e) => e !== "reconnecting"), ["resumed"]);
   const agentsAfter = agentPids(bridge).filter(alive);
   for (const pid of agentsBefore) assert.ok(agentsAfter.includes(pid), "the same agent served the resumed session");
+  await page.waitForFunction(() => document.querySelector("#status").textContent.startsWith("resumed ·"), null, { timeout: WAIT_MS });
+  const sid = await page.evaluate(() => window.thunderbolt.state.sessionId);
+  assert.equal(await page.textContent("#status"), `resumed · thunderbolt-echo · session ${sid}`);
+  await page.fill("#prompt", "after the outage");
+  await page.click("#send");
+  await page.waitForFunction(() => document.querySelector("#reply").dataset.stopReason === "end_turn", null, { timeout: WAIT_MS });
+  assert.equal(await page.textContent("#reply"), "You said: after the outage");
   await page.evaluate(() => { window.rConn.close(); window.bConn.close(); });
 });

@@ -1,12 +1,19 @@
 // Demo page for the thunderbolt-iroh browser client: pairs with a bridge, runs
-// ACP initialize + session/new, and streams the agent's reply to a prompt.
+// ACP initialize + session/new, streams the agent's reply to a prompt, shows a
+// lost connection being redialed, and resumes its session across a reload.
 import init, { IrohClient } from "../pkg/thunderbolt_client_wasm.js";
 
 const SECRET_KEY = "thunderbolt_iroh_client_secret";
 const RELAY_KEY = "thunderbolt_iroh_relay_url";
+const TICKET_KEY = "thunderbolt_iroh_ticket";
+// Per tab (survives a reload, not a closed tab): the live session to resume.
+const SESSION_KEY = "thunderbolt_iroh_session";
 const $ = (id) => document.getElementById(id);
 
-const state = { client: null, conn: null, sessionId: null, nextId: 1, pending: new Map(), onUpdate: null };
+const state = {
+  client: null, clientRelay: null, conn: null, sessionId: null, nextId: 1, pending: new Map(),
+  agent: "agent", userClosed: false,
+};
 
 function setStatus(text, kind = "") {
   const el = $("status");
@@ -20,22 +27,59 @@ function log(dir, msg) {
   $("log").append(line);
 }
 
-/// Describes a client error for people: the bridge's reason when it refused us.
+// Refusals at the door, as opposed to a session the bridge ended later.
+const ADMISSION = ["not allowlisted", "bridge at capacity", "idle: no data stream opened", "handshake timed out"];
+
+/// Describes a client error for people: what happened, and what to do.
 function describe(err) {
-  if (err && err.kind === "closed") return `refused by the bridge: ${err.reason} (code ${err.code})`;
-  if (err && err.kind === "timeout") return `dial timed out: ${err.message}`;
-  if (err && err.kind === "alpn") return `the peer is not an ACP bridge: ${err.message}`;
-  return `${(err && err.kind) || "error"}: ${(err && err.message) || err}`;
+  if (!err) return "error";
+  switch (err.kind) {
+    case "closed":
+      if (err.reason === "bridge shutting down") return "the bridge shut down: connect again once it runs";
+      if (err.reason === "ended by the host") return "the workstation ended this session (thunderbolt kick)";
+      if (err.reason === "membership revoked") return "this device is no longer allowed on the bridge (membership revoked)";
+      if (err.code === 1 && (ADMISSION.includes(err.reason) || err.reason.startsWith("failed to spawn")))
+        return `refused by the bridge: ${err.reason} (code ${err.code})`;
+      return `the bridge ended the session: ${err.reason} (code ${err.code})`;
+    case "agent": return `the agent ended: ${err.message}`;
+    case "session_gone": return `the session is gone (${err.message}): connect to start a new one`;
+    case "timeout": return `could not connect: ${err.message}`;
+    case "alpn": return `the peer is not an ACP bridge: ${err.message}`;
+    default: return `${err.kind || "error"}: ${err.message || err}`;
+  }
 }
 
-async function startClient() {
-  const relay = $("relay").value.trim() || undefined;
-  const client = await IrohClient.create(localStorage.getItem(SECRET_KEY) || undefined, relay);
+function lastError(err) {
+  window.lastError = { kind: err.kind, code: err.code, reason: err.reason, message: err.message };
+}
+
+/// The client for the relay in the field (made again when the field changed).
+async function ensureClient() {
+  const relay = $("relay").value.trim();
+  if (state.client && state.clientRelay === relay) return state.client;
+  if (state.client) await state.client.shutdown();
+  const client = await IrohClient.create(localStorage.getItem(SECRET_KEY) || undefined, relay || undefined);
   localStorage.setItem(SECRET_KEY, client.secretKeyHex());
-  state.client = client;
+  localStorage.setItem(RELAY_KEY, relay);
+  Object.assign(state, { client, clientRelay: relay });
   $("node-id").textContent = client.nodeId();
   $("allow-cmd").textContent = `thunderbolt iroh allow ${client.nodeId()}`;
   return client;
+}
+
+/// What a reload needs to take the session back: the client's own state
+/// (after every message the page has handled), and the page's.
+function save() {
+  const s = state.conn && state.conn.sessionState();
+  if (!s) return;
+  sessionStorage.setItem(SESSION_KEY, JSON.stringify({
+    state: s, sessionId: state.sessionId, nextId: state.nextId, agent: state.agent,
+    reply: $("reply").textContent, ticket: $("ticket").value.trim(),
+  }));
+}
+
+function forget() {
+  sessionStorage.removeItem(SESSION_KEY);
 }
 
 function request(method, params) {
@@ -44,8 +88,26 @@ function request(method, params) {
   log("→", msg);
   return new Promise((resolve, reject) => {
     state.pending.set(id, { resolve, reject });
-    state.conn.send(msg).catch(reject);
+    state.conn.send(msg).then(save, reject);
   });
+}
+
+function onMessage(value) {
+  log("←", value);
+  if (value.method === "session/update") {
+    const u = value.params && value.params.update;
+    if (u && u.sessionUpdate === "agent_message_chunk" && u.content && u.content.type === "text") {
+      $("reply").textContent += u.content.text;
+    }
+  } else if (value.id !== undefined && state.pending.has(value.id)) {
+    const p = state.pending.get(value.id);
+    state.pending.delete(value.id);
+    value.error ? p.reject(Object.assign(new Error(value.error.message), { rpc: value.error })) : p.resolve(value.result);
+  } else if (value.result && value.result.stopReason) {
+    // The answer to a prompt sent before a reload.
+    $("reply").dataset.stopReason = value.result.stopReason;
+    $("send").disabled = false;
+  }
 }
 
 async function pump(conn) {
@@ -54,48 +116,66 @@ async function pump(conn) {
     for (;;) {
       const { value, done } = await reader.read();
       if (done) break;
-      log("←", value);
-      if (value.method === "session/update") {
-        state.onUpdate && state.onUpdate(value.params);
-      } else if (value.id !== undefined && state.pending.has(value.id)) {
-        const p = state.pending.get(value.id);
-        state.pending.delete(value.id);
-        value.error ? p.reject(Object.assign(new Error(value.error.message), { rpc: value.error })) : p.resolve(value.result);
-      }
+      onMessage(value);
+      save();
     }
-    setStatus("the bridge ended the session", "");
+    setStatus(state.userClosed ? "disconnected: you closed the session" : "the agent finished and ended the session", "");
   } catch (err) {
     for (const p of state.pending.values()) p.reject(err);
     state.pending.clear();
-    setStatus(describe(err), "error");
-    window.lastError = { kind: err.kind, code: err.code, reason: err.reason, message: err.message };
+    if (state.userClosed) {
+      setStatus("disconnected: you closed the session", "");
+    } else {
+      setStatus(describe(err), "error");
+      lastError(err);
+    }
   } finally {
+    if (state.conn === conn) state.conn = null;
+    forget();
     $("send").disabled = true;
     $("disconnect").disabled = true;
     $("connect").disabled = false;
   }
 }
 
-async function connect() {
+/// Connects (or, with `saved`, takes back the session a reload left).
+async function connect(saved = null) {
   const ticket = $("ticket").value.trim();
   if (!ticket) return setStatus("paste the bridge's ticket first", "error");
   $("connect").disabled = true;
-  setStatus("connecting…");
+  setStatus(saved ? "resuming the session…" : "connecting…");
   try {
-    const relay = $("relay").value.trim();
-    localStorage.setItem(RELAY_KEY, relay);
-    if (!state.client) await startClient();
-    state.conn = await state.client.connectProtocol(ticket, "acp");
-    pump(state.conn);
-    const init = await request("initialize", { protocolVersion: 1, clientCapabilities: {} });
-    const session = await request("session/new", { cwd: "/", mcpServers: [] });
-    state.sessionId = session.sessionId;
-    setStatus(`connected · ${init.agentInfo ? init.agentInfo.name : "agent"} · session ${state.sessionId}`, "ok");
+    await ensureClient();
+    localStorage.setItem(TICKET_KEY, ticket);
+    const onEvent = (e) => {
+      window.events = [...(window.events || []), e.type];
+      if (e.type === "reconnecting") setStatus("reconnecting… (connection lost; the bridge keeps the session)", "warn");
+      if (e.type === "resumed") setStatus(`resumed · ${state.agent} · session ${state.sessionId}`, "ok");
+    };
+    state.userClosed = false;
+    const idle = Number(param("idle")) || undefined; // ?idle=MS: notice a lost path sooner
+    const conn = await state.client.connectProtocol(ticket, "acp", undefined, undefined, { onEvent, session: saved && saved.state, idleTimeoutMs: idle });
+    state.conn = conn;
+    pump(conn);
+    if (saved) {
+      Object.assign(state, { sessionId: saved.sessionId, nextId: saved.nextId, agent: saved.agent });
+      $("reply").textContent = saved.reply || "";
+      setStatus(`resumed after the reload · ${state.agent} · session ${state.sessionId}`, "ok");
+      window.resumedAfterReload = true;
+    } else {
+      const init = await request("initialize", { protocolVersion: 1, clientCapabilities: {} });
+      const session = await request("session/new", { cwd: "/", mcpServers: [] });
+      state.agent = init.agentInfo ? init.agentInfo.name : "agent";
+      state.sessionId = session.sessionId;
+      setStatus(`connected · ${state.agent} · session ${state.sessionId}`, "ok");
+    }
+    save();
     $("send").disabled = false;
     $("disconnect").disabled = false;
   } catch (err) {
+    if (err.kind === "session_gone") forget();
     setStatus(describe(err), "error");
-    window.lastError = { kind: err.kind, code: err.code, reason: err.reason, message: err.message };
+    lastError(err);
     $("connect").disabled = false;
   }
 }
@@ -103,51 +183,37 @@ async function connect() {
 async function send() {
   const text = $("prompt").value;
   $("reply").textContent = "";
+  delete $("reply").dataset.stopReason;
   $("send").disabled = true;
-  state.onUpdate = (params) => {
-    const u = params.update;
-    if (u && u.sessionUpdate === "agent_message_chunk" && u.content && u.content.type === "text") {
-      $("reply").textContent += u.content.text;
-    }
-  };
   try {
     const res = await request("session/prompt", { sessionId: state.sessionId, prompt: [{ type: "text", text }] });
     $("reply").dataset.stopReason = res.stopReason;
   } catch (err) {
-    setStatus(describe(err), "error");
+    if (!state.userClosed) setStatus(describe(err), "error");
   } finally {
     $("send").disabled = !state.conn;
   }
 }
 
 function disconnect() {
+  state.userClosed = true;
+  forget();
   if (state.conn) state.conn.close();
-  state.conn = null;
-  setStatus("disconnected");
+  setStatus("disconnected: you closed the session");
 }
-
-$("connect").onclick = connect;
-$("send").onclick = send;
-$("disconnect").onclick = disconnect;
-$("copy-allow").onclick = () => navigator.clipboard.writeText($("allow-cmd").textContent);
-$("new-identity").onclick = async () => {
-  localStorage.removeItem(SECRET_KEY);
-  if (state.client) await state.client.shutdown();
-  state.client = null;
-  await startClient();
-};
 
 /// Pairs with the one-time code of a pairing link, then connects as usual.
 async function pairAndConnect(ticket, code) {
   const name = $("device-name").value.trim() || defaultDeviceName();
   setStatus("pairing…");
   try {
+    await ensureClient();
     const res = await state.client.pair(ticket, code, name, "acp");
     $("paired-as").textContent = `paired as “${res.name || name}”`;
     window.paired = res;
   } catch (err) {
     setStatus(`pairing failed: ${describe(err)}`, "error");
-    window.lastError = { kind: err.kind, code: err.code, reason: err.reason, message: err.message };
+    lastError(err);
     return;
   }
   await connect();
@@ -160,20 +226,33 @@ function defaultDeviceName() {
   return os ? `${browser} on ${os}` : browser;
 }
 
+$("connect").onclick = () => connect();
+$("send").onclick = send;
+$("disconnect").onclick = disconnect;
+$("copy-allow").onclick = () => navigator.clipboard.writeText($("allow-cmd").textContent);
+$("new-identity").onclick = async () => {
+  localStorage.removeItem(SECRET_KEY);
+  if (state.client) await state.client.shutdown();
+  state.client = null;
+  await ensureClient();
+};
+
 await init();
 // A pairing link carries `ticket`, `pair` (and, for a self-hosted relay, `relay`)
 // in its #fragment, which no server sees; `?ticket=&relay=` work too.
 const params = new URLSearchParams(location.search);
 const frag = new URLSearchParams(location.hash.slice(1));
 const param = (k) => frag.get(k) || params.get(k);
-$("relay").value = param("relay") || localStorage.getItem(RELAY_KEY) || "";
-if (param("ticket")) $("ticket").value = param("ticket");
+const saved = JSON.parse(sessionStorage.getItem(SESSION_KEY) || "null");
+$("relay").value = param("relay") ?? localStorage.getItem(RELAY_KEY) ?? "";
+$("ticket").value = param("ticket") || (saved && saved.ticket) || localStorage.getItem(TICKET_KEY) || "";
 $("device-name").value = defaultDeviceName();
 const code = frag.get("pair");
 // The code is spent by this visit: a reload must not show or retry it.
 if (code) history.replaceState(null, "", location.pathname + location.search);
 // For scripts and tests: the module's API and the page's state.
 window.thunderbolt = { IrohClient, state, describe };
-await startClient();
+await ensureClient();
 window.ready = true;
 if (code && $("ticket").value) pairAndConnect($("ticket").value.trim(), code);
+else if (saved && saved.ticket === $("ticket").value.trim()) connect(saved);
