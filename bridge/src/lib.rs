@@ -29,6 +29,7 @@ pub mod host;
 pub mod identity;
 pub mod limits;
 pub mod net;
+pub mod notify;
 pub mod pairing;
 pub mod paths;
 pub mod redact;

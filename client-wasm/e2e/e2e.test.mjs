@@ -471,6 +471,43 @@ test("the demo page: its relay field is applied, its ticket and session survive 
   c.child.kill("SIGTERM");
 });
 
+test("the demo page's “notify me”: the bridge's Web Push key over the session, then subscribed or the browser's refusal in words; --no-push said as such", async () => {
+  const b = await startBridge();
+  const ctx = await browser.newContext({ permissions: ["notifications"] });
+  const p = await ctx.newPage();
+  await p.goto(`${baseUrl}/www/?${new URLSearchParams({ relay: relayUrl, ticket: b.ticket })}`);
+  await p.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+  allow(b, await p.textContent("#node-id"));
+  await p.click("#connect");
+  await p.waitForFunction(() => document.querySelector("#status").className === "ok", null, { timeout: WAIT_MS });
+  // Permission is granted already: the page registers by itself on connect.
+  await p.waitForFunction(() => window.notifyStatus && !window.notifyStatus.startsWith("not on: “notify me”"), null, { timeout: WAIT_MS });
+  // The key the page got is the bridge's VAPID public key (read from its 0600 file, by Node's crypto).
+  const der = Buffer.from(readFileSync(join(b.home, "iroh/vapid"), "utf8").trim(), "hex");
+  const jwk = (await import("node:crypto")).createPrivateKey({ key: der, format: "der", type: "pkcs8" }).export({ format: "jwk" });
+  const expected = Buffer.concat([Buffer.from([4]), Buffer.from(jwk.x, "base64url"), Buffer.from(jwk.y, "base64url")]).toString("base64url");
+  assert.equal(await p.evaluate(() => window.pushKey), expected);
+  const status = await p.textContent("#notify-status");
+  // Headless Chromium here reaches no push service: the page says so. With one, it is registered.
+  assert.match(status, /^on: |^not on: the browser could not subscribe \(/, status);
+  if (status.startsWith("on: ")) assert.match(readFileSync(join(b.home, "iroh/push.json"), "utf8"), /"endpoint"/);
+  // The prompt still works around it: the extension never reached the agent.
+  await p.fill("#prompt", "after notify");
+  await p.click("#send");
+  await p.waitForFunction(() => document.querySelector("#reply").dataset.stopReason === "end_turn", null, { timeout: WAIT_MS });
+  assert.equal(await p.textContent("#reply"), "You said: after notify");
+  await p.click("#disconnect");
+  b.child.kill("SIGTERM");
+
+  const off = await startBridge([], ["--no-push"]);
+  allow(off, await p.textContent("#node-id"));
+  await p.fill("#ticket", off.ticket);
+  await p.click("#connect");
+  await p.waitForFunction(() => window.notifyStatus && window.notifyStatus.startsWith("this bridge sends no Web Push"), null, { timeout: WAIT_MS });
+  await ctx.close();
+  off.child.kill("SIGTERM");
+});
+
 test("a pairing link: the demo page pairs, connects and runs an ACP exchange; nobody types its NodeId", async () => {
   const b = await startBridge();
   const minted = JSON.parse(tb(b.home, relayUrl, ["iroh", "pair", "--json", "--app-url", baseUrl]));

@@ -134,6 +134,8 @@ async function pump(conn) {
     forget();
     $("send").disabled = true;
     $("disconnect").disabled = true;
+    $("notify").disabled = true;
+    $("notify-off").disabled = true;
     $("connect").disabled = false;
   }
 }
@@ -172,6 +174,11 @@ async function connect(saved = null) {
     save();
     $("send").disabled = false;
     $("disconnect").disabled = false;
+    $("notify").disabled = false;
+    $("notify-off").disabled = false;
+    // Already allowed: keep this browser's subscription registered with this bridge.
+    if (typeof Notification !== "undefined" && Notification.permission === "granted") subscribe(false);
+    else setNotify("not on: “notify me” asks the browser, then registers this browser with the bridge");
   } catch (err) {
     if (err.kind === "session_gone") forget();
     setStatus(describe(err), "error");
@@ -219,6 +226,68 @@ async function pairAndConnect(ticket, code) {
   await connect();
 }
 
+function setNotify(text, kind = "") {
+  const el = $("notify-status");
+  el.textContent = text;
+  el.className = kind;
+  window.notifyStatus = text;
+}
+
+/// Asks the bridge for its Web Push key, the browser for a subscription with
+/// it, and registers the subscription with the bridge over this session's
+/// own stream (`_thunderbolt/push/subscribe`). `ask`: may prompt for permission.
+async function subscribe(ask = true) {
+  let key;
+  try {
+    key = await request("_thunderbolt/push/key", {});
+  } catch (err) {
+    const off = err.rpc && err.rpc.code === -32601;
+    return setNotify(off ? "this bridge sends no Web Push (started with --no-push, or too old)" : `the bridge did not answer: ${describe(err)}`, "warn");
+  }
+  window.pushKey = key.applicationServerKey;
+  if (!("serviceWorker" in navigator) || typeof PushManager === "undefined" || typeof Notification === "undefined")
+    return setNotify("this browser has no Web Push (on iOS: add the page to the home screen first)", "warn");
+  try {
+    const permission = ask ? await Notification.requestPermission() : Notification.permission;
+    if (permission !== "granted") return setNotify(`notifications are ${permission} for this page: allow them in the browser's site settings`, "warn");
+    const reg = await navigator.serviceWorker.register("./sw.js");
+    await navigator.serviceWorker.ready;
+    const sub = (await reg.pushManager.getSubscription())
+      || (await reg.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: b64urlBytes(key.applicationServerKey) }));
+    await request("_thunderbolt/push/subscribe", sub.toJSON());
+    setNotify("on: this browser is told when the agent needs you or finishes while no device is attached", "ok");
+  } catch (err) {
+    // Headless and offline browsers reach no push service; say so instead of failing quietly.
+    setNotify(`not on: ${err.rpc ? err.message : `the browser could not subscribe (${err.name || "error"}: ${err.message})`}`, "warn");
+  }
+}
+
+async function unsubscribe() {
+  try {
+    const reg = "serviceWorker" in navigator ? await navigator.serviceWorker.getRegistration("./sw.js") : null;
+    const sub = reg && (await reg.pushManager.getSubscription());
+    if (!sub) return setNotify("not on in this browser");
+    await request("_thunderbolt/push/unsubscribe", { endpoint: sub.endpoint });
+    await sub.unsubscribe();
+    setNotify("off: the bridge forgot this browser's subscription");
+  } catch (err) {
+    setNotify(`could not turn it off: ${err.message}`, "warn");
+  }
+}
+
+function b64urlBytes(text) {
+  const b = atob(text.replace(/-/g, "+").replace(/_/g, "/"));
+  return Uint8Array.from(b, (c) => c.charCodeAt(0));
+}
+
+/// A notice the service worker got: listed on the page.
+function showNotice(n) {
+  const li = document.createElement("li");
+  li.textContent = `${n.at ? n.at.slice(11, 19) : ""} ${n.title || ""}: ${n.body || ""}`;
+  $("notices").prepend(li);
+  window.notices = [...(window.notices || []), n];
+}
+
 function defaultDeviceName() {
   const ua = navigator.userAgent;
   const browser = /Firefox\//.test(ua) ? "Firefox" : /Edg\//.test(ua) ? "Edge" : /Chrom/.test(ua) ? "Chrome" : /Safari\//.test(ua) ? "Safari" : "Browser";
@@ -229,6 +298,11 @@ function defaultDeviceName() {
 $("connect").onclick = () => connect();
 $("send").onclick = send;
 $("disconnect").onclick = disconnect;
+$("notify").onclick = () => subscribe(true);
+$("notify-off").onclick = unsubscribe;
+if ("serviceWorker" in navigator) {
+  navigator.serviceWorker.addEventListener("message", (e) => e.data && e.data.type === "thunderbolt-notice" && showNotice(e.data.notice));
+}
 $("copy-allow").onclick = () => navigator.clipboard.writeText($("allow-cmd").textContent);
 $("new-identity").onclick = async () => {
   localStorage.removeItem(SECRET_KEY);
@@ -251,7 +325,7 @@ const code = frag.get("pair");
 // The code is spent by this visit: a reload must not show or retry it.
 if (code) history.replaceState(null, "", location.pathname + location.search);
 // For scripts and tests: the module's API and the page's state.
-window.thunderbolt = { IrohClient, state, describe };
+window.thunderbolt = { IrohClient, state, describe, showNotice };
 await ensureClient();
 window.ready = true;
 if (code && $("ticket").value) pairAndConnect($("ticket").value.trim(), code);

@@ -108,6 +108,22 @@ pub fn request_id(line: &[u8]) -> Option<&[u8]> {
     id.filter(|_| method)
 }
 
+/// A request's `id` and `method`, both as raw JSON text (the method with its
+/// quotes), read like [`request_id`]; `None` for anything but a request.
+pub fn request_head(line: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (mut id, mut method) = (None, None);
+    visit_keys(cut(line), |key, value| {
+        match key {
+            b"method" => method = value.filter(|v| v.first() == Some(&b'"')),
+            b"id" => id = value.filter(|v| is_id(v)),
+            b"result" | b"error" => return false,
+            _ => {}
+        }
+        !(method.is_some() && id.is_some())
+    });
+    Some((id?, method?))
+}
+
 /// The `id` of a response (a message with `result` or `error`, and `id`) as
 /// raw JSON text; `None` for anything else. Runs over an agent's output while
 /// one of its client's requests is unanswered, so it gives up at the first
@@ -400,6 +416,14 @@ mod tests {
         assert_eq!(v["error"]["code"], AGENT_ENDED_CODE);
         assert_eq!(v["error"]["data"]["agentEnd"], "agent exited (code 3)");
         assert!(v["error"]["message"].as_str().unwrap().contains("agent exited (code 3)"));
+    }
+
+    #[test]
+    fn request_heads() {
+        let line = br#"{"jsonrpc":"2.0","id":"q1","method":"session/request_permission","params":{}}"#;
+        assert_eq!(request_head(line), Some((&b"\"q1\""[..], &b"\"session/request_permission\""[..])));
+        assert_eq!(request_head(br#"{"jsonrpc":"2.0","method":"note"}"#), None);
+        assert_eq!(request_head(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#), None);
     }
 
     #[test]

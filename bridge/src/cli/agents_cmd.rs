@@ -30,7 +30,8 @@ use crate::{
 /// `thunderbolt host`: serves every agent of agents.d and follows the folder.
 pub async fn host(home: &Home, args: HostArgs) -> Result<()> {
     let net = args.net.config()?;
-    let config = limits_config(&args.limits, &args.app)?;
+    let mut config = limits_config(&args.limits, &args.app)?;
+    config.notify = crate::cli::start_notifier(home, &args.notify)?;
     // First: a second host on this home stops here, naming the first.
     let control = crate::control::Control::bind(home, "host")?;
     let credential = account_backend(home, &args.app, config.backend_timeout).ok();
@@ -50,7 +51,8 @@ pub async fn host(home: &Home, args: HostArgs) -> Result<()> {
         }
     }
     let term = signals::Terminate::new();
-    print!("{}", host::banner(folder.dir(), &started, &loaded, &home.allowlist_path()));
+    let notify = crate::notify::Notifier::describe(config.notify.as_deref());
+    print!("{}", host::banner(folder.dir(), &started, &loaded, &home.allowlist_path(), &notify));
     use std::io::Write;
     let _ = std::io::stdout().flush();
     let stop = CancellationToken::new();

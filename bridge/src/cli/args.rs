@@ -151,6 +151,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub app: AppArgs,
 
+    #[command(flatten)]
+    pub notify: NotifyArgs,
+
     /// The agent to run for each admitted connection, after `--`. For `acp`, omitting it serves
     /// the built-in agent (`thunderbolt acp serve`).
     #[arg(last = true, value_name = "AGENT-CMD")]
@@ -201,6 +204,9 @@ pub struct HostArgs {
 
     #[command(flatten)]
     pub app: AppArgs,
+
+    #[command(flatten)]
+    pub notify: NotifyArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -349,6 +355,39 @@ pub struct AppArgs {
     /// With --transport wss: more allowed origins (comma-separated), besides the desktop app's.
     #[arg(long, env = "THUNDERBOLT_APP_ORIGIN", value_name = "ORIGINS")]
     pub app_origin: Option<String>,
+}
+
+/// Notices to you when an agent needs an answer or finished its turn while no device is
+/// attached: Web Push to the browsers that subscribed (on by default), and a URL of yours.
+#[derive(Debug, Clone, Args)]
+pub struct NotifyArgs {
+    /// Also POST each notice here: a webhook (a small JSON document) or an ntfy topic URL
+    /// (with --notify-format ntfy). https, or http to this machine only.
+    #[arg(long, env = "THUNDERBOLT_NOTIFY_URL", value_name = "URL")]
+    pub notify_url: Option<String>,
+
+    /// What --notify-url receives: `json` (the notice as JSON) or `ntfy` (ntfy's plain-text
+    /// form, the title in a header).
+    #[arg(long, value_enum, default_value = "json", value_name = "FORMAT")]
+    pub notify_format: crate::notify::webhook::Format,
+
+    /// Notify while a device is attached too (by default only while none is: a resumable
+    /// session whose client is away, a warm agent between connections).
+    #[arg(long)]
+    pub notify_always: bool,
+
+    /// Put what the agent asks (a permission request's title, an elicitation's message) into
+    /// the notice. Off by default: a notice names the agent and the event only.
+    #[arg(long)]
+    pub notify_text: bool,
+
+    /// No Web Push: browsers cannot subscribe, and none is sent.
+    #[arg(long)]
+    pub no_push: bool,
+
+    /// The contact (mailto: or https:) push services see with this bridge's Web Push key.
+    #[arg(long, default_value = crate::notify::DEFAULT_CONTACT, value_name = "MAILTO|URL")]
+    pub notify_contact: String,
 }
 
 /// Admission limits. Defaults are the contract's; operators and tests may change them.

@@ -30,6 +30,8 @@ pub struct Banner<'a> {
     pub keep_warm: Option<std::time::Duration>,
     /// Why the relay was not reached at start, when it was not.
     pub relay_problem: Option<String>,
+    /// What notifies the owner ([`crate::notify::Notifier::describe`]).
+    pub notify: String,
 }
 
 impl Banner<'_> {
@@ -89,6 +91,7 @@ impl Banner<'_> {
                 w.as_secs()
             );
         }
+        let _ = writeln!(s, "  Notify:  {}", self.notify);
         let _ = writeln!(
             s,
             "  Trust:   allow file {} ({} peer{}); same-account auto-trust: {}",

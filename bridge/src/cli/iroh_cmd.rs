@@ -10,7 +10,7 @@ use crate::{
         args::{IrohCmd, PairArgs},
         banner::pairing_url,
     },
-    devices::{now_ms, Devices, How},
+    devices::{now_ms, rfc3339, Devices, How},
     home::Home,
     host::{folder, manifest::Machine},
     identity,
@@ -72,6 +72,11 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
             let path = home.allowlist_path();
             let removed = allowfile::deny(&path, &id)?;
             devices.forget(&id)?;
+            // Its notices end with it: the browsers it subscribed get nothing more.
+            let pushes = crate::notify::push::Subscriptions::new(home).forget(&id).unwrap_or_else(|e| {
+                eprintln!("warning: its push subscriptions were not removed: {e}");
+                0
+            });
             // Running bridges re-check now instead of at their next heartbeat.
             let ended: u64 = crate::control::client::ask_all(home, "POST", "/v1/recheck", None)
                 .iter()
@@ -81,10 +86,14 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
             if a.json {
                 println!(
                     "{}",
-                    json!({"nodeId": id.to_string(), "name": name, "removed": removed, "path": path, "sessionsEnded": ended})
+                    json!({"nodeId": id.to_string(), "name": name, "removed": removed, "path": path, "sessionsEnded": ended, "pushSubscriptionsRemoved": pushes})
                 );
             } else if removed {
-                let live = if ended > 0 { format!("; {ended} live session(s) ended") } else { String::new() };
+                let mut live =
+                    if ended > 0 { format!("; {ended} live session(s) ended") } else { String::new() };
+                if pushes > 0 {
+                    live.push_str(&format!("; {pushes} push subscription(s) removed"));
+                }
                 println!("removed {id}{label} from {}; its next connection is refused{live}", path.display());
             } else {
                 println!("{id}{label} was not in {}", path.display());
@@ -335,23 +344,6 @@ fn ago(now_ms: u64, then_ms: u64) -> String {
         3600..86_400 => format!("{} h ago", s / 3600),
         _ => format!("{} days ago", s / 86_400),
     }
-}
-
-/// Milliseconds since the epoch as RFC 3339 UTC (`2026-12-01T10:45:00Z`).
-pub fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (proleptic Gregorian).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 #[cfg(test)]

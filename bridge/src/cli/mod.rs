@@ -156,7 +156,44 @@ pub fn limits_config(l: &args::LimitArgs, app: &args::AppArgs) -> Result<Config>
         }
     };
     let backend_timeout = secs(app.backend_timeout, "--backend-timeout")?;
-    Ok(Config { admission, gate, idle_timeout, max_frame: l.max_frame, resume, keep_warm, backend_timeout })
+    Ok(Config {
+        admission,
+        gate,
+        idle_timeout,
+        max_frame: l.max_frame,
+        resume,
+        keep_warm,
+        backend_timeout,
+        notify: None,
+    })
+}
+
+/// Starts the notices these flags ask for; `None` when nothing would receive
+/// one (`--no-push` and no `--notify-url`). A bad URL or contact stops the
+/// start here, naming the flag.
+pub fn start_notifier(home: &Home, a: &args::NotifyArgs) -> Result<Option<Arc<crate::notify::Notifier>>> {
+    use crate::notify::{webhook::Webhook, Notifier, NotifyConfig};
+    let webhook = a
+        .notify_url
+        .as_deref()
+        .map(|u| Webhook::parse(u, a.notify_format))
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let contact = a.notify_contact.trim();
+    if !(contact.starts_with("mailto:") || contact.starts_with("https://")) {
+        bail!("--notify-contact '{contact}' must be a mailto: or https: URL (push services use it to reach you)");
+    }
+    if a.no_push && webhook.is_none() {
+        return Ok(None);
+    }
+    let config = NotifyConfig {
+        always: a.notify_always,
+        text: a.notify_text,
+        push: !a.no_push,
+        contact: contact.to_string(),
+        webhook,
+    };
+    Ok(Some(Notifier::start(config, home)))
 }
 
 async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Result<()> {
@@ -169,7 +206,8 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     let agent = agent_command(&protocol, args.command.clone())?;
     agent.check_program().map_err(anyhow::Error::msg)?;
     let net = args.net.config()?;
-    let config = serve_config(&args)?;
+    let mut config = serve_config(&args)?;
+    config.notify = start_notifier(home, &args.notify)?;
     // First: a second bridge of this protocol on this home stops here, naming the first.
     let control = crate::control::Control::bind(home, protocol.as_str())?;
     let (key, origin) = identity::load_or_create(home, &protocol)?;
@@ -216,6 +254,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         resume: config.resume,
         keep_warm: config.keep_warm,
         relay_problem,
+        notify: crate::notify::Notifier::describe(config.notify.as_deref()),
     };
     // Before the banner: a SIGTERM right after it must shut down cleanly.
     let term = signals::Terminate::new();
@@ -227,7 +266,20 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     tokio::spawn(stop_on_signal(term, stop.clone()));
     let gate = Arc::new(gate::Gate::new(config.gate.clone(), Arc::new(gate::SystemClock)));
     reaper::start();
-    let session = config.session(agent);
+    let mut session = config.session(agent);
+    // Notices call the agent by its program's name ("claude-code-acp finished").
+    let program = session.agent.argv0();
+    let program = std::path::Path::new(&program)
+        .file_name()
+        .map_or(program.clone(), |f| f.to_string_lossy().into_owned());
+    session.notify = config.notify.clone().map(|notifier| {
+        Arc::new(crate::notify::session::AgentNotify {
+            notifier,
+            agent: protocol.as_str().into(),
+            label: program.as_str().into(),
+            trust: trust.clone(),
+        })
+    });
     let bridge = Bridge::new(endpoint, trust, gate, account.ok().map(Arc::new), config.admission, session)
         .serving(&protocol)
         .relays(&net.relays)

@@ -139,7 +139,15 @@ impl HostContext {
             Arc::new(trust::Layered { layers }) as Arc<dyn TrustPolicy>
         });
         let ids: HashSet<_> = spec.accept_from.ids.iter().copied().collect();
-        let trust = Arc::new(trust::AcceptFrom { own, ids });
+        let trust: Arc<dyn TrustPolicy> = Arc::new(trust::AcceptFrom { own, ids });
+        session.notify = self.config.notify.clone().map(|notifier| {
+            Arc::new(crate::notify::session::AgentNotify {
+                notifier,
+                agent: spec.name.as_str().into(),
+                label: spec.label.as_str().into(),
+                trust: trust.clone(),
+            })
+        });
         Ok(AgentConfig {
             name: spec.name.as_str().into(),
             label: spec.label.as_str().into(),
@@ -281,6 +289,7 @@ pub fn banner(
     started: &[Started],
     loaded: &folder::Loaded,
     allow_file: &std::path::Path,
+    notify: &str,
 ) -> String {
     use std::fmt::Write;
     let mut s = String::new();
@@ -307,6 +316,7 @@ pub fn banner(
     for (file, why) in &loaded.refused {
         let _ = writeln!(s, "  Refused: {}: {why}", file.display());
     }
+    let _ = writeln!(s, "  Notify:  {notify}");
     let _ = writeln!(s, "  Trust:   allow file {} (and each agent's accept_from)", allow_file.display());
     let _ = writeln!(s, "  Allow a peer: thunderbolt iroh allow <its-nodeid>");
     s

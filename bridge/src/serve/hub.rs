@@ -221,6 +221,11 @@ pub struct Hub {
     registry: Weak<Hubs>,
     /// Warm: the session's record of the client's requests in flight.
     requests: OnceLock<Arc<Requests>>,
+    /// The session's notices: told when the client goes away.
+    notices: OnceLock<Arc<crate::notify::session::SessionNotices>>,
+    /// Whether a connection is attached, kept beside `State::attached` for
+    /// the agent's output path to read without the lock.
+    attached_now: std::sync::atomic::AtomicBool,
     /// What `thunderbolt status` shows of it.
     info: Arc<SessionInfo>,
 }
@@ -376,6 +381,8 @@ impl Hub {
             output: Notify::new(),
             registry,
             requests: OnceLock::new(),
+            notices: OnceLock::new(),
+            attached_now: false.into(),
         });
         let outbox = Outbox { hub: hub.clone() };
         (hub, Inbox::new(rx, Some(injected), true, max_frame), outbox)
@@ -595,6 +602,7 @@ impl Hub {
         }
         let task =
             tokio::spawn(self.clone().serve(id, conn.clone(), send, recv, welcome, received, leftover));
+        self.attached_now.store(true, std::sync::atomic::Ordering::Relaxed);
         let old = st.attached.replace(Attached {
             id,
             conn,
@@ -652,6 +660,7 @@ impl Hub {
             return;
         }
         let attached = st.attached.take();
+        self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
         let mut detached = false;
         // The client's own close, or ours (a warm agent's finished client).
         let ended =
@@ -707,6 +716,9 @@ impl Hub {
         if detached {
             if let Some(registry) = self.registry.upgrade() {
                 registry.on_detach(&self.owner);
+            }
+            if let Some(n) = self.notices.get() {
+                n.detached();
             }
         }
         // Last: this may be the very task running us.
@@ -777,6 +789,7 @@ impl Hub {
             self.next_session(&mut st);
         }
         let task = tokio::spawn(self.clone().serve_plain(id, conn.clone(), send, recv));
+        self.attached_now.store(true, std::sync::atomic::Ordering::Relaxed);
         let old = st.attached.replace(Attached {
             id,
             conn,
@@ -1182,6 +1195,7 @@ impl Hub {
         let mut st = self.lock();
         st.gone.get_or_insert(gone);
         let attached = st.attached.take();
+        self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
         let writer = st.writer.take();
         drop(st);
         if let Some(a) = &attached {
@@ -1193,6 +1207,7 @@ impl Hub {
     /// Releases the attached connection's task (the session is over).
     pub fn release(&self) {
         let attached = self.lock().attached.take();
+        self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
         drop(attached);
     }
 
@@ -1297,8 +1312,20 @@ impl Link for HubLink {
         }
     }
 
-    fn track(&self, requests: &Arc<Requests>) {
+    fn track(&self, requests: &Arc<Requests>, notices: &Arc<crate::notify::session::SessionNotices>) {
         let _ = self.0.requests.set(requests.clone());
+        let _ = self.0.notices.set(notices.clone());
+    }
+
+    fn info(&self) -> Option<Arc<SessionInfo>> {
+        Some(self.0.info.clone())
+    }
+
+    fn attached(&self) -> crate::notify::session::Attached {
+        let hub = Arc::downgrade(&self.0);
+        Box::new(move || {
+            hub.upgrade().is_some_and(|h| h.attached_now.load(std::sync::atomic::Ordering::Relaxed))
+        })
     }
 
     fn agent_started(&self, pid: Option<u32>) {

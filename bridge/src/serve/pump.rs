@@ -27,7 +27,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::{limits::READ_CHUNK, serve::requests::Requests};
+use crate::{limits::READ_CHUNK, notify::session::SessionNotices, serve::requests::Requests};
 
 /// What a queue-fed session hands the agent's input pump: runs of whole
 /// lines, or the head of a line over the cap whose rest the source skipped
@@ -158,7 +158,8 @@ impl LineSplitter {
 /// `replies` carries the bridge's own answers to the peer; `to_agent` brings the
 /// bridge's answers to the agent (errors for its requests that were too large
 /// to forward), written between whole lines. The peer's requests are noted in
-/// `requests` as they pass.
+/// `requests` as they pass; `notices` sees each run first (it answers the
+/// bridge's own extension methods, which go no further).
 pub async fn peer_to_agent<S, W>(
     mut peer: S,
     mut agent_stdin: W,
@@ -166,6 +167,7 @@ pub async fn peer_to_agent<S, W>(
     mut to_agent: mpsc::Receiver<Bytes>,
     max_frame: usize,
     requests: &Requests,
+    notices: &SessionNotices,
 ) -> Result<(), PumpError>
 where
     S: Source,
@@ -189,8 +191,14 @@ where
         for piece in pieces.drain(..) {
             match piece {
                 Piece::Run(run) => {
-                    requests.sent(&run);
-                    agent_stdin.write_all(&run).await.map_err(write_err)?
+                    let out = notices.from_client(run).await;
+                    for reply in out.replies {
+                        let _ = replies.send(reply).await;
+                    }
+                    if let Some(run) = out.forward {
+                        requests.sent(&run);
+                        agent_stdin.write_all(&run).await.map_err(write_err)?
+                    }
                 }
                 Piece::Rejected => {
                     warn!("peer sent a line that is not UTF-8 JSON; answered with a parse error");
@@ -233,7 +241,8 @@ where
 /// Agent → peer, plus the bridge's own replies (parse and size errors). Returns
 /// when the agent closed its stdout, or `stop` was cancelled, and everything it
 /// wrote in whole lines has been handed to the stream. The agent's answers to
-/// the peer's requests are crossed off `requests`.
+/// the peer's requests are crossed off `requests`; `notices` sees each run
+/// (it never holds it).
 #[allow(clippy::too_many_arguments)]
 pub async fn agent_to_peer<R, W>(
     mut agent_stdout: R,
@@ -244,6 +253,7 @@ pub async fn agent_to_peer<R, W>(
     peer_name: &str,
     stop: CancellationToken,
     requests: &Requests,
+    notices: &SessionNotices,
 ) -> Result<W, PumpError>
 where
     R: AsyncRead + Unpin,
@@ -277,6 +287,7 @@ where
             match piece {
                 Piece::Run(run) => {
                     requests.answered(&run);
+                    notices.from_agent(&run);
                     peer.write_all(&run).await.map_err(write_err)?
                 }
                 Piece::Rejected => dropped += 1,
@@ -337,9 +348,17 @@ mod tests {
         let mut stdin = Vec::new();
         let (tx, mut rx) = mpsc::channel(8);
         let (_atx, arx) = mpsc::channel(1);
-        peer_to_agent(ByteSource::new(input, 1024), &mut stdin, tx, arx, 1024, &Requests::default())
-            .await
-            .unwrap();
+        peer_to_agent(
+            ByteSource::new(input, 1024),
+            &mut stdin,
+            tx,
+            arx,
+            1024,
+            &Requests::default(),
+            &SessionNotices::off(),
+        )
+        .await
+        .unwrap();
         assert_eq!(stdin, b"{\"a\":1}\n[2]\n");
         assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(PARSE_ERROR_LINE));
         assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(PARSE_ERROR_LINE), "invalid UTF-8");
@@ -361,6 +380,7 @@ mod tests {
             "p",
             CancellationToken::new(),
             &Requests::default(),
+            &SessionNotices::off(),
         )
         .await
         .unwrap();
@@ -377,9 +397,17 @@ mod tests {
         let mut stdin = Vec::new();
         let (tx, mut rx) = mpsc::channel(8);
         let (_atx, arx) = mpsc::channel(1);
-        peer_to_agent(ByteSource::new(&input[..], 1024), &mut stdin, tx, arx, 1024, &Requests::default())
-            .await
-            .unwrap();
+        peer_to_agent(
+            ByteSource::new(&input[..], 1024),
+            &mut stdin,
+            tx,
+            arx,
+            1024,
+            &Requests::default(),
+            &SessionNotices::off(),
+        )
+        .await
+        .unwrap();
         assert_eq!(stdin, b"{\"id\":42}\n", "only the small line reaches the agent");
         let err = lines(&rx.recv().await.unwrap());
         assert_eq!(err[0]["id"], 41);
@@ -392,9 +420,17 @@ mod tests {
         let mut stdin = Vec::new();
         let (tx, mut rx) = mpsc::channel(8);
         let (_atx, arx) = mpsc::channel(1);
-        peer_to_agent(ByteSource::new(big.as_bytes(), 1024), &mut stdin, tx, arx, 1024, &Requests::default())
-            .await
-            .unwrap();
+        peer_to_agent(
+            ByteSource::new(big.as_bytes(), 1024),
+            &mut stdin,
+            tx,
+            arx,
+            1024,
+            &Requests::default(),
+            &SessionNotices::off(),
+        )
+        .await
+        .unwrap();
         let to_agent = lines(&stdin);
         assert_eq!(to_agent[0]["id"], "a-7");
         assert_eq!(to_agent[0]["error"]["code"], jsonrpc::TOO_LARGE_RESPONSE_CODE);
@@ -423,6 +459,7 @@ mod tests {
             "p",
             CancellationToken::new(),
             &Requests::default(),
+            &SessionNotices::off(),
         )
         .await
         .unwrap();
@@ -449,7 +486,20 @@ mod tests {
         let stop = CancellationToken::new();
         let task = tokio::spawn({
             let stop = stop.clone();
-            async move { agent_to_peer(r, Vec::new(), rx, atx, 1024, "p", stop, &Requests::default()).await }
+            async move {
+                agent_to_peer(
+                    r,
+                    Vec::new(),
+                    rx,
+                    atx,
+                    1024,
+                    "p",
+                    stop,
+                    &Requests::default(),
+                    &SessionNotices::off(),
+                )
+                .await
+            }
         });
         tokio::task::yield_now().await;
         stop.cancel();

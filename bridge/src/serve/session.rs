@@ -32,6 +32,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     limits,
+    notify::session::{AgentNotify, Attached, SessionNotices},
     serve::agent::{self, AgentProcess, Launcher},
     serve::pump::{self, PumpError},
     serve::requests::Requests,
@@ -67,8 +68,18 @@ pub trait Link: Send + Sync {
     /// session goes on until the agent ends.
     fn input_closed(&self) {}
     /// The session's record of the peer's requests in flight, for a link
-    /// whose peers change (a warm agent's next client did not send them).
-    fn track(&self, _requests: &Arc<Requests>) {}
+    /// whose peers change (a warm agent's next client did not send them), and
+    /// its notices (told when the client goes away).
+    fn track(&self, _requests: &Arc<Requests>, _notices: &Arc<SessionNotices>) {}
+    /// The session as `thunderbolt status` shows it (whose it is, its id).
+    fn info(&self) -> Option<Arc<SessionInfo>> {
+        None
+    }
+    /// Whether a client is attached now, asked when the agent needs one (a
+    /// plain connection is attached for as long as the session lives).
+    fn attached(&self) -> Attached {
+        Box::new(|| true)
+    }
     /// The agent process started (its pid, for `thunderbolt status`).
     fn agent_started(&self, _pid: Option<u32>) {}
 }
@@ -125,6 +136,10 @@ impl Link for Plain {
         }
     }
 
+    fn info(&self) -> Option<Arc<SessionInfo>> {
+        self.1.clone()
+    }
+
     fn finish(&self, out: &mut SendStream) {
         let _ = out.finish();
     }
@@ -149,6 +164,8 @@ pub struct SessionConfig {
     /// The longest an agent runs with nothing attached (a hosted agent's
     /// `idle_stop`), whatever the grace or keep-warm window say.
     pub idle_stop: Option<Duration>,
+    /// Notices to the owner (`--notify-*`, Web Push), when on.
+    pub notify: Option<Arc<AgentNotify>>,
 }
 
 impl SessionConfig {
@@ -161,6 +178,7 @@ impl SessionConfig {
             resume: None,
             keep_warm: None,
             idle_stop: None,
+            notify: None,
         }
     }
 }
@@ -257,25 +275,45 @@ async fn drive<L: Link>(
     let (reply_tx, reply_rx) = mpsc::channel::<Bytes>(REPLY_QUEUE);
     let (agent_tx, agent_rx) = mpsc::channel::<Bytes>(REPLY_QUEUE);
     let requests = Arc::new(Requests::default());
-    link.track(&requests);
+    let hook = cfg.notify.clone().zip(link.info());
+    let notices = Arc::new(SessionNotices::new(hook, link.attached()));
+    link.track(&requests, &notices);
 
     // Peer → agent runs on its own: its normal end (peer finished sending) is not
     // the end of the session; only its errors are.
     let max = cfg.max_frame;
     let (inbound_err_tx, mut inbound_err) = mpsc::channel::<PumpError>(1);
     let inbound_requests = requests.clone();
+    let inbound_notices = notices.clone();
     let _inbound = AbortOnDropHandle::new(tokio::spawn(async move {
         let mut stdin = stdin;
-        if let Err(e) =
-            pump::peer_to_agent(recv, &mut stdin, reply_tx, agent_rx, max, &inbound_requests).await
+        if let Err(e) = pump::peer_to_agent(
+            recv,
+            &mut stdin,
+            reply_tx,
+            agent_rx,
+            max,
+            &inbound_requests,
+            &inbound_notices,
+        )
+        .await
         {
             let _ = inbound_err_tx.send(e).await;
         }
     }));
 
     let stop_reading = CancellationToken::new();
-    let outbound =
-        pump::agent_to_peer(stdout, send, reply_rx, agent_tx, max, peer, stop_reading.clone(), &requests);
+    let outbound = pump::agent_to_peer(
+        stdout,
+        send,
+        reply_rx,
+        agent_tx,
+        max,
+        peer,
+        stop_reading.clone(),
+        &requests,
+        &notices,
+    );
     tokio::pin!(outbound);
 
     let mut status: Option<Option<AgentEnd>> = None;

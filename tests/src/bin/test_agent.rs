@@ -19,6 +19,12 @@
 //! - `stream BYTES`: write BYTES of ndjson notifications (16 KiB lines, numbered
 //!   by `n`) as fast as stdout takes them, then behave like `cat`.
 //! - `exit-after N CODE`: read N lines without answering any, then exit with CODE.
+//! - `count BYTES`: read stdin; once BYTES have arrived, write `{"got":N}` and
+//!   keep reading (what an upload is measured against).
+//! - `later`: for every request `later` (`params: {"ms": N, "send": [messages]}`)
+//!   answer `{"ok":true}` at once, then write each message of `send` as a line
+//!   after N ms (what an agent does that asks, or ends a turn, while the
+//!   client is away); other lines are ignored.
 
 use std::io::{BufRead, Read, Write};
 
@@ -66,6 +72,8 @@ fn main() {
         }
         "exit" => std::process::exit(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(0)),
         "ask" => ask(),
+        "later" => later(),
+        "count" => count(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(1 << 20)),
         "bulk-client" => bulk_client(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(1 << 20)),
         "close-stdin" => {
             // SAFETY: plain libc call on our own stdin.
@@ -147,6 +155,53 @@ fn ask() {
             return;
         }
     }
+}
+
+fn count(total: usize) {
+    let mut stdin = std::io::stdin().lock();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut got = 0usize;
+    let mut told = false;
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => got += n,
+        }
+        if !told && got >= total {
+            told = true;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{{\"got\":{got}}}");
+            let _ = out.flush();
+        }
+    }
+}
+
+fn later() {
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { return };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        if v["method"] != "later" {
+            continue;
+        }
+        if let Some(id) = v.get("id") {
+            let mut out = std::io::stdout().lock();
+            let _ =
+                writeln!(out, "{}", serde_json::json!({"jsonrpc": "2.0", "id": id, "result": {"ok": true}}));
+            let _ = out.flush();
+        }
+        let ms = v["params"]["ms"].as_u64().unwrap_or(0);
+        let send = v["params"]["send"].as_array().cloned().unwrap_or_default();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            let mut out = std::io::stdout().lock();
+            for m in send {
+                let _ = writeln!(out, "{m}");
+            }
+            let _ = out.flush();
+        });
+    }
+    // Input ended: let what is scheduled go out before exiting.
+    std::thread::sleep(std::time::Duration::from_secs(2));
 }
 
 fn respond(size: usize) {

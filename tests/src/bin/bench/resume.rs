@@ -129,6 +129,32 @@ pub async fn resume_rows(b: &Bench) -> Result<Vec<Row>> {
 
     cat.terminate().await;
 
+    // Notices: the same round trips with notifications on against off, two
+    // bridges at once (two homes), alternating blocks. The worst case: every
+    // message the agent writes is a request (the echoed `session/prompt`),
+    // so every one is looked at, and with --notify-always each is a notice
+    // (the rate limit holds all but a few; the hook is unreachable).
+    let off_home = Tb::new(None);
+    off_home.allow(&client.node_id("acp").await).await;
+    let echo = vec![b.agent.clone(), "cat".into()];
+    let relay = b.relay_url.clone();
+    let on_flags = ["--notify-always", "--notify-url", "http://127.0.0.1:9/hook"];
+    let mut on = b.bridge_in(&b.tb, &relay, &on_flags, echo.clone(), "info").await;
+    let mut off = b.bridge_in(&off_home, &relay, &["--no-push"], echo, "info").await;
+    let mut n = ConnectProc::start(&client, &on.ticket, &[]).await?;
+    let mut f = ConnectProc::start(&client, &off.ticket, &[]).await?;
+    n.round_trips(ROUND_TRIP_WARMUP).await?;
+    f.round_trips(ROUND_TRIP_WARMUP).await?;
+    let (n50, f50) = n.alternating_p50(&mut f, b.plan.rtts).await?;
+    n.finish().await?;
+    f.finish().await?;
+    let name = format!(
+        "~200 B request/response p50, notifications on, every reply a notice (median of {ROUND_TRIP_BLOCKS} blocks)"
+    );
+    rows.push(row(&name, "µs", n50, "--no-push (notifications off)", f50, false));
+    on.terminate().await;
+    off.terminate().await;
+
     // What a detached session costs the bridge (a fresh one: nothing freed to reuse).
     let mut cat = b.bridge_with(&["--idle-timeout", "1"], vec![b.agent.clone(), "cat".into()], "info").await;
     let pid = cat.pid();

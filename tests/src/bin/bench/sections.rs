@@ -51,7 +51,19 @@ impl Bench {
         argv: Vec<String>,
         log: &str,
     ) -> RunningBridge {
-        let mut c = self.tb.cmd();
+        self.bridge_in(&self.tb, relay, extra, argv, log).await
+    }
+
+    /// [`Self::bridge_on`] in another home (a second bridge running at once).
+    pub async fn bridge_in(
+        &self,
+        home: &Tb,
+        relay: &RelayUrl,
+        extra: &[&str],
+        argv: Vec<String>,
+        log: &str,
+    ) -> RunningBridge {
+        let mut c = home.cmd();
         c.env("THUNDERBOLT_IROH_RELAY_URL", relay.to_string()).env("RUST_LOG", log);
         if let Ok(w) = std::env::var("BENCH_BRIDGE_WORKERS") {
             c.env("TOKIO_WORKER_THREADS", w);
