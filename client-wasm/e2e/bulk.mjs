@@ -1,14 +1,50 @@
-// The bulk echo both browser rows of measure.mjs run: `total` bytes of 16 KiB
-// ndjson lines written through a fresh connection while the echo is read
-// back; returns MB/s from the first write to the last byte read.
-export async function bulk(client, ticket, total, resume) {
-  const conn = await client.connect(ticket, "thunderbolt/acp/0", undefined, { resume });
+// The bulk transfers the browser rows of measure.mjs run, each through a
+// fresh connection, in MB/s: `bulk`, `total` bytes of 16 KiB ndjson lines
+// written while a cat agent's echo is read back (first write to last byte);
+// `upload`, the same lines to an agent that says `{"got":N}` once it has them
+// all (test-agent count); `download`, what an agent streams (test-agent
+// stream), from its first byte to the last.
+function block() {
   const line = new Uint8Array(16 * 1024).fill(97); line[0] = 34; line[line.length - 2] = 34; line[line.length - 1] = 10;
-  const block = new Uint8Array(line.length * 64);
-  for (let k = 0; k < 64; k++) block.set(line, k * line.length);
+  const b = new Uint8Array(line.length * 64);
+  for (let k = 0; k < 64; k++) b.set(line, k * line.length);
+  return b;
+}
+
+export async function upload(client, ticket, total, resume) {
+  const conn = await client.connect(ticket, "thunderbolt/acp/0", undefined, { resume });
+  const b = block();
   const reader = conn.readable().getReader();
   const t0 = performance.now();
-  const writer = (async () => { for (let sent = 0; sent < total; sent += block.length) await conn.send(block.subarray(0, Math.min(block.length, total - sent))); })();
+  for (let sent = 0; sent < total; sent += b.length) await conn.send(b.subarray(0, Math.min(b.length, total - sent)));
+  const { done } = await reader.read();
+  if (done) throw new Error("the count agent ended");
+  const mbs = total / ((performance.now() - t0) / 1000) / 1e6;
+  conn.close();
+  return mbs;
+}
+
+export async function download(client, ticket, total, resume) {
+  const conn = await client.connect(ticket, "thunderbolt/acp/0", undefined, { resume });
+  const reader = conn.readable().getReader();
+  let { value, done } = await reader.read();
+  const t0 = performance.now();
+  // The clock starts at the first chunk: it is not counted.
+  const first = value ? value.length : 0;
+  let got = first;
+  while (!done && got < total) { ({ value, done } = await reader.read()); if (value) got += value.length; }
+  if (got < total) throw new Error(`ended at ${got}`);
+  const mbs = (got - first) / ((performance.now() - t0) / 1000) / 1e6;
+  conn.close();
+  return mbs;
+}
+
+export async function bulk(client, ticket, total, resume) {
+  const conn = await client.connect(ticket, "thunderbolt/acp/0", undefined, { resume });
+  const block_ = block();
+  const reader = conn.readable().getReader();
+  const t0 = performance.now();
+  const writer = (async () => { for (let sent = 0; sent < total; sent += block_.length) await conn.send(block_.subarray(0, Math.min(block_.length, total - sent))); })();
   let got = 0;
   while (got < total) { const { value, done } = await reader.read(); if (done) throw new Error(`ended at ${got}`); got += value.length; }
   await writer;

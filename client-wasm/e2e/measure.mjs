@@ -4,7 +4,9 @@
 // Chromium; everything on 127.0.0.1.
 //   - page time from IrohClient.create() to the first reply (ACP initialize);
 //   - bulk ndjson through a cat-like agent, browser ⇄ bridge through the relay,
-//     next to the native client (`bench relay-bulk`) through the same relay.
+//     next to the native client (`bench relay-bulk`) through the same relay;
+//   - each direction alone in the driverless page (upload to a counting agent,
+//     download from a streaming one).
 // Usage (release binaries recommended):
 //   cargo build --release --workspace --bins && client-wasm/build.sh
 //   TB_BIN_DIR=target/release node client-wasm/e2e/measure.mjs [MiB] [reps]
@@ -89,7 +91,10 @@ for (let i = 0; i < REPS + 1; i++) {
   if (i > 0) setup.push(ms); // the first one warms the page's wasm and caches
 }
 
-// Bulk through a cat agent: browser vs native, same relay, same bridge.
+// Bulk through a cat agent: browser vs native, same relay, same bridge. One
+// bridge per protocol and home at a time: the setup's goes first.
+builtin.child.kill("SIGTERM");
+await new Promise((r) => (builtin.child.exitCode !== null ? r() : builtin.child.once("exit", r)));
 const cat = await startBridge([join(BIN, "test-agent"), "cat"]);
 const bytes = MIB * 1024 * 1024;
 const browserMBs = [];
@@ -106,6 +111,16 @@ for (let i = 0; i < REPS; i++) {
 // rows above run with Playwright's Network domain on, which copies every
 // WebSocket frame out of the browser. Fresh identity, allowed like the native one.
 const plainMBs = await plainBrowserBulk(cat.ticket, bytes);
+// Each direction alone, in the same driverless page: an agent that streams
+// (download) and one that only counts what it gets (upload).
+cat.child.kill("SIGTERM");
+await new Promise((r) => (cat.child.exitCode !== null ? r() : cat.child.once("exit", r)));
+const streamer = await startBridge([join(BIN, "test-agent"), "stream", String(bytes + 1024 * 1024)]);
+const downMBs = await plainBrowserBulk(streamer.ticket, bytes, "download");
+streamer.child.kill("SIGTERM");
+await new Promise((r) => (streamer.child.exitCode !== null ? r() : streamer.child.once("exit", r)));
+const counter = await startBridge([join(BIN, "test-agent"), "count", String(bytes)]);
+const upMBs = await plainBrowserBulk(counter.ticket, bytes, "upload");
 
 const gz = execFileSync("sh", ["-c", `gzip -9 -c ${join(ROOT, "client-wasm/pkg/thunderbolt_client_wasm_bg.wasm")} | wc -c`]).toString().trim();
 const raw = execFileSync("sh", ["-c", `wc -c < ${join(ROOT, "client-wasm/pkg/thunderbolt_client_wasm_bg.wasm")}`]).toString().trim();
@@ -118,6 +133,8 @@ console.log(`| bulk ${MIB} MiB native ⇄ bridge (same relay) | ${median(nativeM
 console.log(`| browser / native | ${(median(browserMBs) / median(nativeMBs)).toFixed(2)}× |`);
 console.log(`| bulk ${MIB} MiB browser ⇄ bridge (relay), no driver attached | ${median(plainMBs).toFixed(1)} MB/s (${Math.min(...plainMBs).toFixed(1)}–${Math.max(...plainMBs).toFixed(1)}) |`);
 console.log(`| browser (no driver) / native | ${(median(plainMBs) / median(nativeMBs)).toFixed(2)}× |`);
+console.log(`| upload ${MIB} MiB browser → bridge (relay), no driver attached | ${median(upMBs).toFixed(1)} MB/s (${Math.min(...upMBs).toFixed(1)}–${Math.max(...upMBs).toFixed(1)}) |`);
+console.log(`| download ${MIB} MiB bridge → browser (relay), no driver attached | ${median(downMBs).toFixed(1)} MB/s (${Math.min(...downMBs).toFixed(1)}–${Math.max(...downMBs).toFixed(1)}) |`);
 await browser.close();
 server.close();
 for (const p of procs) p.child.kill("SIGTERM");
@@ -132,7 +149,7 @@ function allowedSecret() {
 
 /// Runs e2e/bulk.html in a Chromium started without a driver and returns the
 /// MB/s it posts back.
-async function plainBrowserBulk(ticket, total) {
+async function plainBrowserBulk(ticket, total, mode = "bulk") {
   const secretHex = allowedSecret();
   let deliver;
   const result = new Promise((r) => { deliver = r; });
@@ -142,7 +159,7 @@ async function plainBrowserBulk(ticket, total) {
     req.on("end", () => { res.writeHead(204, { "access-control-allow-origin": "*" }); res.end(); deliver(JSON.parse(body)); });
   });
   await new Promise((r) => sink.listen(0, "127.0.0.1", r));
-  const q = new URLSearchParams({ relay: relayUrl, ticket, secret: secretHex, bytes: String(total), reps: String(REPS),
+  const q = new URLSearchParams({ relay: relayUrl, ticket, secret: secretHex, bytes: String(total), reps: String(REPS), mode,
     resume: process.env.TB_RESUME === "0" ? "0" : "1", report: `http://127.0.0.1:${sink.address().port}/` });
   const profile = Boolean(process.env.TB_PROFILE);
   if (profile) q.set("wait", "1");

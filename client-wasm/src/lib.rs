@@ -37,6 +37,10 @@
 pub mod errors;
 
 #[cfg(target_arch = "wasm32")]
+mod batching;
+#[cfg(any(target_arch = "wasm32", test))]
+mod crypto;
+#[cfg(target_arch = "wasm32")]
 mod resumable;
 #[cfg(target_arch = "wasm32")]
 mod wasm;

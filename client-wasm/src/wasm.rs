@@ -29,17 +29,6 @@ const READ_CHUNK: usize = 256 * 1024;
 /// does, and the stream then simply ends).
 const AGENT_END_WAIT: Duration = Duration::from_secs(5);
 
-/// ring's provider with ChaCha20-Poly1305 first. wasm has no AES instructions,
-/// so ring's portable AES-GCM is what a page spent a quarter of its time in
-/// during bulk transfers; ChaCha20 is built for software. The bridge (rustls)
-/// follows the client's order, so native peers keep AES-GCM with hardware.
-/// AES-128-GCM stays in the list: QUIC's initial packets need it.
-fn browser_crypto() -> std::sync::Arc<rustls::crypto::CryptoProvider> {
-    let mut p = rustls::crypto::ring::default_provider();
-    p.cipher_suites.sort_by_key(|s| s.suite() != rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256);
-    std::sync::Arc::new(p)
-}
-
 pub(crate) fn set(obj: &JsValue, key: &str, value: JsValue) {
     let _ = Reflect::set(obj, &JsValue::from_str(key), &value);
 }
@@ -150,7 +139,8 @@ impl IrohClient {
             None => iroh::endpoint::default_relay_mode(),
         };
         let ep = Endpoint::builder(presets::Minimal)
-            .crypto_provider(browser_crypto())
+            .crypto_provider(crate::crypto::browser_crypto())
+            .add_custom_transport(std::sync::Arc::new(crate::batching::Batching))
             .secret_key(secret.clone())
             .relay_mode(mode)
             .bind()
