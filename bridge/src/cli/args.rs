@@ -151,13 +151,14 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub app: AppArgs,
 
-    #[command(flatten)]
-    pub notify: NotifyArgs,
-
     /// The agent to run for each admitted connection, after `--`. For `acp`, omitting it serves
     /// the built-in agent (`thunderbolt acp serve`).
     #[arg(last = true, value_name = "AGENT-CMD")]
     pub command: Vec<OsString>,
+
+    // Last: its help heading would otherwise cover the arguments after it.
+    #[command(flatten)]
+    pub notify: NotifyArgs,
 }
 
 #[derive(Debug, Args)]
@@ -360,6 +361,7 @@ pub struct AppArgs {
 /// Notices to you when an agent needs an answer or finished its turn while no device is
 /// attached: Web Push to the browsers that subscribed (on by default), and a URL of yours.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Notices (an agent needs an answer or finished while no device is attached)")]
 pub struct NotifyArgs {
     /// Also POST each notice here: a webhook (a small JSON document) or an ntfy topic URL
     /// (with --notify-format ntfy). https, or http to this machine only.

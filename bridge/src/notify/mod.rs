@@ -209,11 +209,6 @@ impl Notifier {
         let when = if n.config.always { "always" } else { "while no device is attached" };
         format!("{} — when an agent needs an answer or finishes, {when}", sinks.join(" and "))
     }
-
-    /// Whether anything would receive a notice of `peer`'s sessions.
-    pub fn has_sink(&self) -> bool {
-        self.vapid.is_some() || self.config.webhook.is_some()
-    }
 }
 
 /// The delivery task's side.
