@@ -38,6 +38,8 @@ const BIN = resolve(process.env.TB_BIN_DIR || join(ROOT, "target/release"));
 const MIB = Number(process.argv[2] || 32);
 const REPS = Number(process.argv[3] || 5);
 const procs = [];
+// However this ends (a failed step throws), the bridges and the relay go with it.
+process.on("exit", () => { for (const p of procs) p.child.kill("SIGTERM"); });
 
 function run(cmd, args, env = {}) {
   const child = spawn(cmd, args, { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
