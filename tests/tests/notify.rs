@@ -287,3 +287,25 @@ async fn a_plain_http_notify_url_off_this_machine_is_refused_at_start() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--notify-contact"));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_notify_always_an_attached_plain_session_notifies_too() {
+    let mut svc = PushService::start().await;
+    let hook = format!("http://127.0.0.1:{}/hook", svc.port);
+    let s =
+        Setup::new(&["--notify-always", "--notify-url", &hook, "--notify-text"], &agent(&["later"])).await;
+    svc.log = s.bridge.log.clone();
+    let ep = s.endpoint(&s.client_home).await;
+    // The plain protocol, as the app's shipped client speaks it.
+    let conn = s.bridge.dial(&ep, &thunderbolt_shared::Protocol::acp().alpn()).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(&later(1, 0, vec![permission("p1", "rm -rf build")])).await.unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(frame_json(&next_frame(&mut recv, &mut buf).await)["id"], 1);
+    assert_eq!(frame_json(&next_frame(&mut recv, &mut buf).await)["id"], "p1", "the client got the question");
+    let v = svc.next().await;
+    assert_eq!(v["path"], "/hook");
+    let body: Value = serde_json::from_str(v["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["event"], "needs_answer");
+    assert_eq!(body["text"], "rm -rf build", "--notify-text puts what it asks in");
+}
