@@ -508,6 +508,28 @@ test("the demo page's “notify me”: the bridge's Web Push key over the sessio
   off.child.kill("SIGTERM");
 });
 
+test("the client runs unchanged in a module Web Worker: 1 MiB echoed through a cat agent from the worker", async () => {
+  const b = await startBridge([join(BIN, "test-agent"), "cat"]);
+  // A fresh identity for the worker (one NodeId on the relay twice would take turns).
+  const { secret, nodeId } = await page.evaluate(async (relay) => {
+    const c = await window.thunderbolt.IrohClient.create(undefined, relay);
+    const r = { secret: c.secretKeyHex(), nodeId: c.nodeId() };
+    await c.shutdown();
+    return r;
+  }, relayUrl);
+  allow(b, nodeId);
+  const r = await page.evaluate(([secret, relay, ticket]) => new Promise((res) => {
+    const w = new Worker(new URL("/e2e/bulk-worker.mjs", location.href), { type: "module" });
+    w.onmessage = (e) => { res(e.data); w.terminate(); };
+    w.onerror = (e) => res({ error: e.message || "worker error" });
+    w.postMessage({ secret, relay, ticket, total: 1 << 20, reps: 1, mode: "bulk", resume: true });
+  }), [secret, relayUrl, b.ticket]);
+  assert.equal(r.error, undefined, r.error);
+  assert.equal(r.mbs.length, 1);
+  assert.ok(r.mbs[0] > 0, `an echo rate: ${r.mbs}`);
+  b.child.kill("SIGTERM");
+});
+
 test("a pairing link: the demo page pairs, connects and runs an ACP exchange; nobody types its NodeId", async () => {
   const b = await startBridge();
   const minted = JSON.parse(tb(b.home, relayUrl, ["iroh", "pair", "--json", "--app-url", baseUrl]));

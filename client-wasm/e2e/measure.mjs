@@ -112,17 +112,21 @@ for (let i = 0; i < REPS; i++) {
 // The same bulk in a Chromium no driver is attached to (e2e/bulk.html): the
 // rows above run with Playwright's Network domain on, which copies every
 // WebSocket frame out of the browser. Fresh identity, allowed like the native one.
-const plainMBs = await plainBrowserBulk(cat.ticket, bytes);
+const plain = await plainBrowserBulk(cat.ticket, bytes);
+const plainMBs = plain.mbs;
+// The same with the client in a Web Worker: throughput, and how the page's own
+// thread fares meanwhile.
+const worker = await plainBrowserBulk(cat.ticket, bytes, "bulk", true);
 // Each direction alone, in the same driverless page: an agent that streams
 // (download) and one that only counts what it gets (upload).
 cat.child.kill("SIGTERM");
 await new Promise((r) => (cat.child.exitCode !== null ? r() : cat.child.once("exit", r)));
 const streamer = await startBridge([join(BIN, "test-agent"), "stream", String(bytes + 1024 * 1024)]);
-const downMBs = await plainBrowserBulk(streamer.ticket, bytes, "download");
+const downMBs = (await plainBrowserBulk(streamer.ticket, bytes, "download")).mbs;
 streamer.child.kill("SIGTERM");
 await new Promise((r) => (streamer.child.exitCode !== null ? r() : streamer.child.once("exit", r)));
 const counter = await startBridge([join(BIN, "test-agent"), "count", String(bytes)]);
-const upMBs = await plainBrowserBulk(counter.ticket, bytes, "upload");
+const upMBs = (await plainBrowserBulk(counter.ticket, bytes, "upload")).mbs;
 
 const gz = execFileSync("sh", ["-c", `gzip -9 -c ${join(ROOT, "client-wasm/pkg/thunderbolt_client_wasm_bg.wasm")} | wc -c`]).toString().trim();
 const raw = execFileSync("sh", ["-c", `wc -c < ${join(ROOT, "client-wasm/pkg/thunderbolt_client_wasm_bg.wasm")}`]).toString().trim();
@@ -135,6 +139,10 @@ console.log(`| bulk ${MIB} MiB native ⇄ bridge (same relay) | ${median(nativeM
 console.log(`| browser / native | ${(median(browserMBs) / median(nativeMBs)).toFixed(2)}× |`);
 console.log(`| bulk ${MIB} MiB browser ⇄ bridge (relay), no driver attached | ${median(plainMBs).toFixed(1)} MB/s (${Math.min(...plainMBs).toFixed(1)}–${Math.max(...plainMBs).toFixed(1)}) |`);
 console.log(`| browser (no driver) / native | ${(median(plainMBs) / median(nativeMBs)).toFixed(2)}× |`);
+console.log(`| bulk ${MIB} MiB, the client in a Web Worker, no driver attached | ${median(worker.mbs).toFixed(1)} MB/s (${Math.min(...worker.mbs).toFixed(1)}–${Math.max(...worker.mbs).toFixed(1)}) |`);
+const lagRow = (l) => `p50 ${l.p50.toFixed(1)} ms, p95 ${l.p95.toFixed(1)} ms, max ${l.max.toFixed(0)} ms`;
+console.log(`| main thread: a 10 ms timer's lateness during bulk, client on the page | ${lagRow(plain.lag)} |`);
+console.log(`| main thread: the same, client in a Web Worker | ${lagRow(worker.lag)} |`);
 console.log(`| upload ${MIB} MiB browser → bridge (relay), no driver attached | ${median(upMBs).toFixed(1)} MB/s (${Math.min(...upMBs).toFixed(1)}–${Math.max(...upMBs).toFixed(1)}) |`);
 console.log(`| download ${MIB} MiB bridge → browser (relay), no driver attached | ${median(downMBs).toFixed(1)} MB/s (${Math.min(...downMBs).toFixed(1)}–${Math.max(...downMBs).toFixed(1)}) |`);
 await browser.close();
@@ -151,7 +159,7 @@ function allowedSecret() {
 
 /// Runs e2e/bulk.html in a Chromium started without a driver and returns the
 /// MB/s it posts back.
-async function plainBrowserBulk(ticket, total, mode = "bulk") {
+async function plainBrowserBulk(ticket, total, mode = "bulk", inWorker = false) {
   const secretHex = allowedSecret();
   let deliver;
   const result = new Promise((r) => { deliver = r; });
@@ -161,7 +169,7 @@ async function plainBrowserBulk(ticket, total, mode = "bulk") {
     req.on("end", () => { res.writeHead(204, { "access-control-allow-origin": "*" }); res.end(); deliver(JSON.parse(body)); });
   });
   await new Promise((r) => sink.listen(0, "127.0.0.1", r));
-  const q = new URLSearchParams({ relay: relayUrl, ticket, secret: secretHex, bytes: String(total), reps: String(REPS), mode,
+  const q = new URLSearchParams({ relay: relayUrl, ticket, secret: secretHex, bytes: String(total), reps: String(REPS), mode, worker: inWorker ? "1" : "0",
     resume: process.env.TB_RESUME === "0" ? "0" : "1", report: `http://127.0.0.1:${sink.address().port}/` });
   const profile = Boolean(process.env.TB_PROFILE);
   if (profile) q.set("wait", "1");
@@ -176,7 +184,7 @@ async function plainBrowserBulk(ticket, total, mode = "bulk") {
     const r = await Promise.race([result, timeout]);
     if (cdp) { printProfile((await cdp.call("Profiler.stop")).profile); cdp.close(); }
     if (r.error) throw new Error(`bulk.html: ${r.error}`);
-    return r.mbs;
+    return r;
   } finally {
     chrome.kill("SIGTERM");
     sink.close();
