@@ -93,6 +93,24 @@ impl ConnectProc {
     }
 }
 
+/// Two `connect` sessions of `client` open at once (`(target, flags)` each),
+/// warmed up, then their p50 round trips in alternating blocks of `rtts` in all.
+async fn p50_pair(
+    client: &Tb,
+    a: (&str, &[&str]),
+    b: (&str, &[&str]),
+    rtts: usize,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let mut x = ConnectProc::start(client, a.0, a.1).await?;
+    let mut y = ConnectProc::start(client, b.0, b.1).await?;
+    x.round_trips(ROUND_TRIP_WARMUP).await?;
+    y.round_trips(ROUND_TRIP_WARMUP).await?;
+    let out = x.alternating_p50(&mut y, rtts).await?;
+    x.finish().await?;
+    y.finish().await?;
+    Ok(out)
+}
+
 /// Bulk and round trips through `connect` with and without resume, a resume's
 /// time after an outage (direct, and relay when outages can be made), and the
 /// bridge's RSS per detached session.
@@ -115,13 +133,8 @@ pub async fn resume_rows(b: &Bench) -> Result<Vec<Row>> {
     rows.push(row(&name, "MB/s", r1, "connect --no-resume (plain ALPN)", plain, true));
 
     // Round trips: both sessions open, alternating blocks.
-    let mut a = ConnectProc::start(&client, &cat.ticket, &[]).await?;
-    let mut p = ConnectProc::start(&client, &cat.ticket, &["--no-resume"]).await?;
-    a.round_trips(ROUND_TRIP_WARMUP).await?;
-    p.round_trips(ROUND_TRIP_WARMUP).await?;
-    let (a50, p50) = a.alternating_p50(&mut p, b.plan.rtts).await?;
-    a.finish().await?;
-    p.finish().await?;
+    let (a50, p50) =
+        p50_pair(&client, (&cat.ticket, &[]), (&cat.ticket, &["--no-resume"]), b.plan.rtts).await?;
     let name = format!(
         "~200 B request/response p50 through connect, resumable (median of {ROUND_TRIP_BLOCKS} blocks)"
     );
@@ -141,13 +154,7 @@ pub async fn resume_rows(b: &Bench) -> Result<Vec<Row>> {
     let on_flags = ["--notify-always", "--notify-url", "http://127.0.0.1:9/hook"];
     let mut on = b.bridge_in(&b.tb, &relay, &on_flags, echo.clone(), "info").await;
     let mut off = b.bridge_in(&off_home, &relay, &["--no-push"], echo, "info").await;
-    let mut n = ConnectProc::start(&client, &on.ticket, &[]).await?;
-    let mut f = ConnectProc::start(&client, &off.ticket, &[]).await?;
-    n.round_trips(ROUND_TRIP_WARMUP).await?;
-    f.round_trips(ROUND_TRIP_WARMUP).await?;
-    let (n50, f50) = n.alternating_p50(&mut f, b.plan.rtts).await?;
-    n.finish().await?;
-    f.finish().await?;
+    let (n50, f50) = p50_pair(&client, (&on.ticket, &[]), (&off.ticket, &[]), b.plan.rtts).await?;
     let name = format!(
         "~200 B request/response p50, notifications on, every reply a notice (median of {ROUND_TRIP_BLOCKS} blocks)"
     );
