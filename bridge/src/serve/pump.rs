@@ -342,11 +342,11 @@ mod tests {
             .collect()
     }
 
-    #[tokio::test]
-    async fn peer_lines_are_checked() {
-        let input: &[u8] = b"{\"a\":1}\nnot json\n\n{\"s\":\"\xff\"}\n[2]";
+    /// `input` from the peer through `peer_to_agent` (1024-byte frames): what
+    /// the agent got, and the bridge's replies to the peer.
+    async fn into_agent(input: &[u8]) -> (Vec<u8>, mpsc::Receiver<Bytes>) {
         let mut stdin = Vec::new();
-        let (tx, mut rx) = mpsc::channel(8);
+        let (tx, rx) = mpsc::channel(8);
         let (_atx, arx) = mpsc::channel(1);
         peer_to_agent(
             ByteSource::new(input, 1024),
@@ -359,6 +359,13 @@ mod tests {
         )
         .await
         .unwrap();
+        (stdin, rx)
+    }
+
+    #[tokio::test]
+    async fn peer_lines_are_checked() {
+        let input: &[u8] = b"{\"a\":1}\nnot json\n\n{\"s\":\"\xff\"}\n[2]";
+        let (stdin, mut rx) = into_agent(input).await;
         assert_eq!(stdin, b"{\"a\":1}\n[2]\n");
         assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(PARSE_ERROR_LINE));
         assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(PARSE_ERROR_LINE), "invalid UTF-8");
@@ -394,20 +401,7 @@ mod tests {
             "x".repeat(5000)
         );
         let input = [big.as_bytes(), b"{\"id\":42}\n"].concat();
-        let mut stdin = Vec::new();
-        let (tx, mut rx) = mpsc::channel(8);
-        let (_atx, arx) = mpsc::channel(1);
-        peer_to_agent(
-            ByteSource::new(&input[..], 1024),
-            &mut stdin,
-            tx,
-            arx,
-            1024,
-            &Requests::default(),
-            &SessionNotices::off(),
-        )
-        .await
-        .unwrap();
+        let (stdin, mut rx) = into_agent(&input).await;
         assert_eq!(stdin, b"{\"id\":42}\n", "only the small line reaches the agent");
         let err = lines(&rx.recv().await.unwrap());
         assert_eq!(err[0]["id"], 41);
@@ -417,20 +411,7 @@ mod tests {
     #[tokio::test]
     async fn oversized_response_from_the_peer_becomes_an_error_for_the_agent() {
         let big = format!("{{\"jsonrpc\":\"2.0\",\"id\":\"a-7\",\"result\":\"{}\"}}\n", "x".repeat(5000));
-        let mut stdin = Vec::new();
-        let (tx, mut rx) = mpsc::channel(8);
-        let (_atx, arx) = mpsc::channel(1);
-        peer_to_agent(
-            ByteSource::new(big.as_bytes(), 1024),
-            &mut stdin,
-            tx,
-            arx,
-            1024,
-            &Requests::default(),
-            &SessionNotices::off(),
-        )
-        .await
-        .unwrap();
+        let (stdin, mut rx) = into_agent(big.as_bytes()).await;
         let to_agent = lines(&stdin);
         assert_eq!(to_agent[0]["id"], "a-7");
         assert_eq!(to_agent[0]["error"]["code"], jsonrpc::TOO_LARGE_RESPONSE_CODE);
