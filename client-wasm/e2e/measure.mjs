@@ -6,19 +6,23 @@
 //   - bulk ndjson through a cat-like agent, browser ⇄ bridge through the relay,
 //     next to the native client (`bench relay-bulk`) through the same relay;
 //   - each direction alone in the driverless page (upload to a counting agent,
-//     download from a streaming one).
+//     download from a streaming one), each next to the native client;
+//   - ~200 B round trips through the cat agent, browser and native.
 // Usage (release binaries recommended):
 //   cargo build --release --workspace --bins && client-wasm/build.sh
 //   TB_BIN_DIR=target/release node client-wasm/e2e/measure.mjs [MiB] [reps]
 //   TB_PROFILE=1 …   also: Chrome's CPU profile of the driverless bulk transfers, the
 //                    page's self time grouped by where it is spent (wasm, WebSocket, …);
 //                    build with `TB_WASM_NAMES=1 client-wasm/build.sh` to see wasm names
+//   TB_RESUME=0 …    plain thunderbolt/acp/0 connections in the browser too (native is always plain)
+//   TB_MEASURE_LOGS=DIR TB_RUST_LOG=info …   keep the relay's and bridges' stderr in DIR
 // Two browser rows: one driven by Playwright (as the e2e tests), one in a plain
 // Chromium no driver is attached to: Playwright keeps Chrome's Network domain
 // on, which copies every WebSocket frame to the driver and halves the page's
 // relay throughput. The driverless row is the one users see.
-import { spawn, spawnSync, execFileSync } from "node:child_process";
-import { mkdtempSync, readFileSync } from "node:fs";
+import { spawn, spawnSync, execFile, execFileSync } from "node:child_process";
+import { promisify } from "node:util";
+import { createWriteStream, mkdtempSync, readFileSync } from "node:fs";
 import { createServer } from "node:http";
 import { tmpdir } from "node:os";
 import { join, resolve, dirname } from "node:path";
@@ -33,10 +37,15 @@ if (process.env.TB_PROFILE && typeof WebSocket === "undefined") {
   process.exit(r.status ?? 1);
 }
 
+const execFileAsync = promisify(execFile);
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "../..");
 const BIN = resolve(process.env.TB_BIN_DIR || join(ROOT, "target/release"));
 const MIB = Number(process.argv[2] || 32);
 const REPS = Number(process.argv[3] || 5);
+// Small round trips per repetition (browser and native alike).
+const RTTS = 1000;
+// A native run that fails is tried once more, and counted (printed with the figures).
+const nativeFailures = [];
 const procs = [];
 // However this ends (a failed step throws), the bridges and the relay go with it.
 process.on("exit", () => { for (const p of procs) p.child.kill("SIGTERM"); });
@@ -45,18 +54,28 @@ function run(cmd, args, env = {}) {
   const child = spawn(cmd, args, { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
   const p = { child, out: [] };
   createInterface({ input: child.stdout }).on("line", (l) => p.out.push(l));
-  child.stderr.on("data", () => {});
+  // TB_MEASURE_LOGS=DIR keeps each process's stderr there (else it is dropped).
+  if (process.env.TB_MEASURE_LOGS) child.stderr.pipe(createWriteStream(join(process.env.TB_MEASURE_LOGS, `${procs.length}-${cmd.split("/").pop()}.log`)));
+  else child.stderr.on("data", () => {});
   procs.push(p);
   return p;
 }
 const until = async (f) => { for (let i = 0; i < 1200; i++) { const v = await f(); if (v) return v; await new Promise((r) => setTimeout(r, 25)); } throw new Error("timeout"); };
 const median = (v) => { const s = [...v].sort((a, b) => a - b); const n = s.length; return n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2; };
 
-const relay = run(join(BIN, "thunderbolt-relay"), ["--dev", "--bind", "127.0.0.1:0"]);
+// The relay's metrics say how many datagrams it dropped (a client that reads its
+// WebSocket slower than the other side sends fills its queue at the relay).
+const METRICS = `127.0.0.1:${20000 + Math.floor(Math.random() * 40000)}`;
+const relay = run(join(BIN, "thunderbolt-relay"), ["--dev", "--bind", "127.0.0.1:0", "--metrics", METRICS]);
+const relayDropped = async () => {
+  const text = await (await fetch(`http://${METRICS}/metrics`)).text();
+  const line = text.split("\n").find((l) => /^\S*send_packets_dropped(_total)?(\{[^}]*\})? /.test(l));
+  return line ? Number(line.split(" ").pop()) : NaN;
+};
 const relayUrl = (await until(() => relay.out.find((l) => l.startsWith("relay listening on ")))).split(" ").pop();
 const home = mkdtempSync(join(tmpdir(), "tb-measure-"));
 const env = { THUNDERBOLT_HOME: home, THUNDERBOLT_IROH_RELAY_URL: relayUrl, THUNDERBOLT_IROH_DISCOVERY: "off",
-  THUNDERBOLT_IROH_PORTMAPPER: "off", THUNDERBOLT_IROH_BIND: "127.0.0.1:0", RUST_LOG: "warn" };
+  THUNDERBOLT_IROH_PORTMAPPER: "off", THUNDERBOLT_IROH_BIND: "127.0.0.1:0", RUST_LOG: process.env.TB_RUST_LOG || "warn" };
 const startBridge = async (agent) => {
   const b = run(join(BIN, "thunderbolt"), ["acp", "--transport", "iroh", "--per-remote-max", "100000", ...(agent ? ["--", ...agent] : [])], env);
   await until(() => b.out.some((l) => l.trim().startsWith("Allow a peer:")));
@@ -106,8 +125,7 @@ for (let i = 0; i < REPS; i++) {
     const { bulk } = await import("/e2e/bulk.mjs");
     return bulk(window.thunderbolt.state.client, ticket, total, resume);
   }, [cat.ticket, bytes, process.env.TB_RESUME !== "0"]));
-  const hex = allowedSecret();
-  nativeMBs.push(Number(execFileSync(join(BIN, "bench"), ["relay-bulk", relayUrl, cat.ticket, hex, String(bytes)]).toString().trim()));
+  nativeMBs.push(await native("bulk", cat.ticket, bytes));
 }
 // The same bulk in a Chromium no driver is attached to (e2e/bulk.html): the
 // rows above run with Playwright's Network domain on, which copies every
@@ -117,16 +135,30 @@ const plainMBs = plain.mbs;
 // The same with the client in a Web Worker: throughput, and how the page's own
 // thread fares meanwhile.
 const worker = await plainBrowserBulk(cat.ticket, bytes, "bulk", true);
+// Small round trips through the same cat agent, browser (driverless) and native.
+const rttBrowser = (await plainBrowserBulk(cat.ticket, RTTS, "rtt")).mbs;
+const rttNative = [];
+for (let i = 0; i < REPS; i++) rttNative.push(await native("rtt", cat.ticket, RTTS));
 // Each direction alone, in the same driverless page: an agent that streams
 // (download) and one that only counts what it gets (upload).
 cat.child.kill("SIGTERM");
 await new Promise((r) => (cat.child.exitCode !== null ? r() : cat.child.once("exit", r)));
 const streamer = await startBridge([join(BIN, "test-agent"), "stream", String(bytes + 1024 * 1024)]);
+let dropped = await relayDropped();
 const downMBs = (await plainBrowserBulk(streamer.ticket, bytes, "download")).mbs;
+const downDrops = -dropped + (dropped = await relayDropped());
+const downNative = [];
+for (let i = 0; i < REPS; i++) downNative.push(await native("download", streamer.ticket, bytes));
+const downNativeDrops = -dropped + (dropped = await relayDropped());
 streamer.child.kill("SIGTERM");
 await new Promise((r) => (streamer.child.exitCode !== null ? r() : streamer.child.once("exit", r)));
 const counter = await startBridge([join(BIN, "test-agent"), "count", String(bytes)]);
+dropped = await relayDropped();
 const upMBs = (await plainBrowserBulk(counter.ticket, bytes, "upload")).mbs;
+const upDrops = -dropped + (dropped = await relayDropped());
+const upNative = [];
+for (let i = 0; i < REPS; i++) upNative.push(await native("upload", counter.ticket, bytes));
+const upNativeDrops = -dropped + (dropped = await relayDropped());
 
 const gz = execFileSync("sh", ["-c", `gzip -9 -c ${join(ROOT, "client-wasm/pkg/thunderbolt_client_wasm_bg.wasm")} | wc -c`]).toString().trim();
 const raw = execFileSync("sh", ["-c", `wc -c < ${join(ROOT, "client-wasm/pkg/thunderbolt_client_wasm_bg.wasm")}`]).toString().trim();
@@ -143,11 +175,35 @@ console.log(`| bulk ${MIB} MiB, the client in a Web Worker, no driver attached |
 const lagRow = (l) => `p50 ${l.p50.toFixed(1)} ms, p95 ${l.p95.toFixed(1)} ms, max ${l.max.toFixed(0)} ms`;
 console.log(`| main thread: a 10 ms timer's lateness during bulk, client on the page | ${lagRow(plain.lag)} |`);
 console.log(`| main thread: the same, client in a Web Worker | ${lagRow(worker.lag)} |`);
-console.log(`| upload ${MIB} MiB browser → bridge (relay), no driver attached | ${median(upMBs).toFixed(1)} MB/s (${Math.min(...upMBs).toFixed(1)}–${Math.max(...upMBs).toFixed(1)}) |`);
-console.log(`| download ${MIB} MiB bridge → browser (relay), no driver attached | ${median(downMBs).toFixed(1)} MB/s (${Math.min(...downMBs).toFixed(1)}–${Math.max(...downMBs).toFixed(1)}) |`);
+const spread = (v, d = 1) => `${median(v).toFixed(d)} (${Math.min(...v).toFixed(d)}–${Math.max(...v).toFixed(d)})`;
+console.log(`| upload ${MIB} MiB browser → bridge (relay), no driver attached | ${spread(upMBs)} MB/s |`);
+console.log(`| upload ${MIB} MiB native → bridge (same relay) | ${spread(upNative)} MB/s |`);
+console.log(`| upload browser / native | ${(median(upMBs) / median(upNative)).toFixed(2)}× |`);
+console.log(`| download ${MIB} MiB bridge → browser (relay), no driver attached | ${spread(downMBs)} MB/s |`);
+console.log(`| download ${MIB} MiB bridge → native (same relay) | ${spread(downNative)} MB/s |`);
+console.log(`| datagrams the relay dropped: upload browser ${upDrops}, native ${upNativeDrops}; download browser ${downDrops}, native ${downNativeDrops} | ${REPS} transfers each |`);
+console.log(`| download browser / native | ${(median(downMBs) / median(downNative)).toFixed(2)}× |`);
+console.log(`| ~200 B round trip p50 (${RTTS} each), browser, no driver attached | ${spread(rttBrowser, 0)} µs |`);
+console.log(`| ~200 B round trip p50 (${RTTS} each), native (same relay) | ${spread(rttNative, 0)} µs |`);
+console.log(`| round trip browser / native | ${(median(rttBrowser) / median(rttNative)).toFixed(2)}× |`);
+for (const f of nativeFailures) console.log(`native run failed and was repeated: ${f}`);
 await browser.close();
 server.close();
 for (const p of procs) p.child.kill("SIGTERM");
+
+/// One `bench relay-bulk` run of MODE through the relay as a fresh allowed
+/// identity: MB/s, or for `rtt` the p50 round trip in microseconds.
+async function native(mode, ticket, amount) {
+  // Not execFileSync: node must keep reading the relay's and bridges' stderr
+  // meanwhile, or a full pipe stalls them (their logging blocks).
+  const once = async () => Number((await execFileAsync(join(BIN, "bench"), ["relay-bulk", relayUrl, ticket, allowedSecret(), String(amount), "--mode", mode])).stdout.trim());
+  try {
+    return await once();
+  } catch (e) {
+    nativeFailures.push(`${mode}: ${String(e.stderr || e.message).split("\n").slice(0, 3).join(" ")}`);
+    return await once();
+  }
+}
 
 /// A fresh identity (made by `thunderbolt iroh id` in a home of its own), allowed
 /// by the bridges; returns its secret key as hex.

@@ -161,15 +161,34 @@ struct Cli {
     helper: Option<Helper>,
 }
 
+/// What `relay-bulk` measures.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum RelayMode {
+    Bulk,
+    Upload,
+    Download,
+    Rtt,
+}
+
 /// The bench's other processes, started by the bench itself.
 #[derive(Debug, clap::Subcommand)]
 enum Helper {
     /// Raw iroh echo server; prints its ticket.
     #[command(hide = true)]
     EchoServer { relay: Option<RelayUrl> },
-    /// One relay-only bulk transfer as SECRET_HEX; prints MB/s (used by measure.mjs).
+    /// One relay-only measure as SECRET_HEX (used by measure.mjs): `bulk` (a cat
+    /// agent's echo), `upload` (to `test-agent count`), `download` (from `test-agent
+    /// stream`) print MB/s; `rtt` (a cat agent) prints the p50 of BYTES small round
+    /// trips in microseconds.
     #[command(hide = true)]
-    RelayBulk { relay: RelayUrl, ticket: EndpointTicket, secret_hex: String, bytes: usize },
+    RelayBulk {
+        relay: RelayUrl,
+        ticket: EndpointTicket,
+        secret_hex: String,
+        bytes: usize,
+        #[arg(long, value_enum, default_value = "bulk")]
+        mode: RelayMode,
+    },
     /// Dials TICKET through RELAY with fresh identities for SECS seconds.
     #[command(hide = true)]
     Flood { relay: RelayUrl, ticket: EndpointTicket, secs: f64 },
@@ -180,17 +199,25 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.helper {
         Some(Helper::EchoServer { relay }) => rt.block_on(echo_server(relay)),
-        Some(Helper::RelayBulk { relay, ticket, secret_hex, bytes }) => {
+        Some(Helper::RelayBulk { relay, ticket, secret_hex, bytes, mode }) => {
             let key: [u8; 32] =
                 hex_decode(&secret_hex).try_into().map_err(|_| anyhow::anyhow!("secret: 64 hex digits"))?;
             rt.block_on(async move {
                 let ep = client(&relay, SecretKey::from_bytes(&key), true).await?;
                 let conn =
                     ep.connect(path_addr(ticket.endpoint_addr(), true), &Protocol::acp().alpn()).await?;
-                let mbs = bulk(&conn, bytes).await?;
+                let figure = match mode {
+                    RelayMode::Bulk => bulk(&conn, bytes).await?,
+                    RelayMode::Upload => upload(&conn, bytes).await?,
+                    RelayMode::Download => download(&conn, bytes).await?,
+                    RelayMode::Rtt => {
+                        let (mut buf, mut send, mut recv) = round_trip_stream(&conn).await?;
+                        percentile(&round_trips(&mut send, &mut recv, &mut buf, bytes).await?, 0.5)
+                    }
+                };
                 conn.close(0u32.into(), b"client closed");
                 ep.close().await;
-                println!("{mbs:.2}");
+                println!("{figure:.2}");
                 Ok(())
             })
         }

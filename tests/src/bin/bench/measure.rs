@@ -82,6 +82,42 @@ pub async fn bulk(conn: &Connection, total: usize) -> Result<f64> {
     transfer(send, recv, total).await
 }
 
+/// `total` bytes of ndjson to an agent that answers one line once it has them
+/// all (`test-agent count`); MB/s from the first write to that answer.
+pub async fn upload(conn: &Connection, total: usize) -> Result<f64> {
+    let (mut send, mut recv) = conn.open_bi().await?;
+    let block = bulk_block();
+    let t0 = Instant::now();
+    let mut sent = 0;
+    while sent < total {
+        let n = block.len().min(total - sent);
+        send.write_all(&block[..n]).await?;
+        sent += n;
+    }
+    let mut b = [0u8; 1];
+    recv.read_exact(&mut b).await.context("the count agent's answer")?;
+    Ok(total as f64 / t0.elapsed().as_secs_f64() / 1e6)
+}
+
+/// What an agent streams (`test-agent stream`), `total` bytes of it; MB/s from
+/// its first chunk (not counted) to the last byte.
+pub async fn download(conn: &Connection, total: usize) -> Result<f64> {
+    let (mut send, mut recv) = conn.open_bi().await?;
+    // The bridge opens the agent's session on the client's first bytes.
+    send.write_all(b"\n").await?;
+    let mut buf = vec![0u8; 256 * 1024];
+    let first = recv.read(&mut buf).await?.context("the stream agent sent nothing")?;
+    let t0 = Instant::now();
+    let mut got = first;
+    while got < total {
+        got += recv
+            .read(&mut buf)
+            .await?
+            .with_context(|| format!("stream ended after {got} of {total} bytes"))?;
+    }
+    Ok((got - first) as f64 / t0.elapsed().as_secs_f64() / 1e6)
+}
+
 /// Opens the stream round trips run on (one session: the bridge serves one
 /// stream per connection) and the buffer answers are read into.
 pub async fn round_trip_stream(
