@@ -96,8 +96,9 @@ struct State {
 /// A resumable session.
 pub struct Resumable {
     st: RefCell<State>,
-    /// Messages for the page (the driver pushes, `messages()` pulls).
-    inbox: RefCell<VecDeque<Result<JsValue, JsValue>>>,
+    /// Messages for the page (the driver pushes, `messages()` pulls), each
+    /// with its size on the wire (what acks count).
+    inbox: RefCell<VecDeque<(Result<JsValue, JsValue>, usize)>>,
     inbox_wake: RefCell<Option<futures::channel::oneshot::Sender<()>>>,
     /// Our frames and end of input, to the driver.
     outgoing: mpsc::UnboundedSender<Outgoing>,
@@ -165,8 +166,8 @@ impl Resumable {
         }
     }
 
-    fn push_message(&self, m: Result<JsValue, JsValue>) {
-        self.inbox.borrow_mut().push_back(m);
+    fn push_message(&self, m: Result<JsValue, JsValue>, bytes: usize) {
+        self.inbox.borrow_mut().push_back((m, bytes));
         if let Some(w) = self.inbox_wake.borrow_mut().take() {
             let _ = w.send(());
         }
@@ -175,9 +176,9 @@ impl Resumable {
     /// The next message for the page; counts it as taken.
     pub async fn next_message(self: &Rc<Self>) -> Option<Result<JsValue, JsValue>> {
         loop {
-            if let Some(m) = self.inbox.borrow_mut().pop_front() {
+            if let Some((m, bytes)) = self.inbox.borrow_mut().pop_front() {
                 if m.is_ok() {
-                    let due = self.st.borrow_mut().ack.took(1, 0);
+                    let due = self.st.borrow_mut().ack.took(1, bytes);
                     if due {
                         self.st.borrow_mut().ack_due = true;
                     }
@@ -287,7 +288,7 @@ impl Resumable {
             st.conn = None;
         }
         if let Some(e) = error {
-            self.push_message(Err(e));
+            self.push_message(Err(e), 0);
         } else if let Some(w) = self.inbox_wake.borrow_mut().take() {
             let _ = w.send(());
         }
@@ -413,6 +414,10 @@ impl Resumable {
         }
 
         let upload = async {
+            // Armed when a frame awaits its ack and kept across turns of the
+            // loop (one JS timer per ack, not one per message): the ack goes
+            // out ACK_DELAY_MS after the first frame it covers at the latest.
+            let mut ack_timer = futures::future::Fuse::terminated();
             loop {
                 let ack = {
                     let mut st = self.st.borrow_mut();
@@ -438,6 +443,11 @@ impl Resumable {
                     };
                     (room, st.ack.pending(), st.eof, st.held.is_some())
                 };
+                if !pending {
+                    ack_timer = futures::future::Fuse::terminated();
+                } else if futures::future::FusedFuture::is_terminated(&ack_timer) {
+                    ack_timer = Box::pin(n0_future::time::sleep(Duration::from_millis(ACK_DELAY_MS))).fuse();
+                }
                 // `None`: the held message's turn; else the page's next one.
                 let mut next = if room && held {
                     futures::future::Either::Left(futures::future::ready(None)).fuse()
@@ -474,7 +484,7 @@ impl Resumable {
                             return;
                         }
                     }
-                    _ = sleep_if(pending).fuse() => self.st.borrow_mut().ack_due = true,
+                    _ = ack_timer => self.st.borrow_mut().ack_due = true,
                 }
             }
         };
@@ -493,9 +503,12 @@ impl Resumable {
                                 if index >= queued {
                                     let text = line.strip_suffix(b"\n").unwrap_or(line);
                                     if self.raw {
-                                        self.push_message(Ok(js_sys::Uint8Array::from(line).into()));
+                                        self.push_message(
+                                            Ok(js_sys::Uint8Array::from(line).into()),
+                                            line.len(),
+                                        );
                                     } else if !text.iter().all(u8::is_ascii_whitespace) {
-                                        self.push_message(crate::wasm::parse_frame(text));
+                                        self.push_message(crate::wasm::parse_frame(text), line.len());
                                     } else {
                                         // Never shown, so never taken: count it as taken now.
                                         self.st.borrow_mut().ack.took(1, 0);
@@ -574,14 +587,6 @@ fn closed_obj(kind: &str, code: Option<u64>, reason: &str) -> JsValue {
     }
     set(&v, "reason", reason.into());
     v
-}
-
-async fn sleep_if(on: bool) {
-    if on {
-        n0_future::time::sleep(Duration::from_millis(ACK_DELAY_MS)).await
-    } else {
-        std::future::pending::<()>().await
-    }
 }
 
 /// Redials until a connection with the resumable protocol is made, or the
