@@ -21,6 +21,7 @@ use iroh::{
 };
 use thunderbolt_shared::{
     close::{self, AgentEnd, Refusal},
+    ndjson::room_for_read,
     resume::{self, escape_run, AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS},
     Protocol, Target,
 };
@@ -382,6 +383,12 @@ async fn upload(
 ) -> Result<std::convert::Infallible, Up> {
     let lost = |e: iroh::endpoint::WriteError| Up::Lost(e.to_string());
     send.write_all_chunks(&mut replay).await.map_err(lost)?;
+    // Armed at the first frame awaiting its ack and kept across turns of the
+    // loop, so the ack goes out ACK_DELAY_MS after that frame at the latest (a
+    // timer made afresh each turn would wait as long as frames kept coming).
+    let ack_timer = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(ack_timer);
+    let mut ack_armed = false;
     loop {
         let ack = {
             let mut s = st.borrow_mut();
@@ -406,6 +413,12 @@ async fn upload(
             };
             (room, s.eof_at.is_none(), s.ack.pending())
         };
+        if !ack_pending {
+            ack_armed = false;
+        } else if !ack_armed {
+            ack_timer.as_mut().reset(tokio::time::Instant::now() + Duration::from_millis(ACK_DELAY_MS));
+            ack_armed = true;
+        }
         tokio::select! {
             biased;
             _ = ack_wake.notified() => {}
@@ -433,7 +446,8 @@ async fn upload(
                 send.write_all_chunks(&mut chunks).await.map_err(lost)?;
             }
             _ = room.notified(), if !has_room => {}
-            _ = tokio::time::sleep(Duration::from_millis(ACK_DELAY_MS)), if ack_pending => {
+            _ = &mut ack_timer, if ack_armed => {
+                ack_armed = false;
                 st.borrow_mut().ack_due = true;
             }
         }
@@ -500,7 +514,7 @@ async fn download(
             }
         }
         let buf = rx.buf_mut();
-        buf.reserve(limits::READ_CHUNK);
+        room_for_read(buf, limits::READ_CHUNK);
         let read = tokio::select! {
             r = recv.read_buf(buf) => r,
             _ = stop.cancelled() => return Err(Down::Lost("stopped".into())),
@@ -550,7 +564,7 @@ impl LocalInput {
             if let Some(i) = memchr::memrchr(b'\n', &self.buf) {
                 return Some(escape_run(self.buf.split_to(i + 1).freeze()));
             }
-            self.buf.reserve(limits::READ_CHUNK);
+            room_for_read(&mut self.buf, limits::READ_CHUNK);
             let n = match self.r.read_buf(&mut self.buf).await {
                 Ok(n) => n,
                 Err(e) => {

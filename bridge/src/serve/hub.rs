@@ -57,7 +57,7 @@ use iroh::{
 use thunderbolt_shared::{
     close,
     jsonrpc::{self, Kind},
-    ndjson::OVERSIZE_PEEK,
+    ndjson::{room_for_read, OVERSIZE_PEEK},
     resume::{
         control_line_end, AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS, BRIDGE_READ_AHEAD,
         MAX_CONTROL_LINE,
@@ -893,7 +893,7 @@ impl Hub {
                 }
             }
             let buf = rx.buf_mut();
-            buf.reserve(READ_CHUNK);
+            room_for_read(buf, READ_CHUNK);
             match recv.read_buf(buf).await {
                 Ok(0) => {
                     // A warm agent's input stays open for the next client.
@@ -1068,7 +1068,7 @@ impl Hub {
                         return e;
                     }
                 }
-                r = async { buf.reserve(READ_CHUNK); recv.read_buf(buf).await }, if can_read => match r {
+                r = async { room_for_read(buf, READ_CHUNK); recv.read_buf(buf).await }, if can_read => match r {
                     Ok(0) => finished = true,
                     Ok(_) => {}
                     Err(e) => return e.to_string(),

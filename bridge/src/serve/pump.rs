@@ -18,7 +18,7 @@
 use bytes::Bytes;
 use thunderbolt_shared::{
     jsonrpc::{self, is_json, Kind, PARSE_ERROR_LINE},
-    ndjson::{split_lines, Piece, RunSplitter},
+    ndjson::{room_for_read, split_lines, Piece, RunSplitter},
 };
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
@@ -136,7 +136,7 @@ impl LineSplitter {
 
     async fn read_from<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> std::io::Result<usize> {
         let buf = self.split.buf_mut();
-        buf.reserve(READ_CHUNK);
+        room_for_read(buf, READ_CHUNK);
         r.read_buf(buf).await
     }
 
