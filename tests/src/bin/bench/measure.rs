@@ -51,12 +51,7 @@ where
     let block = bulk_block();
     let t0 = Instant::now();
     let writer = async {
-        let mut sent = 0;
-        while sent < total {
-            let n = block.len().min(total - sent);
-            w.write_all(&block[..n]).await?;
-            sent += n;
-        }
+        write_blocks(&mut w, &block, total).await?;
         w.shutdown().await?;
         anyhow::Ok(())
     };
@@ -82,18 +77,25 @@ pub async fn bulk(conn: &Connection, total: usize) -> Result<f64> {
     transfer(send, recv, total).await
 }
 
+/// Writes `total` bytes of `block` over and over (the last one cut short).
+async fn write_blocks<W: tokio::io::AsyncWrite + Unpin>(w: &mut W, block: &[u8], total: usize) -> Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut sent = 0;
+    while sent < total {
+        let n = block.len().min(total - sent);
+        w.write_all(&block[..n]).await?;
+        sent += n;
+    }
+    Ok(())
+}
+
 /// `total` bytes of ndjson to an agent that answers one line once it has them
 /// all (`test-agent count`); MB/s from the first write to that answer.
 pub async fn upload(conn: &Connection, total: usize) -> Result<f64> {
     let (mut send, mut recv) = conn.open_bi().await?;
     let block = bulk_block();
     let t0 = Instant::now();
-    let mut sent = 0;
-    while sent < total {
-        let n = block.len().min(total - sent);
-        send.write_all(&block[..n]).await?;
-        sent += n;
-    }
+    write_blocks(&mut send, &block, total).await?;
     let mut b = [0u8; 1];
     recv.read_exact(&mut b).await.context("the count agent's answer")?;
     Ok(total as f64 / t0.elapsed().as_secs_f64() / 1e6)
