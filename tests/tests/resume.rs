@@ -445,3 +445,88 @@ async fn a_sigkilled_plain_client_started_again_gets_the_same_warm_agent() {
     drop(stdin);
     let _ = tokio::time::timeout(WAIT, child.wait()).await;
 }
+
+/// `connect` acknowledges the bridge's frames at most ACK_DELAY_MS after the
+/// first one it has not acknowledged, also while frames keep coming and its own
+/// input keeps it busy: a timer made afresh on every turn of its sending loop
+/// would wait for the 128th frame (ACK_EVERY_FRAMES) or for a quiet moment.
+/// The bridge here is written by hand (r1 only) to see exactly when acks come.
+#[tokio::test(flavor = "multi_thread")]
+async fn connect_acks_a_steady_trickle_within_the_ack_delay() {
+    use thunderbolt_shared::resume::{ACK_DELAY_MS, ACK_EVERY_FRAMES};
+    /// A frame every this many ms: well under the ack delay.
+    const EVERY_MS: u64 = 5;
+    /// Frames sent: fewer than ACK_EVERY_FRAMES, so only the delay can ack them.
+    const FRAMES: u64 = 100;
+    const _: () = assert!(FRAMES < ACK_EVERY_FRAMES && EVERY_MS * 4 < ACK_DELAY_MS);
+    init_tracing();
+    let alpn = resume_alpn(&Protocol::acp());
+    let bridge = loopback_endpoint(iroh::SecretKey::generate(), None, false, vec![alpn]).await.unwrap();
+    let ticket = EndpointTicket::new(bridge.addr()).to_string();
+    let client_home = Tb::new(None);
+    let (mut child, log) = client_home.connect(&[&ticket]);
+    let mut stdin = child.stdin.take().unwrap();
+
+    let incoming = tokio::time::timeout(WAIT, bridge.accept()).await.unwrap().expect("connect dials");
+    let conn = incoming.await.expect("handshake");
+    let (mut send, mut recv) = tokio::time::timeout(WAIT, conn.accept_bi()).await.unwrap().unwrap();
+    // The hello: the client's first line.
+    let mut rest: Vec<u8> = Vec::new();
+    let hello = loop {
+        if let Some(nl) = rest.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = rest.drain(..=nl).collect();
+            break Control::parse(&line);
+        }
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(WAIT, recv.read(&mut buf)).await.unwrap().unwrap().expect("a hello");
+        rest.extend_from_slice(&buf[..n]);
+    };
+    assert!(matches!(hello, Ok(Some(Control::Hello { session: None, received: 0 }))), "{hello:?}");
+    let welcome = Control::Welcome { session: "s1".into(), received: 0, grace_ms: 10_000 };
+    send.write_all(&welcome.encode()).await.unwrap();
+
+    // The client's acks, as they arrive, with the time since the first frame.
+    let t0 = tokio::time::Instant::now();
+    let acks = tokio::spawn(async move {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            while let Some(nl) = rest.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = rest.drain(..=nl).collect();
+                if let Ok(Some(Control::Ack(n))) = Control::parse(&line) {
+                    got.push((n, t0.elapsed()));
+                    if n == FRAMES {
+                        return got;
+                    }
+                }
+            }
+            match recv.read(&mut buf).await {
+                Ok(Some(n)) => rest.extend_from_slice(&buf[..n]),
+                _ => return got,
+            }
+        }
+    });
+    // Both ways, as in a busy session: each turn of the client's sending loop
+    // must not put its pending ack off.
+    for i in 0..FRAMES {
+        send.write_all(format!("{{\"n\":{i}}}\n").as_bytes()).await.unwrap();
+        stdin.write_all(format!("{{\"m\":{i}}}\n").as_bytes()).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(EVERY_MS)).await;
+    }
+    let sent_for = t0.elapsed();
+    assert!(
+        sent_for.as_millis() as u64 >= 4 * ACK_DELAY_MS,
+        "the trickle lasted several ack delays: {sent_for:?}"
+    );
+    // Until the ack of the last frame (or the stream's end).
+    let got = tokio::time::timeout(WAIT, acks).await.unwrap().unwrap();
+    conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), b"test over");
+    drop(stdin);
+    let _ = child.kill().await;
+    assert!(!got.is_empty(), "no ack at all; {}", log.text());
+    // Acks while the trickle ran (it lasted at least four ack delays): with
+    // the delay put off on every turn, none come before it stops.
+    let during = got.iter().filter(|(_, at)| *at < sent_for).count();
+    assert!(during >= 2, "{during} acks while frames kept coming for {sent_for:?}: {got:?}");
+    assert_eq!(got.last().unwrap().0, FRAMES, "every frame acked in the end: {got:?}");
+}
