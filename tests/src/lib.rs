@@ -211,6 +211,8 @@ pub fn hex_decode(s: &str) -> Vec<u8> {
 pub struct Log {
     text: Arc<Mutex<String>>,
     changed: Arc<Notify>,
+    /// The reader reached its end (the process and all holding its stderr exited).
+    ended: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Log {
@@ -231,7 +233,27 @@ impl Log {
                 }
                 this.changed.notify_waiters();
             }
+            this.ended.store(true, std::sync::atomic::Ordering::SeqCst);
+            this.changed.notify_waiters();
         });
+    }
+
+    /// Everything the process wrote, once its stderr has ended (bounded by
+    /// [`WAIT`]): a process that has exited may still have lines in the pipe
+    /// that [`Log::text`] has not seen yet.
+    pub async fn finished(&self) -> String {
+        let res = tokio::time::timeout(WAIT, async {
+            loop {
+                let notified = self.changed.notified();
+                if self.ended.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await;
+        assert!(res.is_ok(), "stderr never ended; log so far:\n{}", self.text());
+        self.text()
     }
 
     pub fn text(&self) -> String {

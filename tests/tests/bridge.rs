@@ -543,8 +543,9 @@ async fn ctrl_c_or_sigterm_on_connect_closes_the_session_cleanly_and_exits_like_
         assert_eq!(echoed.as_deref(), Some("{\"hello\":1}"));
         signal(child.id().unwrap(), sig);
         let status = tokio::time::timeout(WAIT, child.wait()).await.unwrap().unwrap();
-        assert_eq!(status.code(), Some(code), "connect {extra:?} after signal {sig}: {}", log.text());
-        assert!(!log.contains("error:"), "a signal is not an error: {}", log.text());
+        let text = log.finished().await;
+        assert_eq!(status.code(), Some(code), "connect {extra:?} after signal {sig}: {text}");
+        assert!(!text.contains("error:"), "a signal is not an error: {text}");
         s.bridge.log.wait_for_count("client closed", closes + 1).await;
         drop(stdin);
     }

@@ -57,9 +57,10 @@ async fn exchange(device: &Tb, ticket: &str, extra: &[&str]) -> (bool, String) {
     }
     drop(stdin);
     let status = tokio::time::timeout(WAIT, child.wait()).await.expect("connect exits").unwrap();
+    let text = log.finished().await;
     let echoed = matches!(line, Ok(Some(_)));
-    assert_eq!(echoed, status.success(), "an echo exactly when connect succeeds: {}", log.text());
-    (status.success(), log.text())
+    assert_eq!(echoed, status.success(), "an echo exactly when connect succeeds: {text}");
+    (status.success(), text)
 }
 
 #[tokio::test(flavor = "multi_thread")]
