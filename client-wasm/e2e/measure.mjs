@@ -72,6 +72,12 @@ const relayDropped = async () => {
   const line = text.split("\n").find((l) => /^\S*send_packets_dropped(_total)?(\{[^}]*\})? /.test(l));
   return line ? Number(line.split(" ").pop()) : NaN;
 };
+// `f`'s result and the datagrams the relay dropped while it ran.
+const withDrops = async (f) => {
+  const before = await relayDropped();
+  const v = await f();
+  return [v, (await relayDropped()) - before];
+};
 const relayUrl = (await until(() => relay.out.find((l) => l.startsWith("relay listening on ")))).split(" ").pop();
 const home = mkdtempSync(join(tmpdir(), "tb-measure-"));
 const env = { THUNDERBOLT_HOME: home, THUNDERBOLT_IROH_RELAY_URL: relayUrl, THUNDERBOLT_IROH_DISCOVERY: "off",
@@ -136,29 +142,21 @@ const plainMBs = plain.mbs;
 // thread fares meanwhile.
 const worker = await plainBrowserBulk(cat.ticket, bytes, "bulk", true);
 // Small round trips through the same cat agent, browser (driverless) and native.
+// (bulk.html posts every mode's figures as `mbs`: here p50s in µs.)
 const rttBrowser = (await plainBrowserBulk(cat.ticket, RTTS, "rtt")).mbs;
-const rttNative = [];
-for (let i = 0; i < REPS; i++) rttNative.push(await native("rtt", cat.ticket, RTTS));
+const rttNative = await nativeRuns("rtt", cat.ticket, RTTS);
 // Each direction alone, in the same driverless page: an agent that streams
 // (download) and one that only counts what it gets (upload).
 cat.child.kill("SIGTERM");
 await new Promise((r) => (cat.child.exitCode !== null ? r() : cat.child.once("exit", r)));
 const streamer = await startBridge([join(BIN, "test-agent"), "stream", String(bytes + 1024 * 1024)]);
-let dropped = await relayDropped();
-const downMBs = (await plainBrowserBulk(streamer.ticket, bytes, "download")).mbs;
-const downDrops = -dropped + (dropped = await relayDropped());
-const downNative = [];
-for (let i = 0; i < REPS; i++) downNative.push(await native("download", streamer.ticket, bytes));
-const downNativeDrops = -dropped + (dropped = await relayDropped());
+const [downMBs, downDrops] = await withDrops(async () => (await plainBrowserBulk(streamer.ticket, bytes, "download")).mbs);
+const [downNative, downNativeDrops] = await withDrops(() => nativeRuns("download", streamer.ticket, bytes));
 streamer.child.kill("SIGTERM");
 await new Promise((r) => (streamer.child.exitCode !== null ? r() : streamer.child.once("exit", r)));
 const counter = await startBridge([join(BIN, "test-agent"), "count", String(bytes)]);
-dropped = await relayDropped();
-const upMBs = (await plainBrowserBulk(counter.ticket, bytes, "upload")).mbs;
-const upDrops = -dropped + (dropped = await relayDropped());
-const upNative = [];
-for (let i = 0; i < REPS; i++) upNative.push(await native("upload", counter.ticket, bytes));
-const upNativeDrops = -dropped + (dropped = await relayDropped());
+const [upMBs, upDrops] = await withDrops(async () => (await plainBrowserBulk(counter.ticket, bytes, "upload")).mbs);
+const [upNative, upNativeDrops] = await withDrops(() => nativeRuns("upload", counter.ticket, bytes));
 
 const gz = execFileSync("sh", ["-c", `gzip -9 -c ${join(ROOT, "client-wasm/pkg/thunderbolt_client_wasm_bg.wasm")} | wc -c`]).toString().trim();
 const raw = execFileSync("sh", ["-c", `wc -c < ${join(ROOT, "client-wasm/pkg/thunderbolt_client_wasm_bg.wasm")}`]).toString().trim();
@@ -181,8 +179,8 @@ console.log(`| upload ${MIB} MiB native → bridge (same relay) | ${spread(upNat
 console.log(`| upload browser / native | ${(median(upMBs) / median(upNative)).toFixed(2)}× |`);
 console.log(`| download ${MIB} MiB bridge → browser (relay), no driver attached | ${spread(downMBs)} MB/s |`);
 console.log(`| download ${MIB} MiB bridge → native (same relay) | ${spread(downNative)} MB/s |`);
-console.log(`| datagrams the relay dropped: upload browser ${upDrops}, native ${upNativeDrops}; download browser ${downDrops}, native ${downNativeDrops} | ${REPS} transfers each |`);
 console.log(`| download browser / native | ${(median(downMBs) / median(downNative)).toFixed(2)}× |`);
+console.log(`| datagrams the relay dropped: upload browser ${upDrops}, native ${upNativeDrops}; download browser ${downDrops}, native ${downNativeDrops} | ${REPS} transfers each |`);
 console.log(`| ~200 B round trip p50 (${RTTS} each), browser, no driver attached | ${spread(rttBrowser, 0)} µs |`);
 console.log(`| ~200 B round trip p50 (${RTTS} each), native (same relay) | ${spread(rttNative, 0)} µs |`);
 console.log(`| round trip browser / native | ${(median(rttBrowser) / median(rttNative)).toFixed(2)}× |`);
@@ -190,6 +188,13 @@ for (const f of nativeFailures) console.log(`native run failed and was repeated:
 await browser.close();
 server.close();
 for (const p of procs) p.child.kill("SIGTERM");
+
+/// REPS runs of [`native`], one after the other.
+async function nativeRuns(mode, ticket, amount) {
+  const out = [];
+  for (let i = 0; i < REPS; i++) out.push(await native(mode, ticket, amount));
+  return out;
+}
 
 /// One `bench relay-bulk` run of MODE through the relay as a fresh allowed
 /// identity: MB/s, or for `rtt` the p50 round trip in microseconds.
