@@ -9,6 +9,21 @@ use std::time::Duration;
 /// MiB); 16 is the reference bridge's cap and more than one person ever needs.
 pub const MAX_LIVE_AGENTS: usize = 16;
 
+/// Most live sessions (agents running, attached or not) one NodeId holds at
+/// once, across every agent of the bridge. A person runs a few agents from
+/// one device; without a per-device bound one device (a guest a manifest lets
+/// in, or a paired device gone hostile) could take every slot and leave the
+/// owner's other devices with `bridge at capacity`. The cap in force is also
+/// at most one less than `--max-agents` ([`per_device_cap`]), so one slot is
+/// always left for another device.
+pub const MAX_SESSIONS_PER_DEVICE: usize = 8;
+
+/// The per-device cap with `max_agents` slots: [`MAX_SESSIONS_PER_DEVICE`],
+/// and never every slot while there are two or more.
+pub fn per_device_cap(max_agents: usize) -> usize {
+    MAX_SESSIONS_PER_DEVICE.min(max_agents.saturating_sub(1)).max(1)
+}
+
 /// An admitted peer must open its bidirectional stream within this. A client
 /// opens it right after connecting; a peer that does not is holding a slot.
 pub const STREAM_OPEN_TIMEOUT: Duration = Duration::from_secs(10);

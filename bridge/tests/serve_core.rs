@@ -166,6 +166,60 @@ async fn at_capacity_the_next_peer_is_refused_until_a_slot_is_free() {
     assert_eq!(b.launcher.starts.load(Ordering::SeqCst), 2);
 }
 
+/// Opens a session on `conn` and waits for its echo.
+async fn echoed(conn: &Connection) -> (iroh::endpoint::SendStream, iroh::endpoint::RecvStream) {
+    let (mut send, mut recv) = conn.open_bi().await.expect("open stream");
+    send.write_all(b"{\"id\":1}\n").await.expect("write");
+    let mut buf = [0u8; 9];
+    tokio::time::timeout(WAIT, recv.read_exact(&mut buf)).await.expect("echo in time").expect("echo");
+    (send, recv)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_device_cannot_take_every_slot() {
+    let mut config = Config::default();
+    config.admission.max_agents = 4;
+    config.admission.max_per_device = thunderbolt::limits::per_device_cap(4);
+    assert_eq!(config.admission.max_per_device, 3, "one slot is always left for another device");
+    let b = bridge(config).await;
+    let guest = client().await;
+    b.allow(&guest);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let conn = b.dial(&guest).await;
+        let streams = echoed(&conn).await;
+        held.push((conn, streams));
+    }
+    // A fourth from the same device is refused although a slot is free...
+    let fourth = b.dial(&guest).await;
+    let (mut s, _r) = fourth.open_bi().await.expect("open stream");
+    s.write_all(b"{}\n").await.expect("write");
+    assert_eq!(closed_with(&fourth).await, refused(close::REASON_AT_CAPACITY));
+    assert_eq!(b.launcher.starts.load(Ordering::SeqCst), 3);
+    // ...and the owner's own device gets it.
+    let (_ep, _owner, _s, _r) = b.session().await;
+    assert_eq!(b.launcher.starts.load(Ordering::SeqCst), 4);
+    // A session of the guest's ends: it may open one again.
+    let (conn, (send, _recv)) = held.pop().unwrap();
+    drop(send);
+    conn.close(0u32.into(), b"done");
+    tokio::time::timeout(WAIT, b.events.wait_for_count("group cleaned up", 1))
+        .await
+        .expect("the guest's session ended");
+    // Its count goes as the session's task ends, just after the agent's group:
+    // a dial in between is refused, the next one gets in (a few tries at most).
+    for tries in 1.. {
+        let conn = b.dial(&guest).await;
+        let (mut s, mut r) = conn.open_bi().await.expect("open stream");
+        s.write_all(b"{\"id\":1}\n").await.expect("write");
+        let mut buf = [0u8; 9];
+        if tokio::time::timeout(WAIT, r.read_exact(&mut buf)).await.expect("an answer or a close").is_ok() {
+            break;
+        }
+        assert!(tries < 20, "the guest never got a session again");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_opens_no_stream_is_closed_at_the_deadline() {
     let mut config = Config::default();

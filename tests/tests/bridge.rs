@@ -744,3 +744,25 @@ async fn a_client_killed_without_a_close_frees_its_agent_after_the_idle_timeout(
     s.bridge.log.wait_for("peer gone").await;
     drop(stdin);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_bridges_secrets_never_reach_the_agent() {
+    init_tracing();
+    let relay = LocalRelay::start().await;
+    let bridge_home = Tb::new(Some(&relay))
+        .with_env("THUNDERBOLT_NOTIFY_URL", "http://127.0.0.1:9/hook?key=s3cret-in-the-url")
+        .with_env("THUNDERBOLT_SOME_FUTURE_SECRET", "s3cret-of-the-bridge")
+        .with_env("NOTIFY_SOCKET", "/nonexistent/s3cret-socket")
+        .with_env("AGENT_SETTING", "kept");
+    let client_home = Tb::new(Some(&relay));
+    bridge_home.allow(&client_home.node_id("acp").await).await;
+    // The agent tells what of its environment names the secrets, and what else it got.
+    let script = "read -r l; printf '{\"leaked\":%s,\"setting\":\"%s\",\"path\":%s}\\n' \
+        \"$(env | grep -c s3cret)\" \"$AGENT_SETTING\" \"$([ -n \"$PATH\" ] && echo true || echo false)\"";
+    let bridge = bridge_home.bridge("acp", &[], &strs(&sh(script))).await;
+    let s = Setup { relay, bridge_home, client_home, bridge, work: tempfile::tempdir().unwrap() };
+    let out = connect_with(&s, b"{\"a\":1}\n").await;
+    let reply: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("one JSON line: {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(reply, serde_json::json!({"leaked": 0, "setting": "kept", "path": true}));
+}

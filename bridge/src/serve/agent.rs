@@ -95,6 +95,12 @@ impl AgentCommand {
     /// Starts the agent with piped stdio.
     pub fn spawn(&self) -> std::io::Result<Child> {
         let mut cmd = Command::new(&self.argv[0]);
+        for (name, _) in std::env::vars_os() {
+            if withheld(&name) {
+                cmd.env_remove(&name);
+            }
+        }
+        // A manifest's own `env` is the agent's to have, a THUNDERBOLT_ one included.
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         if let Some(dir) = &self.cwd {
             cmd.current_dir(dir);
@@ -123,6 +129,19 @@ impl AgentCommand {
         }
         cmd.spawn()
     }
+}
+
+/// Variables of the bridge's own environment an agent never inherits
+/// (unless a manifest sets them): the bridge's configuration, which holds its
+/// secrets (`THUNDERBOLT_TOKEN`, a `--notify-url` with credentials in it), and
+/// the service manager's handles, which are the bridge's and not the agent's
+/// to use (an agent writing `STOPPING=1` to the notify socket, or taking the
+/// watchdog over). A peer can ask an agent to print its environment.
+fn withheld(name: &std::ffi::OsStr) -> bool {
+    const SERVICE: [&str; 6] =
+        ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"];
+    let name = name.as_encoded_bytes();
+    name.starts_with(b"THUNDERBOLT_") || SERVICE.iter().any(|s| s.as_bytes() == name)
 }
 
 /// A boxed future borrowing the agent.

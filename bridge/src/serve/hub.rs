@@ -1497,16 +1497,17 @@ impl Hubs {
     /// its own that waited longest, else the one that waited longest of all.
     /// Never one with a connection attached.
     pub fn eviction_candidate(&self, requester: &EndpointId) -> Option<Arc<Hub>> {
-        let detached: Vec<(Arc<Hub>, Duration)> =
-            self.lock().values().filter_map(|h| h.detached_for().map(|d| (h.clone(), d))).collect();
-        let oldest = |own: bool| {
-            detached
-                .iter()
-                .filter(|(h, _)| !own || h.owner == *requester)
-                .max_by_key(|(_, d)| *d)
-                .map(|(h, _)| h.clone())
-        };
-        oldest(true).or_else(|| oldest(false))
+        self.oldest_detached(Some(requester)).or_else(|| self.oldest_detached(None))
+    }
+
+    /// The detached session that waited longest, of `owner`'s (or of all).
+    pub fn oldest_detached(&self, owner: Option<&EndpointId>) -> Option<Arc<Hub>> {
+        self.lock()
+            .values()
+            .filter(|h| owner.is_none_or(|o| h.owner == *o))
+            .filter_map(|h| h.detached_for().map(|d| (h.clone(), d)))
+            .max_by_key(|(_, d)| *d)
+            .map(|(h, _)| h)
     }
 
     /// A session of `owner`'s detached: beyond [`MAX_DETACHED_PER_PEER`] the

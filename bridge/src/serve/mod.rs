@@ -55,6 +55,9 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct Admission {
     pub max_agents: usize,
+    /// Live sessions one NodeId may hold across every agent
+    /// ([`crate::limits::per_device_cap`] of `max_agents` by default).
+    pub max_per_device: usize,
     pub handshake_timeout: Duration,
     pub stream_open_timeout: Duration,
     /// How often trust is re-checked for open sessions (and the account list refreshed).
@@ -234,6 +237,8 @@ pub(crate) struct Shared {
     pub(crate) hubs: Arc<Hubs>,
     pub(crate) admission: Admission,
     pub(crate) agents: Arc<Semaphore>,
+    /// Live sessions per NodeId, for [`Admission::max_per_device`].
+    per_device: Arc<PerDevice>,
     /// The agents served now, by name.
     served: RwLock<HashMap<Arc<str>, Arc<Served>>>,
     shutdown: CancellationToken,
@@ -377,6 +382,7 @@ impl Bridge {
             sessions: Sessions::default(),
             hubs: Arc::new(Hubs::default()),
             agents: Arc::new(Semaphore::new(admission.max_agents)),
+            per_device: Arc::default(),
             admission,
             served: RwLock::new(HashMap::new()),
             shutdown: CancellationToken::new(),
@@ -887,11 +893,91 @@ const EVICTION_WAIT: Duration =
 struct Slot {
     permit: tokio::sync::OwnedSemaphorePermit,
     live: LiveGuard,
+    /// Dropped with the session, after the agent was reaped.
+    _device: DeviceGuard,
+}
+
+/// Live sessions per NodeId, across every agent of the bridge.
+#[derive(Debug, Default)]
+struct PerDevice {
+    counts: Mutex<HashMap<EndpointId, usize>>,
+    /// Told whenever a device's session ends.
+    freed: tokio::sync::Notify,
+}
+
+impl PerDevice {
+    /// One more session for `peer`, unless it holds `max` already.
+    fn try_take(self: &Arc<Self>, peer: &EndpointId, max: usize) -> Option<DeviceGuard> {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = counts.entry(*peer).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(DeviceGuard(self.clone(), *peer))
+    }
+}
+
+/// One of a device's live sessions: counted until dropped.
+#[derive(Debug)]
+struct DeviceGuard(Arc<PerDevice>, EndpointId);
+
+impl Drop for DeviceGuard {
+    fn drop(&mut self) {
+        {
+            let mut counts = self.0.counts.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = counts.get_mut(&self.1) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    counts.remove(&self.1);
+                }
+            }
+        }
+        self.0.freed.notify_waiters();
+    }
+}
+
+/// One of `peer`'s [`Admission::max_per_device`] sessions. A device at its
+/// cap gives up its own longest-detached session for the new one (as the
+/// bridge-wide slots do); with none detached it is refused.
+async fn device_slot(a: &Admitted) -> Option<DeviceGuard> {
+    let per = &a.shared.per_device;
+    let max = a.shared.admission.max_per_device;
+    // Bounded: each round ends one of its detached sessions.
+    for _ in 0..=max {
+        let freed = per.freed.notified();
+        tokio::pin!(freed);
+        freed.as_mut().enable();
+        if let Some(g) = per.try_take(&a.peer, max) {
+            return Some(g);
+        }
+        let victim = a.shared.hubs.oldest_detached(Some(&a.peer))?;
+        if !victim.evict(&format!("peer {} is at its {max} live sessions and opened another", a.short)) {
+            continue;
+        }
+        tokio::select! {
+            r = tokio::time::timeout(EVICTION_WAIT, freed) => if r.is_err() { return None },
+            _ = a.shared.shutdown.cancelled() => return None,
+        }
+    }
+    None
 }
 
 /// An agent slot, or the peer is refused with `bridge at capacity` (the log
 /// says what holds the slots).
 async fn agent_slot(conn: &Connection, a: &Admitted) -> Option<Slot> {
+    let Some(device) = device_slot(a).await else {
+        if !a.shared.shutdown.is_cancelled() {
+            warn!(
+                peer = %a.short,
+                "refusing: {} (this device holds {} live sessions, the most one device may; none of them is detached)",
+                close::REASON_AT_CAPACITY,
+                a.shared.admission.max_per_device
+            );
+        }
+        refuse(conn, close::REASON_AT_CAPACITY);
+        return None;
+    };
     let Some(live) = a.agent.take_session(&a.cfg) else {
         warn!(
             peer = %a.short,
@@ -913,7 +999,7 @@ async fn agent_slot(conn: &Connection, a: &Admitted) -> Option<Slot> {
         );
         refuse(conn, close::REASON_AT_CAPACITY);
     }
-    Some(Slot { permit: permit?, live })
+    Some(Slot { permit: permit?, live, _device: device })
 }
 
 /// An agent slot. With every slot taken, a detached session is evicted to
