@@ -37,13 +37,20 @@ use tokio_util::sync::CancellationToken;
 /// Bound on every wait for an event.
 const WAIT: Duration = Duration::from_secs(20);
 
-/// Admits exactly the peers it lists; a test can take one back.
+/// Admits exactly the peers it lists; a test can take one back. Peers in
+/// `.1` are admitted by one check only: denied right after their handshake.
 #[derive(Debug, Default)]
-struct Listed(std::sync::Mutex<Vec<EndpointId>>);
+struct Listed(std::sync::Mutex<Vec<EndpointId>>, std::sync::Mutex<Vec<EndpointId>>);
 
 impl TrustPolicy for Listed {
     fn check(&self, peer: &EndpointId) -> Option<Grant> {
-        self.0.lock().unwrap().contains(peer).then_some(Grant::Manual)
+        if self.0.lock().unwrap().contains(peer) {
+            return Some(Grant::Manual);
+        }
+        let mut once = self.1.lock().unwrap();
+        let i = once.iter().position(|p| p == peer)?;
+        once.remove(i);
+        Some(Grant::Manual)
     }
 }
 
@@ -69,7 +76,8 @@ struct Running {
 async fn bridge(config: Config) -> Running {
     let net = loopback();
     let key = SecretKey::generate();
-    let ep = net.bind(key, vec![Protocol::acp().alpn()], config.idle_timeout).await.expect("bridge binds");
+    let alpns = vec![thunderbolt_shared::resume::resume_alpn(&Protocol::acp()), Protocol::acp().alpn()];
+    let ep = net.bind(key, alpns, config.idle_timeout).await.expect("bridge binds");
     let addr = ep.addr();
     let events = Events::default();
     let launcher = FakeLauncher::new(echo(), OnTerm::Exits, events.clone(), Instant::now(), None);
@@ -218,6 +226,31 @@ async fn one_device_cannot_take_every_slot() {
         }
         assert!(tries < 20, "the guest never got a session again");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deny_while_a_session_is_being_admitted_ends_it() {
+    let b = bridge(Config::default()).await;
+    let r1 = thunderbolt_shared::resume::resume_alpn(&Protocol::acp());
+    let hello = thunderbolt_shared::resume::Control::Hello { session: None, received: 0 }.encode().to_vec();
+    for (alpn, first) in [(Protocol::acp().alpn(), b"{}\n".to_vec()), (r1, hello)] {
+        let ep = client().await;
+        // Admitted by the handshake's check, denied before its session runs.
+        b.trust.1.lock().unwrap().push(ep.id());
+        let conn = tokio::time::timeout(WAIT, ep.connect(b.addr.clone(), &alpn)).await.unwrap().unwrap();
+        // The close may come before the stream is open (the plain path checks
+        // before taking the stream): then opening or writing fails, and that is fine.
+        if let Ok((mut s, _r)) = conn.open_bi().await {
+            let _ = s.write_all(&first).await;
+        }
+        assert_eq!(
+            closed_with(&conn).await,
+            refused(close::REASON_MEMBERSHIP_REVOKED),
+            "{}",
+            String::from_utf8_lossy(&alpn)
+        );
+    }
+    assert_eq!(b.launcher.starts.load(Ordering::SeqCst), 0, "no agent for a denied device");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

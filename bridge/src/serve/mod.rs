@@ -691,6 +691,11 @@ async fn admitted(
         cfg.session.resume.is_some() && conn.alpn().ends_with(thunderbolt_shared::resume::RESUME_ALPN_SUFFIX);
     let plain = !r1 && cfg.session.keep_warm.is_none();
     let _registered = shared.sessions.insert(&conn, &agent, plain.then_some(&info));
+    let a = Admitted { shared: shared.clone(), agent, cfg, peer, short, info };
+    if !still_admitted(&conn, &a) {
+        return;
+    }
+    let Admitted { shared, agent, cfg, peer, short, info } = a;
     let stream = tokio::select! {
         r = tokio::time::timeout(shared.admission.stream_open_timeout, conn.accept_bi()) => r,
         _ = shared.shutdown.cancelled() => {
@@ -725,6 +730,19 @@ async fn admitted(
     session::run(conn, send, recv, session, slot.permit, a.shared.shutdown.clone(), Some(a.info.clone()))
         .await;
     drop(slot.live);
+}
+
+/// Whether `a`'s peer is still admitted, asked once its session is
+/// registered: a deny (or an allow-file edit, a revocation) that lands between
+/// the handshake's check and the registration finds nothing to end, so the
+/// registered session looks again itself. Refuses the connection if not.
+fn still_admitted(conn: &Connection, a: &Admitted) -> bool {
+    if a.agent.config().trust.check(&a.peer).is_some() {
+        return true;
+    }
+    info!(peer = %a.short, "closing {}: {} (while it was being admitted)", a.peer, close::REASON_MEMBERSHIP_REVOKED);
+    refuse(conn, close::REASON_MEMBERSHIP_REVOKED);
+    false
 }
 
 /// A connection speaking `thunderbolt/<p>/r1`: starts a session, or re-attaches
@@ -829,6 +847,9 @@ async fn start_resumable(
         Arc::downgrade(&a.shared.hubs),
     );
     let _registered = a.shared.hubs.insert(&hub);
+    if !still_admitted(&conn, &a) {
+        return;
+    }
     if let Err(e) = hub.attach(conn.clone(), send, recv, 0, leftover) {
         warn!(peer = %a.short, "could not start a resumable session: {e:?}");
         return;
@@ -873,6 +894,9 @@ async fn warm(
         Arc::downgrade(&a.shared.hubs),
     );
     let _registered = a.shared.hubs.insert(&hub);
+    if !still_admitted(&conn, &a) {
+        return;
+    }
     if hub.attach_plain(conn.clone(), send, recv).is_err() {
         return;
     }
