@@ -39,6 +39,7 @@ impl Default for Config {
             admission: Admission {
                 max_agents: limits::MAX_LIVE_AGENTS,
                 max_per_device: limits::per_device_cap(limits::MAX_LIVE_AGENTS),
+                max_guests: limits::guests_cap(limits::MAX_LIVE_AGENTS),
                 handshake_timeout: limits::HANDSHAKE_TIMEOUT,
                 stream_open_timeout: limits::STREAM_OPEN_TIMEOUT,
                 heartbeat: limits::HEARTBEAT_INTERVAL,

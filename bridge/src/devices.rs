@@ -55,6 +55,11 @@ pub struct Device {
     pub how: How,
     pub added_ms: u64,
     pub last_seen_ms: Option<u64>,
+    /// The host's agents this device paired with by a code, each granting
+    /// exactly that agent (the allow file, which every agent accepting your
+    /// own devices trusts, is not written for them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agents: Vec<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -96,6 +101,11 @@ impl Devices {
         Self { path: home.iroh_dir().join("devices.json"), last_seen_write: Mutex::new(HashMap::new()) }
     }
 
+    /// Where they are kept.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
     /// Every device (a missing or unreadable file is none; the latter is logged).
     pub fn all(&self) -> BTreeMap<EndpointId, Device> {
         let file: File = match home::read_json(&self.path) {
@@ -116,28 +126,50 @@ impl Devices {
         self.get(id).and_then(|d| d.name)
     }
 
-    /// The device named `name` (compared without case).
-    pub fn by_name(&self, name: &str) -> Option<EndpointId> {
+    /// The devices named `name` (compared without case).
+    pub fn by_name(&self, name: &str) -> Vec<EndpointId> {
         self.all()
             .into_iter()
-            .find(|(_, d)| d.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(name.trim())))
+            .filter(|(_, d)| d.name.as_deref().is_some_and(|n| same_name(n, name)))
             .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// Which other device has `name` already (without case), if one does.
+    pub fn name_taken(&self, name: &str, by_other_than: &EndpointId) -> Option<EndpointId> {
+        self.by_name(name).into_iter().find(|id| id != by_other_than)
     }
 
     /// Notes `id` as added `how`, with `name` (keeping an earlier name when none is given).
     pub fn record(&self, id: &EndpointId, name: Option<String>, how: How) -> std::io::Result<()> {
         home::edit_json(&self.path, |f: &mut File| {
-            let d = f.devices.entry(id.to_string()).or_insert(Device {
-                name: None,
-                how,
-                added_ms: now_ms(),
-                last_seen_ms: None,
-            });
+            let name = name.map(|n| unique_name(f, id, n));
+            let d = f.devices.entry(id.to_string()).or_insert_with(|| Device::new(how));
             if name.is_some() {
                 d.name = name;
             }
             d.how = how;
         })
+    }
+
+    /// `id` paired with the host's agent `agent` by a code: it may use that
+    /// agent, and only it (unless the allow file or the account lists it).
+    pub fn grant(&self, id: &EndpointId, name: Option<String>, agent: &str) -> std::io::Result<()> {
+        home::edit_json(&self.path, |f: &mut File| {
+            let name = name.map(|n| unique_name(f, id, n));
+            let d = f.devices.entry(id.to_string()).or_insert_with(|| Device::new(How::Pairing));
+            if name.is_some() {
+                d.name = name;
+            }
+            if !d.agents.iter().any(|a| a == agent) {
+                d.agents.push(agent.to_string());
+            }
+        })
+    }
+
+    /// Whether `id` paired with the host's agent `agent`.
+    pub fn granted(&self, id: &EndpointId, agent: &str) -> bool {
+        self.get(id).is_some_and(|d| d.agents.iter().any(|a| a == agent))
     }
 
     /// Forgets `id` (it was denied).
@@ -158,12 +190,7 @@ impl Devices {
             last.insert(*id, Instant::now());
         }
         let r = home::edit_json(&self.path, |f: &mut File| {
-            let d = f.devices.entry(id.to_string()).or_insert(Device {
-                name: None,
-                how,
-                added_ms: now_ms(),
-                last_seen_ms: None,
-            });
+            let d = f.devices.entry(id.to_string()).or_insert_with(|| Device::new(how));
             d.last_seen_ms = Some(now_ms());
         });
         if let Err(e) = r {
@@ -171,9 +198,66 @@ impl Devices {
         }
     }
 
-    /// The NodeId a target names: a NodeId (hex, base32, a ticket) or a device name.
-    pub fn resolve(&self, target: &str) -> Option<EndpointId> {
-        resolve_id(target).or_else(|| self.by_name(target))
+    /// The NodeId a target names: a NodeId (hex, base32, a ticket) or a
+    /// device name. A name two devices share (a file from before names were
+    /// kept unique) names neither: acting on whichever sorts first could
+    /// deny or kick the wrong device.
+    pub fn resolve(&self, target: &str) -> Result<EndpointId, Unresolved> {
+        if let Some(id) = resolve_id(target) {
+            return Ok(id);
+        }
+        match self.by_name(target).as_slice() {
+            [] => Err(Unresolved::Unknown),
+            [id] => Ok(*id),
+            many => Err(Unresolved::Ambiguous(many.to_vec())),
+        }
+    }
+}
+
+/// Why a target named no device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unresolved {
+    #[error("it is not a NodeId, a ticket or a device's name")]
+    Unknown,
+    #[error("{} devices are named so ({}): name one by its NodeId", .0.len(), .0.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", "))]
+    Ambiguous(Vec<EndpointId>),
+}
+
+/// Two device names are the same name when they differ only in case.
+fn same_name(a: &str, b: &str) -> bool {
+    a.trim().to_lowercase() == b.trim().to_lowercase()
+}
+
+/// `name`, or `name (2)`, `name (3)`… when another device has it already:
+/// a pairing device chooses its own name, and must not take another's (then
+/// `deny` or `kick` by that name would act on either).
+fn unique_name(f: &File, id: &EndpointId, name: String) -> String {
+    let me = id.to_string();
+    let taken = |n: &str| {
+        f.devices.iter().any(|(k, d)| *k != me && d.name.as_deref().is_some_and(|x| same_name(x, n)))
+    };
+    if !taken(&name) {
+        return name;
+    }
+    (2..).map(|i| format!("{name} ({i})")).find(|n| !taken(n)).unwrap_or(name)
+}
+
+impl Device {
+    fn new(how: How) -> Self {
+        Self { name: None, how, added_ms: now_ms(), last_seen_ms: None, agents: Vec::new() }
+    }
+}
+
+/// The devices that paired with one of the host's agents by a code.
+#[derive(Debug)]
+pub struct PairedWith {
+    pub devices: std::sync::Arc<Devices>,
+    pub agent: std::sync::Arc<str>,
+}
+
+impl crate::trust::TrustPolicy for PairedWith {
+    fn check(&self, peer: &EndpointId) -> Option<crate::trust::Grant> {
+        self.devices.granted(peer, &self.agent).then_some(crate::trust::Grant::Paired)
     }
 }
 
@@ -194,9 +278,9 @@ mod tests {
         let id = iroh::SecretKey::from_bytes(&[5; 32]).public();
         assert_eq!(d.name_of(&id), None);
         d.record(&id, Some("Pixel 9".into()), How::Pairing).unwrap();
-        assert_eq!(d.by_name("pixel 9"), Some(id));
-        assert_eq!(d.resolve("Pixel 9"), Some(id));
-        assert_eq!(d.resolve(&id.to_string()), Some(id));
+        assert_eq!(d.by_name("pixel 9"), vec![id]);
+        assert_eq!(d.resolve("Pixel 9"), Ok(id));
+        assert_eq!(d.resolve(&id.to_string()), Ok(id));
         d.seen(&id, How::Allow);
         let dev = d.get(&id).unwrap();
         assert_eq!((dev.how, dev.name.as_deref()), (How::Pairing, Some("Pixel 9")));
@@ -206,5 +290,32 @@ mod tests {
         d.forget(&id).unwrap();
         assert!(d.all().is_empty());
         assert!(!home.allowlist_path().exists(), "the allow file is not touched");
+    }
+
+    #[test]
+    fn a_name_belongs_to_one_device_and_a_shared_one_names_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = Devices::new(&Home::new(dir.path().to_path_buf()));
+        let (a, b, c) = (
+            iroh::SecretKey::from_bytes(&[1; 32]).public(),
+            iroh::SecretKey::from_bytes(&[2; 32]).public(),
+            iroh::SecretKey::from_bytes(&[3; 32]).public(),
+        );
+        d.record(&a, Some("Owner's phone".into()), How::Pairing).unwrap();
+        d.grant(&b, Some("OWNER'S PHONE".into()), "coder").unwrap();
+        d.record(&c, Some("owner's phone".into()), How::Allow).unwrap();
+        assert_eq!(d.name_of(&a).as_deref(), Some("Owner's phone"));
+        assert_eq!(d.name_of(&b).as_deref(), Some("OWNER'S PHONE (2)"), "another device's name is not taken");
+        assert_eq!(d.name_of(&c).as_deref(), Some("owner's phone (3)"));
+        assert_eq!(d.resolve("owner's PHONE"), Ok(a));
+        d.record(&a, Some("Owner's phone".into()), How::Pairing).unwrap();
+        assert_eq!(d.name_of(&a).as_deref(), Some("Owner's phone"), "its own name is its own");
+        assert!(d.granted(&b, "coder") && !d.granted(&b, "other") && !d.granted(&a, "coder"));
+        // A file written before names were unique: the shared name names neither.
+        let path = dir.path().join("iroh/devices.json");
+        let text = std::fs::read_to_string(&path).unwrap().replace("OWNER'S PHONE (2)", "owner's phone");
+        std::fs::write(&path, text).unwrap();
+        assert!(matches!(d.resolve("Owner's Phone"), Err(Unresolved::Ambiguous(v)) if v.len() == 2));
+        assert_eq!(d.resolve("nobody"), Err(Unresolved::Unknown));
     }
 }

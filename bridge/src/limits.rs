@@ -9,19 +9,25 @@ use std::time::Duration;
 /// MiB); 16 is the reference bridge's cap and more than one person ever needs.
 pub const MAX_LIVE_AGENTS: usize = 16;
 
-/// Most live sessions (agents running, attached or not) one NodeId holds at
-/// once, across every agent of the bridge. A person runs a few agents from
-/// one device; without a per-device bound one device (a guest a manifest lets
-/// in, or a paired device gone hostile) could take every slot and leave the
-/// owner's other devices with `bridge at capacity`. The cap in force is also
-/// at most one less than `--max-agents` ([`per_device_cap`]), so one slot is
-/// always left for another device.
-pub const MAX_SESSIONS_PER_DEVICE: usize = 8;
+/// Most live sessions (agents running, attached or not) one guest holds at
+/// once across every agent: a peer a manifest's `accept_from` names, or a
+/// device paired with one agent only. Without it one guest (or a paired
+/// device gone hostile) could take every slot and leave the owner's devices
+/// with `bridge at capacity`. Your own devices (the account, the allow file)
+/// are bounded by `--max-agents` alone, as the reference bridge's are.
+pub const MAX_SESSIONS_PER_GUEST: usize = 4;
 
-/// The per-device cap with `max_agents` slots: [`MAX_SESSIONS_PER_DEVICE`],
+/// The per-guest cap with `max_agents` slots: [`MAX_SESSIONS_PER_GUEST`],
 /// and never every slot while there are two or more.
 pub fn per_device_cap(max_agents: usize) -> usize {
-    MAX_SESSIONS_PER_DEVICE.min(max_agents.saturating_sub(1)).max(1)
+    MAX_SESSIONS_PER_GUEST.min(guests_cap(max_agents))
+}
+
+/// Live sessions all guests together may hold: every slot but one, so one
+/// is always there for the owner's own devices (with a single slot, that
+/// one: a bridge of one slot has nothing to share).
+pub fn guests_cap(max_agents: usize) -> usize {
+    max_agents.saturating_sub(1).max(1)
 }
 
 /// An admitted peer must open its bidirectional stream within this. A client

@@ -5,10 +5,18 @@
 //! A code is 128 random bits. Only its SHA-256 is kept (`iroh/pairings.json`,
 //! 0600), with what it is for (an agent of the host, or a protocol's
 //! single-agent bridge), the name to give the device, and when it expires.
-//! Redeeming one spends it. Every wrong code counts against the agent it was
-//! tried at: [`MAX_WRONG_TRIES`] in a row burn every code pending for it.
+//! Redeeming one spends it. A wrong code writes nothing and counts against
+//! the device (NodeId) that tried it, never against the agent or its codes:
+//! past [`MAX_WRONG_TRIES`] that device waits ([`Throttle`]), so a stranger
+//! dialing with guesses cannot burn the code a real device is about to use.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use iroh::EndpointId;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -19,10 +27,25 @@ use crate::{
     home::{self, Home},
 };
 
-/// Wrong codes tried at one agent before its pending codes are burned. A
-/// person mistyping gets a few tries; guessing 128 bits was never possible,
-/// and this caps the noise of trying.
+/// Wrong codes one device may try before it has to wait. A person
+/// mistyping gets a few tries; guessing 128 bits was never possible, and this
+/// caps the noise of trying.
 pub const MAX_WRONG_TRIES: u32 = 5;
+
+/// The first wait past [`MAX_WRONG_TRIES`]; each further wrong try doubles
+/// it, up to [`MAX_BACKOFF`]. Long enough that a loop of guesses costs the
+/// bridge a log line a minute, short enough for a person to try again.
+pub const FIRST_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The longest wait.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+
+/// A device's wrong tries are forgotten after this long without one.
+pub const WRONG_TRIES_FORGOTTEN: Duration = Duration::from_secs(3600);
+
+/// Devices whose wrong tries are remembered at once (memory, not the file): a
+/// stranger with endless NodeIds makes the oldest entries go, never the map grow.
+pub const MAX_THROTTLED: usize = 1024;
 
 /// How long a code is valid unless `--expires` says otherwise: long enough
 /// to walk to the phone, short enough that a code in an old screenshot is dead.
@@ -47,11 +70,11 @@ struct Entry {
     burned: bool,
 }
 
+/// `pairings.json`. (Older files also count wrong tries per agent; that is
+/// no longer read.)
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Store {
     codes: Vec<Entry>,
-    /// Wrong codes tried in a row, per target.
-    wrong: std::collections::BTreeMap<String, u32>,
 }
 
 /// What redeeming a code gave.
@@ -108,42 +131,88 @@ impl Pairings {
         Ok(code)
     }
 
-    /// Redeems `code` at `target` (spending it when it pairs).
-    pub fn redeem(&self, target: &str, code: &str) -> std::io::Result<Redeemed> {
+    /// Redeems `code` at any of `targets` (spending it when it pairs); the
+    /// target it was minted for, with the verdict. A code that matches
+    /// nothing writes nothing.
+    pub fn redeem(&self, targets: &[String], code: &str) -> std::io::Result<(Redeemed, Option<String>)> {
         let h = hash(code);
+        let matches = |e: &Entry| constant_time_eq(e.hash.as_bytes(), h.as_bytes());
+        let known = home::read_json::<Store>(&self.path)?.codes.iter().any(matches);
+        if !known {
+            return Ok((Redeemed::Refused(wire::REASON_PAIR_WRONG), None));
+        }
         let now = now_ms();
         home::edit_json(&self.path, |s: &mut Store| {
             prune(s, now);
-            let Some(i) = s.codes.iter().position(|e| constant_time_eq(e.hash.as_bytes(), h.as_bytes()))
-            else {
-                let wrong = s.wrong.entry(target.to_string()).or_insert(0);
-                *wrong += 1;
-                if *wrong >= MAX_WRONG_TRIES {
-                    *wrong = 0;
-                    for e in s.codes.iter_mut().filter(|e| e.target == target && e.spent_ms.is_none()) {
-                        e.burned = true;
-                    }
-                }
-                return Redeemed::Refused(wire::REASON_PAIR_WRONG);
+            let Some(e) = s.codes.iter_mut().find(|e| matches(e)) else {
+                return (Redeemed::Refused(wire::REASON_PAIR_WRONG), None);
             };
-            let e = &mut s.codes[i];
             let verdict = if e.burned {
                 Redeemed::Refused(wire::REASON_PAIR_BURNED)
             } else if e.spent_ms.is_some() {
                 Redeemed::Refused(wire::REASON_PAIR_SPENT)
             } else if now >= e.expires_ms {
                 Redeemed::Refused(wire::REASON_PAIR_EXPIRED)
-            } else if e.target != target {
+            } else if !targets.contains(&e.target) {
                 Redeemed::Refused(wire::REASON_PAIR_OTHER_AGENT)
             } else {
                 e.spent_ms = Some(now);
                 Redeemed::Paired { name: e.name.clone() }
             };
-            if matches!(verdict, Redeemed::Paired { .. }) {
-                s.wrong.remove(target);
-            }
-            verdict
+            (verdict, Some(e.target.clone()))
         })
+    }
+}
+
+/// Wrong pairing codes per device, in memory: past [`MAX_WRONG_TRIES`] a
+/// device waits [`FIRST_BACKOFF`], doubling per further wrong try. Time is
+/// passed in, so tests need no clock.
+#[derive(Debug, Default)]
+pub struct Throttle {
+    devices: HashMap<EndpointId, Tries>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Tries {
+    wrong: u32,
+    last: Instant,
+    until: Option<Instant>,
+}
+
+impl Throttle {
+    /// How long `peer` must still wait before a try counts, if it must.
+    pub fn waiting(&mut self, peer: &EndpointId, now: Instant) -> Option<Duration> {
+        let t = self.devices.get(peer)?;
+        if now.saturating_duration_since(t.last) >= WRONG_TRIES_FORGOTTEN {
+            self.devices.remove(peer);
+            return None;
+        }
+        t.until.and_then(|u| u.checked_duration_since(now)).filter(|d| !d.is_zero())
+    }
+
+    /// `peer` tried a wrong code.
+    pub fn wrong(&mut self, peer: &EndpointId, now: Instant) {
+        if !self.devices.contains_key(peer) && self.devices.len() >= MAX_THROTTLED {
+            if let Some(oldest) = self.devices.iter().min_by_key(|(_, t)| t.last).map(|(k, _)| *k) {
+                self.devices.remove(&oldest);
+            }
+        }
+        let t = self.devices.entry(*peer).or_insert(Tries { wrong: 0, last: now, until: None });
+        if now.saturating_duration_since(t.last) >= WRONG_TRIES_FORGOTTEN {
+            t.wrong = 0;
+        }
+        t.wrong += 1;
+        t.last = now;
+        if t.wrong >= MAX_WRONG_TRIES {
+            let doublings = (t.wrong - MAX_WRONG_TRIES).min(16);
+            let wait = FIRST_BACKOFF.saturating_mul(1 << doublings).min(MAX_BACKOFF);
+            t.until = Some(now + wait);
+        }
+    }
+
+    /// `peer` paired: its wrong tries are forgotten.
+    pub fn paired(&mut self, peer: &EndpointId) {
+        self.devices.remove(peer);
     }
 }
 
@@ -188,6 +257,10 @@ mod tests {
         (dir, p)
     }
 
+    fn t(s: &str) -> Vec<String> {
+        vec![s.to_string()]
+    }
+
     #[test]
     fn a_code_pairs_once_for_its_target_until_it_expires() {
         let (dir, p) = store();
@@ -195,22 +268,62 @@ mod tests {
         assert_eq!(code.len(), 32, "128 bits");
         let text = std::fs::read_to_string(dir.path().join("iroh/pairings.json")).unwrap();
         assert!(!text.contains(&code), "only its hash is kept");
-        assert_eq!(p.redeem("mcp", &code).unwrap(), Redeemed::Refused(wire::REASON_PAIR_OTHER_AGENT));
-        assert_eq!(p.redeem("acp", &code).unwrap(), Redeemed::Paired { name: Some("phone".into()) });
-        assert_eq!(p.redeem("acp", &code).unwrap(), Redeemed::Refused(wire::REASON_PAIR_SPENT));
+        assert_eq!(p.redeem(&t("mcp"), &code).unwrap().0, Redeemed::Refused(wire::REASON_PAIR_OTHER_AGENT));
+        assert_eq!(
+            p.redeem(&[t("mcp"), t("acp")].concat(), &code).unwrap(),
+            (Redeemed::Paired { name: Some("phone".into()) }, Some("acp".into()))
+        );
+        assert_eq!(p.redeem(&t("acp"), &code).unwrap().0, Redeemed::Refused(wire::REASON_PAIR_SPENT));
         let old = p.mint("acp", None, Duration::from_millis(1)).unwrap();
         std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(p.redeem("acp", &old).unwrap(), Redeemed::Refused(wire::REASON_PAIR_EXPIRED));
+        assert_eq!(p.redeem(&t("acp"), &old).unwrap().0, Redeemed::Refused(wire::REASON_PAIR_EXPIRED));
     }
 
     #[test]
-    fn five_wrong_codes_burn_the_pending_ones() {
-        let (_dir, p) = store();
+    fn wrong_codes_write_nothing_and_burn_nothing() {
+        let (dir, p) = store();
         let code = p.mint("acp", None, DEFAULT_EXPIRY).unwrap();
-        for _ in 0..MAX_WRONG_TRIES {
-            assert_eq!(p.redeem("acp", "not-it").unwrap(), Redeemed::Refused(wire::REASON_PAIR_WRONG));
+        let path = dir.path().join("iroh/pairings.json");
+        let before = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for _ in 0..MAX_WRONG_TRIES * 3 {
+            assert_eq!(p.redeem(&t("acp"), "not-it").unwrap().0, Redeemed::Refused(wire::REASON_PAIR_WRONG));
         }
-        assert_eq!(p.redeem("acp", &code).unwrap(), Redeemed::Refused(wire::REASON_PAIR_BURNED));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+        assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), before);
+        assert!(matches!(p.redeem(&t("acp"), &code).unwrap().0, Redeemed::Paired { .. }));
+    }
+
+    #[test]
+    fn a_device_that_tries_wrong_codes_waits_longer_each_time_and_only_it() {
+        let mut th = Throttle::default();
+        let (a, b) =
+            (iroh::SecretKey::from_bytes(&[1; 32]).public(), iroh::SecretKey::from_bytes(&[2; 32]).public());
+        let t0 = Instant::now();
+        for _ in 1..MAX_WRONG_TRIES {
+            th.wrong(&a, t0);
+            assert_eq!(th.waiting(&a, t0), None, "a few tries are free");
+        }
+        th.wrong(&a, t0);
+        assert_eq!(th.waiting(&a, t0), Some(FIRST_BACKOFF));
+        assert_eq!(th.waiting(&b, t0), None, "another device is not held back");
+        let later = t0 + FIRST_BACKOFF;
+        assert_eq!(th.waiting(&a, later), None);
+        th.wrong(&a, later);
+        assert_eq!(th.waiting(&a, later), Some(FIRST_BACKOFF * 2), "doubled");
+        // Forgotten after an hour of quiet.
+        let quiet = later + WRONG_TRIES_FORGOTTEN;
+        assert_eq!(th.waiting(&a, quiet), None);
+        th.wrong(&a, quiet);
+        assert_eq!(th.waiting(&a, quiet), None, "counting starts again");
+        th.paired(&a);
+        // Bounded: endless NodeIds push the oldest out.
+        for i in 0..(MAX_THROTTLED + 10) {
+            let mut k = [0u8; 32];
+            k[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            th.wrong(&iroh::SecretKey::from_bytes(&k).public(), t0 + Duration::from_millis(i as u64));
+        }
+        assert!(th.devices.len() <= MAX_THROTTLED);
     }
 
     #[test]

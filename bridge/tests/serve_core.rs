@@ -39,13 +39,21 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// Admits exactly the peers it lists; a test can take one back. Peers in
 /// `.1` are admitted by one check only: denied right after their handshake.
+/// Peers in `.2` are guests (named by a manifest, not your own devices).
 #[derive(Debug, Default)]
-struct Listed(std::sync::Mutex<Vec<EndpointId>>, std::sync::Mutex<Vec<EndpointId>>);
+struct Listed(
+    std::sync::Mutex<Vec<EndpointId>>,
+    std::sync::Mutex<Vec<EndpointId>>,
+    std::sync::Mutex<Vec<EndpointId>>,
+);
 
 impl TrustPolicy for Listed {
     fn check(&self, peer: &EndpointId) -> Option<Grant> {
         if self.0.lock().unwrap().contains(peer) {
             return Some(Grant::Manual);
+        }
+        if self.2.lock().unwrap().contains(peer) {
+            return Some(Grant::Manifest);
         }
         let mut once = self.1.lock().unwrap();
         let i = once.iter().position(|p| p == peer)?;
@@ -184,27 +192,34 @@ async fn echoed(conn: &Connection) -> (iroh::endpoint::SendStream, iroh::endpoin
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_device_cannot_take_every_slot() {
+async fn guests_cannot_take_every_slot_and_the_owners_device_gets_in() {
     let mut config = Config::default();
     config.admission.max_agents = 4;
     config.admission.max_per_device = thunderbolt::limits::per_device_cap(4);
-    assert_eq!(config.admission.max_per_device, 3, "one slot is always left for another device");
+    config.admission.max_guests = thunderbolt::limits::guests_cap(4);
+    assert_eq!((config.admission.max_per_device, config.admission.max_guests), (3, 3));
     let b = bridge(config).await;
     let guest = client().await;
-    b.allow(&guest);
+    b.trust.2.lock().unwrap().push(guest.id());
     let mut held = Vec::new();
     for _ in 0..3 {
         let conn = b.dial(&guest).await;
         let streams = echoed(&conn).await;
         held.push((conn, streams));
     }
-    // A fourth from the same device is refused although a slot is free...
-    let fourth = b.dial(&guest).await;
-    let (mut s, _r) = fourth.open_bi().await.expect("open stream");
-    s.write_all(b"{}\n").await.expect("write");
-    assert_eq!(closed_with(&fourth).await, refused(close::REASON_AT_CAPACITY));
+    // A fourth from the guest is refused although a slot is free...
+    let refused_one = |conn: Connection| async move {
+        let (mut s, _r) = conn.open_bi().await.expect("open stream");
+        s.write_all(b"{}\n").await.expect("write");
+        closed_with(&conn).await
+    };
+    assert_eq!(refused_one(b.dial(&guest).await).await, refused(close::REASON_AT_CAPACITY));
+    // ...and so is another guest's (the guests together hold all they may)...
+    let other_guest = client().await;
+    b.trust.2.lock().unwrap().push(other_guest.id());
+    assert_eq!(refused_one(b.dial(&other_guest).await).await, refused(close::REASON_AT_CAPACITY));
     assert_eq!(b.launcher.starts.load(Ordering::SeqCst), 3);
-    // ...and the owner's own device gets it.
+    // ...while the owner's own device gets the slot.
     let (_ep, _owner, _s, _r) = b.session().await;
     assert_eq!(b.launcher.starts.load(Ordering::SeqCst), 4);
     // A session of the guest's ends: it may open one again.

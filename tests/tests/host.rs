@@ -467,3 +467,80 @@ async fn a_flood_at_one_agent_does_not_keep_another_agents_peer_out() {
     assert!(dials > 0);
     h.stop().await;
 }
+
+/// `iroh pair --json [extra]` in `home`: the code.
+async fn mint_code(home: &Tb, extra: &[&str]) -> String {
+    let mut args = vec!["iroh", "pair", "--json"];
+    args.extend_from_slice(extra);
+    let out = home.run(&args).await;
+    assert!(out.status.success(), "iroh pair: {}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("pair JSON");
+    v["code"].as_str().expect("a code").to_string()
+}
+
+/// `acp connect --pair CODE TICKET` from `device`, one line in: its output.
+async fn pair_and_exchange(device: &Tb, code: &str, ticket: &str, line: &str) -> std::process::Output {
+    let mut c = device.cmd();
+    c.args(["acp", "connect", "--pair", code, ticket])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(line.as_bytes()).await.unwrap();
+    drop(stdin);
+    tokio::time::timeout(WAIT, child.wait_with_output()).await.unwrap().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_code_grants_exactly_its_agent_and_iroh_pair_pairs_with_the_agent_on_the_bridge_identity() {
+    init_tracing();
+    let host = Tb::new(None);
+    let dir = agents_dir(&host);
+    let someone = Tb::new(None).node_id("acp").await;
+    // An agent for one guest only, one for your own devices, and one on the old bridge identity.
+    write_manifest(&dir, "guest.json", &cat("guest", &format!(r#","accept_from":["{someone}"]"#)), 0o600);
+    write_manifest(&dir, "main.json", &cat("main", ""), 0o600);
+    write_manifest(&dir, "old.json", &cat("old", r#","identity":"acp""#), 0o600);
+    let h = RunningHost::start(&host, &["--per-remote-max", "100"]).await;
+    let allow_file = || std::fs::read_to_string(host.home().join("iroh/allowlist")).unwrap_or_default();
+
+    // A code minted for the guest agent lets the device into it, and into nothing else.
+    let phone = Tb::new(None);
+    let code = mint_code(&host, &["--agent", "guest"]).await;
+    let out = pair_and_exchange(&phone, &code, &h.agent("guest").ticket, "{\"to\":\"guest\"}\n").await;
+    assert_eq!(out.stdout, b"{\"to\":\"guest\"}\n", "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!allow_file().contains(&phone.node_id("acp").await.to_string()), "not one of your own devices");
+    let out = exchange(&phone, "acp", &h.agent("main").ticket, "{}\n").await;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not allowlisted"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // It keeps the agent it paired with.
+    let out = exchange(&phone, "acp", &h.agent("guest").ticket, "{\"again\":1}\n").await;
+    assert_eq!(out.stdout, b"{\"again\":1}\n", "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Plain `iroh pair` mints for the acp bridge, whose identity `old` took over: it pairs there,
+    // and the device is one of your own (the allow file, as the bridge would have it).
+    let laptop = Tb::new(None);
+    let code = mint_code(&host, &[]).await;
+    let out = pair_and_exchange(&laptop, &code, &h.agent("old").ticket, "{\"to\":\"old\"}\n").await;
+    assert_eq!(out.stdout, b"{\"to\":\"old\"}\n", "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(allow_file().contains(&laptop.node_id("acp").await.to_string()));
+    let out = exchange(&laptop, "acp", &h.agent("main").ticket, "{\"to\":\"main\"}\n").await;
+    assert_eq!(out.stdout, b"{\"to\":\"main\"}\n", "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Denying the phone ends its pairing with the guest agent.
+    let out = host.run(&["iroh", "deny", &phone.node_id("acp").await.to_string()]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("its pairing with guest"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = exchange(&phone, "acp", &h.agent("guest").ticket, "{}\n").await;
+    assert!(!out.status.success(), "denied: {}", String::from_utf8_lossy(&out.stderr));
+    h.stop().await;
+}

@@ -286,6 +286,7 @@ fn pair_hint(reason: &str) -> &'static str {
             " (check the code, or mint a new one with `thunderbolt iroh pair`)"
         }
         pairing_wire::REASON_PAIR_OTHER_AGENT => " (use the ticket printed beside the code)",
+        pairing_wire::REASON_PAIR_BACKOFF => " (wait a minute, then check the code you type)",
         _ => "",
     }
 }

@@ -164,6 +164,10 @@ pub fn kick(home: &Home, a: KickArgs) -> Result<()> {
     if replies.is_empty() {
         not_running(home);
     }
+    if let Some(why) = replies.iter().find_map(|(_, r)| r.body["error"].as_str()) {
+        eprintln!("error: {why} (see `thunderbolt iroh list`)");
+        std::process::exit(2);
+    }
     let ended: u64 = replies.iter().map(|(_, r)| r.body["ended"].as_u64().unwrap_or(0)).sum();
     if ended == 0 {
         eprintln!("no session matches '{}' (see `thunderbolt status`)", a.target);

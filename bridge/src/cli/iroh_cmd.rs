@@ -42,9 +42,15 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
         IrohCmd::Allow(a) => {
             let id = a.node_id.parse::<Target>()?.id();
             let path = home.allowlist_path();
-            let added = allowfile::allow(&path, &id)?;
             let name = a.name.as_deref().and_then(pairing_wire::clean_name);
             let devices = Devices::new(home);
+            if let Some(other) = name.as_deref().and_then(|n| devices.name_taken(n, &id)) {
+                bail!(
+                    "another device ({other}) is named '{}' already: choose another name (names are told apart without case); nothing was changed",
+                    name.unwrap_or_default()
+                );
+            }
+            let added = allowfile::allow(&path, &id)?;
             // A device allowed earlier keeps how it came (a pairing stays a pairing).
             let how = if added { How::Allow } else { devices.get(&id).map_or(How::Allow, |d| d.how) };
             devices.record(&id, name.clone(), how)?;
@@ -62,13 +68,14 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
         }
         IrohCmd::Deny(a) => {
             let devices = Devices::new(home);
-            let Some(id) = devices.resolve(&a.node_id) else {
-                bail!(
-                    "'{}' is not a NodeId, a ticket or a device's name (`thunderbolt iroh list` shows them)",
-                    a.node_id
-                );
+            let id = match devices.resolve(&a.node_id) {
+                Ok(id) => id,
+                Err(why) => {
+                    bail!("'{}': {why} (`thunderbolt iroh list` shows them); nothing was changed", a.node_id)
+                }
             };
             let name = devices.name_of(&id);
+            let paired_with = devices.get(&id).map(|d| d.agents).unwrap_or_default();
             let path = home.allowlist_path();
             let removed = allowfile::deny(&path, &id)?;
             devices.forget(&id)?;
@@ -86,15 +93,20 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
             if a.json {
                 println!(
                     "{}",
-                    json!({"nodeId": id.to_string(), "name": name, "removed": removed, "path": path, "sessionsEnded": ended, "pushSubscriptionsRemoved": pushes})
+                    json!({"nodeId": id.to_string(), "name": name, "removed": removed || !paired_with.is_empty(), "path": path, "pairedWith": paired_with, "sessionsEnded": ended, "pushSubscriptionsRemoved": pushes})
                 );
-            } else if removed {
+            } else if removed || !paired_with.is_empty() {
                 let mut live =
                     if ended > 0 { format!("; {ended} live session(s) ended") } else { String::new() };
                 if pushes > 0 {
                     live.push_str(&format!("; {pushes} push subscription(s) removed"));
                 }
-                println!("removed {id}{label} from {}; its next connection is refused{live}", path.display());
+                let from = if removed {
+                    path.display().to_string()
+                } else {
+                    format!("its pairing with {}", paired_with.join(", "))
+                };
+                println!("removed {id}{label} from {from}; its next connection is refused{live}");
             } else {
                 println!("{id}{label} was not in {}", path.display());
             }

@@ -108,6 +108,7 @@ pub fn limits_config(l: &args::LimitArgs, app: &args::AppArgs) -> Result<Config>
     let admission = Admission {
         max_agents: l.max_agents,
         max_per_device: limits::per_device_cap(l.max_agents),
+        max_guests: limits::guests_cap(l.max_agents),
         handshake_timeout: secs(l.handshake_timeout, "--handshake-timeout")?,
         stream_open_timeout: secs(l.stream_open_timeout, "--stream-open-timeout")?,
         heartbeat: secs(l.heartbeat_interval, "--heartbeat-interval")?,

@@ -211,7 +211,10 @@ async fn answer(mut stream: UnixStream, me: u32, handle: &BridgeHandle) -> std::
                 .ok()
                 .and_then(|v| v.get("target").and_then(|t| t.as_str()).map(str::to_string));
             match target {
-                Some(t) => (200, json!({"ended": handle.kick(&t)})),
+                Some(t) => match handle.kick(&t) {
+                    Ok(n) => (200, json!({"ended": n})),
+                    Err(e) => (409, json!({"error": format!("'{t}' names no one device: {e}")})),
+                },
                 None => (400, json!({"error": "send {\"target\": \"<session id, NodeId or device name>\"}"})),
             }
         }

@@ -48,6 +48,8 @@ pub struct HostContext {
     pub net: NetConfig,
     pub config: Config,
     pub allow: Arc<LiveAllowFile>,
+    /// The devices that paired with one agent by a code (each agent trusts its own).
+    pub devices: Arc<crate::devices::Devices>,
     /// The account credential, when one is configured (each agent registers with it).
     pub credential: Option<account::Backend>,
     /// Endpoints bound so far: after the first, a fixed `--bind` port would
@@ -76,7 +78,8 @@ impl Started {
 impl HostContext {
     pub fn new(home: Home, net: NetConfig, config: Config, credential: Option<account::Backend>) -> Self {
         let allow = Arc::new(crate::trust::allowfile::live(home.allowlist_path()));
-        Self { home, net, config, allow, credential, bound: 0.into() }
+        let devices = Arc::new(crate::devices::Devices::new(&home));
+        Self { home, net, config, allow, devices, credential, bound: 0.into() }
     }
 
     /// Binds `spec`'s endpoint with its identity and starts serving it.
@@ -139,7 +142,11 @@ impl HostContext {
             Arc::new(trust::Layered { layers }) as Arc<dyn TrustPolicy>
         });
         let ids: HashSet<_> = spec.accept_from.ids.iter().copied().collect();
-        let trust: Arc<dyn TrustPolicy> = Arc::new(trust::AcceptFrom { own, ids });
+        let paired: Arc<dyn TrustPolicy> = Arc::new(crate::devices::PairedWith {
+            devices: self.devices.clone(),
+            agent: spec.name.as_str().into(),
+        });
+        let trust: Arc<dyn TrustPolicy> = Arc::new(trust::AcceptFrom { own, ids, paired: Some(paired) });
         session.notify = self.config.notify.clone().map(|notifier| {
             Arc::new(crate::notify::session::AgentNotify {
                 notifier,
@@ -156,6 +163,8 @@ impl HostContext {
             session: Arc::new(session),
             max_sessions: spec.max_sessions,
             account,
+            bridge_identity: spec.identity.file_name(&spec.name) == spec.protocol.identity_file_name(),
+            own_devices: spec.accept_from.own_devices,
         })
     }
 }

@@ -55,9 +55,11 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct Admission {
     pub max_agents: usize,
-    /// Live sessions one NodeId may hold across every agent
-    /// ([`crate::limits::per_device_cap`] of `max_agents` by default).
+    /// Live sessions one guest (a peer that is not one of your own devices)
+    /// may hold across every agent ([`crate::limits::per_device_cap`]).
     pub max_per_device: usize,
+    /// Live sessions all guests together may hold ([`crate::limits::guests_cap`]).
+    pub max_guests: usize,
     pub handshake_timeout: Duration,
     pub stream_open_timeout: Duration,
     /// How often trust is re-checked for open sessions (and the account list refreshed).
@@ -86,6 +88,14 @@ pub struct AgentConfig {
     pub max_sessions: Option<usize>,
     /// The account side of this agent's NodeId, when account trust is on.
     pub account: Option<Arc<Account>>,
+    /// A host's agent on the protocol's single-agent bridge identity
+    /// (`"identity": "acp"`): codes minted for that bridge (`iroh pair`) pair
+    /// with it too.
+    pub bridge_identity: bool,
+    /// Whether it admits your own devices (the allow file, the account): a
+    /// code minted for the single-agent bridge then adds the device to the
+    /// allow file, as that bridge would.
+    pub own_devices: bool,
 }
 
 /// An agent on its endpoint.
@@ -255,16 +265,19 @@ pub(crate) struct Shared {
 /// What a bridge keeps in its home beside its identities.
 #[derive(Debug)]
 pub struct Stores {
-    pub devices: crate::devices::Devices,
+    pub devices: Arc<crate::devices::Devices>,
     pub pairings: crate::pairing::Pairings,
+    /// Wrong pairing codes per device (memory only).
+    pub pair_throttle: Mutex<crate::pairing::Throttle>,
     pub allow_file: std::path::PathBuf,
 }
 
 impl Stores {
     pub fn new(home: &crate::home::Home) -> Arc<Self> {
         Arc::new(Self {
-            devices: crate::devices::Devices::new(home),
+            devices: Arc::new(crate::devices::Devices::new(home)),
             pairings: crate::pairing::Pairings::new(home),
+            pair_throttle: Mutex::default(),
             allow_file: home.allowlist_path(),
         })
     }
@@ -310,6 +323,8 @@ impl Bridge {
                 session: Arc::new(session),
                 max_sessions: None,
                 account,
+                bridge_identity: false,
+                own_devices: true,
             },
         );
         let mut b = Self::empty(gate, admission, "bridge");
@@ -330,6 +345,8 @@ impl Bridge {
                 session: cfg.session.clone(),
                 max_sessions: cfg.max_sessions,
                 account: cfg.account.clone(),
+                bridge_identity: cfg.bridge_identity,
+                own_devices: cfg.own_devices,
             });
         }
         self
@@ -415,11 +432,14 @@ impl Bridge {
         // sessions within a second, not at the next heartbeat.
         let mut allow_tick = tokio::time::interval(ALLOW_FILE_CHECK);
         allow_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The devices file too: a device paired with one agent is granted there.
         let allow_stamp = |s: &Shared| {
-            let path = s.stores()?.allow_file.clone();
-            let m = std::fs::metadata(path).ok()?;
             use std::os::unix::fs::MetadataExt;
-            Some((m.len(), m.mtime(), m.mtime_nsec(), m.ino()))
+            let stores = s.stores()?;
+            let stamp = |p: &std::path::Path| {
+                std::fs::metadata(p).ok().map(|m| (m.len(), m.mtime(), m.mtime_nsec(), m.ino()))
+            };
+            Some((stamp(&stores.allow_file), stamp(stores.devices.path())))
         };
         let mut last_allow = allow_stamp(&shared);
         loop {
@@ -661,6 +681,8 @@ struct Admitted {
     short: String,
     /// The plain session's (a hub has its own).
     info: Arc<SessionInfo>,
+    /// Why the peer was let in (guests have a cap of their own).
+    grant: Grant,
 }
 
 async fn admitted(
@@ -679,6 +701,7 @@ async fn admitted(
     let how = match grant {
         Grant::Account => Some(crate::devices::How::Account),
         Grant::Manual => Some(crate::devices::How::Allow),
+        Grant::Paired => Some(crate::devices::How::Pairing),
         Grant::Manifest => None,
     };
     if let (Some(stores), Some(how)) = (shared.stores(), how) {
@@ -691,11 +714,11 @@ async fn admitted(
         cfg.session.resume.is_some() && conn.alpn().ends_with(thunderbolt_shared::resume::RESUME_ALPN_SUFFIX);
     let plain = !r1 && cfg.session.keep_warm.is_none();
     let _registered = shared.sessions.insert(&conn, &agent, plain.then_some(&info));
-    let a = Admitted { shared: shared.clone(), agent, cfg, peer, short, info };
+    let a = Admitted { shared: shared.clone(), agent, cfg, peer, short, info, grant };
     if !still_admitted(&conn, &a) {
         return;
     }
-    let Admitted { shared, agent, cfg, peer, short, info } = a;
+    let Admitted { shared, agent, cfg, peer, short, info, grant } = a;
     let stream = tokio::select! {
         r = tokio::time::timeout(shared.admission.stream_open_timeout, conn.accept_bi()) => r,
         _ = shared.shutdown.cancelled() => {
@@ -715,7 +738,7 @@ async fn admitted(
             return;
         }
     };
-    let a = Admitted { shared: shared.clone(), agent, cfg, peer, short, info };
+    let a = Admitted { shared: shared.clone(), agent, cfg, peer, short, info, grant };
     if let Some(resume) = a.cfg.session.resume {
         // The endpoint accepts our protocol's two ALPNs only: the suffix tells them apart.
         if conn.alpn().ends_with(thunderbolt_shared::resume::RESUME_ALPN_SUFFIX) {
@@ -921,62 +944,82 @@ struct Slot {
     _device: DeviceGuard,
 }
 
-/// Live sessions per NodeId, across every agent of the bridge.
+/// Live sessions of guests (peers that are not your own devices), per NodeId
+/// and together, across every agent of the bridge.
 #[derive(Debug, Default)]
 struct PerDevice {
-    counts: Mutex<HashMap<EndpointId, usize>>,
-    /// Told whenever a device's session ends.
+    counts: Mutex<(HashMap<EndpointId, usize>, usize)>,
+    /// Told whenever a guest's session ends.
     freed: tokio::sync::Notify,
 }
 
 impl PerDevice {
-    /// One more session for `peer`, unless it holds `max` already.
-    fn try_take(self: &Arc<Self>, peer: &EndpointId, max: usize) -> Option<DeviceGuard> {
-        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let n = counts.entry(*peer).or_insert(0);
-        if *n >= max {
-            return None;
+    /// One more session for guest `peer`, unless it holds `each` already or
+    /// all guests hold `all`. `Err(true)`: `peer` itself is at its cap.
+    fn try_take(self: &Arc<Self>, peer: &EndpointId, each: usize, all: usize) -> Result<DeviceGuard, bool> {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let (map, total) = &mut *c;
+        let mine = map.get(peer).copied().unwrap_or(0);
+        if mine >= each {
+            return Err(true);
         }
-        *n += 1;
-        Some(DeviceGuard(self.clone(), *peer))
+        if *total >= all {
+            return Err(false);
+        }
+        map.insert(*peer, mine + 1);
+        *total += 1;
+        Ok(DeviceGuard(Some((self.clone(), *peer))))
     }
 }
 
-/// One of a device's live sessions: counted until dropped.
+/// One of a guest's live sessions: counted until dropped (empty for your own devices).
 #[derive(Debug)]
-struct DeviceGuard(Arc<PerDevice>, EndpointId);
+struct DeviceGuard(Option<(Arc<PerDevice>, EndpointId)>);
 
 impl Drop for DeviceGuard {
     fn drop(&mut self) {
+        let Some((per, peer)) = self.0.take() else { return };
         {
-            let mut counts = self.0.counts.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(n) = counts.get_mut(&self.1) {
+            let mut c = per.counts.lock().unwrap_or_else(|p| p.into_inner());
+            let (map, total) = &mut *c;
+            *total = total.saturating_sub(1);
+            if let Some(n) = map.get_mut(&peer) {
                 *n = n.saturating_sub(1);
                 if *n == 0 {
-                    counts.remove(&self.1);
+                    map.remove(&peer);
                 }
             }
         }
-        self.0.freed.notify_waiters();
+        per.freed.notify_waiters();
     }
 }
 
-/// One of `peer`'s [`Admission::max_per_device`] sessions. A device at its
-/// cap gives up its own longest-detached session for the new one (as the
+/// A guest's hold on one of [`Admission::max_per_device`] (and of the
+/// guests' [`Admission::max_guests`]); your own devices need none. A guest at
+/// its cap gives up its own longest-detached session for the new one (as the
 /// bridge-wide slots do); with none detached it is refused.
 async fn device_slot(a: &Admitted) -> Option<DeviceGuard> {
+    if matches!(a.grant, Grant::Account | Grant::Manual) {
+        return Some(DeviceGuard(None));
+    }
     let per = &a.shared.per_device;
-    let max = a.shared.admission.max_per_device;
+    let (each, all) = (a.shared.admission.max_per_device, a.shared.admission.max_guests);
     // Bounded: each round ends one of its detached sessions.
-    for _ in 0..=max {
+    for _ in 0..=each {
         let freed = per.freed.notified();
         tokio::pin!(freed);
         freed.as_mut().enable();
-        if let Some(g) = per.try_take(&a.peer, max) {
-            return Some(g);
-        }
+        let own_cap = match per.try_take(&a.peer, each, all) {
+            Ok(g) => return Some(g),
+            Err(own_cap) => own_cap,
+        };
         let victim = a.shared.hubs.oldest_detached(Some(&a.peer))?;
-        if !victim.evict(&format!("peer {} is at its {max} live sessions and opened another", a.short)) {
+        let why = if own_cap {
+            format!("guest {} is at its {each} live sessions and opened another", a.short)
+        } else {
+            format!("guests hold {all} sessions, the most they may, and guest {} opened another", a.short)
+        };
+        if !victim.evict(&why) {
             continue;
         }
         tokio::select! {
@@ -994,9 +1037,11 @@ async fn agent_slot(conn: &Connection, a: &Admitted) -> Option<Slot> {
         if !a.shared.shutdown.is_cancelled() {
             warn!(
                 peer = %a.short,
-                "refusing: {} (this device holds {} live sessions, the most one device may; none of them is detached)",
+                "refusing: {} (a guest, {}: at most {} live sessions each and {} for all guests, so your own devices always get in; none of its own is detached)",
                 close::REASON_AT_CAPACITY,
-                a.shared.admission.max_per_device
+                a.grant,
+                a.shared.admission.max_per_device,
+                a.shared.admission.max_guests
             );
         }
         refuse(conn, close::REASON_AT_CAPACITY);

@@ -24,13 +24,31 @@ struct Request {
     name: String,
 }
 
-/// What a pairing code must have been minted for at this agent.
-pub fn target(cfg: &AgentConfig) -> String {
+/// What a pairing code may have been minted for to pair at this agent: the
+/// agent itself, and for a host's agent on the protocol's single-agent
+/// bridge identity, that bridge too (`iroh pair` without `--agent` prints
+/// its ticket, which is this agent's).
+pub fn targets(cfg: &AgentConfig) -> Vec<String> {
+    let bridge = crate::pairing::bridge_target(&cfg.protocol);
     if cfg.name.is_empty() {
-        crate::pairing::bridge_target(&cfg.protocol)
-    } else {
-        crate::pairing::agent_target(&cfg.name)
+        return vec![bridge];
     }
+    let mut v = vec![crate::pairing::agent_target(&cfg.name)];
+    if cfg.bridge_identity {
+        v.push(bridge);
+    }
+    v
+}
+
+/// What a redeemed code lets the device use.
+enum Grants {
+    /// The allow file: the single-agent bridge (as the reference tool does,
+    /// so a user who switches back keeps the pairing), or a code minted for
+    /// that bridge redeemed at a host's agent on its identity that accepts
+    /// your own devices.
+    AllowFile,
+    /// Exactly this agent of the host (`devices.json`), nothing else.
+    Agent,
 }
 
 pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, shared: &Arc<Shared>) {
@@ -39,6 +57,13 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
         refuse(&conn, wire::REASON_PAIR_WRONG);
         return;
     };
+    let now = std::time::Instant::now();
+    let waiting = stores.pair_throttle.lock().unwrap_or_else(|p| p.into_inner()).waiting(&peer, now);
+    if let Some(wait) = waiting {
+        info!(peer = %short, "pairing refused for {peer}: too many wrong codes; it may try again in {} s", wait.as_secs().max(1));
+        refuse(&conn, wire::REASON_PAIR_BACKOFF);
+        return;
+    }
     let deadline = shared.admission.stream_open_timeout;
     let line = tokio::time::timeout(deadline, async {
         let (send, mut recv) = conn.accept_bi().await.ok()?;
@@ -68,7 +93,7 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
         refuse(&conn, wire::REASON_PAIR_BAD);
         return;
     };
-    let target = target(cfg);
+    let targets = targets(cfg);
     let given = wire::clean_name(&req.name);
     // An allowed device pairing again (a second scan) is simply told so; its
     // code stays unspent and nothing is written.
@@ -80,14 +105,27 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
     let verdict = {
         let stores = stores.clone();
         let code = req.pair.clone();
-        let t = target.clone();
-        tokio::task::spawn_blocking(move || stores.pairings.redeem(&t, &code))
+        tokio::task::spawn_blocking(move || stores.pairings.redeem(&targets, &code))
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e)))
     };
-    let name = match verdict {
-        Ok(Redeemed::Paired { name }) => name.or(given).or_else(|| stores.devices.name_of(&peer)),
-        Ok(Redeemed::Refused(reason)) => {
+    let (name, grants) = match verdict {
+        Ok((Redeemed::Paired { name }, minted_for)) => {
+            let name = name.or(given).or_else(|| stores.devices.name_of(&peer));
+            let own_devices = cfg.own_devices;
+            let for_bridge =
+                minted_for.as_deref() == Some(crate::pairing::bridge_target(&cfg.protocol).as_str());
+            let grants = if cfg.name.is_empty() || (for_bridge && own_devices) {
+                Grants::AllowFile
+            } else {
+                Grants::Agent
+            };
+            (name, grants)
+        }
+        Ok((Redeemed::Refused(reason), _)) => {
+            if reason == wire::REASON_PAIR_WRONG {
+                stores.pair_throttle.lock().unwrap_or_else(|p| p.into_inner()).wrong(&peer, now);
+            }
             info!(peer = %short, "pairing refused for {peer}: {reason}");
             refuse(&conn, reason);
             return;
@@ -98,34 +136,50 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
             return;
         }
     };
+    stores.pair_throttle.lock().unwrap_or_else(|p| p.into_inner()).paired(&peer);
     let recorded = {
-        let (stores, name) = (stores.clone(), name.clone());
+        let (stores, name, agent) = (stores.clone(), name.clone(), cfg.name.clone());
         tokio::task::spawn_blocking(move || -> anyhow::Result<bool> {
-            let added = allowfile::allow(&stores.allow_file, &peer)?;
-            stores.devices.record(&peer, name, How::Pairing)?;
-            Ok(added)
+            match grants {
+                Grants::AllowFile => {
+                    let added = allowfile::allow(&stores.allow_file, &peer)?;
+                    stores.devices.record(&peer, name, How::Pairing)?;
+                    Ok(added)
+                }
+                Grants::Agent => {
+                    stores.devices.grant(&peer, name, &agent)?;
+                    Ok(false)
+                }
+            }
         })
         .await
         .unwrap_or_else(|e| Err(anyhow::anyhow!(e)))
     };
-    match recorded {
-        Ok(added) => info!(
+    let named = name.as_deref().map(|n| format!(" as \"{n}\"")).unwrap_or_default();
+    match (recorded, cfg.name.is_empty()) {
+        (Ok(added), true) => info!(
             peer = %short,
-            "paired {peer}{} with a one-time code{}",
-            name.as_deref().map(|n| format!(" as \"{n}\"")).unwrap_or_default(),
+            "paired {peer}{named} with a one-time code{}",
             if added { "; it is in the allow file now" } else { " (it was in the allow file already)" }
         ),
-        Err(e) => {
-            warn!(peer = %short, "pairing: cannot add {peer} to the allow file: {e:#}");
+        (Ok(true), false) => info!(
+            peer = %short,
+            "paired {peer}{named} with a one-time code minted for this machine's {} bridge; it is in the allow file now (one of your own devices)",
+            cfg.protocol
+        ),
+        (Ok(false), false) => info!(
+            peer = %short,
+            "paired {peer}{named} with a one-time code: it may use this agent ({}), and no other",
+            cfg.name
+        ),
+        (Err(e), _) => {
+            warn!(peer = %short, "pairing: cannot record {peer}: {e:#}");
             refuse(&conn, wire::REASON_PAIR_WRONG);
             return;
         }
     }
     if cfg.trust.check(&peer).is_none() {
-        warn!(
-            peer = %short,
-            "paired {peer}, but this agent does not accept the allow file's devices (its manifest's accept_from)"
-        );
+        warn!(peer = %short, "paired {peer}, but this agent does not admit it (its manifest's accept_from)");
     }
     answer(&conn, send, name).await;
 }

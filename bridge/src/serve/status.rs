@@ -210,10 +210,15 @@ impl BridgeHandle {
     }
 
     /// Ends the sessions `target` names (a session id, or a peer's NodeId or
-    /// device name) now, with code 1 `ended by the host`. Returns how many.
-    pub fn kick(&self, target: &str) -> usize {
+    /// device name) now, with code 1 `ended by the host`. Returns how many;
+    /// a device name two devices share ends nothing and says so.
+    pub fn kick(&self, target: &str) -> Result<usize, crate::devices::Unresolved> {
         let peer = match self.shared.stores() {
-            Some(st) => st.devices.resolve(target),
+            Some(st) => match st.devices.resolve(target) {
+                Ok(id) => Some(id),
+                Err(crate::devices::Unresolved::Unknown) => None,
+                Err(e) => return Err(e),
+            },
             None => crate::devices::resolve_id(target),
         };
         let matches = |info: &SessionInfo| info.id == target || peer.is_some_and(|p| p == info.peer);
@@ -233,7 +238,7 @@ impl BridgeHandle {
                 n += 1;
             }
         }
-        n
+        Ok(n)
     }
 
     /// Re-checks every session against its agent's trust now (e.g. after

@@ -21,6 +21,8 @@ pub enum Grant {
     Manual,
     /// Named in the agent's manifest (`accept_from`).
     Manifest,
+    /// Paired with this agent of the host by a one-time code.
+    Paired,
 }
 
 impl std::fmt::Display for Grant {
@@ -29,6 +31,7 @@ impl std::fmt::Display for Grant {
             Grant::Account => "account",
             Grant::Manual => "allow file",
             Grant::Manifest => "the agent's accept_from",
+            Grant::Paired => "paired with this agent",
         })
     }
 }
@@ -46,11 +49,13 @@ impl TrustPolicy for LiveAllowFile {
 }
 
 /// Who may reach a hosted agent (its manifest's `accept_from`): your own
-/// devices (`own`: the account and the allow file), and peers it names.
+/// devices (`own`: the account and the allow file), peers it names, and the
+/// devices that paired with it by a code (`paired`).
 #[derive(Debug)]
 pub struct AcceptFrom {
     pub own: Option<Arc<dyn TrustPolicy>>,
     pub ids: std::collections::HashSet<EndpointId>,
+    pub paired: Option<Arc<dyn TrustPolicy>>,
 }
 
 impl TrustPolicy for AcceptFrom {
@@ -58,7 +63,10 @@ impl TrustPolicy for AcceptFrom {
         if let Some(g) = self.own.as_ref().and_then(|o| o.check(peer)) {
             return Some(g);
         }
-        self.ids.contains(peer).then_some(Grant::Manifest)
+        if self.ids.contains(peer) {
+            return Some(Grant::Manifest);
+        }
+        self.paired.as_ref().and_then(|p| p.check(peer))
     }
 }
 
