@@ -766,3 +766,36 @@ async fn the_bridges_secrets_never_reach_the_agent() {
         .unwrap_or_else(|_| panic!("one JSON line: {}", String::from_utf8_lossy(&out.stdout)));
     assert_eq!(reply, serde_json::json!({"leaked": 0, "setting": "kept", "path": true}));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_dials_once_per_prompt_is_never_held_back() {
+    // acpx and scripts run `connect` once per prompt: thirty in a few seconds
+    // from one allowed device at one address, against a budget of ten per
+    // ten seconds that is there for strangers.
+    init_tracing();
+    let bridge_home = Tb::new(None);
+    let client_home = Tb::new(None);
+    bridge_home.allow(&client_home.node_id("acp").await).await;
+    let bridge = bridge_home.bridge("acp", &[], &strs(&agent(&["cat"]))).await;
+    let started = std::time::Instant::now();
+    for i in 0..30 {
+        let mut c = client_home.cmd();
+        c.args(["acp", "connect", &bridge.ticket])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(format!("{{\"prompt\":{i}}}\n").as_bytes()).await.unwrap();
+        drop(stdin);
+        let out = tokio::time::timeout(WAIT, child.wait_with_output()).await.expect("connect ends").unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.stdout, format!("{{\"prompt\":{i}}}\n").as_bytes(), "prompt {i}: {err}");
+        assert!(!err.contains("retry") && !err.contains("again"), "prompt {i} had to dial again: {err}");
+    }
+    let took = started.elapsed();
+    let log = bridge.log.text();
+    assert!(!log.contains("over its connection budget"), "an allowed device was held back:\n{log}");
+    assert_eq!(log.matches("admitted").count(), 30, "{log}");
+    eprintln!("30 sequential connects took {took:?}");
+}

@@ -368,7 +368,7 @@ async fn pipe(
         Box<dyn AsyncWrite + Unpin + Send>,
         Option<tokio::process::Child>,
     ) = if command.is_empty() {
-        (Box::new(tokio::io::stdin()), Box::new(tokio::io::stdout()), None)
+        (Box::new(tokio::io::stdin()), Box::new(super::output::Stdout::new()), None)
     } else {
         let mut c = tokio::process::Command::new(&command[0]);
         c.args(&command[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).kill_on_drop(true);
@@ -413,16 +413,20 @@ async fn pipe(
         let download = async {
             let mut buf = vec![0u8; limits::READ_CHUNK];
             let mut first_data_tx = Some(first_data_tx);
+            // Each message in a write of its own, as the agent wrote it.
+            let mut out = super::output::Messages::new(&mut local_out);
             loop {
                 match recv.read(&mut buf).await {
                     Ok(Some(n)) => {
                         if let Some(tx) = first_data_tx.take() {
                             let _ = tx.send(());
                         }
-                        local_out.write_all(&buf[..n]).await?;
-                        local_out.flush().await?;
+                        out.chunk(&buf[..n]).await?;
                     }
-                    Ok(None) => return Ok::<_, anyhow::Error>(()),
+                    Ok(None) => {
+                        out.finish().await?;
+                        return Ok::<_, anyhow::Error>(());
+                    }
                     Err(e) => return Err(e.into()),
                 }
             }

@@ -7,6 +7,7 @@ pub mod banner;
 pub mod connect;
 pub mod control_cmd;
 pub mod iroh_cmd;
+pub mod output;
 pub mod redial;
 
 use std::{ffi::OsString, sync::Arc, time::Duration};

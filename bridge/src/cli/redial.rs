@@ -474,14 +474,15 @@ async fn download(
     let mut rx = Receiver::new(limits::MAX_FRAME);
     rx.push(&leftover);
     let mut events = Vec::new();
+    // Each message in a write of its own, as the agent wrote it.
+    let mut output = super::output::Messages::new(output);
     loop {
         rx.drain(&mut events);
         for ev in events.drain(..) {
             match ev {
                 Event::Data { bytes, frames } => {
                     let len = bytes.len();
-                    output.write_all(&bytes).await.map_err(|_| Down::LocalClosed)?;
-                    output.flush().await.map_err(|_| Down::LocalClosed)?;
+                    output.lines(&bytes).await.map_err(|_| Down::LocalClosed)?;
                     let mut s = st.borrow_mut();
                     let was_pending = s.ack.pending();
                     if s.ack.took(frames, len) || s.all_delivered() {

@@ -153,9 +153,23 @@ pub struct HandshakeSlot {
     gate: Arc<Gate>,
     id: u64,
     evict: CancellationToken,
+    receipt: Receipt,
+}
+
+/// What a connection was charged to its remote's budget, to give back
+/// ([`Gate::refund`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Receipt {
+    key: RemoteKey,
+    at: Instant,
 }
 
 impl HandshakeSlot {
+    /// What this connection cost its remote's budget.
+    pub fn receipt(&self) -> Receipt {
+        self.receipt
+    }
+
     /// Resolves when the slot was given to a newer handshake: abandon this one.
     pub fn evicted(&self) -> WaitForCancellationFutureOwned {
         self.evict.clone().cancelled_owned()
@@ -184,9 +198,9 @@ impl Gate {
     /// slot must be held until the handshake has finished. When every slot is
     /// taken, the oldest handshake past [`EVICT_MIN_AGE`] is evicted for this one.
     pub fn admit(self: &Arc<Self>, key: RemoteKey) -> Result<HandshakeSlot, Drop> {
-        if !self.charge(key) {
+        let Some(at) = self.charge(key) else {
             return Err(Drop::RemoteBudget);
-        }
+        };
         let now = self.clock.now();
         let mut table = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         let permit = match self.handshakes.clone().try_acquire_owned() {
@@ -209,7 +223,25 @@ impl Gate {
         let id = table.next_id;
         let evict = CancellationToken::new();
         table.slots.insert(id, InFlight { started: now, evict: evict.clone(), permit });
-        Ok(HandshakeSlot { gate: self.clone(), id, evict })
+        Ok(HandshakeSlot { gate: self.clone(), id, evict, receipt: Receipt { key, at } })
+    }
+
+    /// Gives a connection's charge back to its address once its handshake
+    /// proved an allowed NodeId: an address is shared by every peer behind it
+    /// (loopback, a NAT, a machine whose client dials once per prompt), so
+    /// the budget is left for the strangers it is there against and a
+    /// device's ordinary use never spends it. A relay path's key is the
+    /// device's own claimed NodeId: its budget is its own and stays spent.
+    pub fn refund(&self, receipt: Receipt) {
+        if !matches!(receipt.key, RemoteKey::Ip(_)) {
+            return;
+        }
+        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = t.entries.get_mut(&receipt.key) {
+            if let Some(i) = e.hits.iter().rposition(|h| *h == receipt.at) {
+                e.hits.remove(i);
+            }
+        }
     }
 
     /// Handshakes in flight right now.
@@ -217,10 +249,10 @@ impl Gate {
         self.limits.max_handshakes - self.handshakes.available_permits()
     }
 
-    /// Records one attempt for `key`; false when over its budget. Attempts over
-    /// the budget are not recorded, so a remote that backs off gets back in
-    /// once its old attempts leave the window.
-    fn charge(&self, key: RemoteKey) -> bool {
+    /// Records one attempt for `key` (when, if it was within its budget).
+    /// Attempts over the budget are not recorded, so a remote that backs off
+    /// gets back in once its old attempts leave the window.
+    fn charge(&self, key: RemoteKey) -> Option<Instant> {
         let now = self.clock.now();
         let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
         t.seq += 1;
@@ -244,7 +276,7 @@ impl Gate {
             let Some((_, oldest)) = t.order.pop_first() else { break };
             t.entries.remove(&oldest);
         }
-        allowed
+        allowed.then_some(now)
     }
 
     /// Number of remotes currently remembered.
@@ -296,6 +328,30 @@ pub mod tests {
 
     fn key(n: u8) -> RemoteKey {
         RemoteKey::Endpoint(iroh::SecretKey::from_bytes(&[n; 32]).public())
+    }
+
+    #[test]
+    fn an_allowed_devices_dial_gives_its_address_budget_back_a_relay_keys_does_not() {
+        let clock = ManualClock::new();
+        let limits = GateLimits { per_remote_max: 2, ..GateLimits::default() };
+        let gate = Arc::new(Gate::new(limits, clock.clone()));
+        let ip = RemoteKey::Ip(std::net::Ipv4Addr::LOCALHOST.into());
+        // Thirty dials in one window, each admitted and given back: none is dropped.
+        for _ in 0..30 {
+            let slot = gate.admit(ip).expect("an allowed device is never over the budget");
+            gate.refund(slot.receipt());
+            clock.advance(Duration::from_millis(10));
+        }
+        // Strangers at the same address still spend it.
+        let _a = gate.admit(ip).unwrap();
+        let _b = gate.admit(ip).unwrap();
+        assert_eq!(gate.admit(ip).unwrap_err(), Drop::RemoteBudget);
+        // A relay path's key is the device's own: its budget stays spent.
+        for _ in 0..2 {
+            let slot = gate.admit(key(9)).unwrap();
+            gate.refund(slot.receipt());
+        }
+        assert_eq!(gate.admit(key(9)).unwrap_err(), Drop::RemoteBudget);
     }
 
     #[test]

@@ -645,6 +645,7 @@ async fn handle_incoming(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Ser
         }
         _ = shared.shutdown.cancelled() => return,
     };
+    let receipt = handshake_slot.receipt();
     drop(handshake_slot);
     let peer = conn.remote_id();
     // The agent as it is now: a manifest changed later applies to later sessions.
@@ -669,6 +670,9 @@ async fn handle_incoming(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Ser
         refuse(&conn, close::REASON_NOT_ALLOWLISTED);
         return;
     };
+    // An allowed device's dial does not spend its address's budget (acpx and
+    // scripts dial once per prompt).
+    shared.gate.refund(receipt);
     admitted(conn, peer, grant, shared, agent, cfg).await;
 }
 

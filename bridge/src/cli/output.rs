@@ -1,0 +1,238 @@
+//! What `connect` writes to its local side: each message in a write of its
+//! own, as the agent wrote it, with nothing held back.
+//!
+//! A reader may still find two messages in one read (a pipe holds whatever
+//! was written before the reader came back): message order is what a reader
+//! can rely on, never read boundaries. But the bridge never merges messages
+//! itself: a client that handles a line one step later than the read it came
+//! in (the MCP SDK's progress notifications, docs/protocol.md) sees through
+//! us what it sees from the agent directly.
+//!
+//! Our standard output is written by a thread of its own ([`Stdout`]): tokio's
+//! stdout hands every write to its blocking pool, so a write per ~1 KiB
+//! message would cost a hand-off each; the thread costs one `write(2)` each.
+
+use std::{
+    io::{self, Write},
+    pin::Pin,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    task::{ready, Context, Poll},
+};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio_util::sync::PollSemaphore;
+
+/// Bytes handed to the stdout thread and not yet written: enough to keep it
+/// busy while the next run arrives, little enough that a reader that stops
+/// reading stops the session (and its acknowledgements) soon.
+const STDOUT_AHEAD: usize = 1 << 20;
+
+/// An incomplete last line kept to be written whole with the rest of it
+/// (a small message cut by a read); a longer one streams through as it comes.
+const MAX_HELD_PARTIAL: usize = 64 * 1024;
+
+/// Writes messages to `out`, each whole line in a write of its own.
+pub struct Messages<W> {
+    out: W,
+    /// The start of a line whose newline has not arrived yet (plain path only).
+    partial: BytesMut,
+}
+
+impl<W: AsyncWrite + Unpin> Messages<W> {
+    pub fn new(out: W) -> Self {
+        Self { out, partial: BytesMut::new() }
+    }
+
+    /// `run`: whole lines (a resumable session's frames). Flushed: on return
+    /// they are with the writer.
+    pub async fn lines(&mut self, run: &[u8]) -> io::Result<()> {
+        for line in run.split_inclusive(|b| *b == b'\n') {
+            self.out.write_all(line).await?;
+        }
+        self.out.flush().await
+    }
+
+    /// `chunk`: what one read of the stream gave (the plain path), lines cut
+    /// anywhere. Whole lines go out one write each; a short incomplete last
+    /// line waits for its own rest, a long one goes out as it comes.
+    pub async fn chunk(&mut self, mut chunk: &[u8]) -> io::Result<()> {
+        if !self.partial.is_empty() {
+            match memchr::memchr(b'\n', chunk) {
+                Some(i) => {
+                    self.partial.extend_from_slice(&chunk[..=i]);
+                    let line = self.partial.split().freeze();
+                    self.out.write_all(&line).await?;
+                    chunk = &chunk[i + 1..];
+                }
+                None if self.partial.len() + chunk.len() <= MAX_HELD_PARTIAL => {
+                    self.partial.extend_from_slice(chunk);
+                    return self.out.flush().await;
+                }
+                None => {
+                    let held = self.partial.split().freeze();
+                    self.out.write_all(&held).await?;
+                    self.out.write_all(chunk).await?;
+                    return self.out.flush().await;
+                }
+            }
+        }
+        let whole = memchr::memrchr(b'\n', chunk).map_or(0, |i| i + 1);
+        let (lines, tail) = chunk.split_at(whole);
+        for line in lines.split_inclusive(|b| *b == b'\n') {
+            self.out.write_all(line).await?;
+        }
+        if tail.len() <= MAX_HELD_PARTIAL {
+            self.partial.extend_from_slice(tail);
+        } else {
+            self.out.write_all(tail).await?;
+        }
+        self.out.flush().await
+    }
+
+    /// The input ended: an incomplete last line goes out as it is.
+    pub async fn finish(&mut self) -> io::Result<()> {
+        if !self.partial.is_empty() {
+            let held = self.partial.split().freeze();
+            self.out.write_all(&held).await?;
+        }
+        self.out.flush().await
+    }
+}
+
+/// Our standard output, written by a thread of its own: each `poll_write` is
+/// one `write(2)` there (more only when the pipe takes part of it).
+/// `poll_flush` is ready once the thread wrote everything handed to it.
+pub struct Stdout {
+    tx: std::sync::mpsc::Sender<(Bytes, u32)>,
+    room: PollSemaphore,
+    failed: Arc<AtomicBool>,
+}
+
+impl Stdout {
+    pub fn new() -> Self {
+        let sem = Arc::new(tokio::sync::Semaphore::new(STDOUT_AHEAD));
+        let (tx, rx) = std::sync::mpsc::channel::<(Bytes, u32)>();
+        let failed = Arc::new(AtomicBool::new(false));
+        let (thread_sem, thread_failed) = (sem.clone(), failed.clone());
+        let spawned = std::thread::Builder::new().name("stdout".into()).spawn(move || {
+            let mut out = io::stdout().lock();
+            while let Ok((bytes, permits)) = rx.recv() {
+                // Straight to the descriptor: std's stdout buffers nothing of a
+                // write that ends in a newline, and flush covers the rest.
+                if out.write_all(&bytes).and_then(|()| out.flush()).is_err() {
+                    thread_failed.store(true, Ordering::Release);
+                    thread_sem.close();
+                    return;
+                }
+                thread_sem.add_permits(permits as usize);
+            }
+        });
+        if spawned.is_err() {
+            failed.store(true, Ordering::Release);
+            sem.close();
+        }
+        Self { tx, room: PollSemaphore::new(sem), failed }
+    }
+
+    fn broken() -> io::Error {
+        io::Error::new(io::ErrorKind::BrokenPipe, "our standard output is closed")
+    }
+}
+
+impl Default for Stdout {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl AsyncWrite for Stdout {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let need = buf.len().min(STDOUT_AHEAD) as u32;
+        let Some(permit) = ready!(self.room.poll_acquire_many(cx, need)) else {
+            return Poll::Ready(Err(Self::broken()));
+        };
+        permit.forget();
+        if self.tx.send((Bytes::copy_from_slice(buf), need)).is_err() {
+            return Poll::Ready(Err(Self::broken()));
+        }
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Every permit back means every byte handed over was written.
+        match ready!(self.room.poll_acquire_many(cx, STDOUT_AHEAD as u32)) {
+            Some(all) => {
+                drop(all);
+                Poll::Ready(Ok(()))
+            }
+            None if self.failed.load(Ordering::Acquire) => Poll::Ready(Err(Self::broken())),
+            None => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_flush(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Records each write it gets.
+    #[derive(Default, Clone)]
+    struct Writes(Arc<Mutex<Vec<Vec<u8>>>>);
+
+    impl AsyncWrite for Writes {
+        fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+            self.0.lock().unwrap().push(buf.to_vec());
+            Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn strs(w: &Writes) -> Vec<String> {
+        w.0.lock().unwrap().iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_run_of_frames_is_one_write_per_message() {
+        let w = Writes::default();
+        let mut m = Messages::new(w.clone());
+        m.lines(b"{\"progress\":6}\n{\"result\":1}\n").await.unwrap();
+        assert_eq!(strs(&w), ["{\"progress\":6}\n", "{\"result\":1}\n"]);
+    }
+
+    #[tokio::test]
+    async fn reads_cut_anywhere_still_give_one_write_per_message() {
+        let w = Writes::default();
+        let mut m = Messages::new(w.clone());
+        m.chunk(b"{\"a\":1}\n{\"b\":").await.unwrap();
+        m.chunk(b"2}\n{\"c\":3}\n{\"d").await.unwrap();
+        m.chunk(b"\":4}").await.unwrap();
+        m.finish().await.unwrap();
+        assert_eq!(strs(&w), ["{\"a\":1}\n", "{\"b\":2}\n", "{\"c\":3}\n", "{\"d\":4}"]);
+        // A long unfinished line is not held: it goes out as it comes.
+        let w = Writes::default();
+        let mut m = Messages::new(w.clone());
+        let big = vec![b'x'; MAX_HELD_PARTIAL + 1];
+        m.chunk(&big).await.unwrap();
+        assert_eq!(w.0.lock().unwrap().concat().len(), big.len());
+        m.chunk(b"y\n").await.unwrap();
+        assert_eq!(w.0.lock().unwrap().concat().len(), big.len() + 2);
+    }
+}
