@@ -389,6 +389,15 @@ async fn a_warm_agent_is_one_process_across_connections_ending_by_eof_sigterm_an
     tokio::time::timeout(WAIT, c4.wait()).await.unwrap().unwrap();
     let text = h.log.text();
     assert_eq!(text.matches("agent started").count(), 1, "one agent process:\n{text}");
+    // Every line says which agent it is about (docs/host.md), and a client's own
+    // close (the SIGTERM'd one) is never called a lost connection.
+    let warm_lines: Vec<&str> =
+        text.lines().filter(|l| l.contains("stays warm") || l.contains("the client finished")).collect();
+    assert!(warm_lines.len() >= 2, "{text}");
+    for line in warm_lines {
+        assert!(line.contains("agent{name=warm}"), "no agent prefix: {line}");
+    }
+    assert!(!text.contains("client left (connection lost"), "{text}");
     h.stop().await;
 }
 

@@ -453,12 +453,14 @@ pub struct LimitArgs {
     #[arg(long)]
     pub no_resume: bool,
 
-    /// Seconds a plain session's agent (clients of thunderbolt/<p>/0, which cannot resume:
-    /// the app's shipped client, acpx, `connect --no-resume`) keeps running after its
-    /// connection ends, however it ended; the next plain connection from the same NodeId
-    /// attaches to it instead of spawning one, so in-memory sessions survive (`session/load`).
-    /// Output the agent writes while no client is attached is dropped; requests it sends
-    /// then, or left unanswered, get a JSON-RPC error (-32000). Off by default.
+    /// Seconds an agent keeps running after its client left: a plain client's
+    /// (thunderbolt/<p>/0, which cannot resume: the app's shipped client, acpx, `connect
+    /// --no-resume`) however its connection ended, and a resumable client's once it closed
+    /// (a lost resumable connection waits --resume-grace first). The next connection from
+    /// the same NodeId, plain or a new resumable session, attaches to it instead of
+    /// spawning one, so in-memory sessions survive (`session/load`). Output the agent
+    /// writes while no client is attached is dropped; requests it sends then, or left
+    /// unanswered, get a JSON-RPC error (-32000). Off by default.
     #[arg(long, value_name = "SECS")]
     pub keep_warm: Option<f64>,
 }

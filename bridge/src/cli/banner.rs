@@ -87,7 +87,7 @@ impl Banner<'_> {
         if let Some(w) = self.keep_warm {
             let _ = writeln!(
                 s,
-                "  Warm:    plain sessions' agents wait {}s for the same peer's next connection",
+                "  Warm:    an agent whose client left (plain /0, or resumable and closed) waits {}s for the same peer's next connection",
                 w.as_secs()
             );
         }

@@ -69,6 +69,7 @@ use tokio::{
     time::Instant,
 };
 use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument;
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -600,8 +601,9 @@ impl Hub {
                 st.ack.received()
             );
         }
-        let task =
-            tokio::spawn(self.clone().serve(id, conn.clone(), send, recv, welcome, received, leftover));
+        let task = tokio::spawn(
+            self.clone().serve(id, conn.clone(), send, recv, welcome, received, leftover).in_current_span(),
+        );
         self.attached_now.store(true, std::sync::atomic::Ordering::Relaxed);
         let old = st.attached.replace(Attached {
             id,
@@ -665,6 +667,8 @@ impl Hub {
         // The client's own close, or ours (a warm agent's finished client).
         let ended =
             is_client_close(conn) || matches!(conn.close_reason(), Some(ConnectionError::LocallyClosed));
+        // A stream can fail before its connection's close is read; the close says what it was.
+        let why = if is_client_close(conn) { "the client closed the connection" } else { why };
         if self.kind == HubKind::Warm {
             if st.gone.is_none() {
                 st.detached_since = Some(Instant::now());
@@ -788,7 +792,8 @@ impl Hub {
             );
             self.next_session(&mut st);
         }
-        let task = tokio::spawn(self.clone().serve_plain(id, conn.clone(), send, recv));
+        // In the connection's span: the log names the agent (`agent{name=…}`).
+        let task = tokio::spawn(self.clone().serve_plain(id, conn.clone(), send, recv).in_current_span());
         self.attached_now.store(true, std::sync::atomic::Ordering::Relaxed);
         let old = st.attached.replace(Attached {
             id,

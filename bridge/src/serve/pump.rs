@@ -152,6 +152,15 @@ impl LineSplitter {
     }
 }
 
+/// How a dropped message is named in the log: by its id, or as the
+/// notification it is when it has none.
+fn what(id: Option<&str>) -> String {
+    match id {
+        Some(id) => format!("a message (id {id})"),
+        None => "a notification (no id)".to_string(),
+    }
+}
+
 /// Peer → agent. Returns when the peer finished its stream (the agent's stdin is
 /// then closed, which is how a stdio agent learns the session is over).
 ///
@@ -166,6 +175,7 @@ pub async fn peer_to_agent<S, W>(
     replies: mpsc::Sender<Bytes>,
     mut to_agent: mpsc::Receiver<Bytes>,
     max_frame: usize,
+    peer_name: &str,
     requests: &Requests,
     notices: &SessionNotices,
 ) -> Result<(), PumpError>
@@ -212,6 +222,7 @@ where
                         // The agent waits for this response: it gets an error in its place.
                         (Kind::Response, Some(id)) => {
                             warn!(
+                                peer = %peer_name,
                                 "peer sent a response (id {id}) over the {max_frame}-byte frame limit; \
                                  dropped, the agent gets an error for it"
                             );
@@ -221,9 +232,10 @@ where
                         }
                         _ => {
                             warn!(
-                                "peer sent a message (id {}) over the {max_frame}-byte frame limit; \
-                                 dropped and answered with an error",
-                                id.unwrap_or("unknown")
+                                peer = %peer_name,
+                                "peer sent {} over the {max_frame}-byte frame limit; dropped{}",
+                                what(id),
+                                if id.is_some() { " and answered with an error" } else { " (a notification has no answer)" }
                             );
                             let _ = replies.send(jsonrpc::too_large_request(id, max_frame).into()).await;
                         }
@@ -310,8 +322,8 @@ where
                         }
                         (_, id) => warn!(
                             peer = %peer_name,
-                            "agent sent a message (id {}) over the {max_frame}-byte frame limit; dropped",
-                            id.unwrap_or("unknown")
+                            "agent sent {} over the {max_frame}-byte frame limit; dropped",
+                            what(id)
                         ),
                     }
                 }
@@ -354,6 +366,7 @@ mod tests {
             tx,
             arx,
             1024,
+            "peer",
             &Requests::default(),
             &SessionNotices::off(),
         )

@@ -28,6 +28,7 @@ use tokio::{
     time::Instant,
 };
 use tokio_util::{sync::CancellationToken, task::AbortOnDropHandle};
+use tracing::Instrument;
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -285,22 +286,28 @@ async fn drive<L: Link>(
     let (inbound_err_tx, mut inbound_err) = mpsc::channel::<PumpError>(1);
     let inbound_requests = requests.clone();
     let inbound_notices = notices.clone();
-    let _inbound = AbortOnDropHandle::new(tokio::spawn(async move {
-        let mut stdin = stdin;
-        if let Err(e) = pump::peer_to_agent(
-            recv,
-            &mut stdin,
-            reply_tx,
-            agent_rx,
-            max,
-            &inbound_requests,
-            &inbound_notices,
-        )
-        .await
-        {
-            let _ = inbound_err_tx.send(e).await;
+    let inbound_peer = peer.to_string();
+    let _inbound = AbortOnDropHandle::new(tokio::spawn(
+        async move {
+            let mut stdin = stdin;
+            if let Err(e) = pump::peer_to_agent(
+                recv,
+                &mut stdin,
+                reply_tx,
+                agent_rx,
+                max,
+                &inbound_peer,
+                &inbound_requests,
+                &inbound_notices,
+            )
+            .await
+            {
+                let _ = inbound_err_tx.send(e).await;
+            }
         }
-    }));
+        // The agent's log prefix (`agent{name=…}`) goes with it.
+        .in_current_span(),
+    ));
 
     let stop_reading = CancellationToken::new();
     let outbound = pump::agent_to_peer(
