@@ -169,6 +169,7 @@ fn what(id: Option<&str>) -> String {
 /// to forward), written between whole lines. The peer's requests are noted in
 /// `requests` as they pass; `notices` sees each run first (it answers the
 /// bridge's own extension methods, which go no further).
+#[allow(clippy::too_many_arguments)]
 pub async fn peer_to_agent<S, W>(
     mut peer: S,
     mut agent_stdin: W,
