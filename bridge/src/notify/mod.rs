@@ -7,7 +7,14 @@
 //! to the client's `session/prompt`s as they pass, never holding a byte: a
 //! notice is handed to the [`Notifier`]'s queue with `try_send`, and is
 //! dropped (and counted) when the queue is full. A session notifies at most
-//! [`limit::BURST`] times at once, then once per [`limit::EVERY`].
+//! [`limit::BURST`] times at once, then once per [`limit::EVERY`]; a device,
+//! across its sessions, and the whole bridge have a bucket each too
+//! ([`limit::Budgets`]). Each device's notices are delivered by a task of its
+//! own, in order; devices in parallel, every request bounded
+//! ([`SEND_TIMEOUT`]), so one device's hanging push service delays nobody else.
+//!
+//! Push endpoints are chosen by the device: [`endpoint`] says where they may
+//! point (https to public hosts), at subscribe time and at connect time.
 //!
 //! Sinks: Web Push to the subscriptions of the device whose session it is
 //! (registered over the session's own stream, [`session`]), and `--notify-url`
