@@ -479,9 +479,15 @@ impl Registry {
                 e.push(entry.clone());
             }
         }
-        changes.push(Change::Put(entry));
+        changes.push(Change::Put(entry.clone()));
         self.changed();
-        self.write(changes).await.map_err(AddError::Save)
+        let saved = self.write(changes).await;
+        if saved.is_err() {
+            // Not kept unsaved: the device is told it failed, so it must not count.
+            self.entries().retain(|x| !(x.owner == *owner && x.sub.endpoint == entry.sub.endpoint));
+            self.changed();
+        }
+        saved.map_err(AddError::Save)
     }
 
     /// Removes `owner`'s subscription at `endpoint` (and only its own).
