@@ -29,8 +29,16 @@ pub struct Setup {
 
 impl Setup {
     pub async fn new(extra: &[&str], agent_argv: &[String]) -> Self {
+        Self::with_env(extra, agent_argv, &[]).await
+    }
+
+    /// Like [`Setup::new`], the bridge's processes getting `env` too.
+    pub async fn with_env(extra: &[&str], agent_argv: &[String], env: &[(&'static str, &str)]) -> Self {
         init_tracing();
-        let bridge_home = Tb::new(None);
+        let mut bridge_home = Tb::new(None);
+        for (k, v) in env {
+            bridge_home = bridge_home.with_env(k, *v);
+        }
         let client_home = Tb::new(None);
         bridge_home.allow(&client_home.node_id("acp").await).await;
         let argv: Vec<&str> = agent_argv.iter().map(String::as_str).collect();

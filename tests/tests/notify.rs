@@ -5,6 +5,10 @@
 
 use std::{path::PathBuf, process::Stdio, time::Duration};
 
+use iroh::{
+    endpoint::{Connection, RecvStream, SendStream},
+    Endpoint,
+};
 use serde_json::{json, Value};
 use thunderbolt_tests::{
     r1::{agent, lose, next_frame, Setup},
@@ -80,6 +84,10 @@ impl PushService {
     }
 }
 
+/// The tests' switch that lets push endpoints on loopback through (the
+/// stand-in push service listens there); without it they are refused.
+const LOOPBACK: &[(&str, &str)] = &[("THUNDERBOLT_TEST_PUSH_LOOPBACK", "1")];
+
 fn request(id: Value, method: &str, params: Value) -> Vec<u8> {
     let mut b =
         serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).unwrap();
@@ -110,7 +118,8 @@ fn push_file(home: &Tb) -> String {
 async fn a_detached_sessions_question_is_pushed_once_end_to_end_encrypted_and_an_attached_ones_is_not() {
     let mut svc = PushService::start().await;
     let hook = format!("http://127.0.0.1:{}/hook", svc.port);
-    let s = Setup::new(&["--notify-url", &hook, "--resume-grace", "60"], &agent(&["later"])).await;
+    let s =
+        Setup::with_env(&["--notify-url", &hook, "--resume-grace", "60"], &agent(&["later"]), LOOPBACK).await;
     svc.log = s.bridge.log.clone();
     let ep = s.endpoint(&s.client_home).await;
     let (conn, mut send, mut recv, _token) = s.session(&ep).await;
@@ -210,7 +219,7 @@ async fn a_detached_sessions_question_is_pushed_once_end_to_end_encrypted_and_an
 async fn a_burst_of_questions_is_rate_limited_the_stream_keeps_every_byte_and_revoking_the_device_ends_its_pushes(
 ) {
     let mut svc = PushService::start().await;
-    let s = Setup::new(&["--resume-grace", "60"], &agent(&["later"])).await;
+    let s = Setup::with_env(&["--resume-grace", "60"], &agent(&["later"]), LOOPBACK).await;
     svc.log = s.bridge.log.clone();
     let ep = s.endpoint(&s.client_home).await;
     let (conn, mut send, mut recv, token) = s.session(&ep).await;
@@ -308,4 +317,233 @@ async fn with_notify_always_an_attached_plain_session_notifies_too() {
     let body: Value = serde_json::from_str(v["body"].as_str().unwrap()).unwrap();
     assert_eq!(body["event"], "needs_answer");
     assert_eq!(body["text"], "rm -rf build", "--notify-text puts what it asks in");
+}
+
+/// A plain (`/0`) session of `ep`'s device: its connection and stream.
+async fn plain(s: &Setup, ep: &Endpoint) -> (Connection, SendStream, RecvStream, Vec<u8>) {
+    let conn = s.bridge.dial(ep, &thunderbolt_shared::Protocol::acp().alpn()).await;
+    let (send, recv) = conn.open_bi().await.unwrap();
+    (conn, send, recv, Vec::new())
+}
+
+/// Sends `method` on the stream and reads its answer.
+async fn call(
+    send: &mut SendStream,
+    recv: &mut RecvStream,
+    buf: &mut Vec<u8>,
+    id: u64,
+    method: &str,
+    params: Value,
+) -> Value {
+    send.write_all(&request(json!(id), method, params)).await.unwrap();
+    let r = frame_json(&next_frame(recv, buf).await);
+    assert_eq!(r["id"], id, "{r}");
+    r
+}
+
+/// The agent asks `n` questions; returns once the client has them all (the
+/// bridge decides on a notice before it forwards the question).
+async fn ask(send: &mut SendStream, recv: &mut RecvStream, buf: &mut Vec<u8>, id: u64, n: usize) {
+    let qs: Vec<Value> = (0..n).map(|i| permission(&format!("q{id}-{i}"), "x")).collect();
+    send.write_all(&later(id, 0, qs)).await.unwrap();
+    assert_eq!(frame_json(&next_frame(recv, buf).await)["id"], id);
+    for i in 0..n {
+        assert_eq!(frame_json(&next_frame(recv, buf).await)["id"], format!("q{id}-{i}"));
+    }
+}
+
+/// `sub` (a subscription's JSON) at another endpoint, same keys.
+fn at(sub: &Value, endpoint: &str) -> Value {
+    let mut v = sub.clone();
+    v["endpoint"] = endpoint.into();
+    v
+}
+
+/// A loopback listener that records every connection made to it and holds
+/// it open, never answering (a push target that never replies).
+struct Target {
+    port: u16,
+    got: mpsc::UnboundedReceiver<()>,
+}
+
+impl Target {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (tx, got) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+                let _ = tx.send(());
+            }
+        });
+        Self { port, got }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn endpoints_on_this_machine_and_overlong_ones_are_refused_and_nothing_reaches_them() {
+    let mut svc = PushService::start().await;
+    let mut target = Target::start().await;
+    let hook = format!("http://127.0.0.1:{}/hook", svc.port);
+    // No tests' switch: as in use.
+    let s = Setup::new(&["--notify-always", "--notify-url", &hook], &agent(&["later"])).await;
+    svc.log = s.bridge.log.clone();
+    let ep = s.endpoint(&s.client_home).await;
+    let (_conn, mut send, mut recv, mut buf) = plain(&s, &ep).await;
+    let mut id = 0;
+    for endpoint in [
+        format!("http://127.0.0.1:{}/actuator/shutdown?confirm=yes", target.port),
+        format!("https://127.0.0.1:{}/x", target.port),
+        format!("http://localhost:{}/x", target.port),
+        "https://169.254.169.254/latest/meta-data".to_string(),
+        "https://10.0.0.1/x".to_string(),
+        "https://[fd00::1]/x".to_string(),
+        "https://intranet/x".to_string(),
+    ] {
+        id += 1;
+        let r =
+            call(&mut send, &mut recv, &mut buf, id, "_thunderbolt/push/subscribe", at(&svc.ok, &endpoint))
+                .await;
+        assert_eq!(r["error"]["code"], -32602, "{endpoint} is refused: {r}");
+    }
+    let long = format!("https://push.example.com/{}", "x".repeat(3000));
+    let r = call(&mut send, &mut recv, &mut buf, 99, "_thunderbolt/push/subscribe", at(&svc.ok, &long)).await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("more than 2048"), "a clear reason: {msg}");
+    assert!(!push_file(&s.bridge_home).contains("127.0.0.1"), "nothing stored");
+
+    // A notice now: the hook gets it, the loopback target nothing.
+    ask(&mut send, &mut recv, &mut buf, 100, 1).await;
+    assert_eq!(svc.next().await["path"], "/hook");
+    s.bridge.log.wait_for("notified:").await;
+    let reached = tokio::time::timeout(Duration::from_millis(300), target.got.recv()).await;
+    assert!(reached.is_err(), "nothing reached the loopback target");
+    assert!(!s.bridge.log.contains("web push to"), "{}", s.bridge.log.text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_devices_subscribed_to_one_endpoint_each_keep_their_own() {
+    let mut svc = PushService::start().await;
+    let s = Setup::with_env(&["--notify-always"], &agent(&["later"]), LOOPBACK).await;
+    svc.log = s.bridge.log.clone();
+    let other = Tb::new(None);
+    s.bridge_home.allow(&other.node_id("acp").await).await;
+    let (ep_a, ep_b) = (s.endpoint(&s.client_home).await, s.endpoint(&other).await);
+    let (_ca, mut send_a, mut recv_a, mut buf_a) = plain(&s, &ep_a).await;
+    let (_cb, mut send_b, mut recv_b, mut buf_b) = plain(&s, &ep_b).await;
+    let sub = svc.ok.clone();
+    let r = call(&mut send_a, &mut recv_a, &mut buf_a, 1, "_thunderbolt/push/subscribe", sub.clone()).await;
+    assert_eq!(r["result"]["subscribed"], true, "{r}");
+    let r = call(&mut send_b, &mut recv_b, &mut buf_b, 1, "_thunderbolt/push/subscribe", sub.clone()).await;
+    assert_eq!(r["result"]["subscribed"], true, "{r}");
+    // B unsubscribes: its own entry goes, A's stays.
+    let r = call(
+        &mut send_b,
+        &mut recv_b,
+        &mut buf_b,
+        2,
+        "_thunderbolt/push/unsubscribe",
+        json!({"endpoint": sub["endpoint"]}),
+    )
+    .await;
+    assert_eq!(r["result"]["removed"], true, "{r}");
+    ask(&mut send_a, &mut recv_a, &mut buf_a, 3, 1).await;
+    let push = svc.next_push().await;
+    assert_eq!(push["notice"]["event"], "needs_answer", "A still gets its notice: {push}");
+    // Unsubscribing what is not there answers the same.
+    let r = call(
+        &mut send_b,
+        &mut recv_b,
+        &mut buf_b,
+        4,
+        "_thunderbolt/push/unsubscribe",
+        json!({"endpoint": sub["endpoint"]}),
+    )
+    .await;
+    assert_eq!(r["result"]["removed"], true, "{r}");
+    let stored = push_file(&s.bridge_home);
+    assert_eq!(stored.matches("/push/ok").count(), 1, "{stored}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_device_whose_endpoints_never_answer_does_not_delay_another_devices_notice() {
+    let mut svc = PushService::start().await;
+    let mut hang = Target::start().await;
+    let s = Setup::with_env(&["--notify-always"], &agent(&["later"]), LOOPBACK).await;
+    svc.log = s.bridge.log.clone();
+    let other = Tb::new(None);
+    s.bridge_home.allow(&other.node_id("acp").await).await;
+    let (ep_h, ep_a) = (s.endpoint(&other).await, s.endpoint(&s.client_home).await);
+    // The hostile device: eight subscriptions to a listener that never answers.
+    let (_ch, mut send_h, mut recv_h, mut buf_h) = plain(&s, &ep_h).await;
+    for i in 0..8 {
+        let sub = at(&svc.ok, &format!("http://127.0.0.1:{}/h{i}", hang.port));
+        let r = call(&mut send_h, &mut recv_h, &mut buf_h, i, "_thunderbolt/push/subscribe", sub).await;
+        assert_eq!(r["result"]["subscribed"], true, "{r}");
+    }
+    let (_ca, mut send_a, mut recv_a, mut buf_a) = plain(&s, &ep_a).await;
+    let r =
+        call(&mut send_a, &mut recv_a, &mut buf_a, 1, "_thunderbolt/push/subscribe", svc.ok.clone()).await;
+    assert_eq!(r["result"]["subscribed"], true, "{r}");
+    // Its notices go first and hang (two, so one waits behind the other).
+    ask(&mut send_h, &mut recv_h, &mut buf_h, 10, 2).await;
+    tokio::time::timeout(WAIT, hang.got.recv()).await.expect("the hostile endpoints are being tried");
+    let t0 = std::time::Instant::now();
+    ask(&mut send_a, &mut recv_a, &mut buf_a, 2, 1).await;
+    let push = svc.next_push().await;
+    let took = t0.elapsed();
+    assert_eq!(push["notice"]["event"], "needs_answer");
+    // Before: one delivery at a time, 10 s each: 79.7 s for eight.
+    assert!(took < Duration::from_secs(3), "the other device's notice took {took:?}");
+    eprintln!("the other device's notice took {took:?} while eight endpoints hung");
+    // The hanging ones end at the short timeout.
+    s.bridge.log.wait_for("no answer in time").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_devices_sessions_share_one_budget_of_notices() {
+    let mut svc = PushService::start().await;
+    let hook = format!("http://127.0.0.1:{}/hook", svc.port);
+    let s = Setup::new(&["--notify-always", "--notify-url", &hook], &agent(&["later"])).await;
+    svc.log = s.bridge.log.clone();
+    let ep = s.endpoint(&s.client_home).await;
+    // Four sessions of one device, three questions each: within each
+    // session's own burst (3), twice the device's (6).
+    let mut sessions = Vec::new();
+    for _ in 0..4 {
+        sessions.push(plain(&s, &ep).await);
+    }
+    for (n, (_c, send, recv, buf)) in sessions.iter_mut().enumerate() {
+        ask(send, recv, buf, n as u64 + 1, 3).await;
+    }
+    // Every decision is made (the client has every question); 6 were held.
+    s.bridge.log.wait_for("notices of this device are held back").await;
+    s.bridge.log.wait_for("held back (6 so far)").await;
+    let mut hooks = 0;
+    while hooks < 6 {
+        assert_eq!(svc.next().await["path"], "/hook");
+        hooks += 1;
+    }
+    let more = tokio::time::timeout(Duration::from_millis(500), svc.got.recv()).await;
+    assert!(more.is_err(), "at most the device's burst of 6 went out: {more:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_device_removed_from_the_allow_file_loses_its_subscriptions_without_a_notice() {
+    let mut svc = PushService::start().await;
+    let s = Setup::with_env(&[], &agent(&["later"]), LOOPBACK).await;
+    svc.log = s.bridge.log.clone();
+    let ep = s.endpoint(&s.client_home).await;
+    let (_c, mut send, mut recv, mut buf) = plain(&s, &ep).await;
+    let r = call(&mut send, &mut recv, &mut buf, 1, "_thunderbolt/push/subscribe", svc.ok.clone()).await;
+    assert_eq!(r["result"]["subscribed"], true, "{r}");
+    assert!(push_file(&s.bridge_home).contains("/push/ok"));
+    // By hand, not `iroh deny` (which edits push.json itself).
+    std::fs::write(s.bridge_home.home().join("iroh/allowlist"), "# nobody\n").unwrap();
+    s.bridge.log.wait_for("1 push subscription(s) of a device no longer allowed removed").await;
+    assert!(!push_file(&s.bridge_home).contains("/push/ok"), "{}", push_file(&s.bridge_home));
+    assert!(!s.bridge.log.contains("notified:"), "no notice was needed");
 }

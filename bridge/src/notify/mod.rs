@@ -7,7 +7,14 @@
 //! to the client's `session/prompt`s as they pass, never holding a byte: a
 //! notice is handed to the [`Notifier`]'s queue with `try_send`, and is
 //! dropped (and counted) when the queue is full. A session notifies at most
-//! [`limit::BURST`] times at once, then once per [`limit::EVERY`].
+//! [`limit::BURST`] times at once, then once per [`limit::EVERY`]; a device,
+//! across its sessions, and the whole bridge have a bucket each too
+//! ([`limit::Budgets`]). Each device's notices are delivered by a task of its
+//! own, in order; devices in parallel, every request bounded
+//! ([`SEND_TIMEOUT`]), so one device's hanging push service delays nobody else.
+//!
+//! Push endpoints are chosen by the device: [`endpoint`] says where they may
+//! point (https to public hosts), at subscribe time and at connect time.
 //!
 //! Sinks: Web Push to the subscriptions of the device whose session it is
 //! (registered over the session's own stream, [`session`]), and `--notify-url`
@@ -15,12 +22,13 @@
 //! ("needs your answer", "finished: end_turn"); the text of what it asks is in
 //! it only with `--notify-text`.
 
+pub mod endpoint;
 pub mod limit;
 pub mod push;
 pub mod session;
 pub mod webhook;
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use iroh::EndpointId;
 use serde::Serialize;
@@ -29,12 +37,32 @@ use tracing::{debug, info, warn};
 
 use crate::{devices::Devices, home::Home};
 
-/// Notices waiting to be delivered. A burst past it (every session of a
-/// host at once, a push service that hangs) drops notices, never the stream.
+/// Notices waiting to be handed to their device's delivery. A burst past it
+/// (every session of a host at once) drops notices, never the stream.
 const QUEUE: usize = 64;
 
-/// One delivery's bound (push service or webhook).
-const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Notices of one device waiting for its delivery (which sends them in
+/// order, one notice at a time): a device whose push services hang fills
+/// only its own queue.
+const DEVICE_QUEUE: usize = 8;
+
+/// Requests (pushes and webhook POSTs) in flight at once, of every device:
+/// one device holds at most its [`push::MAX_PER_DEVICE`] pushes and the
+/// webhook, so others always find room.
+const MAX_IN_FLIGHT: usize = 32;
+
+/// One request's bound, connecting and sending and reading the answer: a
+/// push service answers in well under a second; an endpoint that never does
+/// costs its own device this, and nobody else anything (it was 10 s, one
+/// delivery at a time: eight hanging subscriptions delayed another device's
+/// notice by 79.7 s).
+const SEND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connecting alone (TCP and TLS) gets less: a push service is close by.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A device's delivery task ends after this long without a notice.
+const DEVICE_IDLE: Duration = Duration::from_secs(60);
 
 /// How long a push service keeps an undelivered notice: an agent waiting for
 /// an answer is still news hours later (a warm agent, a long grace).
@@ -143,7 +171,11 @@ pub struct Notifier {
     pub config: NotifyConfig,
     /// The VAPID key, when Web Push is on and the key is usable.
     pub vapid: Option<Arc<push::Vapid>>,
-    pub subscriptions: push::Subscriptions,
+    /// Where push endpoints may point (read once at start).
+    pub policy: endpoint::Policy,
+    pub subscriptions: push::Registry,
+    /// The buckets every session shares: its device's and the bridge's.
+    budgets: std::sync::Mutex<limit::Budgets>,
     tx: mpsc::Sender<Event>,
     dropped: std::sync::atomic::AtomicU64,
 }
@@ -153,6 +185,7 @@ impl Notifier {
     /// exists but does not parse switches Web Push off, loudly; it is never
     /// replaced.
     pub fn start(config: NotifyConfig, home: &Home) -> Arc<Self> {
+        let policy = endpoint::Policy::from_env();
         let vapid = if config.push {
             match push::Vapid::load_or_create(home, config.contact.clone()) {
                 Ok(v) => Some(Arc::new(v)),
@@ -164,24 +197,49 @@ impl Notifier {
         } else {
             None
         };
-        let subscriptions = push::Subscriptions::new(home);
+        let subscriptions = push::Registry::load(home, policy);
         let (tx, rx) = mpsc::channel(QUEUE);
-        let http = reqwest::Client::builder()
-            .timeout(SEND_TIMEOUT)
-            .connect_timeout(SEND_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("thunderbolt-iroh/", env!("CARGO_PKG_VERSION")))
+        let base = || {
+            reqwest::Client::builder()
+                .timeout(SEND_TIMEOUT)
+                .connect_timeout(CONNECT_TIMEOUT)
+                .redirect(reqwest::redirect::Policy::none())
+                .user_agent(concat!("thunderbolt-iroh/", env!("CARGO_PKG_VERSION")))
+        };
+        // A device's endpoint: only public addresses, whatever its name
+        // resolves to, and never through a proxy (which would resolve it).
+        let push_http = base()
+            .dns_resolver(Arc::new(endpoint::GuardedResolver::new(policy)))
+            .no_proxy()
             .build()
             .unwrap_or_default();
-        let delivery = Delivery {
-            http,
+        // The owner's own --notify-url, as given.
+        let hook_http = base().build().unwrap_or_default();
+        let delivery = Arc::new(Delivery {
+            push_http,
+            hook_http,
             vapid: vapid.clone(),
+            policy,
             subscriptions: subscriptions.clone(),
             webhook: config.webhook.clone(),
             devices: Arc::new(Devices::new(home)),
-        };
+            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
+        });
         tokio::spawn(delivery.run(rx));
-        Arc::new(Self { config, vapid, subscriptions, tx, dropped: 0.into() })
+        Arc::new(Self {
+            config,
+            vapid,
+            policy,
+            subscriptions,
+            budgets: Default::default(),
+            tx,
+            dropped: 0.into(),
+        })
+    }
+
+    /// Takes a token of `peer`'s bucket and of the bridge's.
+    pub fn budget(&self, peer: &EndpointId) -> Result<(), limit::Held> {
+        self.budgets.lock().unwrap_or_else(|p| p.into_inner()).take(peer)
     }
 
     /// Queues `ev`; never waits.
@@ -190,6 +248,38 @@ impl Notifier {
             let n = self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
             warn!("notification queue full: a notice was dropped ({n} so far)");
         }
+    }
+
+    /// Drops, now, the subscriptions of every device that none of `agents`'
+    /// trust admits any more (revoked by `iroh deny`, an edit of the allow
+    /// file, or the account). Returns at once; the work is a task (a trust
+    /// check may `stat` the allow file).
+    pub fn forget_revoked(agents: impl IntoIterator<Item = Arc<session::AgentNotify>>) {
+        let agents: Vec<_> = agents.into_iter().collect();
+        let Some(first) = agents.first() else { return };
+        let notifier = first.notifier.clone();
+        let trusts: Vec<_> = agents.iter().map(|a| a.trust.clone()).collect();
+        let subs = notifier.subscriptions.clone();
+        let owners = subs.owners();
+        if owners.is_empty() {
+            return;
+        }
+        tokio::spawn(async move {
+            let gone = tokio::task::spawn_blocking(move || {
+                owners
+                    .into_iter()
+                    .filter(|o| !trusts.iter().any(|t| t.check(o).is_some()))
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_default();
+            if gone.is_empty() {
+                return;
+            }
+            for (peer, n) in subs.forget_where(|o| gone.contains(o)).await {
+                info!(peer = %peer.fmt_short(), "{n} push subscription(s) of a device no longer allowed removed");
+            }
+        });
     }
 
     /// What the banner says of notices.
@@ -213,58 +303,100 @@ impl Notifier {
 
 /// The delivery task's side.
 struct Delivery {
-    http: reqwest::Client,
+    push_http: reqwest::Client,
+    hook_http: reqwest::Client,
     vapid: Option<Arc<push::Vapid>>,
-    subscriptions: push::Subscriptions,
+    policy: endpoint::Policy,
+    subscriptions: push::Registry,
     webhook: Option<webhook::Webhook>,
     devices: Arc<Devices>,
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl Delivery {
-    async fn run(self, mut rx: mpsc::Receiver<Event>) {
+    /// Hands each notice to its device's delivery task: a device's notices
+    /// go in order, devices in parallel.
+    async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<Event>) {
+        let mut devices: HashMap<EndpointId, mpsc::Sender<Event>> = HashMap::new();
         while let Some(ev) = rx.recv().await {
+            devices.retain(|_, tx| !tx.is_closed());
+            let peer = ev.peer;
+            let ev = match devices.get(&peer) {
+                Some(tx) => match tx.try_send(ev) {
+                    Ok(()) => continue,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        warn!(peer = %peer.fmt_short(), "this device's notices are not being taken as fast as they come: one was dropped");
+                        continue;
+                    }
+                    // Its task just ended: a new one takes it.
+                    Err(mpsc::error::TrySendError::Closed(ev)) => ev,
+                },
+                None => ev,
+            };
+            let (tx, device_rx) = mpsc::channel(DEVICE_QUEUE);
+            let _ = tx.try_send(ev);
+            devices.insert(peer, tx);
+            tokio::spawn(self.clone().device(device_rx));
+        }
+    }
+
+    /// One device's notices, in order; ends when it has none for a while.
+    async fn device(self: Arc<Self>, mut rx: mpsc::Receiver<Event>) {
+        while let Ok(Some(ev)) = tokio::time::timeout(DEVICE_IDLE, rx.recv()).await {
+            self.deliver(ev).await;
+        }
+        // What came in meanwhile is still delivered; new ones start a new task.
+        rx.close();
+        while let Ok(ev) = rx.try_recv() {
             self.deliver(ev).await;
         }
     }
 
     async fn deliver(&self, ev: Event) {
         let short = ev.peer.fmt_short().to_string();
+        let peer = ev.peer;
         if !ev.allowed {
-            let subs = self.subscriptions.clone();
-            let peer = ev.peer;
-            if let Ok(Ok(n)) = tokio::task::spawn_blocking(move || subs.forget(&peer)).await {
-                if n > 0 {
-                    info!(peer = %short, "{n} push subscription(s) of a device no longer allowed removed");
-                }
+            let n: usize =
+                self.subscriptions.forget_where(|o| *o == peer).await.into_iter().map(|(_, n)| n).sum();
+            if n > 0 {
+                info!(peer = %short, "{n} push subscription(s) of a device no longer allowed removed");
             }
             return;
         }
         let devices = self.devices.clone();
-        let peer = ev.peer;
         let device = tokio::task::spawn_blocking(move || devices.name_of(&peer)).await.ok().flatten();
         let notice = Notice::of(&ev, device);
-        let mut sent = Vec::new();
-        if let Some(vapid) = &self.vapid {
-            let subs = self.subscriptions.clone();
-            let list = tokio::task::spawn_blocking(move || subs.of(&peer)).await.unwrap_or_default();
-            let mut pushed = 0;
-            for sub in list {
-                if self.push(vapid, &sub, &notice, &short).await {
-                    pushed += 1;
-                }
-            }
-            if pushed > 0 {
-                sent.push(format!("web push to {pushed} subscription(s)"));
-            }
-        }
-        if let Some(hook) = &self.webhook {
-            match hook.request(&self.http, &notice).send().await {
-                Ok(r) if r.status().is_success() => sent.push("the notify URL".to_string()),
+        // Every push of the notice and the webhook at once, each bounded.
+        let pushes = async {
+            let Some(vapid) = &self.vapid else { return 0 };
+            let list = self.subscriptions.of(&peer);
+            let sent = futures::future::join_all(
+                list.iter().map(|sub| self.push(vapid, &peer, sub, &notice, &short)),
+            );
+            sent.await.into_iter().filter(|ok| *ok).count()
+        };
+        let hook = async {
+            let hook = self.webhook.as_ref()?;
+            let _permit = self.in_flight.acquire().await.ok()?;
+            match hook.request(&self.hook_http, &notice).send().await {
+                Ok(r) if r.status().is_success() => Some(()),
                 Ok(r) => {
-                    warn!("--notify-url {} answered {}: the notice was not taken", hook.shown(), r.status())
+                    warn!("--notify-url {} answered {}: the notice was not taken", hook.shown(), r.status());
+                    None
                 }
-                Err(e) => warn!("--notify-url {}: {}", hook.shown(), e.without_url()),
+                Err(e) => {
+                    warn!("--notify-url {}: {}", hook.shown(), e.without_url());
+                    None
+                }
             }
+        };
+        let (pushed, hooked) = tokio::join!(pushes, hook);
+        let mut sent = Vec::new();
+        if pushed > 0 {
+            sent.push(format!("web push to {pushed} subscription(s)"));
+        }
+        if hooked.is_some() {
+            sent.push("the notify URL".to_string());
         }
         if sent.is_empty() {
             debug!(peer = %short, "notice not sent (no subscription, no notify URL): {}", notice.title);
@@ -277,11 +409,18 @@ impl Delivery {
     async fn push(
         &self,
         vapid: &push::Vapid,
+        owner: &EndpointId,
         sub: &push::Subscription,
         notice: &Notice,
         short: &str,
     ) -> bool {
         let Ok(url) = reqwest::Url::parse(&sub.endpoint) else { return false };
+        let origin = url.origin().ascii_serialization();
+        // Again before each push: a literal address never meets the resolver.
+        if let Err(e) = endpoint::check_url(&url, self.policy) {
+            warn!(peer = %short, "web push to {origin} not sent: {e}");
+            return false;
+        }
         let payload = serde_json::to_vec(notice).unwrap_or_default();
         let (body, auth) = match (push::encrypt(sub, &payload), vapid.authorization(&url)) {
             (Ok(b), Ok(a)) => (b, a),
@@ -290,10 +429,11 @@ impl Delivery {
                 return false;
             }
         };
+        let Ok(_permit) = self.in_flight.acquire().await else { return false };
         let urgency = if notice.event == "needs_answer" { "high" } else { "normal" };
         let req = self
-            .http
-            .post(url.clone())
+            .push_http
+            .post(url)
             .header("Content-Encoding", "aes128gcm")
             .header("Content-Type", "application/octet-stream")
             .header("TTL", PUSH_TTL.as_secs().to_string())
@@ -305,18 +445,24 @@ impl Delivery {
         match req.send().await {
             Ok(r) if r.status().is_success() => true,
             Ok(r) if matches!(r.status().as_u16(), 404 | 410) => {
-                let subs = self.subscriptions.clone();
-                let endpoint = sub.endpoint.clone();
-                let _ = tokio::task::spawn_blocking(move || subs.drop_endpoint(&endpoint)).await;
+                // Only this device's entry: another's of the same endpoint is its own.
+                if let Err(e) = self.subscriptions.remove(owner, &sub.endpoint).await {
+                    warn!(peer = %short, "a gone push subscription was not removed from the file: {e}");
+                }
                 info!(peer = %short, "a push subscription is gone ({}): removed", r.status());
                 false
             }
             Ok(r) => {
-                warn!(peer = %short, "the push service at {} answered {}", url.origin().ascii_serialization(), r.status());
+                warn!(peer = %short, "the push service at {origin} answered {}", r.status());
                 false
             }
             Err(e) => {
-                warn!(peer = %short, "web push to {}: {}", url.origin().ascii_serialization(), e.without_url());
+                let why = if e.is_timeout() {
+                    "no answer in time".to_string()
+                } else {
+                    e.without_url().to_string()
+                };
+                warn!(peer = %short, "web push to {origin}: {why}");
                 false
             }
         }

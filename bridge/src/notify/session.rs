@@ -16,7 +16,9 @@
 //! - `_thunderbolt/push/subscribe` with `PushSubscription.toJSON()` as params
 //!   → `{"subscribed": true}`: the subscription belongs to this session's
 //!   device (its NodeId);
-//! - `_thunderbolt/push/unsubscribe` `{"endpoint": …}` → `{"removed": bool}`.
+//! - `_thunderbolt/push/unsubscribe` `{"endpoint": …}` → `{"removed": true}`:
+//!   this device's subscription at that endpoint is gone (whether or not it
+//!   was there: the answer says nothing of what a push service answered).
 //!
 //! With Web Push off they are answered -32601 (method not found), as a bridge
 //! that predates them would have its agent do.
@@ -39,7 +41,11 @@ use serde_json::{json, Value};
 use thunderbolt_shared::jsonrpc;
 use tracing::{debug, info, warn};
 
-use super::{limit::Limiter, push::Subscription, Event, Kind, Notifier};
+use super::{
+    limit::{Held, Limiter},
+    push::{AddError, Subscription, MAX_ENDPOINT},
+    Event, Kind, Notifier,
+};
 use crate::{serve::session::SessionInfo, trust::TrustPolicy};
 
 /// The prefix of the bridge's own methods.
@@ -55,11 +61,6 @@ const MAX_PROMPTS: usize = 256;
 /// Agent requests remembered while the client is attached, in case it goes
 /// before answering (agents ask one thing at a time; this bounds a flood).
 const MAX_WAITING: usize = 64;
-
-/// How often a session looks again whether its device can be reached (a
-/// push subscription of its own, or a `--notify-url`): until it can, the
-/// stream is not looked at. A subscription made in this session counts at once.
-const RECHECK_MS: u64 = 5_000;
 
 /// The longest piece of the agent's own words put into a notice
 /// (`--notify-text`): a title, not the whole diff.
@@ -95,11 +96,13 @@ pub struct SessionNotices {
     waiting: Mutex<HashMap<Box<[u8]>, Pending>>,
     waiting_count: AtomicUsize,
     limit: Mutex<Limiter>,
-    /// Whether a notice would reach anyone (see [`RECHECK_MS`]).
+    /// Whether a notice would reach anyone: a `--notify-url`, or a push
+    /// subscription of the session's device. Until it would, the stream is
+    /// not looked at.
     reachable: std::sync::atomic::AtomicBool,
-    /// When `reachable` was last worked out (ms on `epoch`), `u64::MAX`: never.
-    checked_ms: std::sync::atomic::AtomicU64,
-    epoch: std::time::Instant,
+    /// The subscriptions' generation `reachable` was worked out at
+    /// (`u64::MAX`: never).
+    checked: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for SessionNotices {
@@ -129,27 +132,26 @@ impl SessionNotices {
             waiting_count: 0.into(),
             limit: Mutex::new(Limiter::new(super::limit::BURST, super::limit::EVERY)),
             reachable: false.into(),
-            checked_ms: u64::MAX.into(),
-            epoch: std::time::Instant::now(),
+            checked: u64::MAX.into(),
         }
     }
 
     /// Whether a notice of this session would reach anyone: a `--notify-url`,
-    /// or a push subscription of its device's. Read from the file at most
-    /// every [`RECHECK_MS`]; the hot path is two atomic loads.
+    /// or a push subscription of its device's (looked up in memory when the
+    /// subscriptions changed; else two atomic loads).
     fn reachable(&self) -> bool {
         let Some((hook, info)) = &self.hook else { return false };
         if hook.notifier.config.webhook.is_some() {
             return true;
         }
-        let now = self.epoch.elapsed().as_millis() as u64;
-        let at = self.checked_ms.load(Ordering::Relaxed);
-        if at != u64::MAX && now.saturating_sub(at) < RECHECK_MS {
-            return self.reachable.load(Ordering::Relaxed);
+        let subs = &hook.notifier.subscriptions;
+        let now = subs.generation();
+        if self.checked.load(Ordering::Acquire) == now {
+            return self.reachable.load(Ordering::Acquire);
         }
-        self.checked_ms.store(now, Ordering::Relaxed);
-        let yes = hook.notifier.vapid.is_some() && !hook.notifier.subscriptions.of(&info.peer).is_empty();
-        self.reachable.store(yes, Ordering::Relaxed);
+        let yes = hook.notifier.vapid.is_some() && subs.has(&info.peer);
+        self.reachable.store(yes, Ordering::Release);
+        self.checked.store(now, Ordering::Release);
         yes
     }
 
@@ -298,7 +300,8 @@ impl SessionNotices {
         was
     }
 
-    /// Hands the notice on, within the session's rate limit; never waits.
+    /// Hands the notice on, within the session's rate limit, its device's
+    /// and the bridge's ([`super::limit`]); never waits.
     fn send(&self, hook: &AgentNotify, info: &SessionInfo, kind: Kind, text: Option<String>) {
         let more = {
             let mut limit = self.limit.lock().unwrap_or_else(|p| p.into_inner());
@@ -321,6 +324,27 @@ impl SessionNotices {
                 }
             }
         };
+        if let Err(held) = hook.notifier.budget(&info.peer) {
+            // Counted in the session's, so its next notice says so.
+            self.limit.lock().unwrap_or_else(|p| p.into_inner()).hold();
+            let peer = info.peer.fmt_short();
+            match held {
+                Held::Device(1) => info!(
+                    %peer,
+                    "notices of this device are held back: at most {} at once across its sessions, then one per {:?}",
+                    super::limit::DEVICE_BURST,
+                    super::limit::DEVICE_EVERY
+                ),
+                Held::Bridge(1) => info!(
+                    "notices of this bridge are held back: at most {} at once, then one per {:?}",
+                    super::limit::BRIDGE_BURST,
+                    super::limit::BRIDGE_EVERY
+                ),
+                Held::Device(n) => info!(%peer, "notice of this device held back ({n} so far)"),
+                Held::Bridge(n) => debug!("notice held back by the bridge's limit ({n} so far)"),
+            }
+            return;
+        }
         hook.notifier.notify(Event {
             agent: hook.agent.clone(),
             label: hook.label.clone(),
@@ -359,6 +383,8 @@ impl SessionNotices {
         const NOT_FOUND: i64 = -32601;
         const INVALID: i64 = -32602;
         const FAILED: i64 = -32603;
+        // A server error (JSON-RPC's -32000 to -32099): the bridge is full.
+        const FULL: i64 = -32001;
         let push =
             self.hook.as_ref().and_then(|(h, i)| h.notifier.vapid.clone().map(|v| (h.clone(), i.clone(), v)));
         let known = [METHOD_PUSH_KEY, METHOD_PUSH_SUBSCRIBE, METHOD_PUSH_UNSUBSCRIBE];
@@ -374,39 +400,47 @@ impl SessionNotices {
         match method {
             METHOD_PUSH_KEY => Ok(json!({"applicationServerKey": vapid.public_b64()})),
             METHOD_PUSH_SUBSCRIBE => {
-                let sub = Subscription::from_json(&params).map_err(|e| (INVALID, e.to_string()))?;
-                let origin = reqwest::Url::parse(&sub.endpoint)
-                    .map(|u| u.origin().ascii_serialization())
-                    .unwrap_or_default();
-                match tokio::task::spawn_blocking(move || subs.add(&peer, sub)).await {
-                    Ok(Ok(())) => {
-                        self.reachable.store(true, Ordering::Relaxed);
-                        self.checked_ms.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+                let sub = Subscription::from_json(&params, hook.notifier.policy)
+                    .map_err(|e| (INVALID, e.to_string()))?;
+                let origin = sub.origin();
+                match subs.add(&peer, sub).await {
+                    Ok(()) => {
                         info!(peer = %short, "push subscription registered (push service {origin})");
                         Ok(json!({"subscribed": true}))
                     }
-                    Ok(Err(e)) => {
-                        warn!(peer = %short, "could not save a push subscription: {e}");
-                        Err((FAILED, "the bridge could not save the subscription".to_string()))
+                    Err(e @ AddError::Full) => {
+                        warn!(peer = %short, "push subscription refused: {e}");
+                        Err((FULL, e.to_string()))
                     }
-                    Err(_) => Err((FAILED, "the bridge could not save the subscription".to_string())),
+                    Err(e @ AddError::Save(_)) => {
+                        let why = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default();
+                        warn!(peer = %short, "could not save a push subscription: {why}");
+                        Err((FAILED, e.to_string()))
+                    }
                 }
             }
             _ => {
                 let endpoint = params["endpoint"]
                     .as_str()
-                    .ok_or_else(|| (INVALID, "params.endpoint (a string) is required".to_string()))?
-                    .to_string();
+                    .ok_or_else(|| (INVALID, "params.endpoint (a string) is required".to_string()))?;
+                if endpoint.len() > MAX_ENDPOINT {
+                    // Never stored: nothing to remove.
+                    return Ok(json!({"removed": true}));
+                }
                 // Stored endpoints are normalised URLs.
-                let endpoint = reqwest::Url::parse(&endpoint).map(|u| u.to_string()).unwrap_or(endpoint);
-                match tokio::task::spawn_blocking(move || subs.remove(&peer, &endpoint)).await {
-                    Ok(Ok(removed)) => {
-                        if removed {
-                            info!(peer = %short, "push subscription removed by its device");
-                        }
-                        Ok(json!({"removed": removed}))
+                let endpoint =
+                    reqwest::Url::parse(endpoint).map(|u| u.to_string()).unwrap_or(endpoint.to_string());
+                // The same answer whatever was there: whether a push service
+                // said it is gone is not the device's to learn here.
+                match subs.remove(&peer, &endpoint).await {
+                    Ok(()) => {
+                        debug!(peer = %short, "push subscription removed by its device");
+                        Ok(json!({"removed": true}))
                     }
-                    _ => Err((FAILED, "the bridge could not update its subscriptions".to_string())),
+                    Err(e) => {
+                        warn!(peer = %short, "could not save the push subscriptions: {e}");
+                        Err((FAILED, "the bridge could not update its subscriptions".to_string()))
+                    }
                 }
             }
         }

@@ -579,6 +579,9 @@ async fn beat(shared: &Shared) {
     let served = shared.served();
     let trust_of = |name: &str| served.get(name).map(|a| a.config().trust.clone());
     let closed = shared.sessions.recheck() + shared.hubs.recheck(trust_of);
+    crate::notify::Notifier::forget_revoked(
+        served.values().filter_map(|a| a.config().session.notify.clone()),
+    );
     tracing::debug!(open = shared.sessions.len(), closed, "heartbeat: {}", shared.hubs.summary());
 }
 

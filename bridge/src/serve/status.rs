@@ -246,6 +246,10 @@ impl BridgeHandle {
     pub fn recheck(&self) -> usize {
         let served = self.shared.served();
         let trust_of = |name: &str| served.get(name).map(|a| a.config().trust.clone());
+        // A revoked device's push subscriptions go with its sessions, now.
+        crate::notify::Notifier::forget_revoked(
+            served.values().filter_map(|a| a.config().session.notify.clone()),
+        );
         self.shared.sessions.recheck() + self.shared.hubs.recheck(trust_of)
     }
 }
