@@ -559,7 +559,12 @@ async fn connect_with(s: &Setup, input: &[u8]) -> std::process::Output {
 
 /// `connect TARGET` as the client home, `input` on its stdin, until it exits.
 async fn connect_to(s: &Setup, target: &str, input: &[u8]) -> std::process::Output {
-    let mut c = s.client_home.cmd();
+    connect_from(&s.client_home, target, input).await
+}
+
+/// `connect TARGET` as `home`, `input` on its stdin, until it exits.
+async fn connect_from(home: &Tb, target: &str, input: &[u8]) -> std::process::Output {
+    let mut c = home.cmd();
     c.args(["acp", "connect", target]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = c.spawn().unwrap();
     let mut stdin = child.stdin.take().unwrap();
@@ -779,16 +784,8 @@ async fn a_client_that_dials_once_per_prompt_is_never_held_back() {
     let bridge = bridge_home.bridge("acp", &[], &strs(&agent(&["cat"]))).await;
     let started = std::time::Instant::now();
     for i in 0..30 {
-        let mut c = client_home.cmd();
-        c.args(["acp", "connect", &bridge.ticket])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(format!("{{\"prompt\":{i}}}\n").as_bytes()).await.unwrap();
-        drop(stdin);
-        let out = tokio::time::timeout(WAIT, child.wait_with_output()).await.expect("connect ends").unwrap();
+        let out =
+            connect_from(&client_home, &bridge.ticket, format!("{{\"prompt\":{i}}}\n").as_bytes()).await;
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.stdout, format!("{{\"prompt\":{i}}}\n").as_bytes(), "prompt {i}: {err}");
         assert!(!err.contains("retry") && !err.contains("again"), "prompt {i} had to dial again: {err}");
