@@ -549,3 +549,17 @@ async fn removed_and_rekeyed_agents_release_their_descriptors_and_new_manifests_
     assert_eq!(out.stdout, b"{\"fresh\":1}\n", "{}", String::from_utf8_lossy(&out.stderr));
     h.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_manifest_on_an_identity_already_used_is_refused_with_its_reason() {
+    let (host, _client) = homes().await;
+    let dir = agents_dir(&host);
+    write_manifest(&dir, "a.json", &cat("first", r#","identity":"acp""#), 0o600);
+    write_manifest(&dir, "b.json", &cat("second", r#","identity":"acp""#), 0o600);
+    let h = RunningHost::start(&host, &[]).await;
+    assert_eq!(h.agents.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["first"], "{}", h.banner);
+    let line = h.banner.lines().find(|l| l.contains("b.json")).unwrap_or_else(|| panic!("{}", h.banner));
+    assert!(line.contains("Refused:") && line.contains("is already used by"), "{line}");
+    assert!(line.contains("one identity per manifest"), "{line}");
+    h.stop().await;
+}
