@@ -365,11 +365,7 @@ pub fn parse(text: &[u8], path: &Path, machine: &Machine) -> Result<AgentSpec, R
         Some(p) => Protocol::parse_known(p).map_err(|e| Refused(format!("\"protocol\": {e}")))?,
     };
     let argv = resolve_command(&f.command, machine)?;
-    for k in f.env.keys() {
-        if k.is_empty() || k.contains('=') || k.contains('\0') {
-            return refuse(format!("\"env\": '{k}' is not a variable name"));
-        }
-    }
+    check_env(&f.env, "env")?;
     let cwd = f.cwd.as_deref().map(|c| expand_cwd(c, machine)).transpose()?;
     let accept_from = match &f.accept_from {
         None => AcceptFrom::own(),
@@ -470,6 +466,8 @@ fn registry(
     }
     let p: Package = serde_json::from_value(dist[runner].clone())
         .map_err(|e| Refused(format!("\"distribution.{runner}\": {e}")))?;
+    check_env(&p.env, &format!("distribution.{runner}.env"))?;
+    check_package(&p.package, runner)?;
     let mut command = vec![runner.to_string()];
     if runner == "npx" {
         command.push("-y".into());
@@ -493,6 +491,55 @@ fn registry(
         source: path.to_path_buf(),
         warnings: Vec::new(),
     })
+}
+
+/// Longest environment variable name taken: far above any real one, and it
+/// bounds what a refusal message repeats.
+pub const MAX_ENV_NAME_LEN: usize = 128;
+
+/// Every `env` key a variable name: `[A-Za-z_][A-Za-z0-9_]*` (what a shell
+/// can name; no `=`, which would split it, no NUL, no empty name); values
+/// without NUL (an agent could not be given one).
+fn check_env(env: &BTreeMap<String, String>, field: &str) -> Result<(), Refused> {
+    for (k, v) in env {
+        let mut chars = k.chars();
+        let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && k.len() <= MAX_ENV_NAME_LEN;
+        if !ok {
+            let shown: String = k.chars().take(MAX_ENV_NAME_LEN).flat_map(char::escape_default).collect();
+            return refuse(format!(
+                "\"{field}\": '{shown}' is not a variable name (letters, digits and _, not starting with a \
+                 digit, at most {MAX_ENV_NAME_LEN})"
+            ));
+        }
+        if v.contains('\0') {
+            return refuse(format!("\"{field}\": the value of {k} contains a NUL character"));
+        }
+    }
+    Ok(())
+}
+
+/// Longest registry package spec taken (npm's name limit is 214, plus a version).
+pub const MAX_PACKAGE_LEN: usize = 256;
+
+/// A registry `package` is a package spec, never an option of `npx`/`uvx`
+/// (`--call=…` would run anything): it must not start with `-`, and it holds
+/// only what package names and versions are made of.
+fn check_package(package: &str, runner: &str) -> Result<(), Refused> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "@/._-~^+=<>!,[]*".contains(c);
+    let ok = !package.is_empty()
+        && !package.starts_with('-')
+        && package.len() <= MAX_PACKAGE_LEN
+        && package.chars().all(allowed);
+    if !ok {
+        let shown: String = package.chars().take(MAX_PACKAGE_LEN).flat_map(char::escape_default).collect();
+        return refuse(format!(
+            "\"distribution.{runner}.package\": '{shown}' is not a package spec (e.g. \"@scope/name@1.2.3\"; \
+             it must not start with '-', which {runner} would take as an option)"
+        ));
+    }
+    Ok(())
 }
 
 /// `[a-z][a-z0-9-]*`, at most [`MAX_NAME_LEN`].
@@ -716,5 +763,27 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.0.contains("binary archive"), "{err}");
+        for (dist, why) in [
+            (r#"{"npx":{"package":"--call=touch /tmp/x"}}"#, "must not start with '-'"),
+            (r#"{"npx":{"package":"a b"}}"#, "is not a package spec"),
+            (r#"{"npx":{"package":"p","env":{"":"x"}}}"#, "is not a variable name"),
+            (r#"{"npx":{"package":"p","env":{"A=B":"c"}}}"#, "is not a variable name"),
+        ] {
+            let text = format!(r#"{{"id":"x","name":"X","distribution":{dist}}}"#);
+            let err = parse_str(&text, &m).unwrap_err().0;
+            assert!(err.contains(why), "{dist}: {err}");
+        }
+    }
+
+    #[test]
+    fn env_keys_are_variable_names() {
+        let (_dir, m) = with_program();
+        for key in ["", "=empty", "A=B", "1A", "A-B", "A\\u0000"] {
+            let text = format!(r#"{{"name":"a","command":["my-agent"],"env":{{"{key}":"v"}}}}"#);
+            let err = parse_str(&text, &m).unwrap_err().0;
+            assert!(err.contains("is not a variable name"), "{key}: {err}");
+        }
+        let ok = parse_str(r#"{"name":"a","command":["my-agent"],"env":{"_A1":"v"}}"#, &m).unwrap();
+        assert_eq!(ok.env["_A1"], "v");
     }
 }
