@@ -194,8 +194,7 @@ fn check(a: crate::cli::args::AgentsCheckArgs) -> Result<()> {
         println!("  env:   {k}={}", v.as_str().unwrap_or_default());
     }
     let who = if spec.accept_from.own_devices { "your own devices (account and allow file)" } else { "" };
-    let mut listed: Vec<String> = spec.accept_from.ids.iter().map(|i| i.to_string()).collect();
-    listed.extend(spec.accept_from.names.iter().cloned());
+    let listed: Vec<String> = spec.accept_from.ids.iter().map(|i| i.to_string()).collect();
     println!(
         "  from:  {who}{}{}",
         if !who.is_empty() && !listed.is_empty() { ", " } else { "" },

@@ -56,8 +56,6 @@ pub struct AcceptFrom {
     pub own_devices: bool,
     /// NodeIds listed by id.
     pub ids: Vec<EndpointId>,
-    /// Device names (as given with `iroh allow --name` or at pairing).
-    pub names: Vec<String>,
 }
 
 impl AcceptFrom {
@@ -618,11 +616,12 @@ fn accept_from(list: &[String]) -> Result<AcceptFrom, Refused> {
             a.own_devices = true;
         } else if let Ok(id) = parse_node_id(e) {
             a.ids.push(id);
-        } else if !e.is_empty() && e.len() <= 64 && !e.chars().any(char::is_control) {
-            a.names.push(e.to_string());
         } else {
+            // A device name or a mistyped NodeId would be shown and never enforced.
+            let shown: String = entry.chars().take(80).flat_map(char::escape_default).collect();
             return refuse(format!(
-                "\"accept_from\": '{entry}' is neither \"self\", a NodeId nor a device name"
+                "\"accept_from\": '{shown}' is neither \"self\" nor a NodeId (device names are not \
+                 taken: give the device's NodeId)"
             ));
         }
     }
@@ -726,18 +725,19 @@ mod tests {
     }
 
     #[test]
-    fn accept_from_takes_self_ids_and_names() {
+    fn accept_from_takes_self_and_ids_and_refuses_anything_else() {
         let (_dir, m) = with_program();
         let id = iroh::SecretKey::from_bytes(&[3; 32]).public();
-        let spec = parse_str(
-            &format!(r#"{{"name":"a","command":["my-agent"],"accept_from":["{id}","phone"]}}"#),
-            &m,
-        )
-        .unwrap();
-        assert_eq!(
-            spec.accept_from,
-            AcceptFrom { own_devices: false, ids: vec![id], names: vec!["phone".into()] }
-        );
+        let spec =
+            parse_str(&format!(r#"{{"name":"a","command":["my-agent"],"accept_from":["{id}","self"]}}"#), &m)
+                .unwrap();
+        assert_eq!(spec.accept_from, AcceptFrom { own_devices: true, ids: vec![id] });
+        let typo = &id.to_string()[1..];
+        for entry in ["phone", typo] {
+            let text = format!(r#"{{"name":"a","command":["my-agent"],"accept_from":["self","{entry}"]}}"#);
+            let err = parse_str(&text, &m).unwrap_err().0;
+            assert!(err.contains(&format!("'{entry}' is neither \"self\" nor a NodeId")), "{err}");
+        }
     }
 
     #[test]
