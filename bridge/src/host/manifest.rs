@@ -413,8 +413,12 @@ pub fn parse(text: &[u8], path: &Path, machine: &Machine) -> Result<AgentSpec, R
                 Refused(format!("\"identity\" must be \"own\", \"acp\" or \"mcp\", not '{p}'"))
             })?),
         };
+    let label = match f.label {
+        Some(l) => check_label(&l)?,
+        None => name.clone(),
+    };
     Ok(AgentSpec {
-        label: f.label.unwrap_or_else(|| name.clone()),
+        label,
         name,
         protocol,
         argv,
@@ -473,8 +477,9 @@ fn registry(
     command.push(p.package);
     command.extend(p.args);
     let argv = resolve_command(&command, machine)?;
+    let label = check_label(obj.get("name").and_then(Value::as_str).unwrap_or(id))?;
     Ok(AgentSpec {
-        label: obj.get("name").and_then(Value::as_str).unwrap_or(id).to_string(),
+        label,
         name,
         protocol: Protocol::acp(),
         argv,
@@ -489,6 +494,37 @@ fn registry(
         source: path.to_path_buf(),
         warnings: Vec::new(),
     })
+}
+
+/// Longest label, in characters: it is printed in the banner, the log and
+/// `status`, and is part of the account's device name.
+pub const MAX_LABEL_CHARS: usize = 80;
+
+/// Whether `c` could change how a terminal or a bidi-aware viewer shows the
+/// text around it: control characters (ANSI escapes start with one) and the
+/// invisible format characters (bidi embeddings, overrides and isolates,
+/// zero-width ones, the BOM, separators, tags).
+fn is_hidden_or_control(c: char) -> bool {
+    c.is_control()
+        || matches!(c,
+            '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}' | '\u{E0000}'..='\u{E007F}')
+}
+
+/// A label as it will be shown: refused when it holds a control or format
+/// character (named by its code point) or is longer than [`MAX_LABEL_CHARS`].
+pub fn check_label(label: &str) -> Result<String, Refused> {
+    if let Some(c) = label.chars().find(|c| is_hidden_or_control(*c)) {
+        return refuse(format!(
+            "\"label\" holds U+{:04X}, a control or invisible formatting character (it could change how \
+             the banner and the log read)",
+            c as u32
+        ));
+    }
+    if label.chars().count() > MAX_LABEL_CHARS {
+        return refuse(format!("\"label\" is longer than {MAX_LABEL_CHARS} characters"));
+    }
+    Ok(label.to_string())
 }
 
 /// Longest environment variable name taken: far above any real one, and it
@@ -773,6 +809,29 @@ mod tests {
             let err = parse_str(&text, &m).unwrap_err().0;
             assert!(err.contains(why), "{dist}: {err}");
         }
+    }
+
+    #[test]
+    fn labels_with_control_or_format_characters_are_refused() {
+        let (_dir, m) = with_program();
+        for (label, code) in [
+            ("\\u001b[31mred", "U+001B"),
+            ("a\\u202Eb", "U+202E"),
+            ("a\\u2066b", "U+2066"),
+            ("a\\u200Bb", "U+200B"),
+            ("\\uFEFFa", "U+FEFF"),
+            ("a\\nb", "U+000A"),
+        ] {
+            let text = format!(r#"{{"name":"a","command":["my-agent"],"label":"{label}"}}"#);
+            let err = parse_str(&text, &m).unwrap_err().0;
+            assert!(err.contains(code) && err.contains("\"label\""), "{label}: {err}");
+        }
+        let long = "x".repeat(MAX_LABEL_CHARS + 1);
+        let text = format!(r#"{{"name":"a","command":["my-agent"],"label":"{long}"}}"#);
+        assert!(parse_str(&text, &m).unwrap_err().0.contains("longer than"));
+        let ok =
+            parse_str(r#"{"name":"a","command":["my-agent"],"label":"Claude Code — ünïcode"}"#, &m).unwrap();
+        assert_eq!(ok.label, "Claude Code — ünïcode");
     }
 
     #[test]
