@@ -617,9 +617,38 @@ fn resolve_command(command: &[String], machine: &Machine) -> Result<Vec<OsString
             .find(|c| c.is_absolute() && is_exec(c))
             .ok_or_else(|| Refused(format!("\"command\": '{program}' was not found on PATH")))?
     };
+    check_program(&resolved, machine)?;
     let mut argv = vec![resolved.into_os_string()];
     argv.extend(command[1..].iter().map(OsString::from));
     Ok(argv)
+}
+
+/// Whoever can rewrite the program chooses what runs as you, like whoever can
+/// write the manifest: the file it resolves to (links followed) is refused when
+/// anyone may write it (world-writable, root's included), or when it belongs to
+/// another user who is not root (system programs are root's; a group-writable
+/// file of yours or root's is taken: user-private groups make that common).
+fn check_program(program: &Path, machine: &Machine) -> Result<(), Refused> {
+    let meta = std::fs::metadata(program)
+        .map_err(|e| Refused(format!("\"command\": cannot read {}: {e}", program.display())))?;
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o002 != 0 {
+        return refuse(format!(
+            "\"command\": {} is writable by everyone (mode {mode:04o}): anyone could change what runs as \
+             you; chmod o-w it",
+            program.display()
+        ));
+    }
+    if meta.uid() != machine.uid && meta.uid() != 0 {
+        return refuse(format!(
+            "\"command\": {} is owned by uid {}, neither you (uid {}) nor root: its owner could change what \
+             runs as you",
+            program.display(),
+            meta.uid(),
+            machine.uid
+        ));
+    }
+    Ok(())
 }
 
 fn expand_cwd(cwd: &str, machine: &Machine) -> Result<PathBuf, Refused> {
@@ -832,6 +861,22 @@ mod tests {
         let ok =
             parse_str(r#"{"name":"a","command":["my-agent"],"label":"Claude Code — ünïcode"}"#, &m).unwrap();
         assert_eq!(ok.label, "Claude Code — ünïcode");
+    }
+
+    #[test]
+    fn a_command_anyone_may_write_or_another_user_owns_is_refused() {
+        let (dir, m) = with_program();
+        let prog = dir.path().join("my-agent");
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = parse_str(r#"{"name":"a","command":["my-agent"]}"#, &m).unwrap_err().0;
+        assert!(err.contains("writable by everyone"), "{err}");
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o775)).unwrap();
+        parse_str(r#"{"name":"a","command":["my-agent"]}"#, &m).expect("group-writable, yours: taken");
+        // Owned by someone else (only when this test may chown).
+        if std::os::unix::fs::chown(&prog, Some(65534), None).is_ok() {
+            let err = parse_str(r#"{"name":"a","command":["my-agent"]}"#, &m).unwrap_err().0;
+            assert!(err.contains("owned by uid 65534"), "{err}");
+        }
     }
 
     #[test]
