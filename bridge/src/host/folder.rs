@@ -19,6 +19,13 @@ use crate::host::manifest::{self, AgentSpec, Machine};
 /// (the issue's promise is 2 s), and a look costs one `stat` per file.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
+/// Most agents one host serves. Each has an endpoint of its own: its UDP
+/// sockets (one to three descriptors), tasks, and a relay connection; 64 of
+/// them stay a small share of the 1024 descriptors a process gets by default,
+/// which its sessions need too (each session's agent holds three pipes and
+/// its connection). Manifests past it (in file-name order) are refused.
+pub const MAX_HOSTED_AGENTS: usize = 64;
+
 /// The folder's manifests as last read.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Loaded {
@@ -132,6 +139,12 @@ pub fn load_dir(dir: &Path, machine: &Machine) -> Loaded {
                         first.name
                     );
                     out.refused.push((file, why));
+                } else if out.agents.len() >= MAX_HOSTED_AGENTS {
+                    let why = format!(
+                        "over the {MAX_HOSTED_AGENTS} agents one host serves (each holds an endpoint and its \
+                         sockets); the first {MAX_HOSTED_AGENTS} by file name are served"
+                    );
+                    out.refused.push((file, why));
                 } else {
                     out.agents.insert(spec.name.clone(), spec);
                 }
@@ -228,6 +241,27 @@ mod tests {
         let (file, why) = &l.refused[0];
         assert!(file.ends_with("b.json"), "{file:?}");
         assert!(why.contains("iroh/identity) is already used by") && why.contains("a.json"), "{why}");
+    }
+
+    #[test]
+    fn manifests_over_the_cap_are_refused_with_why() {
+        let (_d, agents, m) = setup();
+        for i in 0..MAX_HOSTED_AGENTS + 2 {
+            write(
+                &agents,
+                &format!("a{i:03}.json"),
+                &format!(r#"{{"name":"a{i}","command":["agent"]}}"#),
+                0o600,
+            );
+        }
+        let l = load_dir(&agents, &m);
+        assert_eq!(l.agents.len(), MAX_HOSTED_AGENTS);
+        assert_eq!(l.refused.len(), 2, "{:?}", l.refused);
+        for (file, why) in &l.refused {
+            assert!(why.contains(&format!("over the {MAX_HOSTED_AGENTS} agents one host serves")), "{why}");
+            let n: usize = file.file_stem().unwrap().to_str().unwrap()[1..].parse().unwrap();
+            assert!(n >= MAX_HOSTED_AGENTS, "{file:?}");
+        }
     }
 
     #[test]
