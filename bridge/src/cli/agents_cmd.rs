@@ -41,8 +41,10 @@ pub async fn host(home: &Home, args: HostArgs) -> Result<()> {
     host::report(&loaded);
     let mut served = Vec::new();
     let mut started = Vec::new();
-    for spec in loaded.agents.values() {
-        match ctx.start(spec).await {
+    // All at once: an unreachable relay's wait is paid once, not once per agent.
+    let starts = futures::future::join_all(loaded.agents.values().map(|spec| ctx.start(spec))).await;
+    for (spec, start) in loaded.agents.values().zip(starts) {
+        match start {
             Ok((a, s)) => {
                 served.push(a);
                 started.push(s);
