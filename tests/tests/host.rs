@@ -553,3 +553,99 @@ async fn a_code_grants_exactly_its_agent_and_iroh_pair_pairs_with_the_agent_on_t
     assert!(!out.status.success(), "denied: {}", String::from_utf8_lossy(&out.stderr));
     h.stop().await;
 }
+
+/// Descriptors the process `pid` holds now.
+fn descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Polls (bounded by [`WAIT`]) until `pid` holds at most `max` descriptors; the count last seen.
+async fn descriptors_at_most(pid: u32, max: usize) -> usize {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let n = descriptors(pid);
+        if n <= max || Instant::now() > deadline {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn removed_and_rekeyed_agents_release_their_descriptors_and_new_manifests_still_serve() {
+    // What "back where it was" may differ by: iroh's per-process state settling.
+    const SLACK: usize = 8;
+    const AGENTS: usize = 30;
+    const REKEYS: usize = 8;
+    let (host, client) = homes().await;
+    let dir = agents_dir(&host);
+    let mut c = host.cmd();
+    c.arg("host");
+    // SAFETY: setrlimit only, in the child before exec.
+    unsafe {
+        c.pre_exec(|| {
+            let lim = libc::rlimit { rlim_cur: 256, rlim_max: 256 };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let (child, banner, log) = start_with_banner(c).await;
+    let h = RunningHost { child, banner, log, agents: Vec::new() };
+    let pid = h.child.id().unwrap();
+    let before = descriptors(pid);
+    for i in 0..AGENTS {
+        write_manifest(&dir, &format!("a{i}.json"), &cat(&format!("a{i}"), ""), 0o600);
+    }
+    h.log.wait_for_count("now serving a", AGENTS).await;
+    let serving = descriptors(pid);
+    assert!(serving > before + AGENTS, "{AGENTS} endpoints hold descriptors: {before} -> {serving}");
+    for i in 0..AGENTS {
+        std::fs::remove_file(dir.join(format!("a{i}.json"))).unwrap();
+    }
+    h.log.wait_for_count("no longer served:", AGENTS).await;
+    let after = descriptors_at_most(pid, before + SLACK).await;
+    assert!(
+        after <= before + SLACK,
+        "descriptors: {before} at start, {serving} serving, {after} after removal"
+    );
+    eprintln!("descriptors: {before} at start, {serving} with {AGENTS} agents, {after} after removal");
+    // Identity changes, each a new endpoint: the old one's descriptors go.
+    write_manifest(&dir, "rk.json", &cat("rk", ""), 0o600);
+    h.log.wait_for("now serving rk").await;
+    let one = descriptors(pid);
+    for i in 0..REKEYS {
+        let identity = if i % 2 == 0 { r#","identity":"acp""# } else { r#","identity":"own""# };
+        write_manifest(&dir, "rk.json", &cat("rk", identity), 0o600);
+        h.log.wait_for_count("now serving rk", i + 2).await;
+    }
+    let rekeyed = descriptors_at_most(pid, one + SLACK).await;
+    assert!(
+        rekeyed <= one + SLACK,
+        "descriptors: {one} with one agent, {rekeyed} after {REKEYS} identity changes"
+    );
+    eprintln!("descriptors: {one} with one agent, {rekeyed} after {REKEYS} identity changes");
+    // And a new manifest still serves, and answers.
+    write_manifest(&dir, "fresh.json", &cat("fresh", ""), 0o600);
+    h.log.wait_for("now serving fresh").await;
+    let line = h.log.text().lines().find(|l| l.contains("now serving fresh")).unwrap().to_string();
+    let ticket = line.split("ticket ").nth(1).unwrap().split_whitespace().next().unwrap().to_string();
+    let out = exchange(&client, "acp", &ticket, "{\"fresh\":1}\n").await;
+    assert_eq!(out.stdout, b"{\"fresh\":1}\n", "{}", String::from_utf8_lossy(&out.stderr));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_manifest_on_an_identity_already_used_is_refused_with_its_reason() {
+    let (host, _client) = homes().await;
+    let dir = agents_dir(&host);
+    write_manifest(&dir, "a.json", &cat("first", r#","identity":"acp""#), 0o600);
+    write_manifest(&dir, "b.json", &cat("second", r#","identity":"acp""#), 0o600);
+    let h = RunningHost::start(&host, &[]).await;
+    assert_eq!(h.agents.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["first"], "{}", h.banner);
+    let line = h.banner.lines().find(|l| l.contains("b.json")).unwrap_or_else(|| panic!("{}", h.banner));
+    assert!(line.contains("Refused:") && line.contains("is already used by"), "{line}");
+    assert!(line.contains("one identity per manifest"), "{line}");
+    h.stop().await;
+}

@@ -41,8 +41,10 @@ pub async fn host(home: &Home, args: HostArgs) -> Result<()> {
     host::report(&loaded);
     let mut served = Vec::new();
     let mut started = Vec::new();
-    for spec in loaded.agents.values() {
-        match ctx.start(spec).await {
+    // All at once: an unreachable relay's wait is paid once, not once per agent.
+    let starts = futures::future::join_all(loaded.agents.values().map(|spec| ctx.start(spec))).await;
+    for (spec, start) in loaded.agents.values().zip(starts) {
+        match start {
             Ok((a, s)) => {
                 served.push(a);
                 started.push(s);
@@ -194,8 +196,7 @@ fn check(a: crate::cli::args::AgentsCheckArgs) -> Result<()> {
         println!("  env:   {k}={}", v.as_str().unwrap_or_default());
     }
     let who = if spec.accept_from.own_devices { "your own devices (account and allow file)" } else { "" };
-    let mut listed: Vec<String> = spec.accept_from.ids.iter().map(|i| i.to_string()).collect();
-    listed.extend(spec.accept_from.names.iter().cloned());
+    let listed: Vec<String> = spec.accept_from.ids.iter().map(|i| i.to_string()).collect();
     println!(
         "  from:  {who}{}{}",
         if !who.is_empty() && !listed.is_empty() { ", " } else { "" },

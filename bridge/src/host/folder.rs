@@ -19,6 +19,13 @@ use crate::host::manifest::{self, AgentSpec, Machine};
 /// (the issue's promise is 2 s), and a look costs one `stat` per file.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
+/// Most agents one host serves. Each has an endpoint of its own: its UDP
+/// sockets (one to three descriptors), tasks, and a relay connection; 64 of
+/// them stay a small share of the 1024 descriptors a process gets by default,
+/// which its sessions need too (each session's agent holds three pipes and
+/// its connection). Manifests past it (in file-name order) are refused.
+pub const MAX_HOSTED_AGENTS: usize = 64;
+
 /// The folder's manifests as last read.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Loaded {
@@ -115,16 +122,33 @@ pub fn load_dir(dir: &Path, machine: &Machine) -> Loaded {
     }
     for file in files {
         match manifest::load(&file, machine) {
-            Ok(spec) => match out.agents.get(&spec.name) {
-                Some(first) => {
+            Ok(spec) => {
+                let identity = spec.identity.file_name(&spec.name);
+                let same_identity = out.agents.values().find(|a| a.identity.file_name(&a.name) == identity);
+                if let Some(first) = out.agents.get(&spec.name) {
                     let why =
                         format!("agent name '{}' is already used by {}", spec.name, first.source.display());
                     out.refused.push((file, why));
-                }
-                None => {
+                } else if let Some(first) = same_identity {
+                    // One NodeId is one agent: two would share a ticket and an
+                    // endpoint's worth of pairings, and only one could be reached.
+                    let why = format!(
+                        "its identity (iroh/{identity}) is already used by {} (agent '{}'): one identity \
+                         per manifest",
+                        first.source.display(),
+                        first.name
+                    );
+                    out.refused.push((file, why));
+                } else if out.agents.len() >= MAX_HOSTED_AGENTS {
+                    let why = format!(
+                        "over the {MAX_HOSTED_AGENTS} agents one host serves (each holds an endpoint and its \
+                         sockets); the first {MAX_HOSTED_AGENTS} by file name are served"
+                    );
+                    out.refused.push((file, why));
+                } else {
                     out.agents.insert(spec.name.clone(), spec);
                 }
-            },
+            }
             Err(why) => out.refused.push((file, why.0)),
         }
     }
@@ -203,6 +227,41 @@ mod tests {
         assert!(reasons[1].contains("c.json") && reasons[1].contains("writable by others"), "{reasons:?}");
         assert!(reasons[2].contains("d.json") && reasons[2].contains("already used"), "{reasons:?}");
         assert!(l.agents["e"].warnings[0].contains("readable by others"), "{:?}", l.agents["e"].warnings);
+    }
+
+    #[test]
+    fn a_second_manifest_on_an_identity_already_used_is_refused() {
+        let (_d, agents, m) = setup();
+        write(&agents, "a.json", r#"{"name":"a","command":["agent"],"identity":"acp"}"#, 0o600);
+        write(&agents, "b.json", r#"{"name":"b","command":["agent"],"identity":"acp"}"#, 0o600);
+        write(&agents, "c.json", r#"{"name":"c","command":["agent"],"identity":"mcp"}"#, 0o600);
+        let l = load_dir(&agents, &m);
+        assert_eq!(l.agents.keys().collect::<Vec<_>>(), ["a", "c"]);
+        assert_eq!(l.refused.len(), 1, "{:?}", l.refused);
+        let (file, why) = &l.refused[0];
+        assert!(file.ends_with("b.json"), "{file:?}");
+        assert!(why.contains("iroh/identity) is already used by") && why.contains("a.json"), "{why}");
+    }
+
+    #[test]
+    fn manifests_over_the_cap_are_refused_with_why() {
+        let (_d, agents, m) = setup();
+        for i in 0..MAX_HOSTED_AGENTS + 2 {
+            write(
+                &agents,
+                &format!("a{i:03}.json"),
+                &format!(r#"{{"name":"a{i}","command":["agent"]}}"#),
+                0o600,
+            );
+        }
+        let l = load_dir(&agents, &m);
+        assert_eq!(l.agents.len(), MAX_HOSTED_AGENTS);
+        assert_eq!(l.refused.len(), 2, "{:?}", l.refused);
+        for (file, why) in &l.refused {
+            assert!(why.contains(&format!("over the {MAX_HOSTED_AGENTS} agents one host serves")), "{why}");
+            let n: usize = file.file_stem().unwrap().to_str().unwrap()[1..].parse().unwrap();
+            assert!(n >= MAX_HOSTED_AGENTS, "{file:?}");
+        }
     }
 
     #[test]

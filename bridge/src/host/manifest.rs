@@ -56,8 +56,6 @@ pub struct AcceptFrom {
     pub own_devices: bool,
     /// NodeIds listed by id.
     pub ids: Vec<EndpointId>,
-    /// Device names (as given with `iroh allow --name` or at pairing).
-    pub names: Vec<String>,
 }
 
 impl AcceptFrom {
@@ -365,11 +363,7 @@ pub fn parse(text: &[u8], path: &Path, machine: &Machine) -> Result<AgentSpec, R
         Some(p) => Protocol::parse_known(p).map_err(|e| Refused(format!("\"protocol\": {e}")))?,
     };
     let argv = resolve_command(&f.command, machine)?;
-    for k in f.env.keys() {
-        if k.is_empty() || k.contains('=') || k.contains('\0') {
-            return refuse(format!("\"env\": '{k}' is not a variable name"));
-        }
-    }
+    check_env(&f.env, "env")?;
     let cwd = f.cwd.as_deref().map(|c| expand_cwd(c, machine)).transpose()?;
     let accept_from = match &f.accept_from {
         None => AcceptFrom::own(),
@@ -419,8 +413,12 @@ pub fn parse(text: &[u8], path: &Path, machine: &Machine) -> Result<AgentSpec, R
                 Refused(format!("\"identity\" must be \"own\", \"acp\" or \"mcp\", not '{p}'"))
             })?),
         };
+    let label = match f.label {
+        Some(l) => check_label(&l)?,
+        None => name.clone(),
+    };
     Ok(AgentSpec {
-        label: f.label.unwrap_or_else(|| name.clone()),
+        label,
         name,
         protocol,
         argv,
@@ -470,6 +468,8 @@ fn registry(
     }
     let p: Package = serde_json::from_value(dist[runner].clone())
         .map_err(|e| Refused(format!("\"distribution.{runner}\": {e}")))?;
+    check_env(&p.env, &format!("distribution.{runner}.env"))?;
+    check_package(&p.package, runner)?;
     let mut command = vec![runner.to_string()];
     if runner == "npx" {
         command.push("-y".into());
@@ -477,8 +477,9 @@ fn registry(
     command.push(p.package);
     command.extend(p.args);
     let argv = resolve_command(&command, machine)?;
+    let label = check_label(obj.get("name").and_then(Value::as_str).unwrap_or(id))?;
     Ok(AgentSpec {
-        label: obj.get("name").and_then(Value::as_str).unwrap_or(id).to_string(),
+        label,
         name,
         protocol: Protocol::acp(),
         argv,
@@ -493,6 +494,86 @@ fn registry(
         source: path.to_path_buf(),
         warnings: Vec::new(),
     })
+}
+
+/// Longest label, in characters: it is printed in the banner, the log and
+/// `status`, and is part of the account's device name.
+pub const MAX_LABEL_CHARS: usize = 80;
+
+/// Whether `c` could change how a terminal or a bidi-aware viewer shows the
+/// text around it: control characters (ANSI escapes start with one) and the
+/// invisible format characters (bidi embeddings, overrides and isolates,
+/// zero-width ones, the BOM, separators, tags).
+fn is_hidden_or_control(c: char) -> bool {
+    c.is_control()
+        || matches!(c,
+            '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}' | '\u{E0000}'..='\u{E007F}')
+}
+
+/// A label as it will be shown: refused when it holds a control or format
+/// character (named by its code point) or is longer than [`MAX_LABEL_CHARS`].
+pub fn check_label(label: &str) -> Result<String, Refused> {
+    if let Some(c) = label.chars().find(|c| is_hidden_or_control(*c)) {
+        return refuse(format!(
+            "\"label\" holds U+{:04X}, a control or invisible formatting character (it could change how \
+             the banner and the log read)",
+            c as u32
+        ));
+    }
+    if label.chars().count() > MAX_LABEL_CHARS {
+        return refuse(format!("\"label\" is longer than {MAX_LABEL_CHARS} characters"));
+    }
+    Ok(label.to_string())
+}
+
+/// Longest environment variable name taken: far above any real one, and it
+/// bounds what a refusal message repeats.
+pub const MAX_ENV_NAME_LEN: usize = 128;
+
+/// Every `env` key a variable name: `[A-Za-z_][A-Za-z0-9_]*` (what a shell
+/// can name; no `=`, which would split it, no NUL, no empty name); values
+/// without NUL (an agent could not be given one).
+fn check_env(env: &BTreeMap<String, String>, field: &str) -> Result<(), Refused> {
+    for (k, v) in env {
+        let mut chars = k.chars();
+        let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && k.len() <= MAX_ENV_NAME_LEN;
+        if !ok {
+            let shown: String = k.chars().take(MAX_ENV_NAME_LEN).flat_map(char::escape_default).collect();
+            return refuse(format!(
+                "\"{field}\": '{shown}' is not a variable name (letters, digits and _, not starting with a \
+                 digit, at most {MAX_ENV_NAME_LEN})"
+            ));
+        }
+        if v.contains('\0') {
+            return refuse(format!("\"{field}\": the value of {k} contains a NUL character"));
+        }
+    }
+    Ok(())
+}
+
+/// Longest registry package spec taken (npm's name limit is 214, plus a version).
+pub const MAX_PACKAGE_LEN: usize = 256;
+
+/// A registry `package` is a package spec, never an option of `npx`/`uvx`
+/// (`--call=…` would run anything): it must not start with `-`, and it holds
+/// only what package names and versions are made of.
+fn check_package(package: &str, runner: &str) -> Result<(), Refused> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "@/._-~^+=<>!,[]*".contains(c);
+    let ok = !package.is_empty()
+        && !package.starts_with('-')
+        && package.len() <= MAX_PACKAGE_LEN
+        && package.chars().all(allowed);
+    if !ok {
+        let shown: String = package.chars().take(MAX_PACKAGE_LEN).flat_map(char::escape_default).collect();
+        return refuse(format!(
+            "\"distribution.{runner}.package\": '{shown}' is not a package spec (e.g. \"@scope/name@1.2.3\"; \
+             it must not start with '-', which {runner} would take as an option)"
+        ));
+    }
+    Ok(())
 }
 
 /// `[a-z][a-z0-9-]*`, at most [`MAX_NAME_LEN`].
@@ -536,9 +617,38 @@ fn resolve_command(command: &[String], machine: &Machine) -> Result<Vec<OsString
             .find(|c| c.is_absolute() && is_exec(c))
             .ok_or_else(|| Refused(format!("\"command\": '{program}' was not found on PATH")))?
     };
+    check_program(&resolved, machine)?;
     let mut argv = vec![resolved.into_os_string()];
     argv.extend(command[1..].iter().map(OsString::from));
     Ok(argv)
+}
+
+/// Whoever can rewrite the program chooses what runs as you, like whoever can
+/// write the manifest: the file it resolves to (links followed) is refused when
+/// anyone may write it (world-writable, root's included), or when it belongs to
+/// another user who is not root (system programs are root's; a group-writable
+/// file of yours or root's is taken: user-private groups make that common).
+fn check_program(program: &Path, machine: &Machine) -> Result<(), Refused> {
+    let meta = std::fs::metadata(program)
+        .map_err(|e| Refused(format!("\"command\": cannot read {}: {e}", program.display())))?;
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o002 != 0 {
+        return refuse(format!(
+            "\"command\": {} is writable by everyone (mode {mode:04o}): anyone could change what runs as \
+             you; chmod o-w it",
+            program.display()
+        ));
+    }
+    if meta.uid() != machine.uid && meta.uid() != 0 {
+        return refuse(format!(
+            "\"command\": {} is owned by uid {}, neither you (uid {}) nor root: its owner could change what \
+             runs as you",
+            program.display(),
+            meta.uid(),
+            machine.uid
+        ));
+    }
+    Ok(())
 }
 
 fn expand_cwd(cwd: &str, machine: &Machine) -> Result<PathBuf, Refused> {
@@ -571,11 +681,12 @@ fn accept_from(list: &[String]) -> Result<AcceptFrom, Refused> {
             a.own_devices = true;
         } else if let Ok(id) = parse_node_id(e) {
             a.ids.push(id);
-        } else if !e.is_empty() && e.len() <= 64 && !e.chars().any(char::is_control) {
-            a.names.push(e.to_string());
         } else {
+            // A device name or a mistyped NodeId would be shown and never enforced.
+            let shown: String = entry.chars().take(80).flat_map(char::escape_default).collect();
             return refuse(format!(
-                "\"accept_from\": '{entry}' is neither \"self\", a NodeId nor a device name"
+                "\"accept_from\": '{shown}' is neither \"self\" nor a NodeId (device names are not \
+                 taken: give the device's NodeId)"
             ));
         }
     }
@@ -679,18 +790,19 @@ mod tests {
     }
 
     #[test]
-    fn accept_from_takes_self_ids_and_names() {
+    fn accept_from_takes_self_and_ids_and_refuses_anything_else() {
         let (_dir, m) = with_program();
         let id = iroh::SecretKey::from_bytes(&[3; 32]).public();
-        let spec = parse_str(
-            &format!(r#"{{"name":"a","command":["my-agent"],"accept_from":["{id}","phone"]}}"#),
-            &m,
-        )
-        .unwrap();
-        assert_eq!(
-            spec.accept_from,
-            AcceptFrom { own_devices: false, ids: vec![id], names: vec!["phone".into()] }
-        );
+        let spec =
+            parse_str(&format!(r#"{{"name":"a","command":["my-agent"],"accept_from":["{id}","self"]}}"#), &m)
+                .unwrap();
+        assert_eq!(spec.accept_from, AcceptFrom { own_devices: true, ids: vec![id] });
+        let typo = &id.to_string()[1..];
+        for entry in ["phone", typo] {
+            let text = format!(r#"{{"name":"a","command":["my-agent"],"accept_from":["self","{entry}"]}}"#);
+            let err = parse_str(&text, &m).unwrap_err().0;
+            assert!(err.contains(&format!("'{entry}' is neither \"self\" nor a NodeId")), "{err}");
+        }
     }
 
     #[test]
@@ -716,5 +828,66 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.0.contains("binary archive"), "{err}");
+        for (dist, why) in [
+            (r#"{"npx":{"package":"--call=touch /tmp/x"}}"#, "must not start with '-'"),
+            (r#"{"npx":{"package":"a b"}}"#, "is not a package spec"),
+            (r#"{"npx":{"package":"p","env":{"":"x"}}}"#, "is not a variable name"),
+            (r#"{"npx":{"package":"p","env":{"A=B":"c"}}}"#, "is not a variable name"),
+        ] {
+            let text = format!(r#"{{"id":"x","name":"X","distribution":{dist}}}"#);
+            let err = parse_str(&text, &m).unwrap_err().0;
+            assert!(err.contains(why), "{dist}: {err}");
+        }
+    }
+
+    #[test]
+    fn labels_with_control_or_format_characters_are_refused() {
+        let (_dir, m) = with_program();
+        for (label, code) in [
+            ("\\u001b[31mred", "U+001B"),
+            ("a\\u202Eb", "U+202E"),
+            ("a\\u2066b", "U+2066"),
+            ("a\\u200Bb", "U+200B"),
+            ("\\uFEFFa", "U+FEFF"),
+            ("a\\nb", "U+000A"),
+        ] {
+            let text = format!(r#"{{"name":"a","command":["my-agent"],"label":"{label}"}}"#);
+            let err = parse_str(&text, &m).unwrap_err().0;
+            assert!(err.contains(code) && err.contains("\"label\""), "{label}: {err}");
+        }
+        let long = "x".repeat(MAX_LABEL_CHARS + 1);
+        let text = format!(r#"{{"name":"a","command":["my-agent"],"label":"{long}"}}"#);
+        assert!(parse_str(&text, &m).unwrap_err().0.contains("longer than"));
+        let ok =
+            parse_str(r#"{"name":"a","command":["my-agent"],"label":"Claude Code — ünïcode"}"#, &m).unwrap();
+        assert_eq!(ok.label, "Claude Code — ünïcode");
+    }
+
+    #[test]
+    fn a_command_anyone_may_write_or_another_user_owns_is_refused() {
+        let (dir, m) = with_program();
+        let prog = dir.path().join("my-agent");
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = parse_str(r#"{"name":"a","command":["my-agent"]}"#, &m).unwrap_err().0;
+        assert!(err.contains("writable by everyone"), "{err}");
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o775)).unwrap();
+        parse_str(r#"{"name":"a","command":["my-agent"]}"#, &m).expect("group-writable, yours: taken");
+        // Owned by someone else (only when this test may chown).
+        if std::os::unix::fs::chown(&prog, Some(65534), None).is_ok() {
+            let err = parse_str(r#"{"name":"a","command":["my-agent"]}"#, &m).unwrap_err().0;
+            assert!(err.contains("owned by uid 65534"), "{err}");
+        }
+    }
+
+    #[test]
+    fn env_keys_are_variable_names() {
+        let (_dir, m) = with_program();
+        for key in ["", "=empty", "A=B", "1A", "A-B", "A\\u0000"] {
+            let text = format!(r#"{{"name":"a","command":["my-agent"],"env":{{"{key}":"v"}}}}"#);
+            let err = parse_str(&text, &m).unwrap_err().0;
+            assert!(err.contains("is not a variable name"), "{key}: {err}");
+        }
+        let ok = parse_str(r#"{"name":"a","command":["my-agent"],"env":{"_A1":"v"}}"#, &m).unwrap();
+        assert_eq!(ok.env["_A1"], "v");
     }
 }

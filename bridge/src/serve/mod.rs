@@ -518,7 +518,17 @@ fn spawn_accept(shared: &Arc<Shared>, agent: Arc<Served>) {
             s.tasks.spawn(task.in_current_span());
         }
     };
-    let relay = relay_health::watch(agent_for_relay, shared.shutdown.clone());
+    // Ends with the agent as well as with the bridge: it holds the agent, and
+    // with it the endpoint and its sockets, for as long as it runs.
+    let relay = {
+        let (agent_stop, shutdown) = (agent_for_relay.stop.clone(), shared.shutdown.clone());
+        async move {
+            tokio::select! {
+                _ = relay_health::watch(agent_for_relay, agent_stop) => {}
+                _ = shutdown.cancelled() => {}
+            }
+        }
+    };
     if name.is_empty() {
         shared.tasks.spawn(accept);
         shared.tasks.spawn(relay);
@@ -562,12 +572,24 @@ fn apply(shared: &Arc<Shared>, change: Change) {
                 };
                 let _ = tokio::time::timeout(crate::limits::AGENT_TERM_GRACE * 2, until_idle).await;
                 drop(s);
-                crate::net::close_endpoint(agent.endpoint.clone(), crate::limits::ENDPOINT_CLOSE_TIMEOUT)
-                    .await;
+                // Never left behind (as at exit): the host goes on, and a
+                // forgotten endpoint would keep its sockets for good. Past the
+                // budget it is dropped, which aborts what is left of it.
+                let ep = agent.endpoint.clone();
+                drop(agent);
+                if tokio::time::timeout(REMOVED_ENDPOINT_CLOSE_TIMEOUT, ep.close()).await.is_err() {
+                    debug!(agent = %name, "the removed agent's endpoint did not close within {REMOVED_ENDPOINT_CLOSE_TIMEOUT:?}; dropping it");
+                }
             });
         }
     }
 }
+
+/// How long a removed agent's endpoint may take to close (its peers told,
+/// its connections drained: iroh's own bound is about 3 s) before it is
+/// dropped: the host keeps running, so this is not cut short like the close
+/// at exit, but it must end so the endpoint's sockets are released.
+const REMOVED_ENDPOINT_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One heartbeat: refresh the account list, then re-check every open session
 /// against its agent's trust (so removing a peer from the allow file also ends
@@ -721,6 +743,13 @@ async fn admitted(
         cfg.session.resume.is_some() && conn.alpn().ends_with(thunderbolt_shared::resume::RESUME_ALPN_SUFFIX);
     let plain = !r1 && cfg.session.keep_warm.is_none();
     let _registered = shared.sessions.insert(&conn, &agent, plain.then_some(&info));
+    // Removed while this connection was in its handshake: after the insert,
+    // so either the removal's close finds it or this sees the removal.
+    if agent.stop.is_cancelled() {
+        info!(peer = %short, "closing: {REASON_AGENT_REMOVED}");
+        refuse(&conn, REASON_AGENT_REMOVED);
+        return;
+    }
     let a = Admitted { shared: shared.clone(), agent, cfg, peer, short, info, grant };
     if !still_admitted(&conn, &a) {
         return;
@@ -1075,7 +1104,13 @@ async fn agent_slot(conn: &Connection, a: &Admitted) -> Option<Slot> {
         );
         refuse(conn, close::REASON_AT_CAPACITY);
     }
-    Some(Slot { permit: permit?, live, _device: device })
+    let permit = permit?;
+    // Removed since its admission (a slot may have been awaited): no agent for it.
+    if a.agent.stop.is_cancelled() {
+        refuse(conn, REASON_AGENT_REMOVED);
+        return None;
+    }
+    Some(Slot { permit, live, _device: device })
 }
 
 /// An agent slot. With every slot taken, a detached session is evicted to
