@@ -649,3 +649,21 @@ async fn a_second_manifest_on_an_identity_already_used_is_refused_with_its_reaso
     assert!(line.contains("one identity per manifest"), "{line}");
     h.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_folder_renamed_away_and_back_removes_no_agent() {
+    let (host, client) = homes().await;
+    let dir = agents_dir(&host);
+    write_manifest(&dir, "a.json", &cat("coder", ""), 0o600);
+    let h = RunningHost::start(&host, &[]).await;
+    let away = host.home().join("agents.d.away");
+    std::fs::rename(&dir, &away).unwrap();
+    h.log.wait_for("cannot be read").await;
+    std::fs::rename(&away, &dir).unwrap();
+    h.log.wait_for("can be read again").await;
+    let out = exchange(&client, "acp", &h.agent("coder").ticket, "{\"still\":1}\n").await;
+    assert_eq!(out.stdout, b"{\"still\":1}\n", "{}", String::from_utf8_lossy(&out.stderr));
+    let text = h.log.text();
+    assert!(!text.contains("manifest removed") && !text.contains("no longer served"), "{text}");
+    h.stop().await;
+}

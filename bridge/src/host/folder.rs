@@ -47,11 +47,22 @@ pub struct Folder {
     machine: Machine,
     stamps: BTreeMap<PathBuf, Stamp>,
     dir_stamp: Option<Stamp>,
+    /// What the last good read gave: kept while the folder cannot be read.
+    last: Loaded,
+    /// Why the folder cannot be read now (said once, not every poll).
+    unreadable: Option<String>,
 }
 
 impl Folder {
     pub fn new(dir: PathBuf, machine: Machine) -> Self {
-        Self { dir, machine, stamps: BTreeMap::new(), dir_stamp: None }
+        Self {
+            dir,
+            machine,
+            stamps: BTreeMap::new(),
+            dir_stamp: None,
+            last: Loaded::default(),
+            unreadable: None,
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -63,16 +74,42 @@ impl Folder {
         let (stamps, dir_stamp) = self.scan();
         self.stamps = stamps;
         self.dir_stamp = dir_stamp;
-        load_dir(&self.dir, &self.machine)
+        self.last = load_dir(&self.dir, &self.machine);
+        self.last.clone()
     }
 
-    /// The folder again, if anything in it changed since the last look.
+    /// The folder again, if anything in it changed since the last look. A
+    /// folder that cannot be read (out of descriptors, renamed away for a
+    /// moment) is not a folder with no manifests: nothing changes, it is said
+    /// once, and the next look tries again.
     pub fn changed(&mut self) -> Option<Loaded> {
         let (stamps, dir_stamp) = self.scan();
-        if stamps == self.stamps && dir_stamp == self.dir_stamp {
+        if stamps == self.stamps && dir_stamp == self.dir_stamp && self.unreadable.is_none() {
             return None;
         }
-        Some(self.load())
+        match load_dir_after(&self.dir, &self.machine, &self.last) {
+            Ok(next) => {
+                if self.unreadable.take().is_some() {
+                    tracing::info!("{} can be read again", self.dir.display());
+                }
+                self.stamps = stamps;
+                self.dir_stamp = dir_stamp;
+                self.last = next.clone();
+                Some(next)
+            }
+            Err(why) => {
+                if self.unreadable.as_deref() != Some(why.as_str()) {
+                    tracing::warn!(
+                        "{} cannot be read ({why}): still serving the {} agent(s) it last had; looking again every {:?}",
+                        self.dir.display(),
+                        self.last.agents.len(),
+                        POLL_INTERVAL
+                    );
+                    self.unreadable = Some(why);
+                }
+                None
+            }
+        }
     }
 
     fn scan(&self) -> (BTreeMap<PathBuf, Stamp>, Option<Stamp>) {
@@ -80,7 +117,7 @@ impl Folder {
             |m: &std::fs::Metadata| (m.len(), m.mtime(), m.mtime_nsec(), m.ino() ^ u64::from(m.mode()));
         let dir_stamp = std::fs::metadata(&self.dir).ok().map(|m| stamp(&m));
         let mut out = BTreeMap::new();
-        for path in manifest_files(&self.dir) {
+        for path in manifest_files(&self.dir).unwrap_or_default() {
             if let Ok(m) = std::fs::symlink_metadata(&path) {
                 out.insert(path, stamp(&m));
             }
@@ -91,9 +128,8 @@ impl Folder {
 
 /// The `*.json` files of `dir`, sorted (load order decides which of two
 /// files naming the same agent wins: the first).
-fn manifest_files(dir: &Path) -> Vec<PathBuf> {
-    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut files: Vec<PathBuf> = rd
+fn manifest_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .filter(|p| {
@@ -102,25 +138,50 @@ fn manifest_files(dir: &Path) -> Vec<PathBuf> {
         })
         .collect();
     files.sort();
-    files
+    Ok(files)
 }
 
-/// Reads every manifest in `dir`.
+/// Reads every manifest in `dir` (none when it cannot be read).
 pub fn load_dir(dir: &Path, machine: &Machine) -> Loaded {
+    load_dir_after(dir, machine, &Loaded::default()).unwrap_or_default()
+}
+
+/// Reads every manifest in `dir`, after `last` was read from it: a file
+/// that cannot be read for a moment (an I/O error, not its content) keeps
+/// its last good manifest, and at the cap the agents `last` has come first.
+/// `Err`: the folder itself cannot be read.
+pub fn load_dir_after(dir: &Path, machine: &Machine, last: &Loaded) -> Result<Loaded, String> {
     let mut out = Loaded::default();
-    let files = manifest_files(dir);
-    match std::fs::metadata(dir) {
-        Err(_) => return out,
-        Ok(meta) => {
-            if let Err(why) = manifest::check_owner(&meta, machine, "the folder") {
-                out.folder = Some(format!("{}: {why}", dir.display()));
-                out.refused =
-                    files.into_iter().map(|f| (f, format!("its folder is refused: {why}"))).collect();
-                return out;
+    let meta = match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && last.agents.is_empty() => return Ok(out),
+        Err(e) => return Err(e.to_string()),
+        Ok(meta) => meta,
+    };
+    let files = manifest_files(dir).map_err(|e| e.to_string())?;
+    if let Err(why) = manifest::check_owner(&meta, machine, "the folder") {
+        out.folder = Some(format!("{}: {why}", dir.display()));
+        out.refused = files.into_iter().map(|f| (f, format!("its folder is refused: {why}"))).collect();
+        return Ok(out);
+    }
+    // At the cap, what is served now stays served: the files `last` loaded first.
+    let served: std::collections::HashSet<&Path> = last.agents.values().map(|a| a.source.as_path()).collect();
+    let (mut first, rest): (Vec<PathBuf>, Vec<PathBuf>) =
+        files.into_iter().partition(|f| served.contains(f.as_path()));
+    first.extend(rest);
+    for file in first {
+        // Out of descriptors (or any other trouble opening it) is not a refusal of its content.
+        if let Err(e) = std::fs::File::open(&file) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                if let Some(kept) = last.agents.values().find(|a| a.source == file) {
+                    tracing::warn!(
+                        "{}: cannot read it now ({e}); its last good manifest stays",
+                        file.display()
+                    );
+                    out.agents.insert(kept.name.clone(), kept.clone());
+                    continue;
+                }
             }
         }
-    }
-    for file in files {
         match manifest::load(&file, machine) {
             Ok(spec) => {
                 let identity = spec.identity.file_name(&spec.name);
@@ -142,7 +203,7 @@ pub fn load_dir(dir: &Path, machine: &Machine) -> Loaded {
                 } else if out.agents.len() >= MAX_HOSTED_AGENTS {
                     let why = format!(
                         "over the {MAX_HOSTED_AGENTS} agents one host serves (each holds an endpoint and its \
-                         sockets); the first {MAX_HOSTED_AGENTS} by file name are served"
+                         sockets); those served already stay, then the first by file name"
                     );
                     out.refused.push((file, why));
                 } else {
@@ -152,7 +213,8 @@ pub fn load_dir(dir: &Path, machine: &Machine) -> Loaded {
             Err(why) => out.refused.push((file, why.0)),
         }
     }
-    out
+    out.refused.sort();
+    Ok(out)
 }
 
 /// How the agents changed between two reads of the folder.
@@ -273,6 +335,50 @@ mod tests {
         assert!(l.agents.is_empty());
         assert!(l.folder.as_deref().unwrap().contains("writable by others"), "{:?}", l.folder);
         assert_eq!(l.refused.len(), 1);
+    }
+
+    #[test]
+    fn a_folder_that_cannot_be_read_for_a_moment_changes_nothing() {
+        let (d, agents, m) = setup();
+        write(&agents, "a.json", r#"{"name":"a","command":["agent"]}"#, 0o600);
+        let mut f = Folder::new(agents.clone(), m);
+        let first = f.load();
+        assert_eq!(first.agents.len(), 1);
+        let away = d.path().join("away");
+        std::fs::rename(&agents, &away).unwrap();
+        assert!(f.changed().is_none(), "gone for a moment is not 'every manifest removed'");
+        assert!(f.changed().is_none(), "and is looked at again");
+        std::fs::rename(&away, &agents).unwrap();
+        match f.changed() {
+            Some(again) => assert!(diff(&first, &again) == Changes::default(), "nothing changed"),
+            None => panic!("back: read again"),
+        }
+    }
+
+    #[test]
+    fn at_the_cap_the_agents_served_stay_served() {
+        let (_d, agents, m) = setup();
+        for i in 0..MAX_HOSTED_AGENTS {
+            write(
+                &agents,
+                &format!("m{i:03}.json"),
+                &format!(r#"{{"name":"m{i}","command":["agent"]}}"#),
+                0o600,
+            );
+        }
+        let mut f = Folder::new(agents.clone(), m);
+        let first = f.load();
+        assert_eq!(first.agents.len(), MAX_HOSTED_AGENTS);
+        // A file sorting first, past the cap: it is refused, nobody served is dropped.
+        write(&agents, "a.json", r#"{"name":"early","command":["agent"]}"#, 0o600);
+        let next = f.changed().expect("a new file");
+        assert!(diff(&first, &next).removed.is_empty(), "{:?}", diff(&first, &next));
+        assert!(!next.agents.contains_key("early"));
+        assert!(
+            next.refused.iter().any(|(p, why)| p.ends_with("a.json") && why.contains("over the")),
+            "{:?}",
+            next.refused
+        );
     }
 
     #[test]

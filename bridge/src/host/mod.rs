@@ -233,6 +233,7 @@ pub async fn watch(
             served.remove(name);
             let _ = changes.send(Change::Remove(name.as_str().into()));
         }
+        let mut to_start: Vec<&AgentSpec> = Vec::new();
         for spec in &diff.changed {
             let old = &current.agents[&spec.name];
             let running = served.get(&spec.name).cloned();
@@ -251,14 +252,18 @@ pub async fn watch(
                 _ => {
                     info!(agent = %spec.name, "manifest changed its identity or protocol: restarting {}; its sessions end", spec.name);
                     let _ = changes.send(Change::Remove(spec.name.as_str().into()));
-                    if let Some(a) = start_and_add(&ctx, spec, &changes).await {
-                        served.insert(spec.name.clone(), a);
-                    }
+                    served.remove(&spec.name);
+                    to_start.push(spec);
                 }
             }
         }
-        for spec in &diff.added {
-            if let Some(a) = start_and_add(&ctx, spec, &changes).await {
+        to_start.extend(diff.added.iter());
+        // Started together: an unreachable relay's wait (5 s) is paid once per
+        // look at the folder, not once per agent in turn.
+        let started =
+            futures::future::join_all(to_start.iter().map(|spec| start_and_add(&ctx, spec, &changes))).await;
+        for (spec, agent) in to_start.iter().zip(started) {
+            if let Some(a) = agent {
                 served.insert(spec.name.clone(), a);
             }
         }
