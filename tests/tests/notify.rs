@@ -440,29 +440,16 @@ async fn two_devices_subscribed_to_one_endpoint_each_keep_their_own() {
     let r = call(&mut send_b, &mut recv_b, &mut buf_b, 1, "_thunderbolt/push/subscribe", sub.clone()).await;
     assert_eq!(r["result"]["subscribed"], true, "{r}");
     // B unsubscribes: its own entry goes, A's stays.
-    let r = call(
-        &mut send_b,
-        &mut recv_b,
-        &mut buf_b,
-        2,
-        "_thunderbolt/push/unsubscribe",
-        json!({"endpoint": sub["endpoint"]}),
-    )
-    .await;
+    let unsubscribe = json!({"endpoint": sub["endpoint"]});
+    let r =
+        call(&mut send_b, &mut recv_b, &mut buf_b, 2, "_thunderbolt/push/unsubscribe", unsubscribe.clone())
+            .await;
     assert_eq!(r["result"]["removed"], true, "{r}");
     ask(&mut send_a, &mut recv_a, &mut buf_a, 3, 1).await;
     let push = svc.next_push().await;
     assert_eq!(push["notice"]["event"], "needs_answer", "A still gets its notice: {push}");
     // Unsubscribing what is not there answers the same.
-    let r = call(
-        &mut send_b,
-        &mut recv_b,
-        &mut buf_b,
-        4,
-        "_thunderbolt/push/unsubscribe",
-        json!({"endpoint": sub["endpoint"]}),
-    )
-    .await;
+    let r = call(&mut send_b, &mut recv_b, &mut buf_b, 4, "_thunderbolt/push/unsubscribe", unsubscribe).await;
     assert_eq!(r["result"]["removed"], true, "{r}");
     let stored = push_file(&s.bridge_home);
     assert_eq!(stored.matches("/push/ok").count(), 1, "{stored}");
