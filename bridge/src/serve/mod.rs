@@ -499,6 +499,18 @@ impl Shared {
     pub(crate) fn served(&self) -> HashMap<Arc<str>, Arc<Served>> {
         self.served.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
+
+    /// Ends every session whose peer its agent's trust no longer admits, and
+    /// drops the push subscriptions of devices no agent admits any more (the
+    /// heartbeat, an allow-file edit, `iroh deny`). Returns how many sessions ended.
+    pub(crate) fn recheck(&self) -> usize {
+        let served = self.served();
+        let trust_of = |name: &str| served.get(name).map(|a| a.config().trust.clone());
+        crate::notify::Notifier::forget_revoked(
+            served.values().filter_map(|a| a.config().session.notify.clone()),
+        );
+        self.sessions.recheck() + self.hubs.recheck(trust_of)
+    }
 }
 
 /// Starts accepting connections for `agent`.
@@ -598,12 +610,7 @@ async fn beat(shared: &Shared) {
     let accounts: Vec<Arc<Account>> =
         shared.served().values().filter_map(|a| a.config().account.clone()).collect();
     crate::trust::account::refresh_all(&accounts).await;
-    let served = shared.served();
-    let trust_of = |name: &str| served.get(name).map(|a| a.config().trust.clone());
-    let closed = shared.sessions.recheck() + shared.hubs.recheck(trust_of);
-    crate::notify::Notifier::forget_revoked(
-        served.values().filter_map(|a| a.config().session.notify.clone()),
-    );
+    let closed = shared.recheck();
     tracing::debug!(open = shared.sessions.len(), closed, "heartbeat: {}", shared.hubs.summary());
 }
 
@@ -750,11 +757,9 @@ async fn admitted(
         refuse(&conn, REASON_AGENT_REMOVED);
         return;
     }
-    let a = Admitted { shared: shared.clone(), agent, cfg, peer, short, info, grant };
-    if !still_admitted(&conn, &a) {
+    if !still_admitted(&conn, &agent, &peer, &short) {
         return;
     }
-    let Admitted { shared, agent, cfg, peer, short, info, grant } = a;
     let stream = tokio::select! {
         r = tokio::time::timeout(shared.admission.stream_open_timeout, conn.accept_bi()) => r,
         _ = shared.shutdown.cancelled() => {
@@ -791,15 +796,15 @@ async fn admitted(
     drop(slot.live);
 }
 
-/// Whether `a`'s peer is still admitted, asked once its session is
+/// Whether `peer` is still admitted at `agent`, asked once its session is
 /// registered: a deny (or an allow-file edit, a revocation) that lands between
 /// the handshake's check and the registration finds nothing to end, so the
 /// registered session looks again itself. Refuses the connection if not.
-fn still_admitted(conn: &Connection, a: &Admitted) -> bool {
-    if a.agent.config().trust.check(&a.peer).is_some() {
+fn still_admitted(conn: &Connection, agent: &Served, peer: &EndpointId, short: &str) -> bool {
+    if agent.config().trust.check(peer).is_some() {
         return true;
     }
-    info!(peer = %a.short, "closing {}: {} (while it was being admitted)", a.peer, close::REASON_MEMBERSHIP_REVOKED);
+    info!(peer = %short, "closing {peer}: {} (while it was being admitted)", close::REASON_MEMBERSHIP_REVOKED);
     refuse(conn, close::REASON_MEMBERSHIP_REVOKED);
     false
 }
@@ -906,7 +911,7 @@ async fn start_resumable(
         Arc::downgrade(&a.shared.hubs),
     );
     let _registered = a.shared.hubs.insert(&hub);
-    if !still_admitted(&conn, &a) {
+    if !still_admitted(&conn, &a.agent, &a.peer, &a.short) {
         return;
     }
     if let Err(e) = hub.attach(conn.clone(), send, recv, 0, leftover) {
@@ -953,7 +958,7 @@ async fn warm(
         Arc::downgrade(&a.shared.hubs),
     );
     let _registered = a.shared.hubs.insert(&hub);
-    if !still_admitted(&conn, &a) {
+    if !still_admitted(&conn, &a.agent, &a.peer, &a.short) {
         return;
     }
     if hub.attach_plain(conn.clone(), send, recv).is_err() {

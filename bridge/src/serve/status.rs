@@ -244,12 +244,6 @@ impl BridgeHandle {
     /// Re-checks every session against its agent's trust now (e.g. after
     /// `iroh deny`) instead of at the next heartbeat. Returns how many ended.
     pub fn recheck(&self) -> usize {
-        let served = self.shared.served();
-        let trust_of = |name: &str| served.get(name).map(|a| a.config().trust.clone());
-        // A revoked device's push subscriptions go with its sessions, now.
-        crate::notify::Notifier::forget_revoked(
-            served.values().filter_map(|a| a.config().session.notify.clone()),
-        );
-        self.shared.sessions.recheck() + self.shared.hubs.recheck(trust_of)
+        self.shared.recheck()
     }
 }
