@@ -94,11 +94,25 @@ pub fn rfc3339(ms: u64) -> String {
 pub struct Devices {
     path: PathBuf,
     last_seen_write: Mutex<HashMap<EndpointId, Instant>>,
+    /// Who paired with which agent, as of the file's stamp: trust asks this
+    /// on every admission and recheck, so the file is read again only when it
+    /// changed (one `stat` a check), as the allow file is.
+    grants: Mutex<Option<(FileStamp, Grants)>>,
 }
+
+/// What identifies a version of the file without reading it.
+type FileStamp = Option<(u64, i64, i64, u64)>;
+
+/// The agents each device paired with.
+type Grants = HashMap<EndpointId, Vec<String>>;
 
 impl Devices {
     pub fn new(home: &Home) -> Self {
-        Self { path: home.iroh_dir().join("devices.json"), last_seen_write: Mutex::new(HashMap::new()) }
+        Self {
+            path: home.iroh_dir().join("devices.json"),
+            last_seen_write: Mutex::new(HashMap::new()),
+            grants: Mutex::new(None),
+        }
     }
 
     /// Where they are kept.
@@ -142,25 +156,14 @@ impl Devices {
 
     /// Notes `id` as added `how`, with `name` (keeping an earlier name when none is given).
     pub fn record(&self, id: &EndpointId, name: Option<String>, how: How) -> std::io::Result<()> {
-        home::edit_json(&self.path, |f: &mut File| {
-            let name = name.map(|n| unique_name(f, id, n));
-            let d = f.devices.entry(id.to_string()).or_insert_with(|| Device::new(how));
-            if name.is_some() {
-                d.name = name;
-            }
-            d.how = how;
-        })
+        home::edit_json(&self.path, |f: &mut File| named(f, id, name, how).how = how)
     }
 
     /// `id` paired with the host's agent `agent` by a code: it may use that
     /// agent, and only it (unless the allow file or the account lists it).
     pub fn grant(&self, id: &EndpointId, name: Option<String>, agent: &str) -> std::io::Result<()> {
         home::edit_json(&self.path, |f: &mut File| {
-            let name = name.map(|n| unique_name(f, id, n));
-            let d = f.devices.entry(id.to_string()).or_insert_with(|| Device::new(How::Pairing));
-            if name.is_some() {
-                d.name = name;
-            }
+            let d = named(f, id, name, How::Pairing);
             if !d.agents.iter().any(|a| a == agent) {
                 d.agents.push(agent.to_string());
             }
@@ -169,7 +172,16 @@ impl Devices {
 
     /// Whether `id` paired with the host's agent `agent`.
     pub fn granted(&self, id: &EndpointId, agent: &str) -> bool {
-        self.get(id).is_some_and(|d| d.agents.iter().any(|a| a == agent))
+        use std::os::unix::fs::MetadataExt;
+        let stamp: FileStamp =
+            std::fs::metadata(&self.path).ok().map(|m| (m.len(), m.mtime(), m.mtime_nsec(), m.ino()));
+        let mut cache = self.grants.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.as_ref().is_none_or(|(at, _)| *at != stamp) {
+            let grants =
+                self.all().into_iter().filter(|(_, d)| !d.agents.is_empty()).map(|(k, d)| (k, d.agents));
+            *cache = Some((stamp, grants.collect()));
+        }
+        cache.as_ref().and_then(|(_, g)| g.get(id)).is_some_and(|agents| agents.iter().any(|a| a == agent))
     }
 
     /// Forgets `id` (it was denied).
@@ -226,6 +238,17 @@ pub enum Unresolved {
 /// Two device names are the same name when they differ only in case.
 fn same_name(a: &str, b: &str) -> bool {
     a.trim().to_lowercase() == b.trim().to_lowercase()
+}
+
+/// `id`'s entry (made, added `how`, if there is none), named `name` made
+/// unique when one is given (else keeping an earlier name).
+fn named<'f>(f: &'f mut File, id: &EndpointId, name: Option<String>, how: How) -> &'f mut Device {
+    let name = name.map(|n| unique_name(f, id, n));
+    let d = f.devices.entry(id.to_string()).or_insert_with(|| Device::new(how));
+    if name.is_some() {
+        d.name = name;
+    }
+    d
 }
 
 /// `name`, or `name (2)`, `name (3)`… when another device has it already:
