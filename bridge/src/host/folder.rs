@@ -23,7 +23,8 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// sockets (one to three descriptors), tasks, and a relay connection; 64 of
 /// them stay a small share of the 1024 descriptors a process gets by default,
 /// which its sessions need too (each session's agent holds three pipes and
-/// its connection). Manifests past it (in file-name order) are refused.
+/// its connection). Past it, the agents served already stay served and new
+/// manifests are refused (in file-name order).
 pub const MAX_HOSTED_AGENTS: usize = 64;
 
 /// The folder's manifests as last read.
@@ -127,7 +128,8 @@ impl Folder {
 }
 
 /// The `*.json` files of `dir`, sorted (load order decides which of two
-/// files naming the same agent wins: the first).
+/// files naming the same agent wins: the first; [`load_dir_after`] puts the
+/// files already served first).
 fn manifest_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok())
@@ -169,19 +171,6 @@ pub fn load_dir_after(dir: &Path, machine: &Machine, last: &Loaded) -> Result<Lo
         files.into_iter().partition(|f| served.contains(f.as_path()));
     first.extend(rest);
     for file in first {
-        // Out of descriptors (or any other trouble opening it) is not a refusal of its content.
-        if let Err(e) = std::fs::File::open(&file) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                if let Some(kept) = last.agents.values().find(|a| a.source == file) {
-                    tracing::warn!(
-                        "{}: cannot read it now ({e}); its last good manifest stays",
-                        file.display()
-                    );
-                    out.agents.insert(kept.name.clone(), kept.clone());
-                    continue;
-                }
-            }
-        }
         match manifest::load(&file, machine) {
             Ok(spec) => {
                 let identity = spec.identity.file_name(&spec.name);
@@ -210,7 +199,22 @@ pub fn load_dir_after(dir: &Path, machine: &Machine, last: &Loaded) -> Result<Lo
                     out.agents.insert(spec.name.clone(), spec);
                 }
             }
-            Err(why) => out.refused.push((file, why.0)),
+            Err(why) => {
+                // Out of descriptors (or any other trouble opening it) is not a
+                // refusal of its content: a served file keeps its last good manifest.
+                let unreadable =
+                    std::fs::File::open(&file).err().filter(|e| e.kind() != std::io::ErrorKind::NotFound);
+                match (unreadable, last.agents.values().find(|a| a.source == file)) {
+                    (Some(e), Some(kept)) => {
+                        tracing::warn!(
+                            "{}: cannot read it now ({e}); its last good manifest stays",
+                            file.display()
+                        );
+                        out.agents.insert(kept.name.clone(), kept.clone());
+                    }
+                    _ => out.refused.push((file, why.0)),
+                }
+            }
         }
     }
     out.refused.sort();
