@@ -413,7 +413,7 @@ async fn pipe(
         let download = async {
             let mut buf = vec![0u8; limits::READ_CHUNK];
             let mut first_data_tx = Some(first_data_tx);
-            // Each message in a write of its own, as the agent wrote it.
+            // A write per message (a bulk run in one): see `output`.
             let mut out = super::output::Messages::new(&mut local_out);
             loop {
                 match recv.read(&mut buf).await {

@@ -474,7 +474,7 @@ async fn download(
     let mut rx = Receiver::new(limits::MAX_FRAME);
     rx.push(&leftover);
     let mut events = Vec::new();
-    // Each message in a write of its own, as the agent wrote it.
+    // A write per message (a bulk run in one): see `output`.
     let mut output = super::output::Messages::new(output);
     loop {
         rx.drain(&mut events);
