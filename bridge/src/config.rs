@@ -9,7 +9,7 @@ use thunderbolt_shared::ndjson::MAX_FRAME_LEN;
 
 use crate::{
     limits,
-    serve::{agent::Launcher, gate::GateLimits, hub::ResumeConfig, session::SessionConfig, Admission},
+    serve::{agent::Launcher, gate::GateLimits, session::SessionConfig, sessions::ResumeConfig, Admission},
 };
 
 /// A bridge's limits and timeouts.

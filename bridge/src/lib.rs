@@ -27,6 +27,7 @@ pub mod devices;
 pub mod home;
 pub mod host;
 pub mod identity;
+pub mod ids;
 pub mod limits;
 pub mod net;
 pub mod notify;

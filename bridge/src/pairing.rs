@@ -113,7 +113,7 @@ impl Pairings {
 
     /// A new code for `target`, valid for `valid`; returned once, kept only as its hash.
     pub fn mint(&self, target: &str, name: Option<String>, valid: Duration) -> std::io::Result<String> {
-        let code = crate::serve::hub::random_hex(16);
+        let code = crate::ids::random_hex(16);
         let now = now_ms();
         let entry = Entry {
             hash: hash(&code),

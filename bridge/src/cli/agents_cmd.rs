@@ -5,7 +5,6 @@ use std::{collections::HashMap, sync::Arc};
 use anyhow::{bail, Result};
 use serde_json::json;
 use thunderbolt_shared::node_id_base32;
-use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::{
@@ -13,7 +12,7 @@ use crate::{
         account_backend,
         args::{AgentsCmd, HostArgs},
         iroh_cmd::qr,
-        limits_config, stop_on_signal,
+        limits_config, Serving,
     },
     home::Home,
     host::{
@@ -23,8 +22,6 @@ use crate::{
         HostContext,
     },
     identity, redact,
-    serve::{gate, reaper, Bridge},
-    signals,
 };
 
 /// `thunderbolt host`: serves every agent of agents.d and follows the folder.
@@ -34,7 +31,7 @@ pub async fn host(home: &Home, args: HostArgs) -> Result<()> {
     config.notify = crate::cli::start_notifier(home, &args.notify)?;
     // First: a second host on this home stops here, naming the first.
     let control = crate::control::Control::bind(home, "host")?;
-    let credential = account_backend(home, &args.app, config.backend_timeout).ok();
+    let credential = account_backend(home, &args.app, config.backend_timeout);
     let ctx = Arc::new(HostContext::new(home.clone(), net, config.clone(), credential));
     let mut folder = Folder::new(home.agents_dir(), Machine::this());
     let loaded = folder.load();
@@ -52,21 +49,13 @@ pub async fn host(home: &Home, args: HostArgs) -> Result<()> {
             Err(e) => tracing::warn!(agent = %spec.name, "cannot serve {}: {e:#}", spec.name),
         }
     }
-    let term = signals::Terminate::new();
     let notify = crate::notify::Notifier::describe(config.notify.as_deref());
-    print!("{}", host::banner(folder.dir(), &started, &loaded, &home.allowlist_path(), &notify));
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-    let stop = CancellationToken::new();
-    tokio::spawn(stop_on_signal(term, stop.clone()));
-    reaper::start();
-    let gate = Arc::new(gate::Gate::new(config.gate.clone(), Arc::new(gate::SystemClock)));
+    let banner = host::banner(folder.dir(), &started, &loaded, &home.allowlist_path(), &notify);
     let by_name: HashMap<String, _> =
         started.iter().map(|s| s.name.clone()).zip(served.iter().cloned()).collect();
-    let (bridge, changes) = Bridge::host(gate, config.admission, served);
-    let bridge = bridge.with_home(home);
-    tokio::spawn(host::watch(ctx, folder, loaded, by_name, changes, stop.clone()));
-    crate::cli::run_served(bridge, control, stop).await;
+    let serving = Serving::start(home, &config, &banner, "host", served);
+    tokio::spawn(host::watch(ctx, folder, loaded, by_name, serving.changes.clone(), serving.stop.clone()));
+    serving.run(control).await;
     info!("host stopped");
     Ok(())
 }

@@ -25,7 +25,7 @@ pub struct Banner<'a> {
     pub account_trust: &'a str,
     pub app_url: Option<&'a str>,
     /// Resumable sessions: grace and buffer, or `None` when off.
-    pub resume: Option<crate::serve::hub::ResumeConfig>,
+    pub resume: Option<crate::serve::sessions::ResumeConfig>,
     /// `--keep-warm`, when on.
     pub keep_warm: Option<std::time::Duration>,
     /// Why the relay was not reached at start, when it was not.

@@ -20,10 +20,11 @@ use tracing::info;
 use crate::{
     config::Config,
     home::Home,
-    identity, limits, net,
-    serve::{agent::AgentCommand, gate, hub, reaper, wss, Admission, Bridge},
+    host::{plan::AgentPlan, HostContext},
+    limits,
+    serve::{agent::AgentCommand, gate, reaper, sessions, wss, Admission, Bridge},
     signals,
-    trust::{self, account, allowfile},
+    trust::{account, allowfile},
 };
 use args::{Cli, Command, ProtocolAction, ProtocolCmd, ServeArgs};
 
@@ -146,7 +147,7 @@ pub fn limits_config(l: &args::LimitArgs, app: &args::AppArgs) -> Result<Config>
         if grace.is_zero() {
             bail!("--resume-grace must be above zero (use --no-resume to switch resuming off)");
         }
-        Some(hub::ResumeConfig { grace, buffer: l.resume_buffer })
+        Some(sessions::ResumeConfig { grace, buffer: l.resume_buffer })
     };
     let keep_warm = match l.keep_warm {
         None => None,
@@ -199,6 +200,9 @@ pub fn start_notifier(home: &Home, a: &args::NotifyArgs) -> Result<Option<Arc<cr
     Ok(Some(Notifier::start(config, home)))
 }
 
+/// `thunderbolt <p> --transport iroh -- <agent>`: a host of one agent, made
+/// in memory from the flags, started like `thunderbolt host` starts each of
+/// its agents ([`HostContext::start_plan`]).
 async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Result<()> {
     if args.transport == args::Transport::Wss {
         return serve_wss(protocol, args).await;
@@ -213,81 +217,31 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     config.notify = start_notifier(home, &args.notify)?;
     // First: a second bridge of this protocol on this home stops here, naming the first.
     let control = crate::control::Control::bind(home, protocol.as_str())?;
-    let (key, origin) = identity::load_or_create(home, &protocol)?;
-    // The server's order decides (rustls picks its first ALPN the client
-    // offers): r1 first, so a client offering both gets the resumable protocol.
-    let mut alpns = Vec::new();
-    if config.resume.is_some() {
-        alpns.push(thunderbolt_shared::resume::resume_alpn(&protocol));
-    }
-    alpns.push(protocol.alpn());
-    // Devices that pair with a one-time code (`iroh pair`) dial this one.
-    alpns.push(thunderbolt_shared::pairing::pair_alpn(&protocol));
-    let endpoint = net.bind(key, alpns, config.idle_timeout).await?;
-    let (addr, relay_problem) = net::reachable_addr(&endpoint, &net).await;
-
+    let credential = account_backend(home, &args.app, config.backend_timeout);
+    let ctx = HostContext::new(home.clone(), net, config.clone(), credential);
+    let command = agent.redacted();
+    let (served, started) = ctx.start_plan(&AgentPlan::single(&protocol, agent, &config)).await?;
     if let Err(e @ allowfile::AllowFileError::File(allowfile::ReadError::NotRegular { .. })) =
         allowfile::read(&home.allowlist_path())
     {
         return Err(e.into());
     }
-    let allow = Arc::new(allowfile::live(home.allowlist_path()));
-    let manual_peers = allow.current().ids.len();
-    let account = start_account(home, endpoint.id(), &args.app, config.backend_timeout).await;
-    let mut layers: Vec<Arc<dyn trust::TrustPolicy>> = Vec::new();
-    let account_status = match &account {
-        Ok(a) => {
-            layers.push(a.trust.clone());
-            a.trust.status()
-        }
-        Err(why) => account::AccountStatus::Off(why.clone()),
-    };
-    layers.push(allow);
-    let trust: Arc<dyn trust::TrustPolicy> = Arc::new(trust::Layered { layers });
-    let app_url = args.app.app_url.clone();
     let banner = banner::Banner {
         protocol: &protocol,
-        addr: &addr,
-        new_identity: origin == identity::Origin::Created,
-        command: &agent.redacted(),
+        addr: &started.addr,
+        new_identity: started.new_identity,
+        command: &command,
         allow_file: &home.allowlist_path(),
-        manual_peers,
-        account_trust: &account_status.to_string(),
-        app_url: app_url.as_deref(),
+        manual_peers: ctx.allow.current().ids.len(),
+        account_trust: &started.account,
+        app_url: args.app.app_url.as_deref(),
         resume: config.resume,
         keep_warm: config.keep_warm,
-        relay_problem,
+        relay_problem: started.relay_problem.clone(),
         notify: crate::notify::Notifier::describe(config.notify.as_deref()),
     };
-    // Before the banner: a SIGTERM right after it must shut down cleanly.
-    let term = signals::Terminate::new();
-    print!("{}", banner.render());
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
-
-    let stop = CancellationToken::new();
-    tokio::spawn(stop_on_signal(term, stop.clone()));
-    let gate = Arc::new(gate::Gate::new(config.gate.clone(), Arc::new(gate::SystemClock)));
-    reaper::start();
-    let mut session = config.session(agent);
-    // Notices call the agent by its program's name ("claude-code-acp finished").
-    let program = session.agent.argv0();
-    let program = std::path::Path::new(&program)
-        .file_name()
-        .map_or(program.clone(), |f| f.to_string_lossy().into_owned());
-    session.notify = config.notify.clone().map(|notifier| {
-        Arc::new(crate::notify::session::AgentNotify {
-            notifier,
-            agent: protocol.as_str().into(),
-            label: program.as_str().into(),
-            trust: trust.clone(),
-        })
-    });
-    let bridge = Bridge::new(endpoint, trust, gate, account.ok().map(Arc::new), config.admission, session)
-        .serving(&protocol)
-        .relays(&net.relays)
-        .with_home(home);
-    run_served(bridge, control, stop).await;
+    let serving = Serving::start(home, &config, &banner.render(), "bridge", vec![served]);
+    serving.run(control).await;
     info!("bridge stopped");
     Ok(())
 }
@@ -329,21 +283,6 @@ async fn serve_wss(protocol: Protocol, args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// Account trust, if a usable credential exists; else why it is off.
-async fn start_account(
-    home: &Home,
-    own: iroh::EndpointId,
-    app: &args::AppArgs,
-    timeout: Duration,
-) -> std::result::Result<account::Account, account::OffReason> {
-    let backend = account_backend(home, app, timeout)?;
-    let a = account::Account::start(backend, own, &account::device_name()).await;
-    match a.trust.status() {
-        account::AccountStatus::On { .. } => Ok(a),
-        account::AccountStatus::Off(why) => Err(why),
-    }
-}
-
 /// The account backend of the credential the environment or `thunderbolt
 /// login` gives; else why account trust is off.
 pub(crate) fn account_backend(
@@ -363,23 +302,58 @@ pub(crate) fn account_backend(
     account::Backend::new(cred, timeout).map_err(|e| OffReason::BadCredential(e.to_string()))
 }
 
-/// Runs `bridge` with its control API, telling a service manager it is ready
-/// (and, later, stopping), until `stop`.
-pub(crate) async fn run_served(bridge: Bridge, control: crate::control::Control, stop: CancellationToken) {
-    let api = tokio::spawn(control.serve(bridge.handle(), stop.clone()));
-    let watchdog = tokio::spawn(crate::control::notify::watchdog(stop.clone()));
-    crate::control::notify::ready();
-    let stopping = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            stop.cancelled().await;
-            crate::control::notify::stopping();
-        })
-    };
-    bridge.run(stop).await;
-    let _ = api.await;
-    watchdog.abort();
-    let _ = stopping.await;
+/// A bridge that has printed its banner and serves until a signal: the one
+/// start-up path of `thunderbolt <p> --transport iroh` and `thunderbolt host`.
+pub(crate) struct Serving {
+    pub bridge: Bridge,
+    /// Where the host asks the running bridge to add, change or remove agents.
+    pub changes: tokio::sync::mpsc::UnboundedSender<crate::serve::Change>,
+    pub stop: CancellationToken,
+}
+
+impl Serving {
+    /// Prints `banner`, then serves `agents` (`kind`: what `status` says it is).
+    pub fn start(
+        home: &Home,
+        config: &Config,
+        banner: &str,
+        kind: &'static str,
+        agents: Vec<Arc<crate::serve::Served>>,
+    ) -> Self {
+        // Before the banner: a SIGTERM right after it must shut down cleanly.
+        let term = signals::Terminate::new();
+        print!("{banner}");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let stop = CancellationToken::new();
+        tokio::spawn(stop_on_signal(term, stop.clone()));
+        reaper::start();
+        let gate = Arc::new(gate::Gate::new(config.gate.clone(), Arc::new(gate::SystemClock)));
+        let (bridge, changes) = Bridge::serve(kind, gate, config.admission.clone(), agents);
+        let on_revoked = config.notify.clone().map(|n| n as Arc<dyn crate::serve::taps::OnRevoked>);
+        let bridge = bridge.with_home(home).on_revoked(on_revoked);
+        Self { bridge, changes, stop }
+    }
+
+    /// Runs the bridge with its control API, telling a service manager it is
+    /// ready (and, later, stopping), until a signal.
+    pub async fn run(self, control: crate::control::Control) {
+        let Self { bridge, stop, .. } = self;
+        let api = tokio::spawn(control.serve(bridge.handle(), stop.clone()));
+        let watchdog = tokio::spawn(crate::control::readiness::watchdog(stop.clone()));
+        crate::control::readiness::ready();
+        let stopping = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                stop.cancelled().await;
+                crate::control::readiness::stopping();
+            })
+        };
+        bridge.run(stop).await;
+        let _ = api.await;
+        watchdog.abort();
+        let _ = stopping.await;
+    }
 }
 
 /// Ctrl-C or SIGTERM: stop accepting, end every session (agents killed), exit.

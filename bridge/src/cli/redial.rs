@@ -267,7 +267,7 @@ async fn carry(
         return Ok(lost_or_closed(conn, e.to_string()));
     }
     let first = tokio::select! {
-        r = tokio::time::timeout(WELCOME_TIMEOUT, crate::serve::hub::read_line(&mut recv)) => r,
+        r = tokio::time::timeout(WELCOME_TIMEOUT, crate::serve::sessions::read_line(&mut recv)) => r,
         err = conn.closed() => return Ok(classify(err)),
     };
     let (line, leftover) = match first {

@@ -24,7 +24,7 @@
 //! replaced).
 
 pub mod client;
-pub mod notify;
+pub mod readiness;
 pub mod service;
 
 use std::{

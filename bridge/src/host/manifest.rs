@@ -40,7 +40,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use thunderbolt_shared::{parse_node_id, Protocol};
 
-use crate::{limits, serve::hub::ResumeConfig};
+use crate::{limits, serve::sessions::ResumeConfig};
 
 /// Longest agent name: it is part of a file name and of every log line.
 pub const MAX_NAME_LEN: usize = 32;

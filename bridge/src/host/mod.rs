@@ -19,15 +19,13 @@
 
 pub mod folder;
 pub mod manifest;
+pub mod plan;
 
-use std::{
-    collections::{HashMap, HashSet},
-    sync::Arc,
-};
+use std::{collections::HashMap, sync::Arc};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use iroh::{EndpointAddr, TransportAddr};
-use thunderbolt_shared::{node_id_base32, resume, EndpointTicket};
+use thunderbolt_shared::{node_id_base32, EndpointTicket};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -35,10 +33,10 @@ use tracing::{info, warn};
 use crate::{
     config::Config,
     home::Home,
-    host::{folder::Folder, manifest::AgentSpec},
+    host::{folder::Folder, manifest::AgentSpec, plan::AgentPlan},
     identity,
     net::NetConfig,
-    serve::{agent::AgentCommand, AgentConfig, Change, Served},
+    serve::{accept, taps::TapSource, AgentConfig, AgentName, Change, Served},
     trust::{self, account, allowfile::LiveAllowFile, TrustPolicy},
 };
 
@@ -50,8 +48,8 @@ pub struct HostContext {
     pub allow: Arc<LiveAllowFile>,
     /// The devices that paired with one agent by a code (each agent trusts its own).
     pub devices: Arc<crate::devices::Devices>,
-    /// The account credential, when one is configured (each agent registers with it).
-    pub credential: Option<account::Backend>,
+    /// The account credential (each agent registers with it), or why there is none.
+    pub credential: Result<account::Backend, account::OffReason>,
     /// Endpoints bound so far: after the first, a fixed `--bind` port would
     /// clash, so the others take any free port on the same address.
     bound: std::sync::atomic::AtomicUsize,
@@ -67,6 +65,8 @@ pub struct Started {
     pub account: String,
     /// Why its relay was not reached at start, when it was not.
     pub relay_problem: Option<String>,
+    /// Its identity was created by this start (a new NodeId).
+    pub new_identity: bool,
 }
 
 impl Started {
@@ -76,7 +76,12 @@ impl Started {
 }
 
 impl HostContext {
-    pub fn new(home: Home, net: NetConfig, config: Config, credential: Option<account::Backend>) -> Self {
+    pub fn new(
+        home: Home,
+        net: NetConfig,
+        config: Config,
+        credential: Result<account::Backend, account::OffReason>,
+    ) -> Self {
         let allow = Arc::new(crate::trust::allowfile::live(home.allowlist_path()));
         let devices = Arc::new(crate::devices::Devices::new(&home));
         Self { home, net, config, allow, devices, credential, bound: 0.into() }
@@ -84,56 +89,53 @@ impl HostContext {
 
     /// Binds `spec`'s endpoint with its identity and starts serving it.
     pub async fn start(&self, spec: &AgentSpec) -> Result<(Arc<Served>, Started)> {
-        let file = spec.identity.file_name(&spec.name);
-        let (key, _) = identity::load_or_create_named(&self.home, &file)?;
+        self.start_plan(&AgentPlan::from_spec(spec, &self.config)?).await
+    }
+
+    /// The one builder of a served agent (a manifest's or the single-agent
+    /// bridge's): its identity, its endpoint, its account registration, then
+    /// how its sessions run and who may reach it.
+    pub async fn start_plan(&self, plan: &AgentPlan) -> Result<(Arc<Served>, Started)> {
+        let (key, origin) = identity::load_or_create_named(&self.home, &plan.identity_file)?;
         let mut net = self.net.clone();
         if self.bound.fetch_add(1, std::sync::atomic::Ordering::AcqRel) > 0 {
             if let Some(b) = net.bind.as_mut() {
                 b.set_port(0);
             }
         }
-        let ep = net.bind(key, alpns(spec, &self.config), self.config.idle_timeout).await?;
+        let alpns = accept::alpns(&plan.protocol, plan.resume.is_some());
+        let ep = net.bind(key, alpns, self.config.idle_timeout).await?;
         let (addr, relay_problem) = crate::net::reachable_addr(&ep, &net).await;
-        let account = match &self.credential {
-            None => None,
-            Some(backend) => {
-                let name = format!("{} ({})", account::device_name(), spec.label);
-                Some(Arc::new(account::Account::start(backend.clone(), ep.id(), &name).await))
+        let (account, account_status) = match &self.credential {
+            Err(why) => (None, account::AccountStatus::Off(why.clone()).to_string()),
+            Ok(backend) => {
+                let a = account::Account::start(backend.clone(), ep.id(), &plan.account_name).await;
+                let status = a.trust.status().to_string();
+                (Some(Arc::new(a)), status)
             }
         };
-        let account_status = account.as_ref().map_or_else(
-            || account::AccountStatus::Off(account::OffReason::NoCredential).to_string(),
-            |a| a.trust.status().to_string(),
-        );
-        let config = self.agent_config(spec, account)?;
+        let config = self.agent_config(plan, account);
         let started = Started {
             relay_problem,
-            name: spec.name.clone(),
-            label: spec.label.clone(),
-            protocol: spec.protocol.to_string(),
+            name: plan.name.to_string(),
+            label: plan.label.clone(),
+            protocol: plan.protocol.to_string(),
             addr,
             account: account_status,
+            new_identity: origin == identity::Origin::Created,
         };
         let served = Served::new(ep, config);
         served.relay.configured(&net.relays);
         Ok((served, started))
     }
 
-    /// How `spec`'s sessions run and who may reach it.
-    pub fn agent_config(
-        &self,
-        spec: &AgentSpec,
-        account: Option<Arc<account::Account>>,
-    ) -> Result<AgentConfig> {
-        let env: Vec<(String, String)> = spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        let command = AgentCommand::new(spec.argv.clone())
-            .context("a manifest's command is never empty")?
-            .with(env, spec.cwd.clone());
-        let mut session = self.config.session(command);
-        session.resume = spec.resume.apply(self.config.resume);
-        session.keep_warm = spec.keep_warm;
-        session.idle_stop = Some(spec.idle_stop);
-        let own: Option<Arc<dyn TrustPolicy>> = spec.accept_from.own_devices.then(|| {
+    /// How `plan`'s sessions run and who may reach it.
+    pub fn agent_config(&self, plan: &AgentPlan, account: Option<Arc<account::Account>>) -> AgentConfig {
+        let mut session = self.config.session(plan.command.clone());
+        session.resume = plan.resume;
+        session.keep_warm = plan.keep_warm;
+        session.idle_stop = plan.idle_stop;
+        let own: Option<Arc<dyn TrustPolicy>> = plan.own_devices.then(|| {
             let mut layers: Vec<Arc<dyn TrustPolicy>> = Vec::new();
             if let Some(a) = &account {
                 layers.push(a.trust.clone());
@@ -141,44 +143,31 @@ impl HostContext {
             layers.push(self.allow.clone());
             Arc::new(trust::Layered { layers }) as Arc<dyn TrustPolicy>
         });
-        let ids: HashSet<_> = spec.accept_from.ids.iter().copied().collect();
-        let paired: Arc<dyn TrustPolicy> = Arc::new(crate::devices::PairedWith {
-            devices: self.devices.clone(),
-            agent: spec.name.as_str().into(),
+        let paired = plan.name.manifest_name().filter(|_| plan.paired).map(|name| {
+            Arc::new(crate::devices::PairedWith { devices: self.devices.clone(), agent: name.into() })
+                as Arc<dyn TrustPolicy>
         });
-        let trust: Arc<dyn TrustPolicy> = Arc::new(trust::AcceptFrom { own, ids, paired: Some(paired) });
-        session.notify = self.config.notify.clone().map(|notifier| {
+        let trust: Arc<dyn TrustPolicy> = Arc::new(trust::AcceptFrom { own, ids: plan.ids.clone(), paired });
+        session.taps = self.config.notify.clone().map(|notifier| {
             Arc::new(crate::notify::session::AgentNotify {
                 notifier,
-                agent: spec.name.as_str().into(),
-                label: spec.label.as_str().into(),
+                agent: plan.notice_agent.as_str().into(),
+                label: plan.notice_label.as_str().into(),
                 trust: trust.clone(),
-            })
+            }) as Arc<dyn TapSource>
         });
-        Ok(AgentConfig {
-            name: spec.name.as_str().into(),
-            label: spec.label.as_str().into(),
-            protocol: spec.protocol.to_string(),
+        AgentConfig {
+            name: plan.name.clone(),
+            label: plan.label.as_str().into(),
+            protocol: plan.protocol.to_string(),
             trust,
             session: Arc::new(session),
-            max_sessions: spec.max_sessions,
+            max_sessions: plan.max_sessions,
             account,
-            bridge_identity: spec.identity.file_name(&spec.name) == spec.protocol.identity_file_name(),
-            own_devices: spec.accept_from.own_devices,
-        })
+            bridge_identity: plan.on_bridge_identity(),
+            own_devices: plan.own_devices,
+        }
     }
-}
-
-/// The ALPNs an agent's endpoint serves: the resumable one first when its
-/// sessions resume (the server's order decides), then the plain one.
-pub fn alpns(spec: &AgentSpec, config: &Config) -> Vec<Vec<u8>> {
-    let mut v = Vec::new();
-    if spec.resume.apply(config.resume).is_some() {
-        v.push(resume::resume_alpn(&spec.protocol));
-    }
-    v.push(spec.protocol.alpn());
-    v.push(thunderbolt_shared::pairing::pair_alpn(&spec.protocol));
-    v
 }
 
 /// Whether a changed manifest needs a new endpoint (a new NodeId or ALPN
@@ -231,7 +220,7 @@ pub async fn watch(
         for name in &diff.removed {
             info!(agent = %name, "manifest removed: no longer serving {name}; its sessions end");
             served.remove(name);
-            let _ = changes.send(Change::Remove(name.as_str().into()));
+            let _ = changes.send(Change::Remove(AgentName::hosted(name)));
         }
         let mut to_start: Vec<&AgentSpec> = Vec::new();
         for spec in &diff.changed {
@@ -240,9 +229,10 @@ pub async fn watch(
             match running {
                 Some(agent) if !needs_new_endpoint(old, spec) => {
                     // Same endpoint: new sessions get the new settings.
-                    match ctx.agent_config(spec, agent.config().account.clone()) {
-                        Ok(cfg) => {
-                            agent.endpoint.set_alpns(alpns(spec, &ctx.config));
+                    match AgentPlan::from_spec(spec, &ctx.config) {
+                        Ok(plan) => {
+                            let cfg = ctx.agent_config(&plan, agent.config().account.clone());
+                            agent.endpoint.set_alpns(accept::alpns(&plan.protocol, plan.resume.is_some()));
                             info!(agent = %spec.name, "manifest changed: new sessions of {} use it; running ones keep theirs", spec.name);
                             let _ = changes.send(Change::Replace(cfg));
                         }
@@ -251,7 +241,7 @@ pub async fn watch(
                 }
                 _ => {
                     info!(agent = %spec.name, "manifest changed its identity or protocol: restarting {}; its sessions end", spec.name);
-                    let _ = changes.send(Change::Remove(spec.name.as_str().into()));
+                    let _ = changes.send(Change::Remove(AgentName::hosted(&spec.name)));
                     served.remove(&spec.name);
                     to_start.push(spec);
                 }

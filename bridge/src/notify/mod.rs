@@ -24,6 +24,7 @@
 
 pub mod endpoint;
 pub mod limit;
+pub mod methods;
 pub mod push;
 pub mod session;
 pub mod webhook;
@@ -250,38 +251,6 @@ impl Notifier {
         }
     }
 
-    /// Drops, now, the subscriptions of every device that none of `agents`'
-    /// trust admits any more (revoked by `iroh deny`, an edit of the allow
-    /// file, or the account). Returns at once; the work is a task (a trust
-    /// check may `stat` the allow file).
-    pub fn forget_revoked(agents: impl IntoIterator<Item = Arc<session::AgentNotify>>) {
-        let agents: Vec<_> = agents.into_iter().collect();
-        let Some(first) = agents.first() else { return };
-        let notifier = first.notifier.clone();
-        let trusts: Vec<_> = agents.iter().map(|a| a.trust.clone()).collect();
-        let subs = notifier.subscriptions.clone();
-        let owners = subs.owners();
-        if owners.is_empty() {
-            return;
-        }
-        tokio::spawn(async move {
-            let gone = tokio::task::spawn_blocking(move || {
-                owners
-                    .into_iter()
-                    .filter(|o| !trusts.iter().any(|t| t.check(o).is_some()))
-                    .collect::<Vec<_>>()
-            })
-            .await
-            .unwrap_or_default();
-            if gone.is_empty() {
-                return;
-            }
-            for (peer, n) in subs.forget_where(|o| gone.contains(o)).await {
-                info!(peer = %peer.fmt_short(), "{n} push subscription(s) of a device no longer allowed removed");
-            }
-        });
-    }
-
     /// What the banner says of notices.
     pub fn describe(notifier: Option<&Self>) -> String {
         let Some(n) = notifier else {
@@ -466,5 +435,29 @@ impl Delivery {
                 false
             }
         }
+    }
+}
+
+impl crate::serve::taps::OnRevoked for Notifier {
+    /// Drops the push subscriptions of devices no agent admits any more.
+    fn revoked(&self, still_admitted: Box<dyn Fn(&iroh::EndpointId) -> bool + Send>) {
+        let subs = self.subscriptions.clone();
+        let owners = subs.owners();
+        if owners.is_empty() {
+            return;
+        }
+        tokio::spawn(async move {
+            let gone = tokio::task::spawn_blocking(move || {
+                owners.into_iter().filter(|o| !still_admitted(o)).collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_default();
+            if gone.is_empty() {
+                return;
+            }
+            for (peer, n) in subs.forget_where(|o| gone.contains(o)).await {
+                info!(peer = %peer.fmt_short(), "{n} push subscription(s) of a device no longer allowed removed");
+            }
+        });
     }
 }

@@ -7,25 +7,11 @@
 //! session detaches first (a locked phone's connection is found lost seconds
 //! later) it is notified then.
 //!
-//! From the client: the bridge's own extension methods, answered by the
-//! bridge and never forwarded to the agent (JSON-RPC methods starting with
-//! `_` are extensions; `_thunderbolt/` is ours):
+//! From the client: the answers to those requests, and its `session/prompt`s.
 //!
-//! - `_thunderbolt/push/key` → `{"applicationServerKey": "<base64url>"}`, the
-//!   VAPID public key for `pushManager.subscribe`;
-//! - `_thunderbolt/push/subscribe` with `PushSubscription.toJSON()` as params
-//!   → `{"subscribed": true}`: the subscription belongs to this session's
-//!   device (its NodeId);
-//! - `_thunderbolt/push/unsubscribe` `{"endpoint": …}` → `{"removed": true}`:
-//!   this device's subscription at that endpoint is gone (whether or not it
-//!   was there: the answer says nothing of what a push service answered).
-//!
-//! With Web Push off they are answered -32601 (method not found), as a bridge
-//! that predates them would have its agent do.
-//!
-//! The fast path is a substring search per run of lines: runs that name
-//! neither `"_thunderbolt/` nor `session/prompt` (client) or carry no
-//! `"method"` and no awaited prompt answer (agent) pass untouched.
+//! It is the session's [`Tap`]: it sees each run of lines as the pump passes
+//! it and never holds one. Runs that carry no `"method"` and no awaited answer
+//! pass with a substring search or two.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -35,24 +21,22 @@ use std::{
     },
 };
 
-use bytes::{Bytes, BytesMut};
 use memchr::memmem;
-use serde_json::{json, Value};
+use serde_json::Value;
 use thunderbolt_shared::jsonrpc;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::{
     limit::{Held, Limiter},
-    push::{AddError, Subscription, MAX_ENDPOINT},
     Event, Kind, Notifier,
 };
-use crate::{serve::session::SessionInfo, trust::TrustPolicy};
-
-/// The prefix of the bridge's own methods.
-pub const EXTENSION_PREFIX: &str = "_thunderbolt/";
-pub const METHOD_PUSH_KEY: &str = "_thunderbolt/push/key";
-pub const METHOD_PUSH_SUBSCRIBE: &str = "_thunderbolt/push/subscribe";
-pub const METHOD_PUSH_UNSUBSCRIBE: &str = "_thunderbolt/push/unsubscribe";
+use crate::{
+    serve::{
+        session::SessionInfo,
+        taps::{Methods, Presence, Tap, TapSource},
+    },
+    trust::TrustPolicy,
+};
 
 /// Prompts of the client's tracked at once for their turn's end (a client
 /// sends one at a time; this bounds one that never waits).
@@ -67,7 +51,7 @@ const MAX_WAITING: usize = 64;
 const MAX_TEXT: usize = 200;
 
 /// What a hosted agent (or the single bridge's agent) notifies with.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct AgentNotify {
     pub notifier: Arc<Notifier>,
     /// Its name (the protocol for the single-agent bridge).
@@ -78,16 +62,13 @@ pub struct AgentNotify {
     pub trust: Arc<dyn TrustPolicy>,
 }
 
-/// Whether a client is attached to the session now.
-pub type Attached = Box<dyn Fn() -> bool + Send + Sync>;
-
 /// A notice not sent yet: what happened, and the agent's words for it.
 type Pending = (Kind, Option<String>);
 
 /// One session's notices.
 pub struct SessionNotices {
     hook: Option<(Arc<AgentNotify>, Arc<SessionInfo>)>,
-    attached: Attached,
+    attached: Presence,
     /// Ids (raw JSON) of the client's `session/prompt`s not answered yet.
     prompts: Mutex<HashSet<Box<[u8]>>>,
     prompt_count: AtomicUsize,
@@ -111,18 +92,33 @@ impl std::fmt::Debug for SessionNotices {
     }
 }
 
-/// What becomes of a run of the client's lines.
-#[derive(Debug, Default)]
-pub struct FromClient {
-    /// What goes on to the agent (`None`: nothing).
-    pub forward: Option<Bytes>,
-    /// The bridge's answers to the client.
-    pub replies: Vec<Bytes>,
+impl TapSource for AgentNotify {
+    fn open(&self, session: &Arc<SessionInfo>, presence: Presence) -> Arc<dyn Tap> {
+        Arc::new(SessionNotices::new(Some((Arc::new(self.clone()), session.clone())), presence))
+    }
+
+    fn methods(&self) -> Option<Arc<dyn Methods>> {
+        super::methods::PushMethods::of(&self.notifier).map(|m| Arc::new(m) as Arc<dyn Methods>)
+    }
+}
+
+impl Tap for SessionNotices {
+    fn from_client(&self, run: &[u8]) {
+        SessionNotices::from_client(self, run)
+    }
+
+    fn from_agent(&self, run: &[u8]) {
+        SessionNotices::from_agent(self, run)
+    }
+
+    fn detached(&self) {
+        SessionNotices::detached(self)
+    }
 }
 
 impl SessionNotices {
     /// `hook`: the agent's notices and the session, when notices are on.
-    pub fn new(hook: Option<(Arc<AgentNotify>, Arc<SessionInfo>)>, attached: Attached) -> Self {
+    pub fn new(hook: Option<(Arc<AgentNotify>, Arc<SessionInfo>)>, attached: Presence) -> Self {
         Self {
             hook,
             attached,
@@ -155,26 +151,15 @@ impl SessionNotices {
         yes
     }
 
-    /// Notices off: only the extension methods are answered (with -32601).
-    pub fn off() -> Self {
-        Self::new(None, Box::new(|| true))
-    }
-
-    /// A run of the client's whole lines, on its way to the agent.
-    pub async fn from_client(&self, run: Bytes) -> FromClient {
-        let ours = memmem::find(&run, EXTENSION_PREFIX.as_bytes()).is_some();
-        let on = self.reachable();
-        let prompt = on && memmem::find(&run, b"session/prompt").is_some();
+    /// A run of the client's whole lines, on its way to the agent: its
+    /// answers to what the agent asked, its prompts.
+    pub fn from_client(&self, run: &[u8]) {
+        let prompt = self.reachable() && memmem::find(run, b"session/prompt").is_some();
         let answers = self.waiting_count.load(Ordering::Relaxed) > 0;
-        if !ours && !prompt && !answers {
-            return FromClient { forward: Some(run), replies: Vec::new() };
+        if !prompt && !answers {
+            return;
         }
-        let mut out = FromClient::default();
-        let mut kept: Option<BytesMut> = None;
-        let mut at = 0;
         for line in run.split_inclusive(|b| *b == b'\n') {
-            let start = at;
-            at += line.len();
             if answers {
                 if let Some(id) = jsonrpc::response_id(line) {
                     self.answered_by_client(id);
@@ -185,24 +170,7 @@ impl SessionNotices {
                     self.track_prompt(id);
                 }
             }
-            if ours && memmem::find(line, EXTENSION_PREFIX.as_bytes()).is_some() {
-                if let Some(reply) = self.extension(line).await {
-                    // The lines before this one go on as they were; this one stops here.
-                    kept.get_or_insert_with(|| BytesMut::from(&run[..start]));
-                    out.replies.extend(reply);
-                    continue;
-                }
-            }
-            if let Some(k) = kept.as_mut() {
-                k.extend_from_slice(line);
-            }
         }
-        out.forward = match kept {
-            None => Some(run),
-            Some(k) if k.is_empty() => None,
-            Some(k) => Some(k.freeze()),
-        };
-        out
     }
 
     /// A run of the agent's whole lines, on its way to the client.
@@ -356,95 +324,6 @@ impl SessionNotices {
             allowed: hook.trust.check(&info.peer).is_some(),
         });
     }
-
-    /// The bridge's answer to one of its extension lines; `None` when the line
-    /// is not one (it goes to the agent); `Some(None)` for a notification.
-    async fn extension(&self, line: &[u8]) -> Option<Option<Bytes>> {
-        let v: Value = serde_json::from_slice(line).ok()?;
-        let method = v.get("method")?.as_str()?;
-        if !method.starts_with(EXTENSION_PREFIX) {
-            return None;
-        }
-        let id = v.get("id").cloned();
-        let result = self.handle(method, v.get("params").cloned().unwrap_or(Value::Null)).await;
-        let id = id?;
-        let line = match result {
-            Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-            Err((code, message)) => {
-                json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
-            }
-        };
-        let mut b = serde_json::to_vec(&line).unwrap_or_default();
-        b.push(b'\n');
-        Some(Some(b.into()))
-    }
-
-    async fn handle(&self, method: &str, params: Value) -> Result<Value, (i64, String)> {
-        const NOT_FOUND: i64 = -32601;
-        const INVALID: i64 = -32602;
-        const FAILED: i64 = -32603;
-        // A server error (JSON-RPC's -32000 to -32099): the bridge is full.
-        const FULL: i64 = -32001;
-        let push =
-            self.hook.as_ref().and_then(|(h, i)| h.notifier.vapid.clone().map(|v| (h.clone(), i.clone(), v)));
-        let known = [METHOD_PUSH_KEY, METHOD_PUSH_SUBSCRIBE, METHOD_PUSH_UNSUBSCRIBE];
-        if !known.contains(&method) {
-            return Err((NOT_FOUND, format!("{method}: no such method of this bridge")));
-        }
-        let Some((hook, info, vapid)) = push else {
-            return Err((NOT_FOUND, format!("{method}: web push is off on this bridge")));
-        };
-        let subs = hook.notifier.subscriptions.clone();
-        let peer = info.peer;
-        let short = peer.fmt_short().to_string();
-        match method {
-            METHOD_PUSH_KEY => Ok(json!({"applicationServerKey": vapid.public_b64()})),
-            METHOD_PUSH_SUBSCRIBE => {
-                let sub = Subscription::from_json(&params, hook.notifier.policy)
-                    .map_err(|e| (INVALID, e.to_string()))?;
-                let origin = sub.origin();
-                match subs.add(&peer, sub).await {
-                    Ok(()) => {
-                        info!(peer = %short, "push subscription registered (push service {origin})");
-                        Ok(json!({"subscribed": true}))
-                    }
-                    Err(e @ AddError::Full) => {
-                        warn!(peer = %short, "push subscription refused: {e}");
-                        Err((FULL, e.to_string()))
-                    }
-                    Err(e @ AddError::Save(_)) => {
-                        let why = std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default();
-                        warn!(peer = %short, "could not save a push subscription: {why}");
-                        Err((FAILED, e.to_string()))
-                    }
-                }
-            }
-            _ => {
-                let endpoint = params["endpoint"]
-                    .as_str()
-                    .ok_or_else(|| (INVALID, "params.endpoint (a string) is required".to_string()))?;
-                if endpoint.len() > MAX_ENDPOINT {
-                    // Never stored: nothing to remove.
-                    return Ok(json!({"removed": true}));
-                }
-                // Stored endpoints are normalised URLs.
-                let endpoint =
-                    reqwest::Url::parse(endpoint).map(|u| u.to_string()).unwrap_or(endpoint.to_string());
-                // The same answer whatever was there: whether a push service
-                // said it is gone is not the device's to learn here.
-                match subs.remove(&peer, &endpoint).await {
-                    Ok(()) => {
-                        debug!(peer = %short, "push subscription removed by its device");
-                        Ok(json!({"removed": true}))
-                    }
-                    Err(e) => {
-                        warn!(peer = %short, "could not save the push subscriptions: {e}");
-                        Err((FAILED, "the bridge could not update its subscriptions".to_string()))
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// What an agent's request asks, in its own words: a permission request's
@@ -476,34 +355,6 @@ fn stop_reason(line: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    async fn extension_lines_never_reach_the_agent_and_others_pass_whole() {
-        let n = SessionNotices::off();
-        let run = Bytes::from_static(
-            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\"}\n\
-              {\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"_thunderbolt/push/key\"}\n\
-              {\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"x\",\"params\":{\"t\":\"_thunderbolt/ in text\"}}\n",
-        );
-        let out = n.from_client(run).await;
-        let fwd = out.forward.unwrap();
-        assert!(fwd.starts_with(b"{\"jsonrpc\":\"2.0\",\"id\":1,"));
-        assert!(memmem::find(&fwd, b"push/key").is_none());
-        assert!(memmem::find(&fwd, b"in text").is_some(), "a mention in a string is not a call");
-        assert_eq!(out.replies.len(), 1);
-        let v: Value = serde_json::from_slice(&out.replies[0]).unwrap();
-        assert_eq!(v["id"], 2);
-        assert_eq!(v["error"]["code"], -32601);
-
-        let plain = Bytes::from_static(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\"}\n");
-        let out = n.from_client(plain.clone()).await;
-        assert_eq!(out.forward.unwrap().as_ptr(), plain.as_ptr(), "untouched, not copied");
-
-        let only = Bytes::from_static(b"{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"_thunderbolt/nope\"}\n");
-        let out = n.from_client(only).await;
-        assert!(out.forward.is_none());
-        assert_eq!(out.replies.len(), 1);
-    }
 
     #[test]
     fn stop_reasons_and_asked_text() {

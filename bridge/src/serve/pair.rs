@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use crate::{
     devices::How,
     pairing::Redeemed,
-    serve::{session::refuse, AgentConfig, Shared},
+    serve::{session::refuse, AgentConfig, AgentName, Shared},
     trust::allowfile,
 };
 
@@ -30,10 +30,8 @@ struct Request {
 /// its ticket, which is this agent's).
 pub fn targets(cfg: &AgentConfig) -> Vec<String> {
     let bridge = crate::pairing::bridge_target(&cfg.protocol);
-    if cfg.name.is_empty() {
-        return vec![bridge];
-    }
-    let mut v = vec![crate::pairing::agent_target(&cfg.name)];
+    let AgentName::Hosted(name) = &cfg.name else { return vec![bridge] };
+    let mut v = vec![crate::pairing::agent_target(name)];
     if cfg.bridge_identity {
         v.push(bridge);
     }
@@ -115,7 +113,7 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
             let own_devices = cfg.own_devices;
             let for_bridge =
                 minted_for.as_deref() == Some(crate::pairing::bridge_target(&cfg.protocol).as_str());
-            let grants = if cfg.name.is_empty() || (for_bridge && own_devices) {
+            let grants = if cfg.name == AgentName::Single || (for_bridge && own_devices) {
                 Grants::AllowFile
             } else {
                 Grants::Agent
@@ -147,7 +145,7 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
                     Ok(added)
                 }
                 Grants::Agent => {
-                    stores.devices.grant(&peer, name, &agent)?;
+                    stores.devices.grant(&peer, name, agent.as_str())?;
                     Ok(false)
                 }
             }
@@ -156,7 +154,7 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
         .unwrap_or_else(|e| Err(anyhow::anyhow!(e)))
     };
     let named = name.as_deref().map(|n| format!(" as \"{n}\"")).unwrap_or_default();
-    match (recorded, cfg.name.is_empty()) {
+    match (recorded, cfg.name == AgentName::Single) {
         (Ok(added), true) => info!(
             peer = %short,
             "paired {peer}{named} with a one-time code{}",

@@ -27,7 +27,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::{limits::READ_CHUNK, notify::session::SessionNotices, serve::requests::Requests};
+use crate::{limits::READ_CHUNK, serve::taps::Observers};
 
 /// What a queue-fed session hands the agent's input pump: runs of whole
 /// lines, or the head of a line over the cap whose rest the source skipped
@@ -166,9 +166,9 @@ fn what(id: Option<&str>) -> String {
 ///
 /// `replies` carries the bridge's own answers to the peer; `to_agent` brings the
 /// bridge's answers to the agent (errors for its requests that were too large
-/// to forward), written between whole lines. The peer's requests are noted in
-/// `requests` as they pass; `notices` sees each run first (it answers the
-/// bridge's own extension methods, which go no further).
+/// to forward), written between whole lines. `observers` sees each run first:
+/// it answers the bridge's own extension methods (which go no further) and
+/// notes the peer's requests as they pass.
 #[allow(clippy::too_many_arguments)]
 pub async fn peer_to_agent<S, W>(
     mut peer: S,
@@ -177,8 +177,7 @@ pub async fn peer_to_agent<S, W>(
     mut to_agent: mpsc::Receiver<Bytes>,
     max_frame: usize,
     peer_name: &str,
-    requests: &Requests,
-    notices: &SessionNotices,
+    observers: &Observers,
 ) -> Result<(), PumpError>
 where
     S: Source,
@@ -202,12 +201,11 @@ where
         for piece in pieces.drain(..) {
             match piece {
                 Piece::Run(run) => {
-                    let out = notices.from_client(run).await;
+                    let out = observers.from_client(run).await;
                     for reply in out.replies {
                         let _ = replies.send(reply).await;
                     }
                     if let Some(run) = out.forward {
-                        requests.sent(&run);
                         agent_stdin.write_all(&run).await.map_err(write_err)?
                     }
                 }
@@ -253,9 +251,9 @@ where
 
 /// Agent → peer, plus the bridge's own replies (parse and size errors). Returns
 /// when the agent closed its stdout, or `stop` was cancelled, and everything it
-/// wrote in whole lines has been handed to the stream. The agent's answers to
-/// the peer's requests are crossed off `requests`; `notices` sees each run
-/// (it never holds it).
+/// wrote in whole lines has been handed to the stream. `observers` sees each
+/// run (it never holds it): the agent's answers to the peer's requests are
+/// crossed off there.
 #[allow(clippy::too_many_arguments)]
 pub async fn agent_to_peer<R, W>(
     mut agent_stdout: R,
@@ -265,8 +263,7 @@ pub async fn agent_to_peer<R, W>(
     max_frame: usize,
     peer_name: &str,
     stop: CancellationToken,
-    requests: &Requests,
-    notices: &SessionNotices,
+    observers: &Observers,
 ) -> Result<W, PumpError>
 where
     R: AsyncRead + Unpin,
@@ -299,8 +296,7 @@ where
         for piece in split.pieces(n == 0) {
             match piece {
                 Piece::Run(run) => {
-                    requests.answered(&run);
-                    notices.from_agent(&run);
+                    observers.from_agent(&run);
                     peer.write_all(&run).await.map_err(write_err)?
                 }
                 Piece::Rejected => dropped += 1,
@@ -308,7 +304,7 @@ where
                     let head = jsonrpc::peek_head(&head);
                     match (head.kind, head.id.as_deref()) {
                         (Kind::Response, Some(id)) => {
-                            requests.answered_id(id.as_bytes());
+                            observers.requests.answered_id(id.as_bytes());
                             warn!(peer = %peer_name, "agent sent a response (id {id}) over the {max_frame}-byte frame limit; dropped, the peer gets an error for it");
                             peer.write_all(&jsonrpc::too_large_response(id, max_frame))
                                 .await
@@ -368,8 +364,7 @@ mod tests {
             arx,
             1024,
             "peer",
-            &Requests::default(),
-            &SessionNotices::off(),
+            &Observers::new(None, None, None),
         )
         .await
         .unwrap();
@@ -400,8 +395,7 @@ mod tests {
             1024,
             "p",
             CancellationToken::new(),
-            &Requests::default(),
-            &SessionNotices::off(),
+            &Observers::new(None, None, None),
         )
         .await
         .unwrap();
@@ -453,8 +447,7 @@ mod tests {
             1024,
             "p",
             CancellationToken::new(),
-            &Requests::default(),
-            &SessionNotices::off(),
+            &Observers::new(None, None, None),
         )
         .await
         .unwrap();
@@ -482,18 +475,8 @@ mod tests {
         let task = tokio::spawn({
             let stop = stop.clone();
             async move {
-                agent_to_peer(
-                    r,
-                    Vec::new(),
-                    rx,
-                    atx,
-                    1024,
-                    "p",
-                    stop,
-                    &Requests::default(),
-                    &SessionNotices::off(),
-                )
-                .await
+                agent_to_peer(r, Vec::new(), rx, atx, 1024, "p", stop, &Observers::new(None, None, None))
+                    .await
             }
         });
         tokio::task::yield_now().await;

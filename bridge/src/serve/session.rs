@@ -33,10 +33,10 @@ use tracing::{debug, info, warn};
 
 use crate::{
     limits,
-    notify::session::{AgentNotify, Attached, SessionNotices},
     serve::agent::{self, AgentProcess, Launcher},
     serve::pump::{self, PumpError},
     serve::requests::Requests,
+    serve::taps::{Observers, Presence, Tap, TapSource},
     serve::throttle::LogBudget,
 };
 
@@ -68,21 +68,20 @@ pub trait Link: Send + Sync {
     /// whose contract ends the session then does so (wss); by default the
     /// session goes on until the agent ends.
     fn input_closed(&self) {}
-    /// The session's record of the peer's requests in flight, for a link
-    /// whose peers change (a warm agent's next client did not send them), and
-    /// its notices (told when the client goes away).
-    fn track(&self, _requests: &Arc<Requests>, _notices: &Arc<SessionNotices>) {}
-    /// The session as `thunderbolt status` shows it (whose it is, its id).
+    /// The session as `thunderbolt status` shows it (whose it is, its id,
+    /// its agent's pid): what its observers are opened with.
     fn info(&self) -> Option<Arc<SessionInfo>> {
         None
     }
     /// Whether a client is attached now, asked when the agent needs one (a
     /// plain connection is attached for as long as the session lives).
-    fn attached(&self) -> Attached {
+    fn presence(&self) -> Presence {
         Box::new(|| true)
     }
-    /// The agent process started (its pid, for `thunderbolt status`).
-    fn agent_started(&self, _pid: Option<u32>) {}
+    /// The session's record of the peer's requests in flight, for a link
+    /// whose peers change (a warm agent's next client did not send them), and
+    /// its tap, for a link that can tell it the client went away.
+    fn observe(&self, _requests: &Arc<Requests>, _tap: Option<&Arc<dyn Tap>>) {}
 }
 
 /// What `thunderbolt status` shows of a session beside its connection.
@@ -90,8 +89,8 @@ pub trait Link: Send + Sync {
 pub struct SessionInfo {
     /// Short and unique among the bridge's sessions: what `thunderbolt kick` takes.
     pub id: String,
-    /// The agent's name (empty for the single-agent bridge).
-    pub agent: Arc<str>,
+    /// The agent it runs.
+    pub agent: crate::serve::AgentName,
     pub peer: iroh::EndpointId,
     pub started: std::time::SystemTime,
     /// The agent process's pid; 0 before it started.
@@ -99,7 +98,7 @@ pub struct SessionInfo {
 }
 
 impl SessionInfo {
-    pub fn new(id: String, agent: Arc<str>, peer: iroh::EndpointId) -> Arc<Self> {
+    pub fn new(id: String, agent: crate::serve::AgentName, peer: iroh::EndpointId) -> Arc<Self> {
         Arc::new(Self { id, agent, peer, started: std::time::SystemTime::now(), pid: 0.into() })
     }
 
@@ -131,12 +130,6 @@ impl Link for Plain {
         self.0.close(VarInt::from_u32(code), reason.as_bytes());
     }
 
-    fn agent_started(&self, pid: Option<u32>) {
-        if let Some(i) = &self.1 {
-            i.set_pid(pid);
-        }
-    }
-
     fn info(&self) -> Option<Arc<SessionInfo>> {
         self.1.clone()
     }
@@ -159,14 +152,14 @@ pub struct SessionConfig {
     pub term_grace: Duration,
     pub finish_linger: Duration,
     /// Resumable sessions, unless switched off.
-    pub resume: Option<crate::serve::hub::ResumeConfig>,
+    pub resume: Option<crate::serve::sessions::ResumeConfig>,
     /// `--keep-warm`: plain sessions' agents outlive their connection this long.
     pub keep_warm: Option<Duration>,
     /// The longest an agent runs with nothing attached (a hosted agent's
     /// `idle_stop`), whatever the grace or keep-warm window say.
     pub idle_stop: Option<Duration>,
-    /// Notices to the owner (`--notify-*`, Web Push), when on.
-    pub notify: Option<Arc<AgentNotify>>,
+    /// What observes its sessions (the owner's notices), when anything does.
+    pub taps: Option<Arc<dyn TapSource>>,
 }
 
 impl SessionConfig {
@@ -179,7 +172,7 @@ impl SessionConfig {
             resume: None,
             keep_warm: None,
             idle_stop: None,
-            notify: None,
+            taps: None,
         }
     }
 }
@@ -244,7 +237,9 @@ pub async fn run_on<L: Link>(
         }
     };
     let pid = process.id();
-    link.agent_started(pid);
+    if let Some(info) = link.info() {
+        info.set_pid(pid);
+    }
     info!(peer = %peer, pid, "agent started: {}", cfg.agent.redacted());
     let stderr = stderr.map(|e| AbortOnDropHandle::new(tokio::spawn(log_stderr(e, peer.clone()))));
     let end = drive(&link, out, input, stdin, stdout, process.as_mut(), &cfg, &peer, &shutdown).await;
@@ -275,17 +270,18 @@ async fn drive<L: Link>(
 ) -> End {
     let (reply_tx, reply_rx) = mpsc::channel::<Bytes>(REPLY_QUEUE);
     let (agent_tx, agent_rx) = mpsc::channel::<Bytes>(REPLY_QUEUE);
-    let requests = Arc::new(Requests::default());
-    let hook = cfg.notify.clone().zip(link.info());
-    let notices = Arc::new(SessionNotices::new(hook, link.attached()));
-    link.track(&requests, &notices);
+    let info = link.info();
+    let tap = cfg.taps.as_ref().zip(info.as_ref()).map(|(t, i)| t.open(i, link.presence()));
+    let methods = cfg.taps.as_ref().and_then(|t| t.methods());
+    let observers = Arc::new(Observers::new(info.map(|i| i.peer), methods, tap));
+    let requests = observers.requests.clone();
+    link.observe(&requests, observers.tap());
 
     // Peer → agent runs on its own: its normal end (peer finished sending) is not
     // the end of the session; only its errors are.
     let max = cfg.max_frame;
     let (inbound_err_tx, mut inbound_err) = mpsc::channel::<PumpError>(1);
-    let inbound_requests = requests.clone();
-    let inbound_notices = notices.clone();
+    let inbound_observers = observers.clone();
     let inbound_peer = peer.to_string();
     let _inbound = AbortOnDropHandle::new(tokio::spawn(
         async move {
@@ -297,8 +293,7 @@ async fn drive<L: Link>(
                 agent_rx,
                 max,
                 &inbound_peer,
-                &inbound_requests,
-                &inbound_notices,
+                &inbound_observers,
             )
             .await
             {
@@ -310,17 +305,8 @@ async fn drive<L: Link>(
     ));
 
     let stop_reading = CancellationToken::new();
-    let outbound = pump::agent_to_peer(
-        stdout,
-        send,
-        reply_rx,
-        agent_tx,
-        max,
-        peer,
-        stop_reading.clone(),
-        &requests,
-        &notices,
-    );
+    let outbound =
+        pump::agent_to_peer(stdout, send, reply_rx, agent_tx, max, peer, stop_reading.clone(), &observers);
     tokio::pin!(outbound);
 
     let mut status: Option<Option<AgentEnd>> = None;

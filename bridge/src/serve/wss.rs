@@ -87,7 +87,7 @@ fn oversize_limit(max_frame: usize) -> usize {
 
 /// A fresh 32-byte token, hex.
 pub fn new_token() -> String {
-    crate::serve::hub::random_hex(32)
+    crate::ids::random_hex(32)
 }
 
 /// The allowed origins: the app's, plus `extra` (comma-separated).

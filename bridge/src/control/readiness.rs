@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 /// Sends `state` (`READY=1`, `STOPPING=1`, `WATCHDOG=1`) to `NOTIFY_SOCKET`, if set.
-pub fn notify(state: &str) {
+pub fn send(state: &str) {
     let Some(path) = std::env::var_os("NOTIFY_SOCKET") else { return };
     let sock = match UnixDatagram::unbound() {
         Ok(s) => s,
@@ -39,12 +39,12 @@ pub fn notify(state: &str) {
 
 /// Ready: listening, the banner printed.
 pub fn ready() {
-    notify(&format!("READY=1\nMAINPID={}\nSTATUS=serving", std::process::id()));
+    send(&format!("READY=1\nMAINPID={}\nSTATUS=serving", std::process::id()));
 }
 
 /// Shutting down: every session is being ended.
 pub fn stopping() {
-    notify("STOPPING=1\nSTATUS=ending every session");
+    send("STOPPING=1\nSTATUS=ending every session");
 }
 
 /// Keeps systemd's watchdog fed (twice per `WATCHDOG_USEC`) until `stop`,
@@ -59,7 +59,7 @@ pub async fn watchdog(stop: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_micros(usec / 2).max(Duration::from_millis(100)));
     loop {
         tokio::select! {
-            _ = tick.tick() => notify("WATCHDOG=1"),
+            _ = tick.tick() => send("WATCHDOG=1"),
             _ = stop.cancelled() => return,
         }
     }

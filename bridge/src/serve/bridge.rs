@@ -1,0 +1,362 @@
+//! A running bridge: the agents it serves, what every connection shares, the
+//! heartbeat and the changes a host asks for while it runs; shutdown that
+//! waits for every agent to be reaped.
+
+use std::{
+    collections::HashMap,
+    sync::{atomic::Ordering, Arc, Mutex, RwLock},
+    time::Duration,
+};
+
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::{debug, info, warn};
+
+use super::{
+    accept::spawn_accept,
+    admit::Admission,
+    gate::Gate,
+    served::{AgentConfig, AgentName, Served, REASON_AGENT_REMOVED},
+    sessions::{Hubs, PlainSessions},
+    slots::PerDevice,
+    status,
+    taps::OnRevoked,
+    throttle::LogBudget,
+};
+use iroh::Endpoint;
+
+use super::session::SessionConfig;
+use crate::trust::{account::Account, TrustPolicy};
+
+/// Everything a connection task needs.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(super) gate: Arc<Gate>,
+    pub(crate) sessions: PlainSessions,
+    /// Resumable and warm sessions, attached or waiting for their client.
+    pub(crate) hubs: Arc<Hubs>,
+    pub(crate) admission: Admission,
+    pub(crate) agents: Arc<Semaphore>,
+    /// Live sessions per NodeId, for [`Admission::max_per_device`].
+    pub(super) per_device: Arc<PerDevice>,
+    /// The agents served now, by name.
+    pub(super) served: RwLock<HashMap<AgentName, Arc<Served>>>,
+    pub(super) shutdown: CancellationToken,
+    pub(super) tasks: TaskTracker,
+    /// A stranger dialing in a loop costs a few log lines, not one per dial.
+    pub(super) refusal_log: Mutex<LogBudget>,
+    /// A heartbeat is running (at most one at a time).
+    pub(super) beating: std::sync::atomic::AtomicBool,
+    /// The home's devices, pairing codes and allow file (absent in tests of
+    /// the bare serving core).
+    pub(super) stores: RwLock<Option<Arc<Stores>>>,
+    /// Told after every re-check of trust (the notices' subscriptions).
+    on_revoked: RwLock<Option<Arc<dyn OnRevoked>>>,
+}
+
+/// What a bridge keeps in its home beside its identities.
+#[derive(Debug)]
+pub struct Stores {
+    pub devices: Arc<crate::devices::Devices>,
+    pub pairings: crate::pairing::Pairings,
+    /// Wrong pairing codes per device (memory only).
+    pub pair_throttle: Mutex<crate::pairing::Throttle>,
+    pub allow_file: std::path::PathBuf,
+}
+
+impl Stores {
+    pub fn new(home: &crate::home::Home) -> Arc<Self> {
+        Arc::new(Self {
+            devices: Arc::new(crate::devices::Devices::new(home)),
+            pairings: crate::pairing::Pairings::new(home),
+            pair_throttle: Mutex::default(),
+            allow_file: home.allowlist_path(),
+        })
+    }
+}
+
+/// What a running bridge is asked to change (the host's folder watch).
+#[derive(Debug)]
+pub enum Change {
+    /// Serve this agent too.
+    Add(Arc<Served>),
+    /// New sessions of the agent named so run with this.
+    Replace(AgentConfig),
+    /// Stop serving this agent: its sessions end with [`REASON_AGENT_REMOVED`].
+    Remove(AgentName),
+}
+
+/// A running bridge.
+#[derive(Debug)]
+pub struct Bridge {
+    shared: Arc<Shared>,
+    changes: Option<mpsc::UnboundedReceiver<Change>>,
+    handle: status::BridgeHandle,
+}
+
+impl Bridge {
+    /// A bridge serving one agent on `endpoint` with these settings (the
+    /// serving core's tests; the commands start theirs with [`Bridge::serve`]).
+    pub fn new(
+        endpoint: Endpoint,
+        trust: Arc<dyn TrustPolicy>,
+        gate: Arc<Gate>,
+        account: Option<Arc<Account>>,
+        admission: Admission,
+        session: SessionConfig,
+    ) -> Self {
+        let agent = Served::new(
+            endpoint,
+            AgentConfig {
+                name: AgentName::Single,
+                label: "".into(),
+                protocol: String::new(),
+                trust,
+                session: Arc::new(session),
+                max_sessions: None,
+                account,
+                bridge_identity: false,
+                own_devices: true,
+            },
+        );
+        Self::serve("bridge", gate, admission, vec![agent]).0
+    }
+
+    /// The home whose devices, pairing codes and allow file this bridge uses:
+    /// devices pair with it, names show in the log and in `status`, and an
+    /// allow-file edit is applied to live sessions within a second.
+    pub fn with_home(self, home: &crate::home::Home) -> Self {
+        *self.shared.stores.write().unwrap_or_else(|p| p.into_inner()) = Some(Stores::new(home));
+        self
+    }
+
+    /// The relays the endpoints are configured with (what `status` says is
+    /// unreachable before iroh picks one).
+    pub fn relays(self, relays: &crate::net::Relays) -> Self {
+        for agent in self.shared.served().values() {
+            agent.relay.configured(relays);
+        }
+        self
+    }
+
+    /// Tells `on` after every re-check of trust what no agent admits any
+    /// more (the notices drop those devices' push subscriptions).
+    pub fn on_revoked(self, on: Option<Arc<dyn OnRevoked>>) -> Self {
+        *self.shared.on_revoked.write().unwrap_or_else(|p| p.into_inner()) = on;
+        self
+    }
+
+    /// What the control API drives: status, kick, recheck.
+    pub fn handle(&self) -> status::BridgeHandle {
+        self.handle.clone()
+    }
+
+    /// A bridge serving `agents` (`kind`: `bridge` for the single-agent
+    /// commands, `host`), to which the returned sender adds, changes and
+    /// removes agents while it runs.
+    pub fn serve(
+        kind: &'static str,
+        gate: Arc<Gate>,
+        admission: Admission,
+        agents: Vec<Arc<Served>>,
+    ) -> (Self, mpsc::UnboundedSender<Change>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut b = Self::empty(gate, admission, kind);
+        {
+            let mut served = b.shared.served.write().unwrap_or_else(|p| p.into_inner());
+            for a in agents {
+                served.insert(a.name(), a);
+            }
+        }
+        b.changes = Some(rx);
+        (b, tx)
+    }
+
+    fn empty(gate: Arc<Gate>, admission: Admission, kind: &'static str) -> Self {
+        let shared = Arc::new(Shared {
+            gate,
+            sessions: PlainSessions::default(),
+            hubs: Arc::new(Hubs::default()),
+            agents: Arc::new(Semaphore::new(admission.max_agents)),
+            per_device: Arc::default(),
+            admission,
+            served: RwLock::new(HashMap::new()),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            refusal_log: Mutex::new(LogBudget::new(
+                crate::limits::REFUSAL_LOG_BURST,
+                crate::limits::REFUSAL_LOG_PER_SEC,
+                std::time::Instant::now(),
+            )),
+            beating: std::sync::atomic::AtomicBool::new(false),
+            stores: RwLock::new(None),
+            on_revoked: RwLock::new(None),
+        });
+        let handle = status::BridgeHandle::new(shared.clone(), kind);
+        Self { shared, changes: None, handle }
+    }
+
+    /// Serves until `stop` is cancelled, then ends every session (agents killed
+    /// and reaped) and closes the endpoints.
+    pub async fn run(mut self, stop: CancellationToken) {
+        let shared = self.shared.clone();
+        let initial: Vec<Arc<Served>> = shared.served().into_values().collect();
+        for agent in initial {
+            spawn_accept(&shared, agent);
+        }
+        let mut heartbeat = tokio::time::interval(shared.admission.heartbeat);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        heartbeat.reset();
+        let mut changes = self.changes.take();
+        // An edited allow file (`iroh deny`, or by hand) applies to live
+        // sessions within a second, not at the next heartbeat.
+        let mut allow_tick = tokio::time::interval(ALLOW_FILE_CHECK);
+        allow_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The devices file too: a device paired with one agent is granted there.
+        let allow_stamp = |s: &Shared| {
+            use std::os::unix::fs::MetadataExt;
+            let stores = s.stores()?;
+            let stamp = |p: &std::path::Path| {
+                std::fs::metadata(p).ok().map(|m| (m.len(), m.mtime(), m.mtime_nsec(), m.ino()))
+            };
+            Some((stamp(&stores.allow_file), stamp(stores.devices.path())))
+        };
+        let mut last_allow = allow_stamp(&shared);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = allow_tick.tick() => {
+                    let now = allow_stamp(&shared);
+                    if now != last_allow {
+                        last_allow = now;
+                        let ended = self.handle.recheck();
+                        if ended > 0 {
+                            info!("the allow file changed: {ended} session(s) no longer allowed were ended");
+                        }
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    // Runs as a task so a slow backend never stalls accepting. One
+                    // beat at a time: with a backend slower than the heartbeat,
+                    // overlapping refreshes could apply an older allowlist after
+                    // a newer one; a beat that finds the last still running is skipped.
+                    if shared.beating.swap(true, Ordering::AcqRel) {
+                        debug!("heartbeat skipped: the previous one is still waiting on the backend");
+                    } else {
+                        let s = shared.clone();
+                        shared.tasks.spawn(async move {
+                            tokio::select! {
+                                _ = beat(&s) => {}
+                                // Shutdown never waits on a hung backend.
+                                _ = s.shutdown.cancelled() => {}
+                            }
+                            s.beating.store(false, Ordering::Release);
+                        });
+                    }
+                }
+                change = async { changes.as_mut()?.recv().await }, if changes.is_some() => match change {
+                    Some(c) => apply(&shared, c),
+                    None => changes = None,
+                },
+            }
+        }
+        let served = shared.served();
+        info!("shutting down: ending {} connection(s)", shared.tasks.len());
+        shared.shutdown.cancel();
+        shared.tasks.close();
+        shared.tasks.wait().await;
+        for agent in served.into_values() {
+            crate::net::close_endpoint(agent.endpoint.clone(), crate::limits::ENDPOINT_CLOSE_TIMEOUT).await;
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn stores(&self) -> Option<Arc<Stores>> {
+        self.stores.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn served(&self) -> HashMap<AgentName, Arc<Served>> {
+        self.served.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Ends every session whose peer its agent's trust no longer admits, and
+    /// drops the push subscriptions of devices no agent admits any more (the
+    /// heartbeat, an allow-file edit, `iroh deny`). Returns how many sessions ended.
+    pub(crate) fn recheck(&self) -> usize {
+        let served = self.served();
+        let trust_of = |name: &AgentName| served.get(name).map(|a| a.config().trust.clone());
+        if let Some(on) = self.on_revoked.read().unwrap_or_else(|p| p.into_inner()).clone() {
+            let trusts: Vec<_> = served.values().map(|a| a.config().trust.clone()).collect();
+            on.revoked(Box::new(move |id| trusts.iter().any(|t| t.check(id).is_some())));
+        }
+        self.sessions.recheck() + self.hubs.recheck(trust_of)
+    }
+}
+
+/// Applies one change the host asked for.
+fn apply(shared: &Arc<Shared>, change: Change) {
+    match change {
+        Change::Add(agent) => {
+            let name = agent.name();
+            shared.served.write().unwrap_or_else(|p| p.into_inner()).insert(name, agent.clone());
+            spawn_accept(shared, agent);
+        }
+        Change::Replace(config) => {
+            let name = config.name.clone();
+            match shared.served().get(&name) {
+                Some(agent) => agent.replace(config),
+                None => warn!(agent = %name, "asked to change an agent that is not served"),
+            }
+        }
+        Change::Remove(name) => {
+            let Some(agent) = shared.served.write().unwrap_or_else(|p| p.into_inner()).remove(&name) else {
+                return;
+            };
+            agent.stop.cancel();
+            let plain = shared.sessions.close_agent(&agent, REASON_AGENT_REMOVED);
+            let hubs = shared.hubs.end_agent(&name, REASON_AGENT_REMOVED);
+            info!(agent = %name, "no longer served: {} session(s) ended ({REASON_AGENT_REMOVED})", plain + hubs);
+            // The endpoint outlives its sessions' closes long enough to send them.
+            let s = shared.clone();
+            shared.tasks.spawn(async move {
+                let until_idle = async {
+                    while agent.live_sessions() > 0 {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                };
+                let _ = tokio::time::timeout(crate::limits::AGENT_TERM_GRACE * 2, until_idle).await;
+                drop(s);
+                // Never left behind (as at exit): the host goes on, and a
+                // forgotten endpoint would keep its sockets for good. Past the
+                // budget it is dropped, which aborts what is left of it.
+                let ep = agent.endpoint.clone();
+                drop(agent);
+                if tokio::time::timeout(REMOVED_ENDPOINT_CLOSE_TIMEOUT, ep.close()).await.is_err() {
+                    debug!(agent = %name, "the removed agent's endpoint did not close within {REMOVED_ENDPOINT_CLOSE_TIMEOUT:?}; dropping it");
+                }
+            });
+        }
+    }
+}
+
+/// How long a removed agent's endpoint may take to close (its peers told,
+/// its connections drained: iroh's own bound is about 3 s) before it is
+/// dropped: the host keeps running, so this is not cut short like the close
+/// at exit, but it must end so the endpoint's sockets are released.
+const REMOVED_ENDPOINT_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One heartbeat: refresh the account list, then re-check every open session
+/// against its agent's trust (so removing a peer from the allow file also ends
+/// its session).
+async fn beat(shared: &Shared) {
+    let accounts: Vec<Arc<Account>> =
+        shared.served().values().filter_map(|a| a.config().account.clone()).collect();
+    crate::trust::account::refresh_all(&accounts).await;
+    let closed = shared.recheck();
+    tracing::debug!(open = shared.sessions.len(), closed, "heartbeat: {}", shared.hubs.summary());
+}
+
+/// How often the allow file is looked at (one `stat`) for a change to apply
+/// to live sessions: a revoked device is out within about this.
+const ALLOW_FILE_CHECK: Duration = Duration::from_secs(1);

@@ -1,0 +1,647 @@
+//! One session's state between connections: what it holds for its client,
+//! who is attached, why it ended; and the one place a connection is
+//! installed into it ([`Hub::install`]) or found lost.
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex, MutexGuard, OnceLock, Weak},
+    task::Waker,
+    time::Duration,
+};
+
+use bytes::Bytes;
+use iroh::{
+    endpoint::{Connection, ConnectionError, VarInt},
+    EndpointId,
+};
+use thunderbolt_shared::{
+    close, jsonrpc,
+    ndjson::OVERSIZE_PEEK,
+    resume::{AckPolicy, ReplayLog, ACK_DELAY_MS},
+};
+use tokio::{
+    sync::{mpsc, Notify},
+    task::JoinHandle,
+    time::Instant,
+};
+use tokio_util::task::AbortOnDropHandle;
+use tracing::{debug, info};
+
+use super::{link::Outbox, registry::Hubs, timing::HubTiming, Inbox};
+use crate::serve::AgentName;
+use crate::{
+    ids,
+    serve::{pump::Inbound, requests::Requests, session::SessionInfo, taps::Tap},
+};
+
+/// How long a warm agent must have been quiet after its client's input ended
+/// and its last request was answered before that client is let go: notifications
+/// that follow an answer (or answer a client's notification, as an echo does)
+/// arrive within it on any live agent; a person waiting at `connect` hardly
+/// notices it.
+pub const KEPT_WARM_QUIET: Duration = Duration::from_millis(300);
+
+/// Close code and reason when a warm agent's client has finished (its input
+/// ended and every request it sent was answered): the connection ends, the
+/// agent does not; the next connection of the same peer takes it over.
+pub const CLOSE_CODE_KEPT_WARM: u32 = close::CLOSE_CODE_KEPT_WARM;
+pub const REASON_KEPT_WARM: &str = close::REASON_KEPT_WARM;
+
+/// Close reason for a connection whose session was resumed on a newer one.
+pub const REASON_SUPERSEDED: &str = "session resumed on another connection";
+
+/// Close reason for a resumable stream that broke the protocol.
+pub const REASON_PROTOCOL: &str = close::REASON_RESUME_PROTOCOL;
+
+/// Client frames queued for the agent's input pump: a few reads' worth, so a
+/// client faster than its agent is slowed by QUIC flow control, not buffered.
+/// (What is read ahead of it, to reach the client's acks, is bounded apart.)
+const INBOX_QUEUE: usize = 16;
+
+/// Detached sessions one NodeId may leave waiting. A device resumes its own
+/// sessions; several detached at once are pages or apps that never will (a
+/// reload that did not keep its session state, a closed tab, a killed app).
+/// A person's few tabs and a phone that locked fit; past it the oldest is
+/// ended, so one device can never hold the bridge's slots with sessions
+/// nobody will come back to.
+pub const MAX_DETACHED_PER_PEER: usize = 4;
+
+/// Ended sessions remembered, so that a late resume is told why its session
+/// ended (expired, evicted, revoked) instead of `unknown session`. A token and
+/// a reason each: a few hundred KiB at most.
+pub const ENDED_REMEMBERED: usize = 1024;
+
+/// What kind of connections drive a hub.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HubKind {
+    /// `thunderbolt/<p>/r1`: frames counted, replayed after a loss.
+    Resumable,
+    /// `thunderbolt/<p>/0` with `--keep-warm`: the agent outlives each
+    /// connection; nothing is replayed.
+    Warm,
+}
+
+/// Why a session ended: for the log, and the close a later resume gets.
+#[derive(Debug, Clone)]
+pub(super) struct Gone {
+    pub(super) why: String,
+    /// The reason a resume of the ended session is closed with (code 1).
+    pub(super) resume_reason: String,
+}
+
+impl Gone {
+    pub(super) fn new(why: impl Into<String>, resume_reason: impl Into<String>) -> Self {
+        Self { why: why.into(), resume_reason: resume_reason.into() }
+    }
+}
+
+/// One session's state between connections.
+#[derive(Debug)]
+pub struct Hub {
+    /// The first token's first characters: the session's name in logs.
+    pub(super) id: String,
+    pub(super) kind: HubKind,
+    pub(super) owner: EndpointId,
+    /// The agent it runs.
+    pub(super) agent: AgentName,
+    pub(super) peer: String,
+    pub(super) cfg: HubTiming,
+    pub(super) max_frame: usize,
+    pub(super) created: Instant,
+    pub(super) state: Mutex<State>,
+    /// The session's state changed: attach, detach, an ack, the end.
+    pub(super) changed: Notify,
+    /// Something for the attached connection's writer: new output, an ack due.
+    /// Apart from `changed` so output wakes only the writer, not the session.
+    pub(super) output: Notify,
+    /// Lines the bridge writes to the agent itself (answers for a vanished
+    /// client), ahead of the client's.
+    pub(super) inject: mpsc::UnboundedSender<Bytes>,
+    /// The registry, told of detaches (it caps detached sessions per peer).
+    pub(super) registry: Weak<Hubs>,
+    /// Warm: the session's record of the client's requests in flight.
+    pub(super) requests: OnceLock<Arc<Requests>>,
+    /// The session's tap: told when the client goes away.
+    pub(super) tap: OnceLock<Arc<dyn Tap>>,
+    /// Whether a connection is attached, kept beside `State::attached` for
+    /// the agent's output path to read without the lock.
+    pub(super) attached_now: std::sync::atomic::AtomicBool,
+    /// What `thunderbolt status` shows of it.
+    pub(super) info: Arc<SessionInfo>,
+}
+
+#[derive(Debug)]
+pub(super) struct State {
+    /// What the client presents to resume. A warm agent's next session gets
+    /// a new one (frames are counted per session).
+    pub(super) token: String,
+    /// A resumable connection was the last attached and did not close: output
+    /// is kept for it (else a warm agent's output with nobody attached is dropped).
+    pub(super) resumable: bool,
+    /// When the attached client's input ended (a warm agent's stdin stays open).
+    pub(super) input_ended: Option<Instant>,
+    /// When the agent last wrote (a warm agent's finished client is let go
+    /// only once it has been quiet a moment: see [`KEPT_WARM_QUIET`]).
+    pub(super) last_output: Option<Instant>,
+    pub(super) out: ReplayLog,
+    /// The agent's output ended after this many frames.
+    pub(super) end_at: Option<(u64, Instant)>,
+    /// Frames taken from the client (into the agent's queue).
+    pub(super) ack: AckPolicy,
+    pub(super) ack_due: bool,
+    /// When a pending ack is due at the latest.
+    pub(super) ack_at: Option<Instant>,
+    pub(super) inbox: Option<mpsc::Sender<Inbound>>,
+    /// The client's frame over the cap being skipped (its index), once its
+    /// head went to the agent's pump; a resend of it after a reconnect is not
+    /// announced twice.
+    pub(super) oversize_at: Option<u64>,
+    pub(super) attached: Option<Attachment>,
+    pub(super) detached_since: Option<Instant>,
+    pub(super) gone: Option<Gone>,
+    pub(super) next_conn: u64,
+    /// The agent-output side, waiting for room in the log.
+    pub(super) writer: Option<Waker>,
+    /// Warm: ids of the agent's requests the attached client has not answered.
+    pub(super) pending: HashSet<String>,
+    /// Warm: the client's output is all delivered (the plain stream finished).
+    pub(super) plain_done: bool,
+    /// Warm: lines the agent wrote while no client was attached (dropped).
+    pub(super) dropped: u64,
+    /// Times a client resumed it.
+    pub(super) resumes: u64,
+}
+
+#[derive(Debug)]
+pub(super) struct Attachment {
+    pub(super) id: u64,
+    pub(super) conn: Connection,
+    pub(super) since: Instant,
+    /// `thunderbolt/<p>/r1` (else the plain protocol).
+    pub(super) r1: bool,
+    pub(super) _task: AbortOnDropHandle<()>,
+}
+
+impl State {
+    /// The id of the next connection to attach (0 for the session's first).
+    pub(super) fn next_id(&mut self) -> u64 {
+        self.next_conn += 1;
+        self.next_conn - 1
+    }
+
+    pub(super) fn is_attached(&self, id: u64) -> bool {
+        self.attached.as_ref().is_some_and(|a| a.id == id)
+    }
+}
+
+/// What a wait on the hub's state does next (see [`Hub::until`]).
+pub(super) enum Step<T> {
+    Ready(T),
+    /// Wait for a change, or until this instant.
+    Wait(Option<Instant>),
+}
+
+/// Which notifications end a wait.
+#[derive(Clone, Copy)]
+pub(super) enum Wake {
+    /// State changes only (the session core's waits).
+    Changed,
+    /// State changes and new output or acks due (the connection writers).
+    Any,
+}
+
+/// A session as `thunderbolt status` sees it.
+#[derive(Debug)]
+pub struct HubView {
+    pub info: Arc<SessionInfo>,
+    /// The connection attached now, and whether it speaks `r1`.
+    pub attached: Option<(Connection, bool)>,
+    /// Nothing attached: how long it waits still.
+    pub waiting: Option<Duration>,
+    pub warm: bool,
+    pub resumes: u64,
+    pub gone: bool,
+}
+
+/// Why a connection could not attach.
+#[derive(Debug)]
+pub enum AttachError {
+    /// The session ended; close the connection with this reason.
+    Gone(String),
+    /// The client holds fewer frames than it already acknowledged: the
+    /// session is ended (what it lacks is gone).
+    Stale { claimed: u64, acked: u64 },
+    /// The client claims frames that were never sent.
+    BadPosition(String),
+}
+
+impl Hub {
+    /// A new session for `owner`, and the two ends the agent's pumps use.
+    pub fn new(
+        kind: HubKind,
+        owner: EndpointId,
+        agent: AgentName,
+        cfg: HubTiming,
+        max_frame: usize,
+        registry: Weak<Hubs>,
+    ) -> (Arc<Self>, Inbox, Outbox) {
+        let (tx, rx) = mpsc::channel(INBOX_QUEUE);
+        let (inject, injected) = mpsc::unbounded_channel();
+        let now = Instant::now();
+        let token = ids::token();
+        let info = SessionInfo::new(token[..8].to_string(), agent.clone(), owner);
+        let hub = Arc::new(Self {
+            info,
+            id: token[..8].to_string(),
+            kind,
+            inject,
+            owner,
+            agent,
+            peer: owner.fmt_short().to_string(),
+            cfg,
+            max_frame,
+            created: now,
+            state: Mutex::new(State {
+                token,
+                resumable: false,
+                input_ended: None,
+                last_output: None,
+                out: ReplayLog::new(),
+                end_at: None,
+                ack: AckPolicy::at(0),
+                ack_due: false,
+                ack_at: None,
+                inbox: Some(tx),
+                oversize_at: None,
+                attached: None,
+                detached_since: Some(now),
+                gone: None,
+                next_conn: 0,
+                writer: None,
+                pending: HashSet::new(),
+                plain_done: false,
+                dropped: 0,
+                resumes: 0,
+            }),
+            changed: Notify::new(),
+            output: Notify::new(),
+            registry,
+            requests: OnceLock::new(),
+            tap: OnceLock::new(),
+            attached_now: false.into(),
+        });
+        let outbox = Outbox { hub: hub.clone() };
+        (hub, Inbox::new(rx, Some(injected), true, max_frame), outbox)
+    }
+
+    /// The first token's first characters, for logs (a token itself is never logged).
+    pub fn short(&self) -> &str {
+        &self.id
+    }
+
+    pub fn agent(&self) -> &AgentName {
+        &self.agent
+    }
+
+    pub fn owner(&self) -> EndpointId {
+        self.owner
+    }
+
+    pub fn kind(&self) -> HubKind {
+        self.kind
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes everyone waiting on the state (call with the lock released).
+    pub(super) fn wake(&self, writer: Option<Waker>) {
+        if let Some(w) = writer {
+            w.wake();
+        }
+        self.changed.notify_waiters();
+        self.output.notify_waiters();
+    }
+
+    /// Runs `check` on the state until it is ready, waiting in between for a
+    /// change (`wake`) or the instant it asks for. The one "notify, check the
+    /// state, wait" loop of the hub: the notification is armed before the
+    /// state is read, so nothing that changes in between is missed.
+    pub(super) async fn until<T>(&self, wake: Wake, mut check: impl FnMut(&mut State) -> Step<T>) -> T {
+        loop {
+            let changed = self.changed.notified();
+            let output = self.output.notified();
+            tokio::pin!(changed, output);
+            changed.as_mut().enable();
+            let any = matches!(wake, Wake::Any);
+            if any {
+                output.as_mut().enable();
+            }
+            let deadline = match check(&mut self.lock()) {
+                Step::Ready(v) => return v,
+                Step::Wait(d) => d,
+            };
+            let sleep = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = &mut changed => {}
+                _ = &mut output, if any => {}
+                _ = sleep => {}
+            }
+        }
+    }
+
+    /// Whether no connection is attached and the session still runs (for a
+    /// warm hub: its agent waits for the next connection).
+    pub fn is_detached(&self) -> bool {
+        let st = self.lock();
+        st.attached.is_none() && st.gone.is_none()
+    }
+
+    /// How long the session has waited without a connection, if it does.
+    pub fn detached_for(&self) -> Option<Duration> {
+        let st = self.lock();
+        if st.gone.is_some() || st.attached.is_some() {
+            return None;
+        }
+        st.detached_since.map(|t| t.elapsed())
+    }
+
+    /// What `thunderbolt status` shows of the session now.
+    pub fn view(&self) -> HubView {
+        let st = self.lock();
+        let attached = st.attached.as_ref().map(|a| (a.conn.clone(), a.r1));
+        let waiting = match (&st.attached, st.detached_since, &st.gone) {
+            (None, Some(since), None) => {
+                let (wait, _) = self.cfg.wait(st.resumable || self.kind == HubKind::Resumable);
+                Some((since + wait).saturating_duration_since(Instant::now()))
+            }
+            _ => None,
+        };
+        HubView {
+            info: self.info.clone(),
+            attached,
+            waiting,
+            warm: self.kind == HubKind::Warm,
+            resumes: st.resumes,
+            gone: st.gone.is_some(),
+        }
+    }
+
+    pub fn info(&self) -> &Arc<SessionInfo> {
+        &self.info
+    }
+
+    /// Ends the session now: the host's operator asked (`thunderbolt kick`).
+    /// A later resume finds no such session.
+    pub fn kick(&self, reason: &str) {
+        self.end_closing(close::CLOSE_CODE_REFUSED, reason, Gone::new(reason, close::REASON_UNKNOWN_SESSION));
+    }
+
+    /// Installs connection `id` as the attached one, its `task` (the path's
+    /// reader and writer) owned by the session until the connection is lost
+    /// or replaced; a connection attached before is closed. The one way in
+    /// for resumable and warm connections alike.
+    pub(super) fn install(
+        &self,
+        mut st: MutexGuard<'_, State>,
+        id: u64,
+        conn: Connection,
+        r1: bool,
+        task: JoinHandle<()>,
+    ) {
+        self.attached_now.store(true, std::sync::atomic::Ordering::Relaxed);
+        let old = st.attached.replace(Attachment {
+            id,
+            conn,
+            since: Instant::now(),
+            r1,
+            _task: AbortOnDropHandle::new(task),
+        });
+        st.detached_since = None;
+        let writer = st.writer.take();
+        drop(st);
+        if let Some(old) = old {
+            debug!(peer = %self.peer, session = self.short(), "closing the connection this one replaces");
+            old.conn.close(VarInt::from_u32(close::CLOSE_CODE_REFUSED), REASON_SUPERSEDED.as_bytes());
+        }
+        self.wake(writer);
+    }
+
+    /// The connection `id` is gone: the client's close ends the session, any
+    /// other loss detaches it. A warm agent's session is only ever detached:
+    /// kept for a resume when a resumable connection was lost, else the agent
+    /// waits for its peer's next connection.
+    pub(super) fn lost(&self, id: u64, conn: &Connection, why: &str) {
+        let mut st = self.lock();
+        if !st.is_attached(id) {
+            return;
+        }
+        let attached = st.attached.take();
+        self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
+        let mut detached = false;
+        // The client's own close, or ours (a warm agent's finished client).
+        let ended =
+            is_client_close(conn) || matches!(conn.close_reason(), Some(ConnectionError::LocallyClosed));
+        // A stream can fail before its connection's close is read; the close says what it was.
+        let why = if is_client_close(conn) { "the client closed the connection" } else { why };
+        if self.kind == HubKind::Warm {
+            if st.gone.is_none() {
+                st.detached_since = Some(Instant::now());
+                detached = true;
+                let r1 = attached.as_ref().is_some_and(|a| a.r1);
+                if r1 && !ended {
+                    st.resumable = true;
+                    info!(
+                        peer = %self.peer,
+                        session = self.short(),
+                        "connection lost ({why}); the warm agent keeps running and the session waits {:?} for \
+                         the client ({} byte(s) of output held)",
+                        self.cfg.wait(true).0,
+                        st.out.bytes()
+                    );
+                } else {
+                    st.resumable = false;
+                    if let Some(r) = self.requests.get() {
+                        // Nobody waits for those answers any more.
+                        r.clear();
+                    }
+                    let answered = self.answer_for_vanished_client(&mut st);
+                    info!(
+                        peer = %self.peer,
+                        "client left ({why}); the agent stays warm {:?} for this peer's next connection{}",
+                        self.cfg.wait(false).0,
+                        if answered > 0 { format!(" ({answered} of its request(s) answered with an error)") } else { String::new() }
+                    );
+                }
+            }
+        } else if is_client_close(conn) {
+            st.gone
+                .get_or_insert_with(|| Gone::new(close::REASON_CLIENT_CLOSED, close::REASON_UNKNOWN_SESSION));
+        } else if st.gone.is_none() {
+            st.detached_since = Some(Instant::now());
+            detached = true;
+            info!(
+                peer = %self.peer,
+                session = self.short(),
+                "connection lost ({why}); the agent keeps running and the session waits {:?} for the client \
+                 ({} byte(s) of output held)",
+                self.cfg.wait(true).0,
+                st.out.bytes()
+            );
+        }
+        let writer = st.writer.take();
+        drop(st);
+        self.wake(writer);
+        if detached {
+            if let Some(registry) = self.registry.upgrade() {
+                registry.on_detach(&self.owner);
+            }
+            if let Some(t) = self.tap.get() {
+                t.detached();
+            }
+        }
+        // Last: this may be the very task running us.
+        drop(attached);
+    }
+
+    /// Ends a detached session to make room; `why` says for what.
+    pub fn evict(&self, why: &str) -> bool {
+        let Some(waited) = self.detached_for() else { return false };
+        info!(
+            peer = %self.peer,
+            session = self.short(),
+            "evicting a detached session (started {}s ago, detached for {}s): {why}",
+            self.created.elapsed().as_secs(),
+            waited.as_secs()
+        );
+        self.end_with(
+            close::CLOSE_CODE_REFUSED,
+            Gone::new(format!("evicted: {why}"), close::REASON_SESSION_EVICTED),
+        );
+        true
+    }
+
+    /// Room for one run in the agent's queue; `None` once the agent's input
+    /// is closed (frames are then counted and dropped).
+    pub(super) async fn reserve(&self) -> Option<mpsc::OwnedPermit<Inbound>> {
+        let inbox = self.lock().inbox.clone()?;
+        inbox.reserve_owned().await.ok()
+    }
+
+    /// Puts one run of the client's frames into the agent's queue and counts
+    /// them, together and only while connection `id` is the attached one. A
+    /// frame over the cap comes in pieces (`frames` 0 until its end): only its
+    /// head goes on, once.
+    pub(super) fn deliver(
+        &self,
+        id: u64,
+        permit: Option<mpsc::OwnedPermit<Inbound>>,
+        bytes: Bytes,
+        frames: u64,
+    ) -> Result<(), String> {
+        let len = bytes.len();
+        let mut st = self.lock();
+        if !st.is_attached(id) {
+            return Err("replaced by a newer connection".into());
+        }
+        if self.kind == HubKind::Warm && frames > 0 && !st.pending.is_empty() {
+            // The client's answers to the agent's requests.
+            for line in bytes.split_inclusive(|b| *b == b'\n') {
+                if let Some(id) = jsonrpc::response_id(line) {
+                    st.pending.remove(&*String::from_utf8_lossy(id));
+                }
+            }
+        }
+        let at = st.ack.received();
+        let item = match (frames, st.oversize_at) {
+            (0, Some(n)) if n == at => None,
+            (0, _) => {
+                st.oversize_at = Some(at);
+                Some(Inbound::Oversized(bytes.slice(..bytes.len().min(OVERSIZE_PEEK))))
+            }
+            // The end of the frame being skipped.
+            (_, Some(n)) if n == at => {
+                st.oversize_at = None;
+                None
+            }
+            _ => Some(Inbound::Lines(bytes)),
+        };
+        if let (Some(p), Some(item)) = (permit, item) {
+            p.send(item);
+        }
+        // Frames after the agent's input closed are counted (and dropped)
+        // so the client's replay buffer drains.
+        let was_pending = st.ack.pending();
+        if st.ack.took(frames, len) {
+            st.ack_due = true;
+            drop(st);
+            self.output.notify_waiters();
+        } else if !was_pending && st.ack.pending() {
+            st.ack_at = Some(Instant::now() + Duration::from_millis(ACK_DELAY_MS));
+            drop(st);
+            self.output.notify_waiters();
+        }
+        Ok(())
+    }
+
+    /// Ends the session towards its client (if one is attached).
+    pub(super) fn end(&self, code: u32, reason: &str) {
+        // A resume after an agent's end, or after the client's own close, finds
+        // a session that is simply over; the bridge's other closes say why.
+        let resume_reason =
+            if code == close::CLOSE_CODE_REFUSED { reason } else { close::REASON_UNKNOWN_SESSION };
+        self.end_with(code, Gone::new(reason, resume_reason));
+    }
+
+    /// Ends the session: the attached connection is closed with `code` and,
+    /// for a refusal, the reason a later resume gets too (else `why`, e.g.
+    /// how the agent ended).
+    pub(super) fn end_with(&self, code: u32, gone: Gone) {
+        let text = if code == close::CLOSE_CODE_REFUSED { &gone.resume_reason } else { &gone.why }.clone();
+        self.end_closing(code, &text, gone);
+    }
+
+    /// Ends the session, closing the attached connection with `code` and `text`.
+    pub(super) fn end_closing(&self, code: u32, text: &str, gone: Gone) {
+        let mut st = self.lock();
+        st.gone.get_or_insert(gone);
+        let attached = st.attached.take();
+        self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
+        let writer = st.writer.take();
+        drop(st);
+        if let Some(a) = &attached {
+            a.conn.close(VarInt::from_u32(code), text.as_bytes());
+        }
+        self.wake(writer);
+    }
+
+    /// Releases the attached connection's task (the session is over).
+    pub fn release(&self) {
+        let attached = self.lock().attached.take();
+        self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
+        drop(attached);
+    }
+
+    /// Why the session ended and what a resume of it is told, once it did.
+    pub(super) fn gone(&self) -> Option<Gone> {
+        self.lock().gone.clone()
+    }
+}
+
+/// Whether the peer closed `conn` itself, the way clients end a session: code
+/// 0 with the reason `client closed`, exactly. Anything else, code 0 with an
+/// empty reason included (what dropping a connection object sends), is a loss.
+pub(super) fn is_client_close(conn: &Connection) -> bool {
+    matches!(
+        conn.close_reason(),
+        Some(ConnectionError::ApplicationClosed(ac))
+            if ac.error_code.into_inner() == close::CLOSE_CODE_CLIENT as u64
+                && &ac.reason[..] == close::REASON_CLIENT_CLOSED.as_bytes()
+    )
+}

@@ -1,0 +1,199 @@
+//! The session core's view of a hub: a [`Link`] whose output goes into the
+//! hub's replay log ([`Outbox`]) and whose input is the hub's queue of the
+//! client's frames ([`Inbox`]).
+
+use std::{
+    future::Future,
+    io,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use thunderbolt_shared::{
+    close,
+    jsonrpc::{self, Kind},
+    ndjson::OVERSIZE_PEEK,
+};
+use tokio::{io::AsyncWrite, time::Instant};
+use tracing::debug;
+
+use super::hub::{Gone, Hub, HubKind, Step, Wake};
+use crate::serve::{
+    requests::Requests,
+    session::{Link, SessionInfo},
+    taps::{Presence, Tap},
+};
+
+/// The session core's view of a hub.
+#[derive(Debug, Clone)]
+pub struct HubLink(pub Arc<Hub>);
+
+impl Link for HubLink {
+    type Out = Outbox;
+
+    fn gone(&self) -> impl Future<Output = String> + Send {
+        let hub = self.0.clone();
+        async move {
+            hub.until(Wake::Changed, |st| {
+                if let Some(g) = &st.gone {
+                    return Step::Ready(g.why.clone());
+                }
+                let Some(since) = st.detached_since else { return Step::Wait(None) };
+                let (wait, why) = hub.cfg.wait(st.resumable || hub.kind == HubKind::Resumable);
+                let at = since + wait;
+                if Instant::now() < at {
+                    return Step::Wait(Some(at));
+                }
+                let why = match (why, hub.kind) {
+                    ("idle_stop", _) => format!("nothing attached for {wait:?} (idle_stop)"),
+                    (_, HubKind::Resumable) => format!("the client did not come back within {wait:?}"),
+                    (_, HubKind::Warm) => format!("no client for {wait:?} (keep-warm)"),
+                };
+                st.gone = Some(Gone::new(why.clone(), close::REASON_SESSION_EXPIRED));
+                Step::Ready(why)
+            })
+            .await
+        }
+    }
+
+    fn gone_reason(&self) -> Option<String> {
+        self.0.gone().map(|g| g.why)
+    }
+
+    fn close(&self, code: u32, reason: &str) {
+        self.0.end(code, reason);
+    }
+
+    fn finish(&self, _out: &mut Outbox) {
+        let mut st = self.0.lock();
+        st.end_at = Some((st.out.total(), Instant::now()));
+        drop(st);
+        self.0.changed.notify_waiters();
+        self.0.output.notify_waiters();
+    }
+
+    /// Delivered once the client acknowledged the end. A client attached for
+    /// `linger` since the end (or since it attached) without acknowledging it
+    /// is not waited for longer, as on the plain protocol; a detached one is
+    /// waited for within the grace (it may come back for the tail).
+    fn delivered(&self, _out: &mut Outbox, linger: Duration) -> impl Future<Output = bool> + Send {
+        let hub = self.0.clone();
+        async move {
+            hub.until(Wake::Changed, |st| {
+                let Some((end, ended_at)) = st.end_at else { return Step::Wait(None) };
+                let done = match &st.attached {
+                    Some(a) if a.r1 => st.out.acked() >= end,
+                    // The plain stream was taken whole.
+                    Some(_) => st.plain_done,
+                    // Nobody to deliver to, unless a resume may still come for it.
+                    None => !(st.resumable || hub.kind == HubKind::Resumable),
+                };
+                if done {
+                    return Step::Ready(true);
+                }
+                match &st.attached {
+                    Some(a) => {
+                        let at = a.since.max(ended_at) + linger;
+                        if Instant::now() >= at {
+                            Step::Ready(false)
+                        } else {
+                            Step::Wait(Some(at))
+                        }
+                    }
+                    None => Step::Wait(None),
+                }
+            })
+            .await
+        }
+    }
+
+    fn info(&self) -> Option<Arc<SessionInfo>> {
+        Some(self.0.info.clone())
+    }
+
+    fn presence(&self) -> Presence {
+        let hub = Arc::downgrade(&self.0);
+        Box::new(move || {
+            hub.upgrade().is_some_and(|h| h.attached_now.load(std::sync::atomic::Ordering::Relaxed))
+        })
+    }
+
+    fn observe(&self, requests: &Arc<Requests>, tap: Option<&Arc<dyn Tap>>) {
+        let _ = self.0.requests.set(requests.clone());
+        if let Some(t) = tap {
+            let _ = self.0.tap.set(t.clone());
+        }
+    }
+}
+
+/// Where the agent's output goes: the hub's replay log. Writes wait for room
+/// (acks make room), whether a client is attached or not: an agent whose
+/// client is away is held still until it comes back or the grace runs out.
+#[derive(Debug)]
+pub struct Outbox {
+    pub(super) hub: Arc<Hub>,
+}
+
+impl AsyncWrite for Outbox {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let hub = &self.hub;
+        let mut st = hub.lock();
+        if let Some(g) = &st.gone {
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, g.why.clone())));
+        }
+        if hub.kind == HubKind::Warm {
+            // A resumable session that may come back keeps what it is sent.
+            let attached = st.attached.is_some() || st.resumable;
+            for line in buf.split_inclusive(|b| *b == b'\n') {
+                let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
+                match (head.kind, head.id, attached) {
+                    (Kind::Request, Some(id), true) => {
+                        st.pending.insert(id);
+                    }
+                    (Kind::Request, Some(id), false) => {
+                        let _ = hub.inject.send(jsonrpc::client_gone(&id).into());
+                    }
+                    (_, _, false) => st.dropped += 1,
+                    _ => {}
+                }
+            }
+            if !attached {
+                return Poll::Ready(Ok(buf.len()));
+            }
+        }
+        let held = st.out.bytes();
+        if held > 0 && held + buf.len() > hub.cfg.buffer {
+            st.writer = Some(cx.waker().clone());
+            if st.attached.is_none() && hub.kind == HubKind::Resumable {
+                debug!(
+                    peer = %hub.peer,
+                    session = hub.short(),
+                    "the resume buffer is full ({held} bytes held) and the client is away: the agent waits"
+                );
+            }
+            return Poll::Pending;
+        }
+        // The pump writes whole lines only: each write is one run of frames.
+        st.out.push(Bytes::copy_from_slice(buf));
+        st.last_output = Some(Instant::now());
+        drop(st);
+        hub.output.notify_waiters();
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Where the agent's input comes from: the client's frames, from whichever
+/// connection carried them, after the bridge's own answers for a vanished
+/// client. Ends when the client said its input ended.
+pub type Inbox = crate::serve::pump::QueueReader;

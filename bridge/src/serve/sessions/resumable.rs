@@ -1,0 +1,350 @@
+//! The resumable path (`thunderbolt/<p>/r1`): the client's hello, the
+//! welcome, the replay of what it lacks, then frames and acknowledgements
+//! both ways on the attached connection.
+
+use std::{collections::VecDeque, sync::Arc, sync::MutexGuard};
+
+use bytes::Bytes;
+use iroh::endpoint::{Connection, RecvStream, SendStream, VarInt};
+use thunderbolt_shared::{
+    close,
+    ndjson::room_for_read,
+    resume::{control_line_end, Control, Event, Receiver, BRIDGE_READ_AHEAD, MAX_CONTROL_LINE},
+};
+use tokio::{io::AsyncReadExt, time::Instant};
+use tracing::{debug, info, warn, Instrument};
+
+use super::hub::{
+    AttachError, Gone, Hub, HubKind, State, Step, Wake, CLOSE_CODE_KEPT_WARM, REASON_KEPT_WARM,
+    REASON_PROTOCOL,
+};
+use crate::limits::READ_CHUNK;
+
+impl Hub {
+    /// Attaches a connection whose client holds the first `received` frames of
+    /// the agent's output; `leftover` is what it sent after its hello. A
+    /// connection attached before is closed.
+    pub fn attach(
+        self: &Arc<Self>,
+        conn: Connection,
+        send: SendStream,
+        recv: RecvStream,
+        received: u64,
+        leftover: Bytes,
+    ) -> Result<(), AttachError> {
+        let st = self.lock();
+        self.attach_r1(st, conn, send, recv, received, leftover)
+    }
+
+    /// A warm agent's next session (`thunderbolt/<p>/r1`, a new hello): it
+    /// takes the agent over from whatever connection had it, with frames
+    /// counted from zero and a token of its own. The streams come back when
+    /// the session ended meanwhile.
+    pub fn attach_fresh(
+        self: &Arc<Self>,
+        conn: Connection,
+        send: SendStream,
+        recv: RecvStream,
+        leftover: Bytes,
+    ) -> Result<(), (SendStream, RecvStream, Bytes)> {
+        let mut st = self.lock();
+        if st.gone.is_some() {
+            return Err((send, recv, leftover));
+        }
+        self.next_session(&mut st);
+        self.attach_r1(st, conn, send, recv, 0, leftover)
+            .map_err(|_| unreachable!("a fresh session attaches"))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attach_r1(
+        self: &Arc<Self>,
+        mut st: MutexGuard<'_, State>,
+        conn: Connection,
+        send: SendStream,
+        recv: RecvStream,
+        received: u64,
+        leftover: Bytes,
+    ) -> Result<(), AttachError> {
+        if let Some(g) = &st.gone {
+            return Err(AttachError::Gone(g.resume_reason.clone()));
+        }
+        if received < st.out.acked() {
+            let acked = st.out.acked();
+            drop(st);
+            let why = format!(
+                "a resume claimed {received} of the agent's frames, but the client had acknowledged {acked} \
+                 (a stale copy of its session state): those are gone"
+            );
+            self.end_with(close::CLOSE_CODE_REFUSED, Gone::new(why, close::REASON_STALE_RESUME));
+            return Err(AttachError::Stale { claimed: received, acked });
+        }
+        st.out.ack(received).map_err(|e| AttachError::BadPosition(e.to_string()))?;
+        let id = st.next_id();
+        st.ack.resumed();
+        st.ack_due = false;
+        st.ack_at = None;
+        let welcome = Control::Welcome {
+            session: st.token.clone(),
+            received: st.ack.received(),
+            grace_ms: self.cfg.wait(true).0.as_millis() as u64,
+        }
+        .encode();
+        let replay = st.out.total() - received;
+        st.resumable = true;
+        if id > 0 {
+            st.resumes += 1;
+            info!(
+                peer = %self.peer,
+                session = self.short(),
+                "session resumed: resending {replay} frame(s), expecting the client's from frame {}",
+                st.ack.received()
+            );
+        }
+        // In the connection's span: the log names the agent (`agent{name=…}`).
+        let task = tokio::spawn(
+            self.clone().serve(id, conn.clone(), send, recv, welcome, received, leftover).in_current_span(),
+        );
+        self.install(st, id, conn, true, task);
+        Ok(())
+    }
+
+    /// Runs one attached connection until it is lost.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn serve(
+        self: Arc<Self>,
+        id: u64,
+        conn: Connection,
+        mut send: SendStream,
+        mut recv: RecvStream,
+        welcome: Bytes,
+        from: u64,
+        leftover: Bytes,
+    ) {
+        let why = tokio::select! {
+            r = self.write_loop(id, &mut send, welcome, from, &conn) => match r {
+                Ok(()) => return,
+                Err(e) => e,
+            },
+            e = self.read_loop(id, &mut recv, leftover) => {
+                if e.starts_with(REASON_PROTOCOL) {
+                    warn!(peer = %self.peer, session = self.short(), "{e}; closing the connection");
+                    conn.close(VarInt::from_u32(close::CLOSE_CODE_REFUSED), REASON_PROTOCOL.as_bytes());
+                }
+                e
+            }
+            err = conn.closed() => err.to_string(),
+        };
+        self.lost(id, &conn, &why);
+    }
+
+    /// Sends the welcome, then the agent's output from frame `cursor` on, acks
+    /// and the end, as they come.
+    async fn write_loop(
+        &self,
+        id: u64,
+        send: &mut SendStream,
+        welcome: Bytes,
+        mut cursor: u64,
+        conn: &Connection,
+    ) -> Result<(), String> {
+        let werr = |e: iroh::endpoint::WriteError| e.to_string();
+        send.write_all(&welcome).await.map_err(werr)?;
+        let mut sent_end = false;
+        loop {
+            let next = self
+                .until(Wake::Any, |st| {
+                    if !st.is_attached(id) {
+                        return Step::Ready(Ok(None));
+                    }
+                    let mut runs = if cursor < st.out.total() {
+                        match st.out.since(cursor) {
+                            Ok(r) => r,
+                            Err(e) => return Step::Ready(Err(format!("{REASON_PROTOCOL}: {e}"))),
+                        }
+                    } else {
+                        Vec::new()
+                    };
+                    cursor = st.out.total();
+                    // Acks go by count or bytes, else after a short delay: never one
+                    // per message (a request/response session would pay for it twice).
+                    if st.ack_at.is_some_and(|at| Instant::now() >= at) {
+                        st.ack_due = true;
+                    }
+                    if st.ack_due {
+                        st.ack_due = false;
+                        st.ack_at = None;
+                        runs.extend(st.ack.ack().map(|a| a.encode()));
+                    }
+                    if let Some((n, _)) = st.end_at.filter(|(n, _)| *n == cursor && !sent_end) {
+                        sent_end = true;
+                        runs.push(Control::End(n).encode());
+                    }
+                    if runs.is_empty() {
+                        // A warm agent's client that is done: its input ended, all it
+                        // asked was answered and all it was sent is acknowledged.
+                        let (done, until) = if st.out.acked() == st.out.total() && st.end_at.is_none() {
+                            self.client_done(st)
+                        } else {
+                            (false, None)
+                        };
+                        if done {
+                            return Step::Ready(Ok(Some(Vec::new())));
+                        }
+                        let wake = match (st.ack_at, until) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                        Step::Wait(wake)
+                    } else {
+                        Step::Ready(Ok(Some(runs)))
+                    }
+                })
+                .await?;
+            let Some(mut runs) = next else { return Ok(()) };
+            if runs.is_empty() {
+                info!(peer = %self.peer, session = self.short(), "the client finished; the agent stays warm for its next connection");
+                conn.close(VarInt::from_u32(CLOSE_CODE_KEPT_WARM), REASON_KEPT_WARM.as_bytes());
+                return Err(REASON_KEPT_WARM.into());
+            }
+            send.write_all_chunks(&mut runs).await.map_err(werr)?;
+        }
+    }
+
+    /// Takes the client's frames into the agent's queue and its control lines
+    /// into the state. Returns why it stopped.
+    ///
+    /// Frames are read ahead of the agent's queue (up to
+    /// [`BRIDGE_READ_AHEAD`] beyond one run), so a control line is applied as
+    /// soon as it arrives: the client's acks free the replay log even while the
+    /// agent, blocked on output that waits for those acks, reads nothing.
+    async fn read_loop(&self, id: u64, recv: &mut RecvStream, leftover: Bytes) -> String {
+        let mut rx = Receiver::new(self.max_frame);
+        rx.push(&leftover);
+        let mut events = Vec::new();
+        // Runs of frames read but not yet in the agent's queue, and the
+        // client's end of input in its place after them.
+        let mut ahead: VecDeque<(Bytes, u64)> = VecDeque::new();
+        let mut ahead_bytes = 0usize;
+        let mut eof_after: Option<u64> = None;
+        let mut finished = false;
+        loop {
+            rx.drain(&mut events);
+            for ev in events.drain(..) {
+                match ev {
+                    Event::Data { .. } | Event::Control(Some(Control::Eof(_))) if eof_after.is_some() => {
+                        return format!("{REASON_PROTOCOL}: more after the client's eof");
+                    }
+                    Event::Data { bytes, frames } => {
+                        ahead_bytes += bytes.len();
+                        ahead.push_back((bytes, frames));
+                    }
+                    // The end of input is ordered with the frames: it applies
+                    // once those before it are in the agent's queue.
+                    Event::Control(Some(Control::Eof(n))) => eof_after = Some(n),
+                    Event::Control(c) => {
+                        if let Err(e) = self.control(c) {
+                            return e;
+                        }
+                    }
+                    Event::BadControl(bad) => return format!("{REASON_PROTOCOL}: {bad}"),
+                }
+            }
+            if ahead.is_empty() {
+                if let Some(n) = eof_after.take() {
+                    if let Err(e) = self.control(Some(Control::Eof(n))) {
+                        return e;
+                    }
+                }
+                if finished {
+                    // A client never finishes its stream mid-session (it says
+                    // eof); a finished one is lost once its connection is.
+                    std::future::pending::<()>().await;
+                }
+            }
+            // One run is always taken however large (a frame up to the cap);
+            // beyond that, the read-ahead bound.
+            let can_read = !finished && (ahead.len() <= 1 || ahead_bytes < BRIDGE_READ_AHEAD);
+            let buf = rx.buf_mut();
+            tokio::select! {
+                biased;
+                permit = self.reserve(), if !ahead.is_empty() => {
+                    let (bytes, frames) = ahead.pop_front().expect("not empty");
+                    ahead_bytes -= bytes.len();
+                    if let Err(e) = self.deliver(id, permit, bytes, frames) {
+                        return e;
+                    }
+                }
+                r = async { room_for_read(buf, READ_CHUNK); recv.read_buf(buf).await }, if can_read => match r {
+                    Ok(0) => finished = true,
+                    Ok(_) => {}
+                    Err(e) => return e.to_string(),
+                },
+            }
+        }
+    }
+
+    /// Applies one of the client's control lines.
+    pub(super) fn control(&self, c: Option<Control>) -> Result<(), String> {
+        match c {
+            Some(Control::Ack(n)) => {
+                let mut st = self.lock();
+                st.out.ack(n).map_err(|e| format!("{REASON_PROTOCOL}: ack {e}"))?;
+                let writer = st.writer.take();
+                drop(st);
+                self.wake(writer);
+            }
+            Some(Control::Eof(n)) => {
+                let mut st = self.lock();
+                if st.ack.received() != n {
+                    return Err(format!(
+                        "{REASON_PROTOCOL}: eof after {n} frames, but {} arrived",
+                        st.ack.received()
+                    ));
+                }
+                if self.kind == HubKind::Warm {
+                    // A warm agent's input stays open for the next client.
+                    st.input_ended = Some(Instant::now());
+                    drop(st);
+                    self.output.notify_waiters();
+                } else if st.inbox.take().is_some() {
+                    debug!(peer = %self.peer, session = self.short(), "the client's input ended after {n} frames");
+                }
+            }
+            // Hellos mid-stream, welcomes, ends and unknown kinds mean nothing here.
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Reads the client's hello (its first line). Returns it and whatever the
+/// client sent after it.
+pub async fn read_hello(recv: &mut RecvStream) -> Result<(Option<String>, u64, Bytes), String> {
+    let (line, rest) = read_line(recv).await.map_err(|e| format!("{REASON_PROTOCOL}: no hello: {e}"))?;
+    match Control::parse(&line) {
+        Ok(Some(Control::Hello { session, received })) if line[0] == b'!' => Ok((session, received, rest)),
+        Err(bad) => Err(format!("{REASON_PROTOCOL}: {bad}")),
+        _ => Err(format!("{REASON_PROTOCOL}: the first line is not a hello")),
+    }
+}
+
+/// Reads the first line of a resumable stream (a control line, short): the
+/// hello on the bridge's side, the welcome on the client's. Returns it and
+/// what followed it. A line is judged by its length alone, however the stream
+/// split it ([`control_line_end`]).
+pub async fn read_line(recv: &mut RecvStream) -> Result<(Bytes, Bytes), String> {
+    let mut buf = bytes::BytesMut::with_capacity(MAX_CONTROL_LINE);
+    loop {
+        if let Some(nl) = control_line_end(&buf).map_err(|e| e.to_string())? {
+            let line = buf.split_to(nl + 1).freeze();
+            return Ok((line, buf.freeze()));
+        }
+        buf.reserve(MAX_CONTROL_LINE);
+        match recv.read_buf(&mut buf).await {
+            Ok(0) => return Err("the stream ended".into()),
+            Ok(_) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
