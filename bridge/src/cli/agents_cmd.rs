@@ -79,20 +79,10 @@ fn list(home: &Home, a: crate::cli::args::AgentsListArgs) -> Result<()> {
         rows.push((spec, id, ticket));
     }
     // Live sessions, from the running host (if one runs).
-    let live: HashMap<String, u64> = crate::control::client::ask_all(home, "GET", "/v1/status", None)
+    let live: HashMap<String, u64> = crate::control::client::each(home, |c| c.status())
         .into_iter()
-        .filter(|(_, r)| r.body["kind"] == "host")
-        .flat_map(|(_, r)| {
-            r.body["agents"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .map(|a| {
-                    (a["name"].as_str().unwrap_or("").to_string(), a["liveSessions"].as_u64().unwrap_or(0))
-                })
-                .collect::<Vec<_>>()
-        })
+        .filter_map(|(_, r)| r.ok().filter(|s| s.kind == "host"))
+        .flat_map(|s| s.agents.into_iter().map(|a| (a.name, a.live_sessions as u64)))
         .collect();
     if let Some(name) = &a.qr {
         let Some((_, _, ticket)) = rows.iter().find(|(s, _, _)| &s.name == name) else {

@@ -4,11 +4,11 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::{
     cli::args::{KickArgs, ServiceCmd, StatusArgs},
-    control::{client, service},
+    control::{api::Status, client, service},
     home::Home,
 };
 
@@ -24,21 +24,15 @@ fn not_running(home: &Home) -> ! {
 }
 
 pub fn status(home: &Home, a: StatusArgs) -> Result<()> {
-    let replies = client::ask_all(home, "GET", "/v1/status", None);
+    let replies = client::each(home, |c| c.status());
     if replies.is_empty() {
         not_running(home);
     }
     let mut bridges = Vec::new();
-    for (path, r) in replies {
-        if r.status == 200 {
-            bridges.push(r.body);
-        } else {
-            eprintln!(
-                "{}: refused ({}): {}",
-                path.display(),
-                r.status,
-                r.body["error"].as_str().unwrap_or("")
-            );
+    for (_, r) in replies {
+        match r {
+            Ok(s) => bridges.push(s),
+            Err(e) => eprintln!("{e}"),
         }
     }
     if bridges.is_empty() {
@@ -77,80 +71,68 @@ fn bytes(n: u64) -> String {
 }
 
 /// One bridge's status for people.
-fn render(b: &Value) -> String {
+fn render(b: &Status) -> String {
     use std::fmt::Write;
     let now = now_ms();
     let mut s = String::new();
-    let str_of = |v: &Value| v.as_str().unwrap_or("").to_string();
-    let up = now.saturating_sub(b["startedMs"].as_u64().unwrap_or(now));
+    let up = now.saturating_sub(b.started_ms);
     let _ = writeln!(
         s,
         "thunderbolt {} (pid {}, up {}): {} of {} agent slots in use",
-        str_of(&b["kind"]),
-        b["pid"],
+        b.kind,
+        b.pid,
         ago(up),
-        b["slotsUsed"],
-        b["slots"]
+        b.slots_used,
+        b.slots
     );
-    for a in b["agents"].as_array().into_iter().flatten() {
-        let name = str_of(&a["name"]);
-        let title = if name.is_empty() {
-            str_of(&a["protocol"])
-        } else {
-            format!("{name} ({})", str_of(&a["label"]))
-        };
-        let _ =
-            writeln!(s, "  agent {title}, {}: {} live session(s)", str_of(&a["protocol"]), a["liveSessions"]);
-        let _ = writeln!(s, "    NodeId:  {}", str_of(&a["nodeId"]));
-        let _ = writeln!(s, "    Ticket:  {}", str_of(&a["ticket"]));
-        let r = &a["relay"];
-        let relay = match (r["url"].as_str(), r["connected"].as_bool()) {
+    for a in &b.agents {
+        let title = if a.name.is_empty() { a.protocol.clone() } else { format!("{} ({})", a.name, a.label) };
+        let _ = writeln!(s, "  agent {title}, {}: {} live session(s)", a.protocol, a.live_sessions);
+        let _ = writeln!(s, "    NodeId:  {}", a.node_id);
+        let _ = writeln!(s, "    Ticket:  {}", a.ticket);
+        let r = &a.relay;
+        let since = || ago(now.saturating_sub(r.since_ms.unwrap_or(now)));
+        let relay = match (&r.url, r.connected) {
             (None, _) => "none (direct addresses only; browsers cannot reach it)".to_string(),
-            (Some(url), Some(true)) => format!(
+            (Some(url), true) => format!(
                 "{url} connected for {}{}",
-                ago(now.saturating_sub(r["sinceMs"].as_u64().unwrap_or(now))),
-                if r["drops"].as_u64().unwrap_or(0) > 0 {
-                    format!(" ({} drop(s) before)", r["drops"])
-                } else {
-                    String::new()
-                }
+                since(),
+                if r.drops > 0 { format!(" ({} drop(s) before)", r.drops) } else { String::new() }
             ),
-            (Some(url), _) => format!(
+            (Some(url), false) => format!(
                 "{url} UNREACHABLE for {}{} (browsers cannot reach this bridge)",
-                ago(now.saturating_sub(r["sinceMs"].as_u64().unwrap_or(now))),
-                r["lastError"].as_str().map(|e| format!(": {e}")).unwrap_or_default()
+                since(),
+                r.last_error.as_ref().map(|e| format!(": {e}")).unwrap_or_default()
             ),
         };
         let _ = writeln!(s, "    Relay:   {relay}");
     }
-    let sessions = b["sessions"].as_array().cloned().unwrap_or_default();
-    if sessions.is_empty() {
+    if b.sessions.is_empty() {
         let _ = writeln!(s, "  no sessions");
     }
-    for x in &sessions {
-        let agent = str_of(&x["agent"]);
-        let device = x["device"].as_str().map(|d| format!(" ({d})")).unwrap_or_default();
-        let state = match (str_of(&x["state"]).as_str(), x["waitsMs"].as_u64()) {
+    for x in &b.sessions {
+        let device = x.device.as_ref().map(|d| format!(" ({d})")).unwrap_or_default();
+        let state = match (x.state.as_str(), x.waits_ms) {
             ("detached", Some(w)) => format!("detached, waits {} more", ago(w)),
             ("warm", Some(w)) => format!("warm, idle, stops in {}", ago(w)),
             (st, _) => st.to_string(),
         };
-        let path = match x["rttMs"].as_f64() {
-            Some(rtt) => format!("{} {:.1} ms", str_of(&x["path"]), rtt),
-            None => str_of(&x["path"]),
+        let path = match x.rtt_ms {
+            Some(rtt) => format!("{} {:.1} ms", x.path, rtt),
+            None => x.path.clone(),
         };
         let _ = writeln!(
             s,
             "  session {}{}: peer {}{device}, {}, {} ago; path {path}; sent {} received {}; pid {}{}",
-            str_of(&x["id"]),
-            if agent.is_empty() { String::new() } else { format!(" ({agent})") },
-            str_of(&x["peerShort"]),
+            x.id,
+            if x.agent.is_empty() { String::new() } else { format!(" ({})", x.agent) },
+            x.peer_short,
             state,
-            ago(now.saturating_sub(x["sinceMs"].as_u64().unwrap_or(now))),
-            bytes(x["bytesSent"].as_u64().unwrap_or(0)),
-            bytes(x["bytesReceived"].as_u64().unwrap_or(0)),
-            x["pid"].as_u64().map_or_else(|| "-".to_string(), |p| p.to_string()),
-            match x["resumes"].as_u64().unwrap_or(0) {
+            ago(now.saturating_sub(x.since_ms)),
+            bytes(x.bytes_sent),
+            bytes(x.bytes_received),
+            x.pid.map_or_else(|| "-".to_string(), |p| p.to_string()),
+            match x.resumes {
                 0 => String::new(),
                 n => format!("; resumed {n}×"),
             }
@@ -160,15 +142,21 @@ fn render(b: &Value) -> String {
 }
 
 pub fn kick(home: &Home, a: KickArgs) -> Result<()> {
-    let replies = client::ask_all(home, "POST", "/v1/kick", Some(&json!({ "target": a.target })));
+    let replies = client::each(home, |c| c.kick(&a.target));
     if replies.is_empty() {
         not_running(home);
     }
-    if let Some(why) = replies.iter().find_map(|(_, r)| r.body["error"].as_str()) {
-        eprintln!("error: {why} (see `thunderbolt iroh list`)");
-        std::process::exit(2);
+    let mut ended = 0;
+    for (_, r) in replies {
+        match r {
+            Ok(n) => ended += n,
+            Err(client::ClientError::Refused { error, .. }) => {
+                eprintln!("error: {error} (see `thunderbolt iroh list`)");
+                std::process::exit(2);
+            }
+            Err(e) => tracing::debug!("{e}"),
+        }
     }
-    let ended: u64 = replies.iter().map(|(_, r)| r.body["ended"].as_u64().unwrap_or(0)).sum();
     if ended == 0 {
         eprintln!("no session matches '{}' (see `thunderbolt status`)", a.target);
         std::process::exit(1);
@@ -195,7 +183,7 @@ pub fn service(home: &Home, cmd: ServiceCmd) -> Result<()> {
         "uninstall" => service::uninstall(&unit, args.dry_run),
         _ => {
             service::status(&unit)?;
-            if client::ask_all(&home, "GET", "/v1/status", None).is_empty() {
+            if client::each(&home, |c| c.status()).is_empty() {
                 println!("no bridge answers on {}", home.root_path().display());
             }
             Ok(())

@@ -85,9 +85,9 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
                 0
             });
             // Running bridges re-check now instead of at their next heartbeat.
-            let ended: u64 = crate::control::client::ask_all(home, "POST", "/v1/recheck", None)
-                .iter()
-                .map(|(_, r)| r.body["ended"].as_u64().unwrap_or(0))
+            let ended: u64 = crate::control::client::each(home, |c| c.recheck())
+                .into_iter()
+                .map(|(_, r)| r.unwrap_or(0) as u64)
                 .sum();
             let label = name.as_deref().map(|n| format!(" (\"{n}\")")).unwrap_or_default();
             if a.json {
@@ -325,10 +325,8 @@ fn fragment_escape(text: &str) -> String {
 
 /// The ticket a running bridge of this home serves `id` with, if one does.
 fn live_ticket(home: &Home, id: &iroh::EndpointId) -> Option<EndpointTicket> {
-    crate::control::client::ask_all(home, "GET", "/v1/status", None).into_iter().find_map(|(_, r)| {
-        r.body["agents"].as_array()?.iter().find_map(|agent| {
-            (agent["nodeId"].as_str()? == id.to_string()).then(|| agent["ticket"].as_str()?.parse().ok())?
-        })
+    crate::control::client::each(home, |c| c.status()).into_iter().find_map(|(_, r)| {
+        r.ok()?.agents.into_iter().find(|a| a.node_id == id.to_string()).and_then(|a| a.ticket.parse().ok())
     })
 }
 

@@ -339,7 +339,7 @@ impl Serving {
     /// ready (and, later, stopping), until a signal.
     pub async fn run(self, control: crate::control::Control) {
         let Self { bridge, stop, .. } = self;
-        let api = tokio::spawn(control.serve(bridge.handle(), stop.clone()));
+        let api = tokio::spawn(control.serve(Arc::new(bridge.handle()), stop.clone()));
         let watchdog = tokio::spawn(crate::control::readiness::watchdog(stop.clone()));
         crate::control::readiness::ready();
         let stopping = {

@@ -9,27 +9,81 @@ use std::{
     time::Duration,
 };
 
-use serde_json::Value;
-
+use super::{
+    api::{ApiError, Ended, KickRequest, Route, Status},
+    http,
+};
 use crate::home::Home;
 
 /// How long a running bridge gets to answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A bridge's answer.
-#[derive(Debug)]
-pub struct Reply {
-    pub status: u16,
-    pub body: Value,
-}
-
-/// Why a request got no answer.
+/// Why a request got no answer, or was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("cannot reach {path}: {source}")]
     Unreachable { path: PathBuf, source: std::io::Error },
     #[error("{path} answered something that is not HTTP/1.1 JSON")]
     Garbled { path: PathBuf },
+    /// The bridge answered with an error (403 for another user, 409 for a
+    /// name two devices share, …).
+    #[error("{path}: refused ({status}): {error}")]
+    Refused { path: PathBuf, status: u16, error: String },
+}
+
+/// A running bridge's control API, typed.
+#[derive(Debug, Clone)]
+pub struct Client {
+    path: PathBuf,
+}
+
+impl Client {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What runs there.
+    pub fn status(&self) -> Result<Status, ClientError> {
+        self.call(Route::Status, None)
+    }
+
+    /// Ends the sessions `target` names; how many.
+    pub fn kick(&self, target: &str) -> Result<usize, ClientError> {
+        let body = serde_json::to_vec(&KickRequest { target: target.to_string() }).unwrap_or_default();
+        self.call::<Ended>(Route::Kick, Some(&body)).map(|e| e.ended)
+    }
+
+    /// Re-checks every session against trust now; how many ended.
+    pub fn recheck(&self) -> Result<usize, ClientError> {
+        self.call::<Ended>(Route::Recheck, None).map(|e| e.ended)
+    }
+
+    fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        route: Route,
+        body: Option<&[u8]>,
+    ) -> Result<T, ClientError> {
+        let path = &self.path;
+        let unreachable = |source| ClientError::Unreachable { path: path.clone(), source };
+        let mut s = UnixStream::connect(path).map_err(unreachable)?;
+        s.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(unreachable)?;
+        s.set_write_timeout(Some(ANSWER_TIMEOUT)).map_err(unreachable)?;
+        s.write_all(&http::encode_request(route.method(), route.path(), body.unwrap_or_default()))
+            .map_err(unreachable)?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).map_err(unreachable)?;
+        let garbled = || ClientError::Garbled { path: path.clone() };
+        let (status, body) = http::parse_response(&out).ok_or_else(garbled)?;
+        if status != 200 {
+            let error = serde_json::from_value::<ApiError>(body).map(|e| e.error).unwrap_or_default();
+            return Err(ClientError::Refused { path: path.clone(), status, error });
+        }
+        serde_json::from_value(body).map_err(|_| garbled())
+    }
 }
 
 /// The control sockets in `home`, one per running bridge or host (and
@@ -48,46 +102,26 @@ pub fn sockets(home: &Home) -> Vec<PathBuf> {
     v
 }
 
-/// `method route` with an optional JSON body on the socket at `path`.
-pub fn request(path: &Path, method: &str, route: &str, body: Option<&Value>) -> Result<Reply, ClientError> {
-    let unreachable = |source| ClientError::Unreachable { path: path.to_path_buf(), source };
-    let mut s = UnixStream::connect(path).map_err(unreachable)?;
-    s.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(unreachable)?;
-    s.set_write_timeout(Some(ANSWER_TIMEOUT)).map_err(unreachable)?;
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let req = format!(
-        "{method} {route} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).map_err(unreachable)?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).map_err(unreachable)?;
-    let garbled = || ClientError::Garbled { path: path.to_path_buf() };
-    let mut headers = [httparse::EMPTY_HEADER; 16];
-    let mut resp = httparse::Response::new(&mut headers);
-    let head = match resp.parse(&out) {
-        Ok(httparse::Status::Complete(n)) => n,
-        _ => return Err(garbled()),
-    };
-    let status = resp.code.ok_or_else(garbled)?;
-    let body = serde_json::from_slice(&out[head..]).map_err(|_| garbled())?;
-    Ok(Reply { status, body })
-}
-
-/// The answers of every bridge running on `home` to the same request.
-/// Sockets nobody answers on are skipped (crashed bridges' leftovers); one
-/// this user may not use is reported on stderr.
-pub fn ask_all(home: &Home, method: &str, route: &str, body: Option<&Value>) -> Vec<(PathBuf, Reply)> {
+/// What `ask` returns from every bridge running on `home` that answered
+/// (refusals included). Sockets nobody answers on are skipped (crashed
+/// bridges' leftovers); one this user may not use is reported on stderr.
+pub fn each<T>(
+    home: &Home,
+    ask: impl Fn(&Client) -> Result<T, ClientError>,
+) -> Vec<(PathBuf, Result<T, ClientError>)> {
     let mut out = Vec::new();
     for p in sockets(home) {
-        match request(&p, method, route, body) {
-            Ok(r) => out.push((p, r)),
+        let client = Client::new(&p);
+        match ask(&client) {
             Err(ClientError::Unreachable { source, .. })
                 if source.kind() == std::io::ErrorKind::PermissionDenied =>
             {
                 eprintln!("cannot use {}: permission denied (it belongs to another user)", p.display());
             }
-            Err(e) => tracing::debug!("{e}"),
+            Err(e @ (ClientError::Unreachable { .. } | ClientError::Garbled { .. })) => {
+                tracing::debug!("{e}")
+            }
+            r => out.push((p, r)),
         }
     }
     out

@@ -23,7 +23,9 @@
 //! held for the process's life, so a crashed bridge's stale socket is simply
 //! replaced).
 
+pub mod api;
 pub mod client;
+pub mod http;
 pub mod readiness;
 pub mod service;
 
@@ -39,7 +41,6 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use serde_json::json;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{UnixListener, UnixStream},
@@ -47,10 +48,10 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::{home::Home, serve::status::BridgeHandle};
+use api::{ApiError, Ended, KickRequest, LocalApi, Route, RouteError};
+use http::RequestError;
 
-/// Longest request read: the API's requests are a few hundred bytes.
-const MAX_REQUEST: usize = 64 * 1024;
+use crate::home::Home;
 
 /// How long one API connection may take: a local client answers at once.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -129,7 +130,7 @@ impl Control {
     }
 
     /// Answers requests until `stop`, then removes the socket.
-    pub async fn serve(self, handle: BridgeHandle, stop: CancellationToken) {
+    pub async fn serve(self, api: std::sync::Arc<dyn LocalApi>, stop: CancellationToken) {
         // SAFETY: getuid cannot fail.
         let me = unsafe { libc::getuid() };
         loop {
@@ -145,9 +146,9 @@ impl Control {
                     continue;
                 }
             };
-            let handle = handle.clone();
+            let api = api.clone();
             tokio::spawn(async move {
-                let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, me, &handle)).await;
+                let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, me, &*api)).await;
             });
         }
         let _ = fs::remove_file(&self.path);
@@ -155,94 +156,58 @@ impl Control {
 }
 
 /// One request on one connection.
-async fn answer(mut stream: UnixStream, me: u32, handle: &BridgeHandle) -> std::io::Result<()> {
+async fn answer(mut stream: UnixStream, me: u32, api: &dyn LocalApi) -> std::io::Result<()> {
     let uid = stream.peer_cred().map(|c| c.uid()).ok();
     let mut buf = Vec::with_capacity(1024);
-    let (method, path, body) = loop {
+    let req = loop {
         let mut chunk = [0u8; 4096];
         let n = stream.read(&mut chunk).await?;
         if n == 0 {
             return Ok(());
         }
         buf.extend_from_slice(&chunk[..n]);
-        if buf.len() > MAX_REQUEST {
-            return respond(&mut stream, 413, &json!({"error": "request too large"})).await;
-        }
-        let mut headers = [httparse::EMPTY_HEADER; 32];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(&buf) {
-            Ok(httparse::Status::Complete(head)) => {
-                let len = req
-                    .headers
-                    .iter()
-                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-                    .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok())
-                    .unwrap_or(0);
-                if len > MAX_REQUEST {
-                    return respond(&mut stream, 413, &json!({"error": "request too large"})).await;
-                }
-                if buf.len() < head + len {
-                    continue;
-                }
-                let method = req.method.unwrap_or("").to_string();
-                let path = req.path.unwrap_or("").to_string();
-                break (method, path, buf[head..head + len].to_vec());
-            }
-            Ok(httparse::Status::Partial) => continue,
-            Err(e) => return respond(&mut stream, 400, &json!({"error": format!("bad request: {e}")})).await,
+        match http::parse_request(&buf) {
+            Ok(Some(req)) => break req,
+            Ok(None) => continue,
+            Err(e @ RequestError::TooLarge) => return respond(&mut stream, 413, error(e)).await,
+            Err(e @ RequestError::Bad(_)) => return respond(&mut stream, 400, error(e)).await,
         }
     };
     // Read whole first: closing on an unread request would reset the
     // connection before the client reads why.
     if uid != Some(me) {
         info!("control socket: refused a client of uid {uid:?} (only uid {me} may use it)");
-        return respond(
-            &mut stream,
-            403,
-            &json!({"error": "only the user running the bridge may use this socket"}),
-        )
-        .await;
+        return respond(&mut stream, 403, error("only the user running the bridge may use this socket"))
+            .await;
     }
-    let route = path.split('?').next().unwrap_or("");
-    let (status, body) = match (method.as_str(), route) {
-        ("GET", "/v1/status") => (200, serde_json::to_value(handle.status()).unwrap_or_default()),
-        ("POST", "/v1/kick") => {
-            let target = serde_json::from_slice::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| v.get("target").and_then(|t| t.as_str()).map(str::to_string));
-            match target {
-                Some(t) => match handle.kick(&t) {
-                    Ok(n) => (200, json!({"ended": n})),
-                    Err(e) => (409, json!({"error": format!("'{t}' names no one device: {e}")})),
-                },
-                None => (400, json!({"error": "send {\"target\": \"<session id, NodeId or device name>\"}"})),
-            }
+    let (status, body) = match Route::of(&req.method, &req.path) {
+        Ok(Route::Status) => (200, json(api.status())),
+        Ok(Route::Kick) => match serde_json::from_slice::<KickRequest>(&req.body) {
+            Ok(KickRequest { target }) => match api.kick(&target) {
+                Ok(ended) => (200, json(Ended { ended })),
+                Err(why) => (409, error(why)),
+            },
+            Err(_) => (400, error("send {\"target\": \"<session id, NodeId or device name>\"}")),
+        },
+        Ok(Route::Recheck) => (200, json(Ended { ended: api.recheck() })),
+        Err(RouteError::WrongMethod) => (405, error("method not allowed")),
+        Err(RouteError::NotFound(route)) => {
+            let known: Vec<&str> = Route::ALL.iter().map(|r| r.path()).collect();
+            (404, error(format!("no such endpoint {route} (see {})", known.join(", "))))
         }
-        ("POST", "/v1/recheck") => (200, json!({"ended": handle.recheck()})),
-        (_, "/v1/status" | "/v1/kick" | "/v1/recheck") => (405, json!({"error": "method not allowed"})),
-        _ => (
-            404,
-            json!({"error": format!("no such endpoint {route} (see /v1/status, /v1/kick, /v1/recheck)")}),
-        ),
     };
-    respond(&mut stream, status, &body).await
+    respond(&mut stream, status, body).await
 }
 
-async fn respond(stream: &mut UnixStream, status: u16, body: &serde_json::Value) -> std::io::Result<()> {
-    let text = match status {
-        200 => "OK",
-        400 => "Bad Request",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        _ => "Payload Too Large",
-    };
-    let body = format!("{body}\n");
-    let head = format!(
-        "HTTP/1.1 {status} {text}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
+fn json(v: impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or_default()
+}
+
+fn error(why: impl ToString) -> serde_json::Value {
+    json(ApiError { error: why.to_string() })
+}
+
+async fn respond(stream: &mut UnixStream, status: u16, body: serde_json::Value) -> std::io::Result<()> {
+    stream.write_all(&http::encode_response(status, &body)).await?;
     stream.shutdown().await
 }

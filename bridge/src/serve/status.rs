@@ -1,6 +1,7 @@
 //! What a running bridge is doing, as `thunderbolt status` shows it, and
 //! what its operator can ask of it (end sessions now, re-check trust now).
-//! The control API ([`crate::control`]) serves these over its socket.
+//! The control API ([`crate::control`]) serves these over its socket, as
+//! the [`LocalApi`] its types ([`crate::control::api`]) describe.
 
 use std::{
     sync::Arc,
@@ -8,82 +9,13 @@ use std::{
 };
 
 use iroh::endpoint::Connection;
-use serde::Serialize;
 use thunderbolt_shared::{close, node_id_base32, EndpointTicket};
 
 use crate::{
+    control::api::{AgentStatus, LocalApi, RelayStatus, SessionStatus, Status},
     paths,
     serve::{relay_health::RelayState, session::SessionInfo, Shared},
 };
-
-/// The whole picture.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Status {
-    pub pid: u32,
-    pub version: String,
-    /// `host` or `bridge` (the single-agent commands).
-    pub kind: String,
-    pub started_ms: u64,
-    pub agents: Vec<AgentStatus>,
-    pub sessions: Vec<SessionStatus>,
-    /// Agent slots in use, and how many there are (`--max-agents`).
-    pub slots_used: usize,
-    pub slots: usize,
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AgentStatus {
-    /// Empty for the single-agent bridge.
-    pub name: String,
-    pub label: String,
-    pub protocol: String,
-    pub node_id: String,
-    pub node_id_base32: String,
-    pub ticket: String,
-    pub live_sessions: usize,
-    pub relay: RelayStatus,
-}
-
-/// [`RelayState`] with times as numbers.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RelayStatus {
-    pub url: Option<String>,
-    pub connected: bool,
-    pub since_ms: Option<u64>,
-    pub drops: u64,
-    pub last_error: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SessionStatus {
-    /// What `thunderbolt kick` takes.
-    pub id: String,
-    pub agent: String,
-    pub peer: String,
-    pub peer_short: String,
-    /// The device's name, where one is known.
-    pub device: Option<String>,
-    pub since_ms: u64,
-    /// `attached`, `detached` (a resumable session waiting for its client) or
-    /// `warm` (a warm agent waiting for its peer's next connection).
-    pub state: String,
-    /// `r1` (resumable) or `0` (plain); `None` with nothing attached.
-    pub protocol: Option<String>,
-    /// `direct`, `relay`, or `none`.
-    pub path: String,
-    pub rtt_ms: Option<f64>,
-    /// QUIC bytes of the attached connection, each way.
-    pub bytes_sent: u64,
-    pub bytes_received: u64,
-    /// Nothing attached: how long the session still waits.
-    pub waits_ms: Option<u64>,
-    pub pid: Option<u32>,
-    pub resumes: u64,
-}
 
 fn ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_millis() as u64
@@ -245,5 +177,19 @@ impl BridgeHandle {
     /// `iroh deny`) instead of at the next heartbeat. Returns how many ended.
     pub fn recheck(&self) -> usize {
         self.shared.recheck()
+    }
+}
+
+impl LocalApi for BridgeHandle {
+    fn status(&self) -> Status {
+        BridgeHandle::status(self)
+    }
+
+    fn kick(&self, target: &str) -> Result<usize, String> {
+        BridgeHandle::kick(self, target).map_err(|e| format!("'{target}' names no one device: {e}"))
+    }
+
+    fn recheck(&self) -> usize {
+        BridgeHandle::recheck(self)
     }
 }
