@@ -1,23 +1,33 @@
 //! `thunderbolt` as a library: bridge a stdio coding agent (ACP or MCP) over
 //! iroh, end-to-end encrypted, admitting only trusted peers.
 //!
-//! The folders are the architecture, read in the order data flows:
-//! - [`serve`]: the serving core. An accepted connection passes the
-//!   [`gate`](serve::gate) (rate limits before any crypto), is authorized by a
-//!   [`TrustPolicy`](trust::TrustPolicy), and becomes a
-//!   [`session`](serve::session): one agent process ([`agent`](serve::agent))
-//!   pumped ([`pump`](serve::pump)) over one stream, plain or resumable
-//!   ([`hub`](serve::hub)), or over a loopback WebSocket ([`wss`](serve::wss)).
-//! - [`trust`]: who may connect. The manual allow file and the account
+//! The folders are the architecture, one room each, read in the order data
+//! flows:
+//! - [`serve`]: the serving core. A connection's walk: [`accept`](serve::accept)
+//!   (the door its ALPN opens) → [`gate`](serve::gate) (rate limits before any
+//!   crypto) → [`admit`](serve::admit) (handshake, trust, registration) →
+//!   [`enter`](serve::enter) (attach or start, in a [`slot`](serve::slots)) →
+//!   [`sessions`](serve::sessions) (resumable and warm sessions' hubs) →
+//!   [`session`](serve::session) (one agent process) over [`pump`](serve::pump).
+//!   [`taps`](serve::taps) is how status and notices observe a session.
+//! - [`trust`]: who may connect: the manual allow file and the account
 //!   allowlist, each a policy.
-//! - [`cli`]: the `thunderbolt` commands built on the two above (`connect`, the
-//!   `iroh` commands, login, the banner).
+//! - [`host`]: `thunderbolt host` (manifests, the watched `agents.d`) and the
+//!   one builder of a served agent ([`host::plan`]), which the single-agent
+//!   bridge uses too.
+//! - [`control`]: the local API (its typed contract, codec, server and
+//!   client), systemd readiness, the user service.
+//! - [`notify`]: notices to the owner (Web Push, a webhook), a session tap.
+//! - [`devices`] and [`pairing`]: named devices and one-time pairing codes.
+//! - [`cli`]: the `thunderbolt` commands built on the above.
 //! - Beside them, what all share: [`config`] (one configuration built from the
-//!   command line), [`limits`] (every default and why), [`home`] and
-//!   [`identity`] (files), [`net`] (the iroh endpoint), [`paths`] (relay or direct), [`signals`], [`redact`].
+//!   command line), [`limits`] (every default and why), [`home`],
+//!   [`identity`] and [`ids`] (files, random ids), [`net`] (the iroh
+//!   endpoint), [`paths`] (relay or direct), [`signals`], [`redact`],
+//!   [`acp_agent`] (the built-in ACP agent).
 //!
 //! The binary (`main.rs`) only sets up logging and the runtime and calls
-//! [`cli::run`].
+//! [`cli::run`]. `docs/code-layout.md` has the tree, a line per file.
 
 pub mod acp_agent;
 pub mod cli;

@@ -248,7 +248,7 @@ pub async fn relay_problem(ep: &Endpoint, net: &NetConfig) -> Option<String> {
             return Some(format!("{} refused this device: {r}", s.url()));
         }
         if let Some(e) = s.last_error() {
-            return Some(format!("{} {}", s.url(), crate::serve::relay_health::describe(&format!("{e:#}"))));
+            return Some(format!("{} {}", s.url(), describe_relay_failure(&format!("{e:#}"))));
         }
     }
     let probes = net.relays.urls().into_iter().map(|url| async move {
@@ -289,7 +289,7 @@ async fn probe_relay(url: &RelayUrl, ca: &[rustls_pki_types::CertificateDer<'sta
             if e.is_timeout() && !chain.contains("timed out") {
                 chain.push_str(": timed out");
             }
-            crate::serve::relay_health::describe(&chain)
+            describe_relay_failure(&chain)
         }
     }
 }
@@ -313,6 +313,37 @@ pub async fn relay_denied(ep: &Endpoint) {
         if w.updated().await.is_err() {
             return std::future::pending().await;
         }
+    }
+}
+
+/// A relay failure in words a person can act on: the certificate, a refusal,
+/// or the network, first; iroh's own chain after.
+pub fn describe_relay_failure(chain: &str) -> String {
+    let lower = chain.to_ascii_lowercase();
+    let cause = if lower.contains("unknownissuer")
+        || lower.contains("unknown issuer")
+        || lower.contains("certificate")
+    {
+        "its TLS certificate is not trusted (a private CA? give it with THUNDERBOLT_IROH_RELAY_CA)"
+    } else if lower.contains("connection refused") {
+        "nothing listens there (connection refused)"
+    } else if lower.contains("dns") || lower.contains("resolve") || lower.contains("lookup") {
+        "its name does not resolve"
+    } else if lower.contains("timed out") || lower.contains("timeout") {
+        "no answer (timed out)"
+    } else if lower.contains("401")
+        || lower.contains("403")
+        || lower.contains("denied")
+        || lower.contains("unauthorized")
+    {
+        "the relay refused this endpoint (its access list)"
+    } else {
+        ""
+    };
+    if cause.is_empty() {
+        chain.to_string()
+    } else {
+        format!("{cause} ({chain})")
     }
 }
 

@@ -26,12 +26,12 @@ use crate::{
 
 /// `thunderbolt host`: serves every agent of agents.d and follows the folder.
 pub async fn host(home: &Home, args: HostArgs) -> Result<()> {
-    let net = args.net.config()?;
-    let mut config = limits_config(&args.limits, &args.app)?;
+    let net = args.serving.net.config()?;
+    let mut config = limits_config(&args.serving.limits, &args.serving.app)?;
     config.notify = crate::cli::start_notifier(home, &args.notify)?;
     // First: a second host on this home stops here, naming the first.
     let control = crate::control::Control::bind(home, "host")?;
-    let credential = account_backend(home, &args.app, config.backend_timeout);
+    let credential = account_backend(home, &args.serving.app, config.backend_timeout);
     let ctx = Arc::new(HostContext::new(home.clone(), net, config.clone(), credential));
     let mut folder = Folder::new(home.agents_dir(), Machine::this());
     let loaded = folder.load();

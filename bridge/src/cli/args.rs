@@ -143,13 +143,7 @@ pub struct ServeArgs {
     pub port: Option<u16>,
 
     #[command(flatten)]
-    pub net: NetArgs,
-
-    #[command(flatten)]
-    pub limits: LimitArgs,
-
-    #[command(flatten)]
-    pub app: AppArgs,
+    pub serving: ServingArgs,
 
     /// The agent to run for each admitted connection, after `--`. For `acp`, omitting it serves
     /// the built-in agent (`thunderbolt acp serve`).
@@ -198,6 +192,17 @@ pub struct ServiceArgs {
 #[derive(Debug, Args)]
 pub struct HostArgs {
     #[command(flatten)]
+    pub serving: ServingArgs,
+
+    #[command(flatten)]
+    pub notify: NotifyArgs,
+}
+
+/// What every serving command takes: how it is reached, its limits, the app
+/// and account it works with.
+#[derive(Debug, Args)]
+pub struct ServingArgs {
+    #[command(flatten)]
     pub net: NetArgs,
 
     #[command(flatten)]
@@ -205,9 +210,6 @@ pub struct HostArgs {
 
     #[command(flatten)]
     pub app: AppArgs,
-
-    #[command(flatten)]
-    pub notify: NotifyArgs,
 }
 
 #[derive(Debug, Subcommand)]

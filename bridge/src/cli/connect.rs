@@ -99,15 +99,16 @@ pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<(
         .map_err(|_| anyhow!("invalid --idle-timeout: {}", args.idle_timeout))?;
     let ep = net.bind(key, vec![], idle).await?;
     let mut reached = false;
+    let d = Dial { ep: &ep, target: &target, protocol: &protocol, net: &net };
     let result = match args.pair.clone() {
         Some(code) => {
             let name = args.device_name.clone().unwrap_or_else(crate::trust::account::device_name);
-            match pair_first(&ep, &target, &protocol, &net, &code, &name, args.dial_timeout).await {
-                Ok(()) => dial_and_pipe(&ep, &target, &protocol, &net, args, &mut reached).await,
+            match pair_first(d, &code, &name, args.dial_timeout).await {
+                Ok(()) => dial_and_pipe(d, args, &mut reached).await,
                 Err(e) => Err(e),
             }
         }
-        None => dial_and_pipe(&ep, &target, &protocol, &net, args, &mut reached).await,
+        None => dial_and_pipe(d, args, &mut reached).await,
     };
     // Refused as a stranger: say the one line that lets this device in.
     let result = result.map_err(|e| {
@@ -145,16 +146,20 @@ async fn relay_or_bust<T>(
     }
 }
 
+/// What a dial is: from this endpoint, to that bridge, for a protocol, with
+/// these network settings (what a failure's words are worked out from).
+#[derive(Clone, Copy)]
+struct Dial<'a> {
+    ep: &'a iroh::Endpoint,
+    target: &'a Target,
+    protocol: &'a Protocol,
+    net: &'a crate::net::NetConfig,
+}
+
 /// Why a dial failed (`err`: iroh's words, `None` for our own timeout), in
 /// one line that says what to do.
-async fn unreachable(
-    ep: &iroh::Endpoint,
-    target: &Target,
-    protocol: &Protocol,
-    net: &crate::net::NetConfig,
-    secs: u64,
-    err: Option<String>,
-) -> anyhow::Error {
+async fn unreachable(d: Dial<'_>, secs: u64, err: Option<String>) -> anyhow::Error {
+    let Dial { ep, target, protocol, net } = d;
     let id = target.id();
     let text = err.unwrap_or_default();
     if is_alpn_refusal(&text) {
@@ -202,15 +207,8 @@ const PAIR_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Pairs this device with the bridge using a one-time code
 /// ([`thunderbolt_shared::pairing`]), before connecting as usual.
-async fn pair_first(
-    ep: &iroh::Endpoint,
-    target: &Target,
-    protocol: &Protocol,
-    net: &crate::net::NetConfig,
-    code: &str,
-    name: &str,
-    dial_timeout: u64,
-) -> Result<()> {
+async fn pair_first(d: Dial<'_>, code: &str, name: &str, dial_timeout: u64) -> Result<()> {
+    let Dial { ep, target, protocol, .. } = d;
     let alpn = pairing_wire::pair_alpn(protocol);
     let dial = tokio::time::timeout(
         Duration::from_secs(dial_timeout),
@@ -219,15 +217,13 @@ async fn pair_first(
         }),
     );
     let conn = match dial.await {
-        Err(_) => return Err(unreachable(ep, target, protocol, net, dial_timeout, None).await),
+        Err(_) => return Err(unreachable(d, dial_timeout, None).await),
         Ok(Err(e)) if is_alpn_refusal(&format!("{e:#}")) => bail!(
             "{} does not take pairing codes (it predates `iroh pair`, or is not a {protocol} bridge): \
              run `thunderbolt iroh id` here and `thunderbolt iroh allow <that-nodeid>` there instead",
             target.id()
         ),
-        Ok(Err(e)) => {
-            return Err(unreachable(ep, target, protocol, net, dial_timeout, Some(format!("{e:#}"))).await)
-        }
+        Ok(Err(e)) => return Err(unreachable(d, dial_timeout, Some(format!("{e:#}"))).await),
         Ok(Ok(c)) => c,
     };
     let exchange = async {
@@ -303,14 +299,8 @@ fn with_relay_hint(target: Target, relays: &Relays) -> Target {
     }
 }
 
-async fn dial_and_pipe(
-    ep: &iroh::Endpoint,
-    target: &Target,
-    protocol: &Protocol,
-    net: &crate::net::NetConfig,
-    args: ConnectArgs,
-    reached: &mut bool,
-) -> Result<()> {
+async fn dial_and_pipe(d: Dial<'_>, args: ConnectArgs, reached: &mut bool) -> Result<()> {
+    let Dial { ep, target, protocol, .. } = d;
     let alpn = protocol.alpn();
     debug!(target = %target.id(), "dialing");
     let dial_started = tokio::time::Instant::now();
@@ -327,12 +317,8 @@ async fn dial_and_pipe(
     let dial =
         tokio::time::timeout(Duration::from_secs(args.dial_timeout), relay_or_bust(ep, target, dial)).await;
     let conn = match dial {
-        Err(_) => return Err(unreachable(ep, target, protocol, net, args.dial_timeout, None).await),
-        Ok(Err(e)) => {
-            return Err(
-                unreachable(ep, target, protocol, net, args.dial_timeout, Some(format!("{e:#}"))).await
-            )
-        }
+        Err(_) => return Err(unreachable(d, args.dial_timeout, None).await),
+        Ok(Err(e)) => return Err(unreachable(d, args.dial_timeout, Some(format!("{e:#}"))).await),
         Ok(Ok(c)) => c,
     };
     *reached = true;

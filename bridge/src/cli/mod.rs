@@ -102,7 +102,7 @@ fn secs(v: f64, what: &str) -> Result<Duration> {
 /// The bridge's [`Config`] from its flags, each checked with a message naming
 /// the flag.
 pub fn serve_config(args: &ServeArgs) -> Result<Config> {
-    limits_config(&args.limits, &args.app)
+    limits_config(&args.serving.limits, &args.serving.app)
 }
 
 /// The [`Config`] of these limit and app flags (the bridge's and the host's).
@@ -212,12 +212,12 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     }
     let agent = agent_command(&protocol, args.command.clone())?;
     agent.check_program().map_err(anyhow::Error::msg)?;
-    let net = args.net.config()?;
+    let net = args.serving.net.config()?;
     let mut config = serve_config(&args)?;
     config.notify = start_notifier(home, &args.notify)?;
     // First: a second bridge of this protocol on this home stops here, naming the first.
     let control = crate::control::Control::bind(home, protocol.as_str())?;
-    let credential = account_backend(home, &args.app, config.backend_timeout);
+    let credential = account_backend(home, &args.serving.app, config.backend_timeout);
     let ctx = HostContext::new(home.clone(), net, config.clone(), credential);
     let command = agent.redacted();
     let (served, started) = ctx.start_plan(&AgentPlan::single(&protocol, agent, &config)).await?;
@@ -234,7 +234,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         allow_file: &home.allowlist_path(),
         manual_peers: ctx.allow.current().ids.len(),
         account_trust: &started.account,
-        app_url: args.app.app_url.as_deref(),
+        app_url: args.serving.app.app_url.as_deref(),
         resume: config.resume,
         keep_warm: config.keep_warm,
         relay_problem: started.relay_problem.clone(),
@@ -255,7 +255,7 @@ async fn serve_wss(protocol: Protocol, args: ServeArgs) -> Result<()> {
     let listener = wss::bind(port).await?;
     let addr = listener.local_addr()?;
     let token = wss::new_token();
-    let origins = wss::origins(args.app.app_origin.as_deref());
+    let origins = wss::origins(args.serving.app.app_origin.as_deref());
     let term = signals::Terminate::new();
     // The one place the token is shown: the URL the user pastes into the app.
     println!("thunderbolt {protocol} bridge is listening on ws://{addr} (WebSocket, this machine only)");

@@ -103,12 +103,12 @@ impl TapSource for AgentNotify {
 }
 
 impl Tap for SessionNotices {
-    fn from_client(&self, run: &[u8]) {
-        SessionNotices::from_client(self, run)
+    fn client_run(&self, run: &[u8]) {
+        self.from_client(run)
     }
 
-    fn from_agent(&self, run: &[u8]) {
-        SessionNotices::from_agent(self, run)
+    fn agent_run(&self, run: &[u8]) {
+        self.from_agent(run)
     }
 
     fn detached(&self) {

@@ -115,7 +115,7 @@ pub(super) async fn admit(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Se
     let peer = conn.remote_id();
     // The agent as it is now: a manifest changed later applies to later sessions.
     let cfg = agent.config();
-    let door = match Door::of(&conn.alpn()) {
+    let door = match Door::of(conn.alpn()) {
         Door::Pair => return super::pair::pair(conn, peer, &cfg, &shared).await,
         // A manifest that switched resuming off since this handshake began.
         Door::Resumable if cfg.session.resume.is_none() => Door::Plain,

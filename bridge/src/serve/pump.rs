@@ -161,6 +161,22 @@ fn what(id: Option<&str>) -> String {
     }
 }
 
+/// Writes a line the bridge queued for `w` (its own answers, between whole
+/// lines); the queue's end (`None`) clears `open`.
+async fn write_queued(
+    w: &mut (impl AsyncWrite + Unpin),
+    line: Option<Bytes>,
+    open: &mut bool,
+) -> std::io::Result<()> {
+    match line {
+        Some(line) => w.write_all(&line).await,
+        None => {
+            *open = false;
+            Ok(())
+        }
+    }
+}
+
 /// Peer → agent. Returns when the peer finished its stream (the agent's stdin is
 /// then closed, which is how a stdio agent learns the session is over).
 ///
@@ -190,10 +206,7 @@ where
         let ended = tokio::select! {
             biased;
             line = to_agent.recv(), if to_agent_open => {
-                match line {
-                    Some(line) => agent_stdin.write_all(&line).await.map_err(write_err)?,
-                    None => to_agent_open = false,
-                }
+                write_queued(&mut agent_stdin, line, &mut to_agent_open).await.map_err(write_err)?;
                 continue;
             }
             r = peer.pieces(&mut pieces) => r.map_err(|e| PumpError::Read(e, "peer"))?,
@@ -276,10 +289,7 @@ where
         let n = tokio::select! {
             biased;
             reply = replies.recv(), if replies_open => {
-                match reply {
-                    Some(b) => peer.write_all(&b).await.map_err(write_err)?,
-                    None => replies_open = false,
-                }
+                write_queued(&mut peer, reply, &mut replies_open).await.map_err(write_err)?;
                 continue;
             }
             _ = stop.cancelled() => {

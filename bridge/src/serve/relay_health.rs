@@ -15,7 +15,7 @@ use iroh::Watcher;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::serve::Served;
+use crate::{net::describe_relay_failure as describe, serve::Served};
 
 /// The home relay as last seen.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -102,37 +102,6 @@ pub async fn watch(agent: Arc<Served>, stop: CancellationToken) {
             ),
             _ => {}
         }
-    }
-}
-
-/// A relay failure in words a person can act on: the certificate, a refusal,
-/// or the network, first; iroh's own chain after.
-pub fn describe(chain: &str) -> String {
-    let lower = chain.to_ascii_lowercase();
-    let cause = if lower.contains("unknownissuer")
-        || lower.contains("unknown issuer")
-        || lower.contains("certificate")
-    {
-        "its TLS certificate is not trusted (a private CA? give it with THUNDERBOLT_IROH_RELAY_CA)"
-    } else if lower.contains("connection refused") {
-        "nothing listens there (connection refused)"
-    } else if lower.contains("dns") || lower.contains("resolve") || lower.contains("lookup") {
-        "its name does not resolve"
-    } else if lower.contains("timed out") || lower.contains("timeout") {
-        "no answer (timed out)"
-    } else if lower.contains("401")
-        || lower.contains("403")
-        || lower.contains("denied")
-        || lower.contains("unauthorized")
-    {
-        "the relay refused this endpoint (its access list)"
-    } else {
-        ""
-    };
-    if cause.is_empty() {
-        chain.to_string()
-    } else {
-        format!("{cause} ({chain})")
     }
 }
 

@@ -22,9 +22,9 @@ pub type Presence = Box<dyn Fn() -> bool + Send + Sync>;
 /// One session's observer.
 pub trait Tap: Send + Sync + std::fmt::Debug {
     /// A run of the client's whole lines, on its way to the agent.
-    fn from_client(&self, _run: &[u8]) {}
+    fn client_run(&self, _run: &[u8]) {}
     /// A run of the agent's whole lines, on its way to the client.
-    fn from_agent(&self, _run: &[u8]) {}
+    fn agent_run(&self, _run: &[u8]) {}
     /// The client went away; the session waits for it (resumable, warm).
     fn detached(&self) {}
 }
@@ -100,7 +100,7 @@ impl Observers {
         let out = self.extension.answer(run).await;
         if let Some(run) = &out.forward {
             if let Some(t) = &self.tap {
-                t.from_client(run);
+                t.client_run(run);
             }
             self.requests.sent(run);
         }
@@ -111,7 +111,7 @@ impl Observers {
     pub fn from_agent(&self, run: &[u8]) {
         self.requests.answered(run);
         if let Some(t) = &self.tap {
-            t.from_agent(run);
+            t.agent_run(run);
         }
     }
 }

@@ -33,7 +33,7 @@ impl Hub {
         leftover: Bytes,
     ) -> Result<(), AttachError> {
         let st = self.lock();
-        self.attach_r1(st, conn, send, recv, received, leftover)
+        self.attach_r1(st, (conn, send, recv), received, leftover)
     }
 
     /// A warm agent's next session (`thunderbolt/<p>/r1`, a new hello): it
@@ -52,17 +52,16 @@ impl Hub {
             return Err((send, recv, leftover));
         }
         self.next_session(&mut st);
-        self.attach_r1(st, conn, send, recv, 0, leftover)
+        self.attach_r1(st, (conn, send, recv), 0, leftover)
             .map_err(|_| unreachable!("a fresh session attaches"))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Attaches `streams` with the state locked: the welcome, then the replay
+    /// from frame `received` on.
     fn attach_r1(
         self: &Arc<Self>,
         mut st: MutexGuard<'_, State>,
-        conn: Connection,
-        send: SendStream,
-        recv: RecvStream,
+        (conn, send, recv): (Connection, SendStream, RecvStream),
         received: u64,
         leftover: Bytes,
     ) -> Result<(), AttachError> {
