@@ -890,6 +890,35 @@ test("the service worker's half of withdrawal: an `answered` push replaces that 
   }
 });
 
+test("no notice while the page is visible and attached to its session (the page lists it instead); one once it is not", async () => {
+  const b = await startBridge();
+  const ctx = await browser.newContext({ permissions: ["notifications"] });
+  try {
+    const p = await openPage(ctx, b.ticket);
+    allow(b, await p.textContent("#node-id"));
+    await p.click("#connect");
+    await connected(p);
+    await swReady(p);
+    const push = await pushChannel(ctx);
+    const asks = { agent: "", label: "", title: "the agent needs your answer", body: "it asks: session/request_permission",
+      event: "needs_answer", detail: "session/request_permission", session: "cd34ef56", at: new Date().toISOString() };
+    await push.deliver({ ...asks, request: '"a"' });
+    await p.waitForFunction(() => (window.noticesDone || []).length === 1, null, { timeout: WAIT_MS });
+    assert.deepEqual(await p.evaluate(() => window.noticesDone), [false]);
+    assert.deepEqual(await notices(ctx), []);
+    assert.equal(await p.locator("#notices li").count(), 1, "listed on the page");
+    await p.click("#disconnect");
+    await p.waitForFunction(() => !document.querySelector("#connect").disabled, null, { timeout: WAIT_MS });
+    await push.deliver({ ...asks, request: '"b"' });
+    await p.waitForFunction(() => window.noticesDone.length === 2, null, { timeout: WAIT_MS });
+    assert.deepEqual(await p.evaluate(() => window.noticesDone), [false, true]);
+    assert.deepEqual((await notices(ctx)).map((n) => n.tag), ['tb:cd34ef56:"b"']);
+  } finally {
+    await ctx.close();
+    b.child.kill("SIGTERM");
+  }
+});
+
 test("the bridge withdraws a notice once its request was answered", { skip: "needs the bridge's withdrawal push" }, async () => {
   // Contract (docs/browser.md, "Notices"): when the client answers a request
   // the bridge notified, it pushes {"event":"answered","session":…,"request":…}.

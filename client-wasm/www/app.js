@@ -740,6 +740,7 @@ if ("serviceWorker" in navigator) {
   navigator.serviceWorker.addEventListener("message", (e) => {
     const m = e.data || {};
     if (m.type === "thunderbolt-notice") showNotice(m.notice);
+    if (m.type === "thunderbolt-notice-done") window.noticesDone = [...(window.noticesDone || []), m.shown];
     // The service worker shows no notice while this page is visible and attached to its session.
     if (m.type === "thunderbolt-attached?" && e.ports[0]) {
       e.ports[0].postMessage({ attached: !!state.conn && document.visibilityState === "visible" && noticeIsOurs(m.notice || {}) });

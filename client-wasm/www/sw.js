@@ -72,8 +72,10 @@ self.addEventListener("push", (event) => {
   event.waitUntil((async () => {
     const pages = await self.clients.matchAll({ type: "window", includeUncontrolled: true });
     for (const p of pages) p.postMessage({ type: "thunderbolt-notice", notice });
-    if (notice.event === "answered" || notice.event === "ended") return withdraw(notice);
-    if (await attachedPage(pages, notice)) return;
+    // The pages hear what became of it (shown or not), once it is decided.
+    const done = (shown) => { for (const p of pages) p.postMessage({ type: "thunderbolt-notice-done", notice, shown }); };
+    if (notice.event === "answered" || notice.event === "ended") return withdraw(notice).then(() => done(false));
+    if (await attachedPage(pages, notice)) return done(false);
     const permission = notice.event === "needs_answer" && notice.detail === "session/request_permission";
     await self.registration.showNotification(notice.title || "thunderbolt", {
       body: notice.text ? `${notice.body}\n${notice.text}` : notice.body,
@@ -84,6 +86,7 @@ self.addEventListener("push", (event) => {
       data: { ...notice, url: noticeUrl(notice) },
       actions: permission ? [{ action: "allow", title: "Allow" }, { action: "deny", title: "Deny" }] : [],
     });
+    done(true);
   })());
 });
 
