@@ -890,6 +890,41 @@ test("the service worker's half of withdrawal: an `answered` push replaces that 
   }
 });
 
+test("a notice's Allow action with a page of the app open: that page goes to the question and answers it", async () => {
+  const b = await startBridge(ASK_AGENT);
+  const ctx = await browser.newContext({ permissions: ["notifications"] });
+  try {
+    const p = await openPage(ctx, b.ticket);
+    allow(b, await p.textContent("#node-id"));
+    await p.click("#connect");
+    await connected(p);
+    await swReady(p);
+    await p.fill("#prompt", "permission");
+    await p.click("#send");
+    await p.getByRole("button", { name: "Allow", exact: true }).waitFor({ timeout: WAIT_MS });
+    // The notice as the push handler shows it (this page is attached, so a push would show none),
+    // then its Allow action clicked: the service worker's own notificationclick handler runs
+    // (dispatched by the test: a test cannot tap a system notification).
+    const sw = await serviceWorker(ctx);
+    await sw.evaluate(async () => {
+      const data = { event: "needs_answer", detail: "session/request_permission", session: "ef56ab12", title: "Asker needs your answer" };
+      await self.registration.showNotification(data.title, {
+        tag: self.tagOf(data), data: { ...data, url: self.noticeUrl(data) },
+        actions: [{ action: "allow", title: "Allow" }, { action: "deny", title: "Deny" }],
+      });
+      const [n] = await self.registration.getNotifications();
+      self.dispatchEvent(new NotificationEvent("notificationclick", { notification: n, action: "allow" }));
+    });
+    assert.match(await turnDone(p), /^unknown: -32601; permission: selected allow-once; pid \d+$/);
+    assert.equal(await p.locator(".request").count(), 0);
+    assert.deepEqual(await notices(ctx), [], "the tapped notice is closed");
+    assert.equal(ctx.pages().filter((x) => x.url().startsWith(SW_SCOPE())).length, 1, "no second page opened");
+  } finally {
+    await ctx.close();
+    b.child.kill("SIGTERM");
+  }
+});
+
 test("no notice while the page is visible and attached to its session (the page lists it instead); one once it is not", async () => {
   const b = await startBridge();
   const ctx = await browser.newContext({ permissions: ["notifications"] });

@@ -95,16 +95,23 @@ self.addEventListener("notificationclick", (event) => {
   n.close();
   const data = n.data || {};
   const action = event.action === "allow" || event.action === "deny" ? event.action : "";
-  event.waitUntil((async () => {
+  const work = (async () => {
     const url = noticeUrl(data, action);
     const pages = await self.clients.matchAll({ type: "window", includeUncontrolled: true });
     const page = pages.find((p) => p.url.startsWith(self.registration.scope));
     if (page) {
       // A page of ours is open: it goes to the request (and answers it).
-      await page.focus();
+      // Focusing may be refused (no user activation); the page still goes there.
+      await page.focus().catch(() => {});
       page.postMessage({ type: "thunderbolt-open", open: Object.fromEntries(new URLSearchParams(new URL(url).hash.slice(1))) });
       return;
     }
     await self.clients.openWindow(url);
-  })());
+  })();
+  // waitUntil throws for an event the browser did not dispatch itself.
+  try {
+    event.waitUntil(work);
+  } catch {
+    // the work goes on regardless
+  }
 });
