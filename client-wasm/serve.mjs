@@ -15,6 +15,8 @@ const TYPES = {
   ".wasm": "application/wasm",
   ".css": "text/css; charset=utf-8",
   ".json": "application/json",
+  ".svg": "image/svg+xml",
+  ".png": "image/png",
   ".ts": "text/plain; charset=utf-8",
 };
 

@@ -8,6 +8,8 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { mkdirSync, readdirSync, readFileSync, existsSync, writeFileSync, chmodSync } from "node:fs";
 import { join } from "node:path";
+import { spawn } from "node:child_process";
+import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
 import { startServer } from "../serve.mjs";
 import { ROOT, BIN, WAIT_MS, waitFor, run, tbEnv, tempHome, tb, endAll } from "./harness.mjs";
@@ -23,10 +25,10 @@ function bridgeEnv(home) {
   return tbEnv(home, relayUrl);
 }
 
-async function startBridge(agent = [], extra = []) {
+async function startBridge(agent = [], extra = [], env = {}) {
   const home = tempHome();
   const args = ["acp", "--transport", "iroh", ...extra, ...(agent.length ? ["--", ...agent] : [])];
-  const p = run(join(BIN, "thunderbolt"), args, bridgeEnv(home));
+  const p = run(join(BIN, "thunderbolt"), args, { ...bridgeEnv(home), ...env });
   await waitFor(() => p.out.some((l) => l.trim().startsWith("Allow a peer:")), "bridge banner").catch((e) => {
     throw new Error(`${e.message}; stderr:\n${p.err}`);
   });
@@ -613,6 +615,456 @@ test("30 reloads of a page that never keeps its session: another device still ge
   });
   assert.ok(!b.err.includes("bridge at capacity"), `nobody was refused:\n${b.err}`);
   b.child.kill("SIGTERM");
+});
+
+// ---- the agent's questions, on the page and from its notices (issue 37) ----
+
+/// The tests' ACP agent that asks things (permission, elicitation) and says what it was answered.
+const ASK_AGENT = [process.execPath, join(ROOT, "client-wasm/e2e/ask-agent.mjs")];
+/// Kept for people to look at (gitignored).
+const PAGE_ARTIFACTS = join(ROOT, "client-wasm/e2e/artifacts");
+const SW_SCOPE = () => `${baseUrl}/www/`;
+
+async function openPage(ctx, ticket, extra = {}) {
+  const p = await ctx.newPage();
+  p.on("pageerror", (e) => console.log("page error:", e.message));
+  await p.goto(`${baseUrl}/www/?${new URLSearchParams({ relay: relayUrl, ...(ticket ? { ticket } : {}), ...extra })}`);
+  await p.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+  return p;
+}
+
+async function connected(p) {
+  await p.waitForFunction(() => document.querySelector("#status").className === "ok" || window.lastError, null, { timeout: WAIT_MS });
+  assert.equal(await p.evaluate(() => window.lastError), undefined, await p.textContent("#status"));
+}
+
+/// The reply of the turn in flight, once it ended.
+async function turnDone(p) {
+  await p.waitForFunction(() => document.querySelector("#reply").dataset.stopReason === "end_turn", null, { timeout: WAIT_MS });
+  return p.textContent("#reply");
+}
+
+/// The stand-in push service (tests/push/service.mjs): the bridge pushes to
+/// it as to a browser's, and it decrypts each push with its subscription's key.
+async function startPushService() {
+  const child = spawn(process.execPath, [join(ROOT, "tests/push/service.mjs")], { stdio: ["pipe", "pipe", "inherit"] });
+  const lines = [];
+  createInterface({ input: child.stdout }).on("line", (l) => lines.push(JSON.parse(l)));
+  const first = await waitFor(() => lines[0], "the push service");
+  let seen = 1;
+  return {
+    ok: first.subscriptions.ok,
+    async nextPush() {
+      const v = await waitFor(() => {
+        while (seen < lines.length) {
+          const v = lines[seen++];
+          if (v.path === "/push/ok") return v;
+        }
+        return null;
+      }, "a push");
+      assert.equal(v.error, undefined, JSON.stringify(v));
+      return v;
+    },
+    stop: () => child.stdin.end(),
+  };
+}
+
+/// Hands a push to the page's service worker in this browser context, as the
+/// browser's push service would (DevTools' ServiceWorker.deliverPushMessage:
+/// a real `push` event; headless Chromium here reaches no push service).
+async function pushChannel(ctx) {
+  const helper = await ctx.newPage(); // about:blank: a handle for the DevTools protocol, not a page of the app
+  const cdp = await ctx.newCDPSession(helper);
+  const regs = new Map();
+  cdp.on("ServiceWorker.workerRegistrationUpdated", (e) => {
+    for (const r of e.registrations) if (!r.isDeleted) regs.set(r.scopeURL, r);
+  });
+  await cdp.send("ServiceWorker.enable");
+  const reg = await waitFor(() => regs.get(SW_SCOPE()), "the page's service worker registration");
+  return {
+    deliver: (notice) => cdp.send("ServiceWorker.deliverPushMessage", {
+      origin: baseUrl, registrationId: reg.registrationId, data: JSON.stringify(notice),
+    }),
+  };
+}
+
+/// The page's service worker is active (bounded: a page that registers none fails here).
+async function swReady(p) {
+  const ok = await p.evaluate((ms) => Promise.race([navigator.serviceWorker.ready.then(() => true),
+    new Promise((resolve) => setTimeout(() => resolve(false), ms))]), WAIT_MS);
+  assert.equal(ok, true, "the page registered its service worker");
+}
+
+async function serviceWorker(ctx) {
+  const sw = ctx.serviceWorkers().find((w) => w.url() === `${SW_SCOPE()}sw.js`);
+  return sw || ctx.waitForEvent("serviceworker", { predicate: (w) => w.url() === `${SW_SCOPE()}sw.js`, timeout: WAIT_MS });
+}
+
+/// The notices the service worker shows now.
+async function notices(ctx) {
+  const sw = await serviceWorker(ctx);
+  return sw.evaluate(async () => (await self.registration.getNotifications()).map((n) => ({
+    title: n.title, body: n.body, tag: n.tag, data: n.data, actions: n.actions.map((a) => a.title),
+  })));
+}
+
+async function waitNotices(ctx, pred, what) {
+  const start = Date.now();
+  for (;;) {
+    const ns = await notices(ctx);
+    if (pred(ns)) return ns;
+    if (Date.now() - start > WAIT_MS) throw new Error(`timed out waiting for ${what}: ${JSON.stringify(ns)}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+test("the agent's questions on the page: a permission answered by its buttons Allow and Deny, and cancelled; an elicitation's form; any other request answered -32601; the tool call and plan shown", async () => {
+  const b = await startBridge(ASK_AGENT);
+  const ctx = await browser.newContext();
+  try {
+    const p = await openPage(ctx, b.ticket);
+    allow(b, await p.textContent("#node-id"));
+    await p.click("#connect");
+    await connected(p);
+    await p.fill("#prompt", "permission");
+    await p.click("#send");
+    const allowButton = p.getByRole("button", { name: "Allow", exact: true });
+    await allowButton.waitFor({ timeout: WAIT_MS });
+    const card = p.locator(".request");
+    assert.equal(await card.locator("h3").textContent(), "Delete the build folder");
+    assert.equal(await card.locator(".kind").textContent(), "Asker asks permission · delete");
+    assert.equal(await card.locator("pre").textContent(), "rm -rf ./build");
+    assert.deepEqual(await card.getByRole("button").allTextContents(), ["Allow", "Deny"], "one button per option, named by its name");
+    assert.match(await p.textContent("#tools"), /^Delete the build folder \(delete, pending\)/);
+    assert.deepEqual(await p.locator("#plan li").allTextContents(),
+      ["Look at the build folder (completed, high)", "Delete it (in_progress, medium)"]);
+    await allowButton.click();
+    assert.match(await turnDone(p), /^unknown: -32601; permission: selected allow-once; pid \d+$/);
+    assert.equal(await p.locator(".request").count(), 0, "an answered question leaves the page");
+
+    await p.click("#send");
+    await p.getByRole("button", { name: "Deny", exact: true }).click({ timeout: WAIT_MS });
+    assert.match(await turnDone(p), /^unknown: -32601; permission: selected reject-once; pid \d+$/);
+
+    // Cancelling the turn answers its question `cancelled` (ACP's rule for session/cancel).
+    await p.click("#send");
+    await allowButton.waitFor({ timeout: WAIT_MS });
+    await p.getByRole("button", { name: "cancel the turn" }).click();
+    assert.match(await turnDone(p), /^unknown: -32601; permission: cancelled; pid \d+$/);
+
+    await p.fill("#prompt", "elicit");
+    await p.click("#send");
+    const form = p.locator("form.request");
+    await form.waitFor({ timeout: WAIT_MS });
+    assert.equal(await form.locator("h3").textContent(), "Which branch should I push?");
+    await form.getByLabel("Branch").fill("main");
+    await form.getByLabel("Force push").check();
+    await form.getByLabel("Retries").fill("2");
+    await form.getByRole("button", { name: "Submit" }).click();
+    assert.match(await turnDone(p), /^elicitation: accept \{"branch":"main","force":true,"retries":2\}; pid \d+$/);
+  } finally {
+    await ctx.close();
+    b.child.kill("SIGTERM");
+  }
+});
+
+test("one session, two tabs of one browser: the second says the first has it, and takes it over (the same agent) once the first is closed", async () => {
+  const b = await startBridge();
+  const ctx = await browser.newContext();
+  try {
+    const p1 = await openPage(ctx, b.ticket);
+    allow(b, await p1.textContent("#node-id"));
+    await p1.click("#connect");
+    await connected(p1);
+    const sid = await p1.evaluate(() => window.thunderbolt.state.sessionId);
+    const agents = agentPids(b).filter(alive);
+    const p2 = await openPage(ctx, b.ticket);
+    await p2.waitForFunction(() => window.busyElsewhere === true, null, { timeout: WAIT_MS });
+    assert.match(await p2.textContent("#status"), /^this session is open in another tab of this browser/);
+    assert.equal(await p2.isDisabled("#send"), true);
+    await p1.close();
+    await connected(p2);
+    assert.equal(await p2.textContent("#status"), `resumed after the reload · thunderbolt-echo · session ${sid}`);
+    await p2.fill("#prompt", "taken over");
+    await p2.click("#send");
+    assert.equal(await turnDone(p2), "You said: taken over");
+    assert.deepEqual(agentPids(b).filter(alive), agents, "one agent, in either tab");
+  } finally {
+    await ctx.close();
+    b.child.kill("SIGTERM");
+  }
+});
+
+test("a tab closed while the agent is about to ask: the notice comes through the push service, a new tab opens on the same session with the question waiting, it is answered by the same agent; the notice's Allow action's page answers by itself; each notice is withdrawn once answered", async () => {
+  const svc = await startPushService();
+  const b = await startBridge(ASK_AGENT, ["--idle-timeout", "2"], { THUNDERBOLT_TEST_PUSH_LOOPBACK: "1" });
+  const ctx = await browser.newContext({ permissions: ["notifications"] });
+  try {
+    const p1 = await openPage(ctx, b.ticket);
+    allow(b, await p1.textContent("#node-id"));
+    await p1.click("#connect");
+    await connected(p1);
+    await swReady(p1);
+    // The stand-in's subscription, registered over the session as the page
+    // registers the browser's own (which needs a push service on the internet).
+    assert.deepEqual(await p1.evaluate((sub) => window.thunderbolt.request("_thunderbolt/push/subscribe", sub), svc.ok), { subscribed: true });
+    const push = await pushChannel(ctx);
+    const [pid] = agentPids(b);
+    const losses = () => b.err.split("the agent keeps running").length - 1;
+
+    // The agent is told to ask only once the bridge found the tab gone.
+    await p1.fill("#prompt", "permission on signal");
+    await p1.click("#send");
+    await p1.waitForSelector("#tools li", { timeout: WAIT_MS });
+    await p1.close();
+    await waitFor(() => losses() >= 1, "the bridge to find the tab gone").catch((e) => { throw new Error(`${e.message}\n${b.err}`); });
+    process.kill(pid, "SIGUSR1");
+    const got = await svc.nextPush();
+    assert.deepEqual([got.notice.event, got.notice.detail], ["needs_answer", "session/request_permission"]);
+    await push.deliver(got.notice);
+    const [n] = await waitNotices(ctx, (ns) => ns.length === 1, "the notice on screen");
+    assert.match(n.title, /needs your answer/);
+    assert.deepEqual(n.actions, ["Allow", "Deny"]);
+    assert.ok(n.data.url.startsWith(`${SW_SCOPE()}#open=1&notice=${got.notice.session}`), n.data.url);
+    // A tap opens data.url (the service worker's notificationclick; a test
+    // cannot tap a system notification): a new tab of the same browser.
+    const p2 = await ctx.newPage();
+    await p2.goto(n.data.url);
+    await connected(p2);
+    assert.match(await p2.textContent("#status"), /^resumed after the reload · asker · session ask-\d+$/);
+    const card = p2.locator(".request");
+    await card.waitFor({ timeout: WAIT_MS });
+    assert.equal(await card.locator("h3").textContent(), "Delete the build folder");
+    assert.equal(await p2.evaluate(() => document.activeElement.textContent), "Allow", "the page opens at the question");
+    await p2.getByRole("button", { name: "Allow", exact: true }).click();
+    assert.equal(await turnDone(p2), `permission: selected allow-once; pid ${pid}`);
+    assert.deepEqual(agentPids(b).filter(alive), [pid], "the same agent, before and after the tab");
+    await waitNotices(ctx, (ns) => ns.length === 0, "the notice withdrawn once answered");
+
+    // Again, and this time the notice's Allow action: the page it opens answers with no further tap.
+    await p2.fill("#prompt", "permission on signal");
+    await p2.click("#send");
+    await p2.waitForSelector("#tools li", { timeout: WAIT_MS });
+    await p2.close();
+    await waitFor(() => losses() >= 2, "the bridge to find the second tab gone");
+    process.kill(pid, "SIGUSR1");
+    const again = await svc.nextPush();
+    await push.deliver(again.notice);
+    const [n2] = await waitNotices(ctx, (ns) => ns.length === 1, "the second notice");
+    const sw = await serviceWorker(ctx);
+    const allowUrl = await sw.evaluate((d) => self.noticeUrl(d, "allow"), n2.data);
+    assert.ok(allowUrl.endsWith("&answer=allow"), allowUrl);
+    const p3 = await ctx.newPage();
+    await p3.goto(allowUrl);
+    assert.equal(await turnDone(p3), `permission: selected allow-once; pid ${pid}`);
+    assert.equal(await p3.locator(".request").count(), 0);
+    await waitNotices(ctx, (ns) => ns.length === 0, "the second notice withdrawn");
+    assert.deepEqual(agentPids(b).filter(alive), [pid]);
+  } finally {
+    await ctx.close();
+    svc.stop();
+    b.child.kill("SIGTERM");
+  }
+});
+
+test("the service worker's half of withdrawal: an `answered` push replaces that request's notice by tag and closes it, an `ended` one every notice of the session", async () => {
+  const ctx = await browser.newContext({ permissions: ["notifications"] });
+  try {
+    const p = await openPage(ctx, "");
+    await swReady(p);
+    const push = await pushChannel(ctx);
+    await p.close();
+    const asks = { agent: "asker", label: "", title: "the agent needs your answer", body: "it asks: session/request_permission",
+      event: "needs_answer", detail: "session/request_permission", session: "ab12cd34", at: new Date().toISOString() };
+    await push.deliver({ ...asks, request: '"ask-1"' });
+    await push.deliver({ ...asks, request: '"ask-2"' });
+    const two = await waitNotices(ctx, (ns) => ns.length === 2, "two notices");
+    assert.deepEqual(two.map((n) => n.tag).sort(), ['tb:ab12cd34:"ask-1"', 'tb:ab12cd34:"ask-2"']);
+    await push.deliver({ event: "answered", session: "ab12cd34", request: '"ask-1"' });
+    const left = await waitNotices(ctx, (ns) => ns.length === 1, "ask-1's notice withdrawn");
+    assert.equal(left[0].data.request, '"ask-2"');
+    await push.deliver({ event: "ended", session: "ab12cd34" });
+    await waitNotices(ctx, (ns) => ns.length === 0, "every notice of the session withdrawn");
+  } finally {
+    await ctx.close();
+  }
+});
+
+test("a notice's Allow action with a page of the app open: that page goes to the question and answers it", async () => {
+  const b = await startBridge(ASK_AGENT);
+  const ctx = await browser.newContext({ permissions: ["notifications"] });
+  try {
+    const p = await openPage(ctx, b.ticket);
+    allow(b, await p.textContent("#node-id"));
+    await p.click("#connect");
+    await connected(p);
+    await swReady(p);
+    await p.fill("#prompt", "permission");
+    await p.click("#send");
+    await p.getByRole("button", { name: "Allow", exact: true }).waitFor({ timeout: WAIT_MS });
+    // The notice as the push handler shows it (this page is attached, so a push would show none),
+    // then its Allow action clicked: the service worker's own notificationclick handler runs
+    // (dispatched by the test: a test cannot tap a system notification).
+    const sw = await serviceWorker(ctx);
+    await sw.evaluate(async () => {
+      const data = { event: "needs_answer", detail: "session/request_permission", session: "ef56ab12", title: "Asker needs your answer" };
+      await self.registration.showNotification(data.title, {
+        tag: self.tagOf(data), data: { ...data, url: self.noticeUrl(data) },
+        actions: [{ action: "allow", title: "Allow" }, { action: "deny", title: "Deny" }],
+      });
+      const [n] = await self.registration.getNotifications();
+      self.dispatchEvent(new NotificationEvent("notificationclick", { notification: n, action: "allow" }));
+    });
+    assert.match(await turnDone(p), /^unknown: -32601; permission: selected allow-once; pid \d+$/);
+    assert.equal(await p.locator(".request").count(), 0);
+    assert.deepEqual(await notices(ctx), [], "the tapped notice is closed");
+    assert.equal(ctx.pages().filter((x) => x.url().startsWith(SW_SCOPE())).length, 1, "no second page opened");
+  } finally {
+    await ctx.close();
+    b.child.kill("SIGTERM");
+  }
+});
+
+test("no notice while the page is visible and attached to its session (the page lists it instead); one once it is not", async () => {
+  const b = await startBridge();
+  const ctx = await browser.newContext({ permissions: ["notifications"] });
+  try {
+    const p = await openPage(ctx, b.ticket);
+    allow(b, await p.textContent("#node-id"));
+    await p.click("#connect");
+    await connected(p);
+    await swReady(p);
+    const push = await pushChannel(ctx);
+    const asks = { agent: "", label: "", title: "the agent needs your answer", body: "it asks: session/request_permission",
+      event: "needs_answer", detail: "session/request_permission", session: "cd34ef56", at: new Date().toISOString() };
+    await push.deliver({ ...asks, request: '"a"' });
+    await p.waitForFunction(() => (window.noticesDone || []).length === 1, null, { timeout: WAIT_MS });
+    assert.deepEqual(await p.evaluate(() => window.noticesDone), [false]);
+    assert.deepEqual(await notices(ctx), []);
+    assert.equal(await p.locator("#notices li").count(), 1, "listed on the page");
+    await p.click("#disconnect");
+    await p.waitForFunction(() => !document.querySelector("#connect").disabled, null, { timeout: WAIT_MS });
+    await push.deliver({ ...asks, request: '"b"' });
+    await p.waitForFunction(() => window.noticesDone.length === 2, null, { timeout: WAIT_MS });
+    assert.deepEqual(await p.evaluate(() => window.noticesDone), [false, true]);
+    assert.deepEqual((await notices(ctx)).map((n) => n.tag), ['tb:cd34ef56:"b"']);
+  } finally {
+    await ctx.close();
+    b.child.kill("SIGTERM");
+  }
+});
+
+test("the bridge withdraws a notice once its request was answered", { skip: "needs the bridge's withdrawal push" }, async () => {
+  // Contract (docs/browser.md, "Notices"): when the client answers a request
+  // the bridge notified, it pushes {"event":"answered","session":…,"request":…}.
+  const svc = await startPushService();
+  const b = await startBridge(ASK_AGENT, ["--idle-timeout", "2"], { THUNDERBOLT_TEST_PUSH_LOOPBACK: "1" });
+  const ctx = await browser.newContext({ permissions: ["notifications"] });
+  try {
+    const p1 = await openPage(ctx, b.ticket);
+    allow(b, await p1.textContent("#node-id"));
+    await p1.click("#connect");
+    await connected(p1);
+    await p1.evaluate((sub) => window.thunderbolt.request("_thunderbolt/push/subscribe", sub), svc.ok);
+    const push = await pushChannel(ctx);
+    const [pid] = agentPids(b);
+    await p1.fill("#prompt", "permission on signal");
+    await p1.click("#send");
+    await p1.waitForSelector("#tools li", { timeout: WAIT_MS });
+    await p1.close();
+    await waitFor(() => b.err.includes("the agent keeps running"), "the tab gone");
+    process.kill(pid, "SIGUSR1");
+    const asked = await svc.nextPush();
+    assert.equal(asked.notice.request, '"ask-1"', "the notice names the request");
+    await push.deliver(asked.notice);
+    await waitNotices(ctx, (ns) => ns.length === 1, "the notice");
+    const p2 = await ctx.newPage();
+    await p2.goto(`${baseUrl}/www/?${new URLSearchParams({ relay: relayUrl, ticket: b.ticket })}`);
+    await p2.getByRole("button", { name: "Allow", exact: true }).click({ timeout: WAIT_MS });
+    const answered = await svc.nextPush();
+    assert.deepEqual([answered.notice.event, answered.notice.session, answered.notice.request], ["answered", asked.notice.session, '"ask-1"']);
+  } finally {
+    await ctx.close();
+    svc.stop();
+    b.child.kill("SIGTERM");
+  }
+});
+
+test("the notice's Allow action answers without opening a tab", { skip: "needs the bridge's answer route (docs/browser.md, Notices)" }, async () => {
+  // Contract: the push names the request and carries a one-time answer
+  // token; the service worker dials the bridge with the browser's identity on
+  // `thunderbolt/acp/answer/0` and sends {"session","request","token","result"}.
+  // A test would assert the agent sees allow with no page open
+  // (ctx.pages() empty) after a trusted notificationclick, which a test can
+  // only give once the bridge side exists.
+});
+
+test("at 390 × 844: nothing overflows sideways, buttons big enough to tap, the log folded, installable (manifest, icons), every agent one tap away by its label", async () => {
+  const asker = await startBridge(ASK_AGENT);
+  const echo = await startBridge();
+  const ctx = await browser.newContext({ viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true, deviceScaleFactor: 2 });
+  try {
+    const p = await openPage(ctx, echo.ticket);
+    const id = await p.textContent("#node-id");
+    allow(asker, id);
+    allow(echo, id);
+    // The page reads a ticket's NodeId as the bridge prints it.
+    const hex = echo.out.map((l) => l.trim()).find((l) => l.startsWith("NodeId:")).split(/\s+/)[1];
+    assert.equal(await p.evaluate((t) => window.thunderbolt.nodeOf(t), echo.ticket), hex);
+    await p.click("#connect");
+    await connected(p);
+    await p.click("#disconnect");
+    await p.waitForFunction(() => !document.querySelector("#connect").disabled, null, { timeout: WAIT_MS });
+    await p.fill("#ticket", asker.ticket);
+    await p.click("#connect");
+    await connected(p);
+    await p.fill("#prompt", "permission");
+    await p.click("#send");
+    await p.getByRole("button", { name: "Allow", exact: true }).waitFor({ timeout: WAIT_MS });
+    assert.deepEqual(await p.locator("#agent-list button").allTextContents(), ["Asker", "Thunderbolt echo agent"]);
+    mkdirSync(PAGE_ARTIFACTS, { recursive: true });
+    await p.screenshot({ path: join(PAGE_ARTIFACTS, "phone-390x844.png"), fullPage: true });
+    const layout = await p.evaluate(() => {
+      const w = document.documentElement.clientWidth;
+      const wide = [...document.querySelectorAll("body *")]
+        .filter((e) => { const r = e.getBoundingClientRect(); return r.width > 0 && (r.right > w + 0.5 || r.left < -0.5); })
+        .map((e) => `${e.tagName}#${e.id}.${e.className}`);
+      const small = [...document.querySelectorAll("button, summary")].filter((e) => e.offsetParent !== null)
+        .filter((e) => { const r = e.getBoundingClientRect(); return r.height < 44 || r.width < 44; }).map((e) => e.textContent);
+      return { w, scroll: document.documentElement.scrollWidth, wide, small, logOpen: document.querySelector("#log").closest("details").open };
+    });
+    assert.equal(layout.w, 390);
+    assert.ok(layout.scroll <= layout.w, `the page scrolls sideways: ${layout.scroll} > ${layout.w}`);
+    assert.deepEqual(layout.wide, [], "elements past the right edge");
+    assert.deepEqual(layout.small, [], "tap targets under 44 × 44 px");
+    assert.equal(layout.logOpen, false, "the protocol log is folded away");
+    const m = await p.evaluate(async () => {
+      const href = document.querySelector("link[rel=manifest]").href;
+      const j = await (await fetch(href)).json();
+      const icons = [];
+      for (const i of j.icons) {
+        const r = await fetch(new URL(i.src, href));
+        icons.push([i.sizes, r.status, r.headers.get("content-type"), (await r.arrayBuffer()).byteLength > 0]);
+      }
+      return { name: j.short_name, display: j.display, start: new URL(j.start_url, href).href, icons };
+    });
+    assert.deepEqual(m, {
+      name: "thunderbolt", display: "standalone", start: SW_SCOPE(),
+      icons: [["192x192", 200, "image/png", true], ["512x512", 200, "image/png", true], ["any", 200, "image/svg+xml", true]],
+    });
+    // One tap on the other agent: this session is left to resume later, that one opens.
+    const loaded = p.waitForEvent("load", { timeout: WAIT_MS });
+    await p.getByRole("button", { name: "Thunderbolt echo agent" }).tap();
+    await loaded;
+    await p.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+    await connected(p);
+    assert.match(await p.textContent("#status"), /^connected · thunderbolt-echo · session /);
+    assert.equal(await p.inputValue("#ticket"), echo.ticket);
+  } finally {
+    await ctx.close();
+    asker.child.kill("SIGTERM");
+    echo.child.kill("SIGTERM");
+  }
 });
 
 // Last: it restarts the shared relay.
