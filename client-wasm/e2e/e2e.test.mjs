@@ -954,7 +954,7 @@ test("no notice while the page is visible and attached to its session (the page 
   }
 });
 
-test("the bridge withdraws a notice once its request was answered", { skip: "needs the bridge's withdrawal push" }, async () => {
+test("the bridge withdraws a notice once its request was answered", async () => {
   // Contract (docs/browser.md, "Notices"): when the client answers a request
   // the bridge notified, it pushes {"event":"answered","session":…,"request":…}.
   const svc = await startPushService();

@@ -114,7 +114,7 @@ impl HostContext {
                 (Some(Arc::new(a)), status)
             }
         };
-        let config = self.agent_config(plan, account);
+        let config = self.agent_config(plan, account, ep.id());
         let started = Started {
             relay_problem,
             name: plan.name.to_string(),
@@ -130,7 +130,12 @@ impl HostContext {
     }
 
     /// How `plan`'s sessions run and who may reach it.
-    pub fn agent_config(&self, plan: &AgentPlan, account: Option<Arc<account::Account>>) -> AgentConfig {
+    pub fn agent_config(
+        &self,
+        plan: &AgentPlan,
+        account: Option<Arc<account::Account>>,
+        node: iroh::EndpointId,
+    ) -> AgentConfig {
         let mut session = self.config.session(plan.command.clone());
         session.resume = plan.resume;
         session.keep_warm = plan.keep_warm;
@@ -154,6 +159,7 @@ impl HostContext {
                 agent: plan.notice_agent.as_str().into(),
                 label: plan.notice_label.as_str().into(),
                 trust: trust.clone(),
+                node: node.to_string().into(),
             }) as Arc<dyn TapSource>
         });
         AgentConfig {
@@ -231,7 +237,8 @@ pub async fn watch(
                     // Same endpoint: new sessions get the new settings.
                     match AgentPlan::from_spec(spec, &ctx.config) {
                         Ok(plan) => {
-                            let cfg = ctx.agent_config(&plan, agent.config().account.clone());
+                            let cfg =
+                                ctx.agent_config(&plan, agent.config().account.clone(), agent.endpoint.id());
                             agent.endpoint.set_alpns(accept::alpns(&plan.protocol, plan.resume.is_some()));
                             info!(agent = %spec.name, "manifest changed: new sessions of {} use it; running ones keep theirs", spec.name);
                             let _ = changes.send(Change::Replace(cfg));

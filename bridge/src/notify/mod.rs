@@ -93,6 +93,18 @@ pub enum Kind {
     NeedsAnswer { method: String },
     /// The answer to a `session/prompt` passed: the turn ended.
     Finished { stop_reason: String },
+    /// A request that was notified has been answered: its notice is withdrawn.
+    Answered,
+    /// A session that had notices ended: they are all withdrawn.
+    Ended,
+}
+
+impl Kind {
+    /// Whether it withdraws notices already sent (pushed only, never to the
+    /// notify URL: there is nothing on screen there to take back).
+    pub fn withdraws(&self) -> bool {
+        matches!(self, Kind::Answered | Kind::Ended)
+    }
 }
 
 /// One notice, before it is worded.
@@ -103,6 +115,12 @@ pub struct Event {
     pub session: String,
     pub peer: EndpointId,
     pub kind: Kind,
+    /// The agent's request, as the JSON text of its JSON-RPC id (a question
+    /// and its withdrawal).
+    pub request: Option<String>,
+    /// The agent endpoint's NodeId (which of several agents a device
+    /// remembers the notice is about).
+    pub node: Arc<str>,
     /// What the agent asks, in its words (only with `--notify-text`).
     pub text: Option<String>,
     /// Notices of this session the rate limit held back before this one.
@@ -117,13 +135,18 @@ pub struct Event {
 pub struct Notice {
     pub agent: String,
     pub label: String,
-    /// `needs_answer` or `finished`.
+    /// `needs_answer` or `finished`; `answered` and `ended` withdraw what
+    /// was shown of the session (a request's, or all of it).
     pub event: &'static str,
     /// The request's method, or the turn's stop reason.
     pub detail: String,
     pub title: String,
     pub body: String,
     pub session: String,
+    /// The JSON text of the agent's request id (`needs_answer`, `answered`).
+    pub request: Option<String>,
+    /// The agent endpoint's NodeId.
+    pub node: String,
     pub device: Option<String>,
     pub more: u64,
     pub text: Option<String>,
@@ -146,6 +169,10 @@ impl Notice {
                 format!("{who} finished"),
                 format!("finished: {stop_reason}"),
             ),
+            Kind::Answered => ("answered", String::new(), format!("{who}: answered"), "answered".to_string()),
+            Kind::Ended => {
+                ("ended", String::new(), format!("{who}: the session ended"), "the session ended".to_string())
+            }
         };
         if ev.more > 0 {
             body.push_str(&format!(" (and {} more held back)", ev.more));
@@ -158,6 +185,8 @@ impl Notice {
             title,
             body,
             session: ev.session.clone(),
+            request: ev.request.clone(),
+            node: ev.node.to_string(),
             device,
             more: ev.more,
             text: ev.text.clone(),
@@ -345,7 +374,7 @@ impl Delivery {
             sent.await.into_iter().filter(|ok| *ok).count()
         };
         let hook = async {
-            let hook = self.webhook.as_ref()?;
+            let hook = self.webhook.as_ref().filter(|_| !ev.kind.withdraws())?;
             let _permit = self.in_flight.acquire().await.ok()?;
             match hook.request(&self.hook_http, &notice).send().await {
                 Ok(r) if r.status().is_success() => Some(()),
@@ -369,6 +398,8 @@ impl Delivery {
         }
         if sent.is_empty() {
             debug!(peer = %short, "notice not sent (no subscription, no notify URL): {}", notice.title);
+        } else if ev.kind.withdraws() {
+            debug!(peer = %short, "notice withdrawn ({}; {})", notice.event, sent.join(", "));
         } else {
             info!(peer = %short, "notified: {} ({}; {})", notice.title, notice.body, sent.join(", "));
         }
@@ -399,7 +430,11 @@ impl Delivery {
             }
         };
         let Ok(_permit) = self.in_flight.acquire().await else { return false };
-        let urgency = if notice.event == "needs_answer" { "high" } else { "normal" };
+        // A withdrawal is as urgent as the question it takes back, and has its
+        // topic: a push service still holding the question replaces it.
+        let withdraws = matches!(notice.event, "answered" | "ended");
+        let urgency = if notice.event == "needs_answer" || withdraws { "high" } else { "normal" };
+        let topic_event = if withdraws { "needs_answer" } else { notice.event };
         let req = self
             .push_http
             .post(url)
@@ -408,7 +443,7 @@ impl Delivery {
             .header("TTL", PUSH_TTL.as_secs().to_string())
             .header("Urgency", urgency)
             // A newer notice of the same session and kind replaces one not yet delivered.
-            .header("Topic", format!("{}-{}", notice.session, notice.event).replace('_', "-"))
+            .header("Topic", format!("{}-{}", notice.session, topic_event).replace('_', "-"))
             .header("Authorization", auth)
             .body(body);
         match req.send().await {

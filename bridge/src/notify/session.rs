@@ -60,10 +60,17 @@ pub struct AgentNotify {
     pub label: Arc<str>,
     /// Who may still use it: a device no longer allowed gets nothing.
     pub trust: Arc<dyn TrustPolicy>,
+    /// Its endpoint's NodeId, named in every notice.
+    pub node: Arc<str>,
 }
 
 /// A notice not sent yet: what happened, and the agent's words for it.
 type Pending = (Kind, Option<String>);
+
+/// Requests of the agent's that were notified and not answered yet, kept so
+/// that their notices are withdrawn once they are (a bound like
+/// [`MAX_WAITING`]'s: agents ask one thing at a time).
+const MAX_NOTIFIED: usize = 64;
 
 /// One session's notices.
 pub struct SessionNotices {
@@ -76,6 +83,11 @@ pub struct SessionNotices {
     /// that it has not answered: id (raw JSON) → the notice it would be.
     waiting: Mutex<HashMap<Box<[u8]>, Pending>>,
     waiting_count: AtomicUsize,
+    /// The agent's requests a notice was sent for, not answered yet (id, raw JSON).
+    notified: Mutex<HashSet<Box<[u8]>>>,
+    notified_count: AtomicUsize,
+    /// A notice of this session was sent: its end withdraws what is shown.
+    sent_any: std::sync::atomic::AtomicBool,
     limit: Mutex<Limiter>,
     /// Whether a notice would reach anyone: a `--notify-url`, or a push
     /// subscription of the session's device. Until it would, the stream is
@@ -99,6 +111,15 @@ impl TapSource for AgentNotify {
 
     fn methods(&self) -> Option<Arc<dyn Methods>> {
         super::methods::PushMethods::of(&self.notifier).map(|m| Arc::new(m) as Arc<dyn Methods>)
+    }
+}
+
+impl Drop for SessionNotices {
+    /// The session is over: what it showed is taken back.
+    fn drop(&mut self) {
+        if self.sent_any.load(Ordering::Relaxed) {
+            self.withdraw(Kind::Ended, None);
+        }
     }
 }
 
@@ -126,6 +147,9 @@ impl SessionNotices {
             prompt_count: 0.into(),
             waiting: Mutex::default(),
             waiting_count: 0.into(),
+            notified: Mutex::default(),
+            notified_count: 0.into(),
+            sent_any: false.into(),
             limit: Mutex::new(Limiter::new(super::limit::BURST, super::limit::EVERY)),
             reachable: false.into(),
             checked: u64::MAX.into(),
@@ -155,7 +179,8 @@ impl SessionNotices {
     /// answers to what the agent asked, its prompts.
     pub fn from_client(&self, run: &[u8]) {
         let prompt = self.reachable() && memmem::find(run, b"session/prompt").is_some();
-        let answers = self.waiting_count.load(Ordering::Relaxed) > 0;
+        let answers =
+            self.waiting_count.load(Ordering::Relaxed) > 0 || self.notified_count.load(Ordering::Relaxed) > 0;
         if !prompt && !answers {
             return;
         }
@@ -200,7 +225,7 @@ impl SessionNotices {
                         let stop_reason = stop_reason(line);
                         let kind = Kind::Finished { stop_reason };
                         if self.wanted() {
-                            self.send(hook, info, kind, None);
+                            self.send(hook, info, kind, None, None);
                         }
                     }
                 }
@@ -215,10 +240,10 @@ impl SessionNotices {
         let left: Vec<_> = {
             let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
             self.waiting_count.store(0, Ordering::Relaxed);
-            w.drain().map(|(_, v)| v).collect()
+            w.drain().collect()
         };
-        if let Some((kind, text)) = left.into_iter().next() {
-            self.send(hook, info, kind, text);
+        if let Some((id, (kind, text))) = left.into_iter().next() {
+            self.send(hook, info, kind, text, Some(&id));
         }
     }
 
@@ -235,7 +260,7 @@ impl SessionNotices {
         text: Option<String>,
     ) {
         if self.wanted() {
-            self.send(hook, info, kind, text);
+            self.send(hook, info, kind, text, Some(id));
             return;
         }
         let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
@@ -248,9 +273,51 @@ impl SessionNotices {
     }
 
     fn answered_by_client(&self, id: &[u8]) {
-        let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        w.remove(id);
-        self.waiting_count.store(w.len(), Ordering::Relaxed);
+        {
+            let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            w.remove(id);
+            self.waiting_count.store(w.len(), Ordering::Relaxed);
+        }
+        let was_notified = {
+            let mut n = self.notified.lock().unwrap_or_else(|p| p.into_inner());
+            let was = n.remove(id);
+            self.notified_count.store(n.len(), Ordering::Relaxed);
+            was
+        };
+        if was_notified {
+            self.withdraw(Kind::Answered, Some(id));
+        }
+    }
+
+    /// Takes back what was shown of a question (or, at the session's end, of
+    /// the session): outside the rate limits, which bound the notices it
+    /// withdraws (one withdrawal per notified question, one per session).
+    fn withdraw(&self, kind: Kind, request: Option<&[u8]>) {
+        let Some((hook, info)) = &self.hook else { return };
+        hook.notifier.notify(self.event(hook, info, kind, None, request, 0));
+    }
+
+    fn event(
+        &self,
+        hook: &AgentNotify,
+        info: &SessionInfo,
+        kind: Kind,
+        text: Option<String>,
+        request: Option<&[u8]>,
+        more: u64,
+    ) -> Event {
+        Event {
+            agent: hook.agent.clone(),
+            label: hook.label.clone(),
+            session: info.id.clone(),
+            peer: info.peer,
+            kind,
+            request: request.map(|r| String::from_utf8_lossy(r).into_owned()),
+            node: hook.node.clone(),
+            text,
+            more,
+            allowed: hook.trust.check(&info.peer).is_some(),
+        }
     }
 
     fn track_prompt(&self, id: &[u8]) {
@@ -270,7 +337,14 @@ impl SessionNotices {
 
     /// Hands the notice on, within the session's rate limit, its device's
     /// and the bridge's ([`super::limit`]); never waits.
-    fn send(&self, hook: &AgentNotify, info: &SessionInfo, kind: Kind, text: Option<String>) {
+    fn send(
+        &self,
+        hook: &AgentNotify,
+        info: &SessionInfo,
+        kind: Kind,
+        text: Option<String>,
+        request: Option<&[u8]>,
+    ) {
         let more = {
             let mut limit = self.limit.lock().unwrap_or_else(|p| p.into_inner());
             match limit.take() {
@@ -313,16 +387,16 @@ impl SessionNotices {
             }
             return;
         }
-        hook.notifier.notify(Event {
-            agent: hook.agent.clone(),
-            label: hook.label.clone(),
-            session: info.id.clone(),
-            peer: info.peer,
-            kind,
-            text,
-            more,
-            allowed: hook.trust.check(&info.peer).is_some(),
-        });
+        let question = matches!(kind, Kind::NeedsAnswer { .. });
+        hook.notifier.notify(self.event(hook, info, kind, text, request.filter(|_| question), more));
+        self.sent_any.store(true, Ordering::Relaxed);
+        if let Some(id) = request.filter(|_| question) {
+            let mut n = self.notified.lock().unwrap_or_else(|p| p.into_inner());
+            if n.len() < MAX_NOTIFIED {
+                n.insert(id.into());
+                self.notified_count.store(n.len(), Ordering::Relaxed);
+            }
+        }
     }
 }
 

@@ -15,9 +15,8 @@ use iroh::{
     EndpointId,
 };
 use thunderbolt_shared::{
-    close, jsonrpc,
-    ndjson::OVERSIZE_PEEK,
-    resume::{AckPolicy, ReplayLog, ACK_DELAY_MS},
+    close,
+    resume::{AckPolicy, ReplayLog},
 };
 use tokio::{
     sync::{mpsc, Notify},
@@ -397,12 +396,6 @@ impl Hub {
         &self.info
     }
 
-    /// Ends the session now: the host's operator asked (`thunderbolt kick`).
-    /// A later resume finds no such session.
-    pub fn kick(&self, reason: &str) {
-        self.end_closing(close::CLOSE_CODE_REFUSED, reason, Gone::new(reason, close::REASON_UNKNOWN_SESSION));
-    }
-
     /// Installs connection `id` as the attached one, its `task` (the path's
     /// reader and writer) owned by the session until the connection is lost
     /// or replaced; a connection attached before is closed. The one way in
@@ -508,129 +501,6 @@ impl Hub {
         }
         // Last: this may be the very task running us.
         drop(attached);
-    }
-
-    /// Ends a detached session to make room; `why` says for what.
-    pub fn evict(&self, why: &str) -> bool {
-        let Some(waited) = self.detached_for() else { return false };
-        info!(
-            peer = %self.peer,
-            session = self.short(),
-            "evicting a detached session (started {}s ago, detached for {}s): {why}",
-            self.created.elapsed().as_secs(),
-            waited.as_secs()
-        );
-        self.end_with(
-            close::CLOSE_CODE_REFUSED,
-            Gone::new(format!("evicted: {why}"), close::REASON_SESSION_EVICTED),
-        );
-        true
-    }
-
-    /// Room for one run in the agent's queue; `None` once the agent's input
-    /// is closed (frames are then counted and dropped).
-    pub(super) async fn reserve(&self) -> Option<mpsc::OwnedPermit<Inbound>> {
-        let inbox = self.lock().inbox.clone()?;
-        inbox.reserve_owned().await.ok()
-    }
-
-    /// Puts one run of the client's frames into the agent's queue and counts
-    /// them, together and only while connection `id` is the attached one. A
-    /// frame over the cap comes in pieces (`frames` 0 until its end): only its
-    /// head goes on, once.
-    pub(super) fn deliver(
-        &self,
-        id: u64,
-        permit: Option<mpsc::OwnedPermit<Inbound>>,
-        bytes: Bytes,
-        frames: u64,
-    ) -> Result<(), String> {
-        let len = bytes.len();
-        let mut st = self.lock();
-        if !st.is_attached(id) {
-            return Err("replaced by a newer connection".into());
-        }
-        if self.kind == HubKind::Warm && frames > 0 && !st.pending.is_empty() {
-            // The client's answers to the agent's requests.
-            for line in bytes.split_inclusive(|b| *b == b'\n') {
-                if let Some(id) = jsonrpc::response_id(line) {
-                    st.pending.remove(&*String::from_utf8_lossy(id));
-                }
-            }
-        }
-        let at = st.ack.received();
-        let item = match (frames, st.oversize_at) {
-            (0, Some(n)) if n == at => None,
-            (0, _) => {
-                st.oversize_at = Some(at);
-                Some(Inbound::Oversized(bytes.slice(..bytes.len().min(OVERSIZE_PEEK))))
-            }
-            // The end of the frame being skipped.
-            (_, Some(n)) if n == at => {
-                st.oversize_at = None;
-                None
-            }
-            _ => Some(Inbound::Lines(bytes)),
-        };
-        if let (Some(p), Some(item)) = (permit, item) {
-            p.send(item);
-        }
-        // Frames after the agent's input closed are counted (and dropped)
-        // so the client's replay buffer drains.
-        let was_pending = st.ack.pending();
-        if st.ack.took(frames, len) {
-            st.ack_due = true;
-            drop(st);
-            self.output.notify_waiters();
-        } else if !was_pending && st.ack.pending() {
-            st.ack_at = Some(Instant::now() + Duration::from_millis(ACK_DELAY_MS));
-            drop(st);
-            self.output.notify_waiters();
-        }
-        Ok(())
-    }
-
-    /// Ends the session towards its client (if one is attached).
-    pub(super) fn end(&self, code: u32, reason: &str) {
-        // A resume after an agent's end, or after the client's own close, finds
-        // a session that is simply over; the bridge's other closes say why.
-        let resume_reason =
-            if code == close::CLOSE_CODE_REFUSED { reason } else { close::REASON_UNKNOWN_SESSION };
-        self.end_with(code, Gone::new(reason, resume_reason));
-    }
-
-    /// Ends the session: the attached connection is closed with `code` and,
-    /// for a refusal, the reason a later resume gets too (else `why`, e.g.
-    /// how the agent ended).
-    pub(super) fn end_with(&self, code: u32, gone: Gone) {
-        let text = if code == close::CLOSE_CODE_REFUSED { &gone.resume_reason } else { &gone.why }.clone();
-        self.end_closing(code, &text, gone);
-    }
-
-    /// Ends the session, closing the attached connection with `code` and `text`.
-    pub(super) fn end_closing(&self, code: u32, text: &str, gone: Gone) {
-        let mut st = self.lock();
-        st.gone.get_or_insert(gone);
-        let attached = st.attached.take();
-        self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
-        let writer = st.writer.take();
-        drop(st);
-        if let Some(a) = &attached {
-            a.conn.close(VarInt::from_u32(code), text.as_bytes());
-        }
-        self.wake(writer);
-    }
-
-    /// Releases the attached connection's task (the session is over).
-    pub fn release(&self) {
-        let attached = self.lock().attached.take();
-        self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
-        drop(attached);
-    }
-
-    /// Why the session ended and what a resume of it is told, once it did.
-    pub(super) fn gone(&self) -> Option<Gone> {
-        self.lock().gone.clone()
     }
 }
 

@@ -43,6 +43,8 @@
 //! The rooms, one job each:
 //! - [`hub`]: one session's state between connections, and the one place a
 //!   connection is installed into it ([`Hub::install`]) or lost from it;
+//! - [`ending`]: how a session ends (kick, eviction, the agent's end);
+//! - [`inbox`]: the client's frames into the agent's queue, counted;
 //! - [`resumable`]: the `r1` path (hello, welcome, replay, acks);
 //! - [`warm`]: the plain path of a warm agent (`--keep-warm`);
 //! - [`link`]: the session core's view of a hub ([`HubLink`], its
@@ -51,7 +53,9 @@
 //!   eviction and `status`;
 //! - [`timing`]: how long a session waits with nothing attached.
 
+pub mod ending;
 pub mod hub;
+pub mod inbox;
 pub mod link;
 pub mod registry;
 pub mod resumable;

@@ -1,0 +1,77 @@
+//! How a session ends: the operator's kick, an eviction to make room, the
+//! agent's end or a refusal, told to the attached connection and remembered
+//! for a later resume.
+
+use iroh::endpoint::VarInt;
+use thunderbolt_shared::close;
+use tracing::info;
+
+use super::hub::{Gone, Hub};
+
+impl Hub {
+    /// Ends the session now: the host's operator asked (`thunderbolt kick`).
+    /// A later resume finds no such session.
+    pub fn kick(&self, reason: &str) {
+        self.end_closing(close::CLOSE_CODE_REFUSED, reason, Gone::new(reason, close::REASON_UNKNOWN_SESSION));
+    }
+
+    /// Ends a detached session to make room; `why` says for what.
+    pub fn evict(&self, why: &str) -> bool {
+        let Some(waited) = self.detached_for() else { return false };
+        info!(
+            peer = %self.peer,
+            session = self.short(),
+            "evicting a detached session (started {}s ago, detached for {}s): {why}",
+            self.created.elapsed().as_secs(),
+            waited.as_secs()
+        );
+        self.end_with(
+            close::CLOSE_CODE_REFUSED,
+            Gone::new(format!("evicted: {why}"), close::REASON_SESSION_EVICTED),
+        );
+        true
+    }
+
+    /// Ends the session towards its client (if one is attached).
+    pub(super) fn end(&self, code: u32, reason: &str) {
+        // A resume after an agent's end, or after the client's own close, finds
+        // a session that is simply over; the bridge's other closes say why.
+        let resume_reason =
+            if code == close::CLOSE_CODE_REFUSED { reason } else { close::REASON_UNKNOWN_SESSION };
+        self.end_with(code, Gone::new(reason, resume_reason));
+    }
+
+    /// Ends the session: the attached connection is closed with `code` and,
+    /// for a refusal, the reason a later resume gets too (else `why`, e.g.
+    /// how the agent ended).
+    pub(super) fn end_with(&self, code: u32, gone: Gone) {
+        let text = if code == close::CLOSE_CODE_REFUSED { &gone.resume_reason } else { &gone.why }.clone();
+        self.end_closing(code, &text, gone);
+    }
+
+    /// Ends the session, closing the attached connection with `code` and `text`.
+    pub(super) fn end_closing(&self, code: u32, text: &str, gone: Gone) {
+        let mut st = self.lock();
+        st.gone.get_or_insert(gone);
+        let attached = st.attached.take();
+        self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
+        let writer = st.writer.take();
+        drop(st);
+        if let Some(a) = &attached {
+            a.conn.close(VarInt::from_u32(code), text.as_bytes());
+        }
+        self.wake(writer);
+    }
+
+    /// Releases the attached connection's task (the session is over).
+    pub fn release(&self) {
+        let attached = self.lock().attached.take();
+        self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
+        drop(attached);
+    }
+
+    /// Why the session ended and what a resume of it is told, once it did.
+    pub(super) fn gone(&self) -> Option<Gone> {
+        self.lock().gone.clone()
+    }
+}
