@@ -4,6 +4,7 @@
 // calls and plan, shows a lost connection being redialed, and keeps its
 // session per device: any later tab of this browser takes it back.
 import init, { IrohClient } from "../pkg/thunderbolt_client_wasm.js";
+import { saveForWorker } from "./keystore.js";
 
 const SECRET_KEY = "thunderbolt_iroh_client_secret";
 const RELAY_KEY = "thunderbolt_iroh_relay_url";
@@ -100,9 +101,25 @@ async function ensureClient() {
   localStorage.setItem(SECRET_KEY, client.secretKeyHex());
   localStorage.setItem(RELAY_KEY, relay);
   Object.assign(state, { client, clientRelay: relay });
+  await mirrorForWorker();
   $("node-id").textContent = client.nodeId();
   $("allow-cmd").textContent = `thunderbolt iroh allow ${client.nodeId()}`;
   return client;
+}
+
+/// What the service worker needs to answer a notice with no page open (it
+/// cannot read localStorage): the secret key, the relay, and the agents by
+/// NodeId, mirrored into IndexedDB (www/keystore.js). Never logged.
+async function mirrorForWorker() {
+  const agents = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]")
+    .map((a) => ({ node: nodeOf(a.ticket), ticket: a.ticket, relay: a.relay ?? "" }))
+    .filter((a) => a.node);
+  try {
+    await saveForWorker({ secret: localStorage.getItem(SECRET_KEY), relay: localStorage.getItem(RELAY_KEY) || "", agents });
+  } catch (e) {
+    // No IndexedDB (a private window of some browsers): a notice's action opens the page instead.
+    log("·", `the service worker cannot be given this browser's identity: ${(e && e.name) || "error"}`);
+  }
 }
 
 // ---- the session, per ticket, in the device's storage ----
@@ -178,6 +195,7 @@ function rememberAgent() {
   list.unshift({ ticket: state.ticket, label: state.label || state.agent, relay: state.clientRelay, at: Date.now() });
   localStorage.setItem(AGENTS_KEY, JSON.stringify(list.slice(0, 20)));
   renderAgents();
+  mirrorForWorker();
 }
 
 /// The agents this browser knows, one button each, named by its label.
@@ -646,7 +664,7 @@ async function subscribe(ask = true) {
   try {
     const permission = ask ? await Notification.requestPermission() : Notification.permission;
     if (permission !== "granted") return setNotify(`notifications are ${permission} for this page: allow them in the browser's site settings`, "warn");
-    const reg = await navigator.serviceWorker.register("./sw.js");
+    const reg = await registerWorker();
     await navigator.serviceWorker.ready;
     const sub = (await reg.pushManager.getSubscription())
       || (await reg.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: b64urlBytes(key.applicationServerKey) }));
@@ -669,6 +687,14 @@ async function unsubscribe() {
   } catch (err) {
     setNotify(`could not turn it off: ${err.message}`, "warn");
   }
+}
+
+/// The service worker: sw.js, a module (it answers a notice's Allow / Deny by
+/// itself), or, in a browser without module service workers, sw-classic.js
+/// (the same notices; an action opens the page, which answers).
+function registerWorker() {
+  return navigator.serviceWorker.register("./sw.js", { type: "module" })
+    .catch(() => navigator.serviceWorker.register("./sw-classic.js"));
 }
 
 function b64urlBytes(text) {
@@ -750,7 +776,7 @@ if ("serviceWorker" in navigator) {
   navigator.serviceWorker.startMessages();
   // Registered on every visit: the notices' taps and actions need it even
   // before “notify me” (a subscription made elsewhere, or a reinstall).
-  navigator.serviceWorker.register("./sw.js").catch((e) => log("·", `service worker: ${e.message}`));
+  registerWorker().catch((e) => log("·", `service worker: ${e.message}`));
 }
 $("copy-allow").onclick = () => navigator.clipboard.writeText($("allow-cmd").textContent);
 $("new-identity").onclick = async () => {

@@ -1,117 +1,105 @@
-// The demo page's service worker: shows the bridge's notices (Web Push, end
-// to end encrypted: the browser decrypts them before this runs), tells the
-// open pages, opens the page at the request a notice is about, and withdraws
-// a notice once its request was answered or its session ended.
-//
-// A notice (docs/browser.md, "Notices"): {title, body, text?, agent, label,
-// event, detail, session, at, node?, request?, options?}. `event` is
-// `needs_answer` or `finished`, or, to withdraw what was shown, `answered`
-// (with `request`, or without: every question of the session) or `ended`.
+// The demo page's service worker (a module service worker: it imports the wasm
+// client statically, as a service worker cannot import() at run time). The
+// notices are sw-notices.js's; this adds answering a permission's notice from
+// its Allow / Deny action with no page open (docs/browser.md, "Answering from
+// the notice without opening a tab"): the worker dials the agent's bridge with
+// this browser's own identity (the page's secret key, from IndexedDB) on
+// `thunderbolt/<p>/answer1`, sends one line
+// `{"session","request","token","result"}` and reads one back,
+// `{"answered":true}` or `{"answered":false,"error":…}`.
+import init, { IrohClient } from "../pkg/thunderbolt_client_wasm.js";
+import { loadForWorker } from "./keystore.js";
+import "./sw-notices.js";
 
-/// One notice per question on screen (by its request id when the notice has
-/// one), one per session for the rest: a newer one replaces it.
-function tagOf(n) {
-  const what = n.event === "needs_answer" || n.event === "answered" ? (n.request ?? "needs_answer") : n.event;
-  return `tb:${n.session || ""}:${what}`;
+/// The whole attempt, from loading the module to the bridge's answer: short
+/// enough that opening the page afterwards still counts as the tap's doing
+/// (a browser lets a notice's tap open a window for some seconds only).
+const ANSWER_MS = 7000;
+/// The bridge's answer is one short line.
+const MAX_REPLY = 4096;
+
+let loaded = null;
+
+/// The optionId an action picks from a permission notice's `options`
+/// (`[{optionId, name, kind}]`, ACP's kinds): Allow the first `allow_*`,
+/// Deny the first `reject_*`; `null` when the notice has none such.
+function optionFor(notice, action) {
+  const prefix = action === "allow" ? "allow" : action === "deny" ? "reject" : null;
+  const options = Array.isArray(notice.options) ? notice.options : [];
+  const o = prefix && options.find((x) => x && typeof x.kind === "string" && x.kind.startsWith(prefix));
+  return o && typeof o.optionId === "string" ? o.optionId : null;
+}
+self.optionFor = optionFor;
+
+function within(ms, what, promise) {
+  let timer;
+  const late = new Promise((_, reject) => { timer = setTimeout(() => reject(new Error(`${what}: no answer within ${ms} ms`)), ms); });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
 }
 
-/// Where a tap opens the page: at the notice's request, and with the answer
-/// of the action tapped (`allow`, `deny`), which the page gives at once.
-function noticeUrl(n, action = "") {
-  const q = new URLSearchParams({ open: "1", notice: n.session || "" });
-  if (n.node) q.set("node", n.node);
-  if (n.request !== undefined) q.set("request", n.request);
-  if (n.event === "needs_answer" && n.detail) q.set("method", n.detail);
-  if (action) q.set("answer", action);
-  return `${self.registration.scope}#${q}`;
-}
-self.noticeUrl = noticeUrl;
-self.tagOf = tagOf;
-
-/// Whether a visible page is attached to the notice's session (then it shows
-/// the question itself, and no notice is shown). Each page answers at once;
-/// one that does not within a second counts as not attached.
-async function attachedPage(pages, notice) {
-  const visible = pages.filter((p) => p.visibilityState === "visible");
-  const answers = visible.map((p) => new Promise((resolve) => {
-    const ch = new MessageChannel();
-    const timer = setTimeout(() => resolve(false), 1000);
-    ch.port1.onmessage = (e) => { clearTimeout(timer); resolve(!!(e.data && e.data.attached)); };
-    p.postMessage({ type: "thunderbolt-attached?", notice }, [ch.port2]);
-  }));
-  return (await Promise.all(answers)).some(Boolean);
-}
-
-/// Withdraws what was shown: replaced by tag (so a screen that still shows it
-/// says it was answered), then closed.
-async function withdraw(notice) {
-  const shown = await self.registration.getNotifications();
-  const mine = shown.filter((n) => {
-    const d = n.data || {};
-    if ((d.session || "") !== (notice.session || "")) return false;
-    if (notice.event === "ended") return true;
-    return d.event === "needs_answer" && (notice.request === undefined || d.request === notice.request);
-  });
-  for (const n of mine) {
-    await self.registration.showNotification(n.title, {
-      body: notice.event === "ended" ? "the session ended" : "answered",
-      tag: n.tag, silent: true, data: { ...n.data, withdrawn: true },
-    });
-    for (const again of await self.registration.getNotifications({ tag: n.tag })) again.close();
-  }
-}
-
-self.addEventListener("push", (event) => {
-  let notice;
-  try {
-    notice = event.data ? event.data.json() : null;
-  } catch {
-    notice = null;
-  }
-  if (!notice) notice = { title: "thunderbolt", body: event.data ? event.data.text() : "a notice from your workstation" };
-  event.waitUntil((async () => {
-    const pages = await self.clients.matchAll({ type: "window", includeUncontrolled: true });
-    for (const p of pages) p.postMessage({ type: "thunderbolt-notice", notice });
-    // The pages hear what became of it (shown or not), once it is decided.
-    const done = (shown) => { for (const p of pages) p.postMessage({ type: "thunderbolt-notice-done", notice, shown }); };
-    if (notice.event === "answered" || notice.event === "ended") return withdraw(notice).then(() => done(false));
-    if (await attachedPage(pages, notice)) return done(false);
-    const permission = notice.event === "needs_answer" && notice.detail === "session/request_permission";
-    await self.registration.showNotification(notice.title || "thunderbolt", {
-      body: notice.text ? `${notice.body}\n${notice.text}` : notice.body,
-      tag: tagOf(notice),
-      renotify: true,
-      requireInteraction: notice.event === "needs_answer",
-      icon: "icon-192.png",
-      data: { ...notice, url: noticeUrl(notice) },
-      actions: permission ? [{ action: "allow", title: "Allow" }, { action: "deny", title: "Deny" }] : [],
-    });
-    done(true);
-  })());
-});
-
-self.addEventListener("notificationclick", (event) => {
-  const n = event.notification;
-  n.close();
-  const data = n.data || {};
-  const action = event.action === "allow" || event.action === "deny" ? event.action : "";
-  const work = (async () => {
-    const url = noticeUrl(data, action);
-    const pages = await self.clients.matchAll({ type: "window", includeUncontrolled: true });
-    const page = pages.find((p) => p.url.startsWith(self.registration.scope));
-    if (page) {
-      // A page of ours is open: it goes to the request (and answers it).
-      // Focusing may be refused (no user activation); the page still goes there.
-      await page.focus().catch(() => {});
-      page.postMessage({ type: "thunderbolt-open", open: Object.fromEntries(new URLSearchParams(new URL(url).hash.slice(1))) });
-      return;
+/// Answers the notice's question with `action` (`allow`, `deny`) from here.
+/// `null` when the notice cannot be answered from here (no token, no
+/// options to pick from: the page answers it); else `{answered, error?}`.
+async function answerFromNotice(notice, action) {
+  const optionId = optionFor(notice, action);
+  if (!notice.answer || !notice.session || typeof notice.request !== "string" || !notice.node || !optionId) return null;
+  const keys = await loadForWorker().catch(() => undefined);
+  if (!keys || !keys.secret) return { answered: false, error: "this browser's identity is not stored for the service worker yet (open the page once)" };
+  const agent = (keys.agents || []).find((a) => a.node === notice.node);
+  const relay = (agent ? agent.relay : keys.relay) || undefined;
+  // The agent's ticket names its relay too; a bare NodeId is dialed through ours.
+  const target = (agent && agent.ticket) || notice.node;
+  const protocol = /^[a-z0-9-]+$/.test(notice.protocol || "") ? notice.protocol : "acp";
+  const line = JSON.stringify({
+    session: notice.session, request: notice.request, token: notice.answer,
+    result: { outcome: { outcome: "selected", optionId } },
+  }) + "\n";
+  // What is open, to close whichever way the attempt ends (a late client, made
+  // after the attempt was given up, is closed by the attempt itself).
+  const job = { client: null, conn: null, over: false };
+  const end = () => {
+    job.over = true;
+    if (job.conn) job.conn.close();
+    const c = job.client;
+    job.client = null;
+    // The page's NodeId must not stay on the relay from here: the page's own
+    // endpoint would take turns with it.
+    return c ? within(1000, "closing the client", c.shutdown()).catch(() => {}) : undefined;
+  };
+  const attempt = async () => {
+    loaded = loaded || init();
+    await loaded;
+    job.client = await IrohClient.create(keys.secret, relay);
+    if (job.over) return end();
+    job.conn = await job.client.connect(target, `thunderbolt/${protocol}/answer1`, ANSWER_MS - 1000);
+    if (job.over) return end();
+    await job.conn.send(new TextEncoder().encode(line));
+    await job.conn.finish();
+    const reader = job.conn.readable().getReader();
+    const dec = new TextDecoder();
+    let text = "";
+    while (!text.includes("\n") && text.length <= MAX_REPLY) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += dec.decode(value, { stream: true });
     }
-    await self.clients.openWindow(url);
-  })();
-  // waitUntil throws for an event the browser did not dispatch itself.
+    let reply;
+    try {
+      reply = JSON.parse(text.split("\n")[0]);
+    } catch {
+      return { answered: false, error: text ? "the bridge's answer is unreadable" : "the bridge closed without an answer" };
+    }
+    return reply && reply.answered === true
+      ? { answered: true }
+      : { answered: false, error: String((reply && reply.error) || "not answered") };
+  };
   try {
-    event.waitUntil(work);
-  } catch {
-    // the work goes on regardless
+    return await within(ANSWER_MS, "answering from the notice", attempt());
+  } catch (e) {
+    // A refusal (not allowlisted, no such door) or a dial that failed, in the client's words.
+    return { answered: false, error: String((e && (e.reason || e.message)) || e) };
+  } finally {
+    await end();
   }
-});
+}
+self.answerFromNotice = answerFromNotice;
