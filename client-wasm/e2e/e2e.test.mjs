@@ -685,6 +685,8 @@ async function pushChannel(ctx) {
     deliver: (notice) => cdp.send("ServiceWorker.deliverPushMessage", {
       origin: baseUrl, registrationId: reg.registrationId, data: JSON.stringify(notice),
     }),
+    /// Closes the helper page (no push can be delivered afterwards).
+    close: () => helper.close(),
   };
 }
 
@@ -990,13 +992,68 @@ test("the bridge withdraws a notice once its request was answered", async () => 
   }
 });
 
-test("the notice's Allow action answers without opening a tab", { skip: "needs the bridge's answer route (docs/browser.md, Notices)" }, async () => {
-  // Contract: the push names the request and carries a one-time answer
-  // token; the service worker dials the bridge with the browser's identity on
-  // `thunderbolt/acp/answer/0` and sends {"session","request","token","result"}.
-  // A test would assert the agent sees allow with no page open
-  // (ctx.pages() empty) after a trusted notificationclick, which a test can
-  // only give once the bridge side exists.
+test("the notice's Allow action answers without opening a tab: the service worker dials the bridge with the page's identity and answers, the same agent sees allow", async () => {
+  // Contract (docs/browser.md, "Answering from the notice without opening a
+  // tab"): the needs_answer push carries `answer` (a one-time token) and the
+  // permission's `options`; the service worker dials the agent's NodeId on
+  // `thunderbolt/acp/answer1` with the browser's own identity and writes one
+  // line {"session","request","token","result"}; the bridge answers
+  // {"answered":true} and pushes the usual `answered` withdrawal.
+  const svc = await startPushService();
+  const b = await startBridge(ASK_AGENT, ["--idle-timeout", "2"], { THUNDERBOLT_TEST_PUSH_LOOPBACK: "1" });
+  const ctx = await browser.newContext({ permissions: ["notifications"] });
+  try {
+    const p1 = await openPage(ctx, b.ticket);
+    allow(b, await p1.textContent("#node-id"));
+    await p1.click("#connect");
+    await connected(p1);
+    await swReady(p1);
+    assert.deepEqual(await p1.evaluate((sub) => window.thunderbolt.request("_thunderbolt/push/subscribe", sub), svc.ok), { subscribed: true });
+    const push = await pushChannel(ctx);
+    const [pid] = agentPids(b);
+    await p1.fill("#prompt", "permission on signal");
+    await p1.click("#send");
+    await p1.waitForSelector("#tools li", { timeout: WAIT_MS });
+    await p1.close();
+    await waitFor(() => b.err.includes("the agent keeps running"), "the bridge to find the tab gone");
+    process.kill(pid, "SIGUSR1");
+    const got = await svc.nextPush();
+    assert.deepEqual([got.notice.event, got.notice.detail, got.notice.request], ["needs_answer", "session/request_permission", '"ask-1"']);
+    assert.match(String(got.notice.answer), /^[0-9a-f]{32}$/,
+      `the bridge's needs_answer push carries no one-time \`answer\` token (the bridge has no answer door, thunderbolt/acp/answer1, yet): ${JSON.stringify(got.notice)}`);
+    assert.deepEqual(got.notice.options, [
+      { optionId: "allow-once", name: "Allow", kind: "allow_once" },
+      { optionId: "reject-once", name: "Deny", kind: "reject_once" },
+    ], "the permission's options, for the service worker to pick from");
+    await push.deliver(got.notice);
+    const [n] = await waitNotices(ctx, (ns) => ns.length === 1, "the notice on screen");
+    assert.deepEqual(n.actions, ["Allow", "Deny"]);
+    assert.equal(n.data.answer, got.notice.answer);
+    const sw = await serviceWorker(ctx);
+    assert.deepEqual(await sw.evaluate((d) => [self.optionFor(d, "allow"), self.optionFor(d, "deny")], n.data), ["allow-once", "reject-once"]);
+    // Nothing of the app open, not even the DevTools helper page.
+    await push.close();
+    assert.deepEqual(ctx.pages(), [], "no page open before the action");
+    // The Allow action: the service worker's own notificationclick handler,
+    // dispatched by the test (a test cannot tap a system notification).
+    const done = await sw.evaluate(async () => {
+      const [shown] = await self.registration.getNotifications();
+      self.dispatchEvent(new NotificationEvent("notificationclick", { notification: shown, action: "allow" }));
+      return self.lastClick;
+    });
+    assert.deepEqual(done, { how: "answered" }, `the service worker did not answer by itself: ${JSON.stringify(done)}`);
+    const said = `ask-agent ${pid}: permission: selected allow-once; pid ${pid}`;
+    await waitFor(() => b.err.includes(said), "the agent to say it was answered allow").catch((e) => { throw new Error(`${e.message}\n${b.err}`); });
+    assert.deepEqual(agentPids(b).filter(alive), [pid], "the same agent");
+    assert.deepEqual(ctx.pages(), [], "no page opened");
+    assert.deepEqual(await notices(ctx), [], "the notice is gone");
+    const answered = await svc.nextPush();
+    assert.deepEqual([answered.notice.event, answered.notice.session, answered.notice.request], ["answered", got.notice.session, '"ask-1"']);
+  } finally {
+    await ctx.close();
+    svc.stop();
+    b.child.kill("SIGTERM");
+  }
 });
 
 test("at 390 × 844: nothing overflows sideways, buttons big enough to tap, the log folded, installable (manifest, icons), every agent one tap away by its label", async () => {
