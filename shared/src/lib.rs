@@ -21,6 +21,7 @@
 #[cfg(unix)]
 pub mod allow_file;
 pub mod allowlist;
+pub mod answer;
 pub mod backend;
 pub mod close;
 pub mod jsonrpc;

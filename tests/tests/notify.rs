@@ -534,3 +534,96 @@ async fn a_device_removed_from_the_allow_file_loses_its_subscriptions_without_a_
     assert!(!push_file(&s.bridge_home).contains("/push/ok"), "{}", push_file(&s.bridge_home));
     assert!(!s.bridge.log.contains("notified:"), "no notice was needed");
 }
+
+/// One answer line on the answer door (`thunderbolt/acp/answer1`) from `ep`'s
+/// device: the bridge's reply.
+async fn answer_from_notice(s: &Setup, ep: &Endpoint, line: Value) -> Value {
+    let alpn = thunderbolt_shared::answer::answer_alpn(&thunderbolt_shared::Protocol::acp());
+    let conn = s.bridge.dial(ep, &alpn).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let mut b = serde_json::to_vec(&line).unwrap();
+    b.push(b'\n');
+    send.write_all(&b).await.unwrap();
+    send.finish().unwrap();
+    let reply = tokio::time::timeout(WAIT, recv.read_to_end(4096)).await.unwrap().unwrap();
+    serde_json::from_slice(&reply).unwrap_or_else(|e| panic!("a JSON reply ({e}): {reply:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_question_answered_from_its_notice_reaches_the_agent_once_and_its_notice_is_withdrawn() {
+    let mut svc = PushService::start().await;
+    // `cat`: what the agent is written comes back, so the client sees every
+    // line the agent got; a request the client sends comes back as the
+    // agent's own question.
+    let s = Setup::with_env(&["--resume-grace", "60"], &agent(&["cat"]), LOOPBACK).await;
+    svc.log = s.bridge.log.clone();
+    let ep = s.endpoint(&s.client_home).await;
+    let (conn, mut send, mut recv, token) = s.session(&ep).await;
+    let mut buf = Vec::new();
+    call(&mut send, &mut recv, &mut buf, 1, "_thunderbolt/push/subscribe", svc.ok.clone()).await;
+    let options = json!([
+        {"optionId": "allow-once", "name": "Allow", "kind": "allow_once"},
+        {"optionId": "reject-once", "name": "Deny", "kind": "reject_once"}
+    ]);
+    let asked = json!({"jsonrpc": "2.0", "id": "p1", "method": "session/request_permission",
+                       "params": {"sessionId": "s1", "toolCall": {"toolCallId": "t1", "title": "rm -rf build"}, "options": options}});
+    send.write_all(&[serde_json::to_vec(&asked).unwrap(), b"\n".to_vec()].concat()).await.unwrap();
+    assert_eq!(frame_json(&next_frame(&mut recv, &mut buf).await), asked, "the agent asks");
+    lose(&conn);
+
+    let push = svc.next_push().await;
+    let notice = &push["notice"];
+    assert_eq!(notice["event"], "needs_answer", "{push}");
+    assert_eq!(notice["request"], "\"p1\"", "the notice names the request as the JSON text of its id");
+    assert_eq!(notice["options"], options, "and the permission's options");
+    assert_eq!(notice["node"], s.bridge.node_id.to_string());
+    let one_time = notice["answer"].as_str().expect("a one-time answer token").to_string();
+    assert_eq!(one_time.len(), 32);
+    let session = notice["session"].as_str().unwrap().to_string();
+    let allow = json!({"outcome": {"outcome": "selected", "optionId": "allow-once"}});
+    let line =
+        |token: &str| json!({"session": session, "request": "\"p1\"", "token": token, "result": allow});
+
+    // Another device cannot answer it, and a wrong token answers nothing.
+    let third = Tb::new(None);
+    let third_id = third.node_id("acp").await.to_string();
+    assert!(s.bridge_home.run(&["iroh", "allow", &third_id]).await.status.success());
+    let stranger = s.endpoint(&third).await;
+    let other = answer_from_notice(&s, &stranger, line(&one_time)).await;
+    assert_eq!(other, json!({"answered": false, "error": "unknown session"}), "not its session");
+    let wrong = answer_from_notice(&s, &ep, line(&"0".repeat(32))).await;
+    assert_eq!(wrong, json!({"answered": false, "error": "wrong token"}));
+    let bad = answer_from_notice(&s, &ep, json!({"session": session, "request": "\"p1\""})).await;
+    assert_eq!(bad, json!({"answered": false, "error": "bad answer"}));
+    // The device's own, with the notice's token: answered, once.
+    assert_eq!(answer_from_notice(&s, &ep, line(&one_time)).await, json!({"answered": true}));
+    assert_eq!(
+        answer_from_notice(&s, &ep, line(&one_time)).await,
+        json!({"answered": false, "error": "already answered"})
+    );
+    // Its notice is withdrawn: a push of the question's topic, at once.
+    let withdrawn = svc.next_push().await;
+    assert_eq!(withdrawn["notice"]["event"], "answered", "{withdrawn}");
+    assert_eq!(withdrawn["notice"]["request"], "\"p1\"");
+    assert_eq!(withdrawn["notice"]["session"], session.as_str());
+    assert!(withdrawn["notice"].get("answer").is_none(), "a withdrawal carries no token");
+    assert_eq!(withdrawn["urgency"], "high");
+
+    // Back on the session: the agent got the answer (cat says so), and the
+    // client's own late answer to the same question never reaches it.
+    let (_c, mut send2, mut recv2, welcome) = s.resume(&ep, &token, 2).await;
+    welcome.expect("resumed");
+    let mut buf2 = Vec::new();
+    let got = frame_json(&next_frame(&mut recv2, &mut buf2).await);
+    assert_eq!(got, json!({"jsonrpc": "2.0", "id": "p1", "result": allow}), "the agent got the answer");
+    send2
+        .write_all(
+            b"{\"jsonrpc\":\"2.0\",\"id\":\"p1\",\"result\":{\"outcome\":{\"outcome\":\"cancelled\"}}}\n",
+        )
+        .await
+        .unwrap();
+    send2.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"marker\"}\n").await.unwrap();
+    let next = frame_json(&next_frame(&mut recv2, &mut buf2).await);
+    assert_eq!(next["method"], "marker", "the client's second answer was dropped, not echoed: {next}");
+    s.bridge.log.wait_for("answered from a notice").await;
+}

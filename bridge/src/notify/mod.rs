@@ -90,7 +90,11 @@ pub struct NotifyConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
     /// The agent sent the client a request (`method`) and waits for its answer.
-    NeedsAnswer { method: String },
+    NeedsAnswer {
+        method: String,
+        /// A permission request's options (`optionId`, `name`, `kind`).
+        options: Option<serde_json::Value>,
+    },
     /// The answer to a `session/prompt` passed: the turn ended.
     Finished { stop_reason: String },
     /// A request that was notified has been answered: its notice is withdrawn.
@@ -118,6 +122,8 @@ pub struct Event {
     /// The agent's request, as the JSON text of its JSON-RPC id (a question
     /// and its withdrawal).
     pub request: Option<String>,
+    /// A question's one-time answer token (a push carries it; the webhook never).
+    pub answer: Option<String>,
     /// The agent endpoint's NodeId (which of several agents a device
     /// remembers the notice is about).
     pub node: Arc<str>,
@@ -145,6 +151,13 @@ pub struct Notice {
     pub session: String,
     /// The JSON text of the agent's request id (`needs_answer`, `answered`).
     pub request: Option<String>,
+    /// A question's one-time token to answer it from the notice
+    /// (`thunderbolt/<p>/answer1`); Web Push only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
+    /// A permission request's options (`optionId`, `name`, `kind`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub options: Option<serde_json::Value>,
     /// The agent endpoint's NodeId.
     pub node: String,
     pub device: Option<String>,
@@ -157,7 +170,7 @@ impl Notice {
     pub fn of(ev: &Event, device: Option<String>) -> Self {
         let who = if ev.label.is_empty() { "the agent".to_string() } else { ev.label.to_string() };
         let (event, detail, title, mut body) = match &ev.kind {
-            Kind::NeedsAnswer { method } => (
+            Kind::NeedsAnswer { method, .. } => (
                 "needs_answer",
                 method.clone(),
                 format!("{who} needs your answer"),
@@ -186,6 +199,11 @@ impl Notice {
             body,
             session: ev.session.clone(),
             request: ev.request.clone(),
+            answer: ev.answer.clone(),
+            options: match &ev.kind {
+                Kind::NeedsAnswer { options, .. } => options.clone(),
+                _ => None,
+            },
             node: ev.node.to_string(),
             device,
             more: ev.more,
@@ -376,6 +394,8 @@ impl Delivery {
         let hook = async {
             let hook = self.webhook.as_ref().filter(|_| !ev.kind.withdraws())?;
             let _permit = self.in_flight.acquire().await.ok()?;
+            // The answer token is the pushed device's alone.
+            let notice = Notice { answer: None, ..notice.clone() };
             match hook.request(&self.hook_http, &notice).send().await {
                 Ok(r) if r.status().is_success() => Some(()),
                 Ok(r) => {

@@ -33,7 +33,7 @@ use super::{
 use crate::{
     serve::{
         session::SessionInfo,
-        taps::{Methods, Presence, Tap, TapSource},
+        taps::{Methods, Presence, Redeem, Tap, TapSource},
     },
     trust::TrustPolicy,
 };
@@ -83,8 +83,9 @@ pub struct SessionNotices {
     /// that it has not answered: id (raw JSON) → the notice it would be.
     waiting: Mutex<HashMap<Box<[u8]>, Pending>>,
     waiting_count: AtomicUsize,
-    /// The agent's requests a notice was sent for, not answered yet (id, raw JSON).
-    notified: Mutex<HashSet<Box<[u8]>>>,
+    /// The agent's requests a notice was sent for, not answered yet: id (raw
+    /// JSON) → the SHA-256 of the one-time token its notice carried.
+    notified: Mutex<HashMap<Box<[u8]>, [u8; 32]>>,
     notified_count: AtomicUsize,
     /// A notice of this session was sent: its end withdraws what is shown.
     sent_any: std::sync::atomic::AtomicBool,
@@ -134,6 +135,10 @@ impl Tap for SessionNotices {
 
     fn detached(&self) {
         SessionNotices::detached(self)
+    }
+
+    fn redeem(&self, request: &[u8], token: &str) -> Redeem {
+        SessionNotices::redeem(self, request, token)
     }
 }
 
@@ -215,7 +220,8 @@ impl SessionNotices {
                     let method = String::from_utf8_lossy(method.get(1..method.len() - 1).unwrap_or_default())
                         .into_owned();
                     let text = hook.notifier.config.text.then(|| asked(line)).flatten();
-                    self.agent_asks(hook, info, id, Kind::NeedsAnswer { method }, text);
+                    let options = permission_options(line);
+                    self.agent_asks(hook, info, id, Kind::NeedsAnswer { method, options }, text);
                     continue;
                 }
             }
@@ -280,7 +286,7 @@ impl SessionNotices {
         }
         let was_notified = {
             let mut n = self.notified.lock().unwrap_or_else(|p| p.into_inner());
-            let was = n.remove(id);
+            let was = n.remove(id).is_some();
             self.notified_count.store(n.len(), Ordering::Relaxed);
             was
         };
@@ -295,6 +301,25 @@ impl SessionNotices {
     fn withdraw(&self, kind: Kind, request: Option<&[u8]>) {
         let Some((hook, info)) = &self.hook else { return };
         hook.notifier.notify(self.event(hook, info, kind, None, request, 0));
+    }
+
+    /// Whether `token` answers the notified `request` (and it is spent).
+    fn redeem(&self, request: &[u8], token: &str) -> Redeem {
+        let spent = {
+            let mut n = self.notified.lock().unwrap_or_else(|p| p.into_inner());
+            match n.get(request) {
+                None => return Redeem::NotAsked,
+                Some(h) if *h != token_hash(token) => return Redeem::Wrong,
+                Some(_) => {}
+            }
+            n.remove(request);
+            self.notified_count.store(n.len(), Ordering::Relaxed);
+            true
+        };
+        if spent {
+            self.withdraw(Kind::Answered, Some(request));
+        }
+        Redeem::Spent
     }
 
     fn event(
@@ -313,6 +338,7 @@ impl SessionNotices {
             peer: info.peer,
             kind,
             request: request.map(|r| String::from_utf8_lossy(r).into_owned()),
+            answer: None,
             node: hook.node.clone(),
             text,
             more,
@@ -388,15 +414,21 @@ impl SessionNotices {
             return;
         }
         let question = matches!(kind, Kind::NeedsAnswer { .. });
-        hook.notifier.notify(self.event(hook, info, kind, text, request.filter(|_| question), more));
-        self.sent_any.store(true, Ordering::Relaxed);
-        if let Some(id) = request.filter(|_| question) {
+        let request = request.filter(|_| question);
+        let mut event = self.event(hook, info, kind, text, request, more);
+        if let Some(id) = request {
+            // The notice's one-time token: the device may answer this request
+            // with it, from the notice (`thunderbolt/<p>/answer1`).
             let mut n = self.notified.lock().unwrap_or_else(|p| p.into_inner());
-            if n.len() < MAX_NOTIFIED {
-                n.insert(id.into());
+            if n.len() < MAX_NOTIFIED || n.contains_key(id) {
+                let token = crate::ids::random_hex(16);
+                n.insert(id.into(), token_hash(&token));
                 self.notified_count.store(n.len(), Ordering::Relaxed);
+                event.answer = Some(token);
             }
         }
+        hook.notifier.notify(event);
+        self.sent_any.store(true, Ordering::Relaxed);
     }
 }
 
@@ -415,6 +447,37 @@ fn asked(line: &[u8]) -> Option<String> {
         t.push('…');
     }
     Some(t)
+}
+
+/// The SHA-256 of a notice's answer token (the token itself is kept nowhere).
+fn token_hash(token: &str) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// Options a permission notice names at the most (ACP's are two to four).
+const MAX_OPTIONS: usize = 8;
+
+/// A permission request's options (`params.options`: `optionId`, `name`,
+/// `kind`), bounded, for the notice's actions; `None` for other requests.
+fn permission_options(line: &[u8]) -> Option<Value> {
+    memmem::find(line, b"\"options\"")?;
+    let v: Value = serde_json::from_slice(line).ok()?;
+    let clip = |v: &Value, n: usize| v.as_str().map(|s| s.chars().take(n).collect::<String>());
+    let options: Vec<Value> = v
+        .pointer("/params/options")?
+        .as_array()?
+        .iter()
+        .take(MAX_OPTIONS)
+        .filter_map(|o| {
+            Some(serde_json::json!({
+                "optionId": clip(o.get("optionId")?, 128)?,
+                "name": clip(o.get("name")?, MAX_TEXT).unwrap_or_default(),
+                "kind": clip(o.get("kind")?, 32).unwrap_or_default(),
+            }))
+        })
+        .collect();
+    (!options.is_empty()).then_some(Value::Array(options))
 }
 
 /// A prompt answer's `stopReason`; `error` for an error answer.

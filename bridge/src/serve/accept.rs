@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use thunderbolt_shared::{pairing, resume, Protocol};
+use thunderbolt_shared::{answer, pairing, resume, Protocol};
 use tracing::Instrument;
 
 use super::{admit, bridge::Shared, relay_health, served::Served, AgentName};
@@ -18,16 +18,20 @@ pub enum Door {
     Resumable,
     /// `thunderbolt/<p>/pair1`: a device pairing with a one-time code.
     Pair,
+    /// `thunderbolt/<p>/answer1`: a device answering the agent from a notice.
+    Answer,
 }
 
 impl Door {
     /// The door `alpn` opens. The endpoint accepts only the ALPNs of
-    /// [`alpns`], so anything but `/r1` and `/pair1` is the plain one.
+    /// [`alpns`], so anything but `/r1`, `/pair1` and `/answer1` is the plain one.
     pub fn of(alpn: &[u8]) -> Self {
         if alpn.ends_with(resume::RESUME_ALPN_SUFFIX) {
             Self::Resumable
         } else if alpn.ends_with(pairing::PAIR_ALPN_SUFFIX) {
             Self::Pair
+        } else if alpn.ends_with(answer::ANSWER_ALPN_SUFFIX) {
+            Self::Answer
         } else {
             Self::Plain
         }
@@ -37,14 +41,16 @@ impl Door {
 /// The ALPNs an agent's endpoint serves. The server's order decides (rustls
 /// picks its first ALPN the client offers): `r1` first when its sessions
 /// resume, so a client offering both gets the resumable protocol; then the
-/// plain one; then pairing (devices that pair with a one-time code).
+/// plain one; then pairing (devices that pair with a one-time code) and
+/// answering from a notice.
 pub fn alpns(protocol: &Protocol, resumable: bool) -> Vec<Vec<u8>> {
-    let mut v = Vec::with_capacity(3);
+    let mut v = Vec::with_capacity(4);
     if resumable {
         v.push(resume::resume_alpn(protocol));
     }
     v.push(protocol.alpn());
     v.push(pairing::pair_alpn(protocol));
+    v.push(answer::answer_alpn(protocol));
     v
 }
 

@@ -6,7 +6,8 @@
 //! 3. the [door](super::accept::Door) its ALPN names: a pairing goes to
 //!    [`pair`](super::pair), a session on;
 //! 4. trust: the agent's [`TrustPolicy`](crate::trust::TrustPolicy) admits
-//!    the peer or it is refused `not allowlisted`;
+//!    the peer or it is refused `not allowlisted` (an answer from a notice
+//!    goes to [`answer`](super::answer) here: it needs no slot);
 //! 5. the session is registered (so a revocation or removal finds it), trust
 //!    asked once more, and its stream awaited;
 //! 6. [`enter`](super::enter): attach to the session the connection names, or
@@ -141,6 +142,9 @@ pub(super) async fn admit(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Se
     // An allowed device's dial does not spend its address's budget (acpx and
     // scripts dial once per prompt).
     shared.gate.refund(receipt);
+    if door == Door::Answer {
+        return super::answer::answer(conn, peer, &cfg, &shared).await;
+    }
     admitted(conn, door, peer, grant, shared, agent, cfg).await;
 }
 

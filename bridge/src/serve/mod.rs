@@ -29,6 +29,7 @@
 pub mod accept;
 pub mod admit;
 pub mod agent;
+pub mod answer;
 pub mod bridge;
 pub mod enter;
 pub mod extension;

@@ -95,11 +95,26 @@ pub struct SessionInfo {
     pub started: std::time::SystemTime,
     /// The agent process's pid; 0 before it started.
     pid: std::sync::atomic::AtomicU32,
+    /// What looks at its lines, and answers the agent for the client from a
+    /// notice (set once its agent runs).
+    observers: std::sync::OnceLock<std::sync::Weak<Observers>>,
 }
 
 impl SessionInfo {
     pub fn new(id: String, agent: crate::serve::AgentName, peer: iroh::EndpointId) -> Arc<Self> {
-        Arc::new(Self { id, agent, peer, started: std::time::SystemTime::now(), pid: 0.into() })
+        Arc::new(Self {
+            id,
+            agent,
+            peer,
+            started: std::time::SystemTime::now(),
+            pid: 0.into(),
+            observers: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// The running session's observers (to answer the agent from a notice).
+    pub fn observers(&self) -> Option<Arc<Observers>> {
+        self.observers.get()?.upgrade()
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -273,7 +288,11 @@ async fn drive<L: Link>(
     let info = link.info();
     let tap = cfg.taps.as_ref().zip(info.as_ref()).map(|(t, i)| t.open(i, link.presence()));
     let methods = cfg.taps.as_ref().and_then(|t| t.methods());
-    let observers = Arc::new(Observers::new(info.map(|i| i.peer), methods, tap));
+    let observers = Arc::new(Observers::new(info.as_ref().map(|i| i.peer), methods, tap));
+    observers.answer_into(agent_tx.clone());
+    if let Some(i) = &info {
+        let _ = i.observers.set(Arc::downgrade(&observers));
+    }
     let requests = observers.requests.clone();
     link.observe(&requests, observers.tap());
 

@@ -7,11 +7,22 @@
 //! The serving core knows these traits only: what implements them
 //! ([`crate::notify`]) depends on the core, never the other way.
 
-use std::{future::Future, pin::Pin, sync::Arc};
+use std::{
+    collections::HashSet,
+    future::Future,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, OnceLock,
+    },
+};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use iroh::EndpointId;
 use serde_json::Value;
+use thunderbolt_shared::{answer as wire, jsonrpc};
+use tokio::sync::mpsc;
+use tracing::info;
 
 use super::{extension::Extension, requests::Requests, session::SessionInfo};
 
@@ -27,7 +38,28 @@ pub trait Tap: Send + Sync + std::fmt::Debug {
     fn agent_run(&self, _run: &[u8]) {}
     /// The client went away; the session waits for it (resumable, warm).
     fn detached(&self) {}
+    /// Takes the one-time token a notice gave for the agent's `request`
+    /// (the JSON text of its id): whether it may be answered with it.
+    fn redeem(&self, _request: &[u8], _token: &str) -> Redeem {
+        Redeem::NotAsked
+    }
 }
+
+/// What a notice's token is worth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Redeem {
+    /// The right token for a request still waiting: spent now.
+    Spent,
+    /// A request still waiting, another token.
+    Wrong,
+    /// No notified request of that id waits (answered, or never asked).
+    NotAsked,
+}
+
+/// The agent's requests the bridge answered for the client (from a notice)
+/// that one session remembers, so the client's own answer to one is dropped
+/// (the agent hears exactly one); agents ask one thing at a time.
+const MAX_ANSWERED_HERE: usize = 64;
 
 /// An agent's observers: opens each of its sessions' [`Tap`], and answers
 /// the bridge's own methods for it, when it has any.
@@ -69,6 +101,11 @@ pub struct Observers {
     pub requests: Arc<Requests>,
     extension: Extension,
     tap: Option<Arc<dyn Tap>>,
+    /// The agent's input, for an answer from a notice.
+    to_agent: OnceLock<mpsc::Sender<Bytes>>,
+    /// Ids (raw JSON) of the agent's requests answered from a notice.
+    answered_here: Mutex<HashSet<Box<[u8]>>>,
+    answered_count: AtomicUsize,
 }
 
 /// What becomes of a run of the client's lines.
@@ -86,7 +123,90 @@ impl Observers {
         methods: Option<Arc<dyn Methods>>,
         tap: Option<Arc<dyn Tap>>,
     ) -> Self {
-        Self { requests: Arc::default(), extension: Extension::new(device, methods), tap }
+        Self {
+            requests: Arc::default(),
+            extension: Extension::new(device, methods),
+            tap,
+            to_agent: OnceLock::new(),
+            answered_here: Mutex::default(),
+            answered_count: 0.into(),
+        }
+    }
+
+    /// Where an answer from a notice is written: the queue of the bridge's
+    /// own lines to the agent (written between whole lines of the client's).
+    pub fn answer_into(&self, to_agent: mpsc::Sender<Bytes>) {
+        let _ = self.to_agent.set(to_agent);
+    }
+
+    /// Answers the agent's `request` (the JSON text of its id) for the client,
+    /// with `result`, if `token` is the one its notice carried. The client's
+    /// own answer to it, should it come later, is dropped.
+    pub fn answer(
+        &self,
+        request: &str,
+        token: &str,
+        result: &serde_json::Map<String, Value>,
+    ) -> Result<(), &'static str> {
+        let id: Value = serde_json::from_str(request).map_err(|_| wire::REASON_BAD_ANSWER)?;
+        if !(id.is_string() || id.is_number()) {
+            return Err(wire::REASON_BAD_ANSWER);
+        }
+        let tap = self.tap.as_ref().ok_or(wire::REASON_ALREADY_ANSWERED)?;
+        let to_agent = self.to_agent.get().ok_or(wire::REASON_UNKNOWN_SESSION)?;
+        let permit = to_agent.try_reserve().map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => wire::REASON_BUSY,
+            mpsc::error::TrySendError::Closed(_) => wire::REASON_UNKNOWN_SESSION,
+        })?;
+        match tap.redeem(request.as_bytes(), token) {
+            Redeem::Spent => {}
+            Redeem::Wrong => return Err(wire::REASON_WRONG_TOKEN),
+            Redeem::NotAsked => return Err(wire::REASON_ALREADY_ANSWERED),
+        }
+        let mut line = serde_json::to_vec(&serde_json::json!({"jsonrpc": "2.0", "id": id, "result": result}))
+            .unwrap_or_default();
+        line.push(b'\n');
+        {
+            let mut here = self.answered_here.lock().unwrap_or_else(|p| p.into_inner());
+            if here.len() < MAX_ANSWERED_HERE {
+                here.insert(request.as_bytes().into());
+                self.answered_count.store(here.len(), Ordering::Relaxed);
+            }
+        }
+        // The notices see it as the client's answer: its notice is withdrawn.
+        tap.client_run(&line);
+        permit.send(line.into());
+        Ok(())
+    }
+
+    /// Drops the client's answers to requests answered from a notice.
+    fn drop_answered_here(&self, run: Bytes) -> Option<Bytes> {
+        if self.answered_count.load(Ordering::Relaxed) == 0 {
+            return Some(run);
+        }
+        let mut here = self.answered_here.lock().unwrap_or_else(|p| p.into_inner());
+        let mut kept: Option<BytesMut> = None;
+        let mut at = 0;
+        for line in run.split_inclusive(|b| *b == b'\n') {
+            let start = at;
+            at += line.len();
+            if let Some(id) = jsonrpc::response_id(line) {
+                if here.remove(id) {
+                    info!("the client's answer to the agent's request {} dropped: it was answered from a notice", String::from_utf8_lossy(id));
+                    kept.get_or_insert_with(|| BytesMut::from(&run[..start]));
+                    continue;
+                }
+            }
+            if let Some(k) = kept.as_mut() {
+                k.extend_from_slice(line);
+            }
+        }
+        self.answered_count.store(here.len(), Ordering::Relaxed);
+        match kept {
+            None => Some(run),
+            Some(k) if k.is_empty() => None,
+            Some(k) => Some(k.freeze()),
+        }
     }
 
     /// The session's tap, if it has one.
@@ -97,7 +217,8 @@ impl Observers {
     /// A run of the client's whole lines: the bridge's own methods are
     /// answered here and go no further; the rest goes on to the agent.
     pub async fn from_client(&self, run: Bytes) -> FromClient {
-        let out = self.extension.answer(run).await;
+        let mut out = self.extension.answer(run).await;
+        out.forward = out.forward.and_then(|run| self.drop_answered_here(run));
         if let Some(run) = &out.forward {
             if let Some(t) = &self.tap {
                 t.client_run(run);

@@ -213,6 +213,11 @@ impl PlainSessions {
         PlainGuard { sessions: self, key }
     }
 
+    /// What `status` shows of each plain session.
+    pub fn infos(&self) -> Vec<Arc<SessionInfo>> {
+        self.snapshot().into_iter().filter_map(|(_, _, _, info)| info).collect()
+    }
+
     /// A copy of every entry, to look at without holding the lock.
     pub fn snapshot(&self) -> Vec<PlainSession> {
         self.map.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
