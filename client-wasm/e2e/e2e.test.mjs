@@ -842,6 +842,9 @@ test("a tab closed while the agent is about to ask: the notice comes through the
     assert.equal(await turnDone(p2), `permission: selected allow-once; pid ${pid}`);
     assert.deepEqual(agentPids(b).filter(alive), [pid], "the same agent, before and after the tab");
     await waitNotices(ctx, (ns) => ns.length === 0, "the notice withdrawn once answered");
+    // The bridge's withdrawal of it, for any other device that still shows it.
+    const withdrawn = await svc.nextPush();
+    assert.deepEqual([withdrawn.notice.event, withdrawn.notice.session, withdrawn.notice.request], ["answered", got.notice.session, got.notice.request]);
 
     // Again, and this time the notice's Allow action: the page it opens answers with no further tap.
     await p2.fill("#prompt", "permission on signal");

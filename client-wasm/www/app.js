@@ -728,7 +728,8 @@ function showNotice(n) {
   const li = document.createElement("li");
   li.textContent = `${n.at ? n.at.slice(11, 19) : ""} ${n.title || ""}: ${n.body || ""}`;
   $("notices").prepend(li);
-  window.notices = [...(window.notices || []), n];
+  // (not window.notices: that is the #notices list, by its id)
+  window.noticesSeen = [...(window.noticesSeen || []), n];
 }
 
 /// A notice tapped (or its action): the page at its request. `o`: {notice,
