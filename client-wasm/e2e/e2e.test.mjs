@@ -1037,13 +1037,25 @@ test("the notice's Allow action answers without opening a tab: the service worke
     // Nothing of the app open, not even the DevTools helper page.
     await push.close();
     assert.deepEqual(ctx.pages(), [], "no page open before the action");
-    // The Allow action: the service worker's own notificationclick handler,
-    // dispatched by the test (a test cannot tap a system notification).
-    const done = await sw.evaluate(async () => {
-      const [shown] = await self.registration.getNotifications();
+    // The notice shown with `data` (the push's own, or one with another
+    // token), then its Allow action: the service worker's own
+    // notificationclick handler, dispatched by the test (a test cannot tap a
+    // system notification).
+    const click = (data) => sw.evaluate(async (data) => {
+      await self.registration.showNotification(data.title, {
+        tag: self.tagOf(data), data, actions: [{ action: "allow", title: "Allow" }, { action: "deny", title: "Deny" }],
+      });
+      const [shown] = await self.registration.getNotifications({ tag: self.tagOf(data) });
       self.dispatchEvent(new NotificationEvent("notificationclick", { notification: shown, action: "allow" }));
       return self.lastClick;
-    });
+    }, data);
+    // First with another token: refused, the notice comes back saying why
+    // (no page opens: a dispatched event brings no user activation).
+    assert.deepEqual(await click({ ...n.data, answer: "0".repeat(32) }), { how: "shown again", why: "wrong token" });
+    assert.deepEqual((await notices(ctx)).map((x) => x.body), ["could not answer from here (wrong token): tap to open"]);
+    assert.deepEqual(ctx.pages(), []);
+    // Then the notice as the push showed it.
+    const done = await click(n.data);
     assert.deepEqual(done, { how: "answered" }, `the service worker did not answer by itself: ${JSON.stringify(done)}`);
     const said = `ask-agent ${pid}: permission: selected allow-once; pid ${pid}`;
     await waitFor(() => b.err.includes(said), "the agent to say it was answered allow").catch((e) => { throw new Error(`${e.message}\n${b.err}`); });
