@@ -299,8 +299,9 @@ impl SessionNotices {
     /// the session): outside the rate limits, which bound the notices it
     /// withdraws (one withdrawal per notified question, one per session).
     fn withdraw(&self, kind: Kind, request: Option<&[u8]>) {
-        let Some((hook, info)) = &self.hook else { return };
-        hook.notifier.notify(self.event(hook, info, kind, None, request, 0));
+        if let Some((hook, event)) = self.event(kind, request, 0, None) {
+            hook.notifier.notify(event);
+        }
     }
 
     /// Whether `token` answers the notified `request` (and it is spent).
@@ -322,16 +323,16 @@ impl SessionNotices {
         Redeem::Spent
     }
 
+    /// The notice `kind` of this session, and the agent's hook that sends it.
     fn event(
         &self,
-        hook: &AgentNotify,
-        info: &SessionInfo,
         kind: Kind,
-        text: Option<String>,
         request: Option<&[u8]>,
         more: u64,
-    ) -> Event {
-        Event {
+        text: Option<String>,
+    ) -> Option<(&AgentNotify, Event)> {
+        let (hook, info) = self.hook.as_ref()?;
+        let event = Event {
             agent: hook.agent.clone(),
             label: hook.label.clone(),
             session: info.id.clone(),
@@ -343,7 +344,8 @@ impl SessionNotices {
             text,
             more,
             allowed: hook.trust.check(&info.peer).is_some(),
-        }
+        };
+        Some((hook, event))
     }
 
     fn track_prompt(&self, id: &[u8]) {
@@ -415,7 +417,7 @@ impl SessionNotices {
         }
         let question = matches!(kind, Kind::NeedsAnswer { .. });
         let request = request.filter(|_| question);
-        let mut event = self.event(hook, info, kind, text, request, more);
+        let Some((_, mut event)) = self.event(kind, request, more, text) else { return };
         if let Some(id) = request {
             // The notice's one-time token: the device may answer this request
             // with it, from the notice (`thunderbolt/<p>/answer1`).
