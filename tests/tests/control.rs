@@ -205,6 +205,8 @@ async fn iroh_deny_on_a_running_bridge_ends_the_peers_sessions_at_once() {
     let status = tokio::time::timeout(WAIT, child.wait()).await.unwrap().unwrap();
     assert!(!status.success());
     assert!(t0.elapsed() < Duration::from_secs(1), "took {:?}", t0.elapsed());
+    // Its stderr is read to its end before it is looked at.
+    log.finished().await;
     assert!(log.contains(close::REASON_MEMBERSHIP_REVOKED), "{}", log.text());
     // A revoked peer cannot resume: refused at the handshake now.
     let conn = s.bridge.dial(&ep, &resume_alpn(&Protocol::acp())).await;

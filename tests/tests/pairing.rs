@@ -203,6 +203,7 @@ async fn deny_by_name_ends_a_paired_devices_sessions_at_once() {
     let took = t0.elapsed();
     assert!(!status.success());
     assert!(took < Duration::from_secs(1), "took {took:?}");
+    log.finished().await;
     assert!(log.contains(close::REASON_MEMBERSHIP_REVOKED), "{}", log.text());
     // Resuming is refused, and so is pairing back in without a new code.
     // (Refused right after the handshake: the hello with the token may not even be sent.)

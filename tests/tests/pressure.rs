@@ -146,6 +146,7 @@ async fn a_thousand_pipelined_requests_with_large_replies_complete_over_r1() {
     drop(writer.await.unwrap());
     let status = tokio::time::timeout(WAIT, child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "{}", log.text());
+    log.finished().await;
     assert!(log.contains("connected (resumable session)"), "{}", log.text());
 }
 
