@@ -34,6 +34,7 @@ use tokio::{
     process::Command,
 };
 
+mod duplex;
 mod host;
 mod measure;
 mod nat;
@@ -43,6 +44,7 @@ mod report;
 mod resume;
 mod sections;
 
+use duplex::*;
 use host::*;
 use measure::*;
 use nat::*;
@@ -129,6 +131,9 @@ enum Section {
     Pressure,
     /// `thunderbolt host`: idle RSS with 1, 5 and 20 agents, the 20th agent's setup, a flood at another.
     Host,
+    /// ~1 KiB lines echoed full duplex through `connect`, resumable against plain, with
+    /// relays disabled and (in a loopback-only namespace) the default relays unreachable.
+    Duplex,
 }
 
 /// Which sections this run measures.

@@ -42,16 +42,24 @@ pub fn bulk_block() -> Vec<u8> {
 
 /// Writes `total` bytes of ndjson to `w` while reading as many back from `r`;
 /// returns MB/s (10^6 bytes per second of payload carried each way).
-pub async fn transfer<W, R>(mut w: W, mut r: R, total: usize) -> Result<f64>
+pub async fn transfer<W, R>(w: W, r: R, total: usize) -> Result<f64>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+    R: tokio::io::AsyncRead + Unpin,
+{
+    transfer_block(w, r, &bulk_block(), total).await
+}
+
+/// [`transfer`] of `block` (whole ndjson lines) over and over.
+pub async fn transfer_block<W, R>(mut w: W, mut r: R, block: &[u8], total: usize) -> Result<f64>
 where
     W: tokio::io::AsyncWrite + Unpin,
     R: tokio::io::AsyncRead + Unpin,
 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let block = bulk_block();
     let t0 = Instant::now();
     let writer = async {
-        write_blocks(&mut w, &block, total).await?;
+        write_blocks(&mut w, block, total).await?;
         w.shutdown().await?;
         anyhow::Ok(())
     };

@@ -164,6 +164,9 @@ pub async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<(
             if only.has(Section::Resume) {
                 rows.extend(resume_rows(&b).await?);
             }
+            if only.has(Section::Duplex) {
+                rows.extend(duplex_rows(&b).await?);
+            }
             if only.has(Section::Pressure) {
                 rows.extend(pressure_rows(&b, &p).await?);
             }

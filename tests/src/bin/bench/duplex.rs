@@ -1,0 +1,90 @@
+//! The `duplex` section: the default path as users run it. ~1 KiB ndjson
+//! lines echoed full duplex through a `cat` agent by `thunderbolt acp
+//! connect`, resumable (the default) against `--no-resume`, taking turns in
+//! one run; with relays disabled, and with the default relays configured but
+//! unreachable (a laptop offline, a network that blocks them), each repeated
+//! to show the spread. The unreachable case runs only in a loopback-only
+//! namespace, where the public relays cannot be reached (nothing leaves).
+
+use super::*;
+
+/// Each line's size: a typical agent message, not a bulk block.
+const DUPLEX_LINE: usize = 1024;
+
+/// Bytes echoed per transfer (capped: the spread, not the size, is the point).
+const DUPLEX_BYTES: usize = 64 << 20;
+
+/// Transfers per client and relay setting (the minimum is what the budget is on).
+const DUPLEX_REPS: usize = 5;
+
+/// `DUPLEX_LINE`-byte ndjson lines, 64 of them.
+fn duplex_block() -> Vec<u8> {
+    let mut line = vec![b'a'; DUPLEX_LINE];
+    line[0] = b'"';
+    line[DUPLEX_LINE - 2] = b'"';
+    line[DUPLEX_LINE - 1] = b'\n';
+    line.iter().copied().cycle().take(DUPLEX_LINE * 64).collect()
+}
+
+/// How the relays are set for the bridge and the client.
+#[derive(Clone, Copy)]
+enum Relays {
+    Disabled,
+    /// The public default relays, which a loopback-only namespace cannot reach.
+    Unreachable,
+}
+
+impl Relays {
+    fn name(self) -> &'static str {
+        match self {
+            Relays::Disabled => "relays disabled",
+            Relays::Unreachable => "default relays unreachable",
+        }
+    }
+
+    fn apply(self, c: &mut tokio::process::Command) {
+        match self {
+            Relays::Disabled => c.env("THUNDERBOLT_IROH_RELAY_URL", "disabled"),
+            Relays::Unreachable => c.env_remove("THUNDERBOLT_IROH_RELAY_URL"),
+        };
+    }
+}
+
+pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
+    let client = Tb::new(None);
+    b.tb.allow(&client.node_id("acp").await).await;
+    let total = DUPLEX_BYTES.min(b.plan.bulk_bytes);
+    let block = duplex_block();
+    let mut rows = Vec::new();
+    let mut settings = vec![Relays::Disabled];
+    if loopback_only() {
+        settings.push(Relays::Unreachable);
+    } else {
+        eprintln!(
+            "bench: duplex with unreachable default relays needs a loopback-only namespace (tests/bench.sh)"
+        );
+    }
+    for relays in settings {
+        let mut c = b.tb.cmd();
+        relays.apply(&mut c);
+        c.env("RUST_LOG", "warn").args(["acp", "--transport", "iroh", "--per-remote-max", "1000000"]);
+        c.args(["--", &b.agent, "cat"]);
+        let cat = RunningBridge::start(c).await;
+        let (mut r1, mut plain) = (Vec::new(), Vec::new());
+        for _ in 0..DUPLEX_REPS {
+            for (resume, out) in [(true, &mut r1), (false, &mut plain)] {
+                let extra: &[&str] = if resume { &[] } else { &["--no-resume"] };
+                let mut cmd = ConnectProc::command(&client, &cat.ticket, extra);
+                relays.apply(&mut cmd);
+                let mut p = ConnectProc::spawn(cmd)?;
+                let mbs = transfer_block(&mut p.stdin, &mut p.stdout, &block, total).await?;
+                p.finish().await?;
+                out.push(mbs);
+            }
+        }
+        let name = format!("~1 KiB lines echoed full duplex through connect, resumable ({})", relays.name());
+        rows.push(row(&name, "MB/s", r1, "connect --no-resume (plain ALPN)", plain, true));
+        let _ = cat.stop().await;
+    }
+    Ok(rows)
+}
