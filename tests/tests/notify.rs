@@ -577,6 +577,7 @@ async fn a_question_answered_from_its_notice_reaches_the_agent_once_and_its_noti
     assert_eq!(notice["request"], "\"p1\"", "the notice names the request as the JSON text of its id");
     assert_eq!(notice["options"], options, "and the permission's options");
     assert_eq!(notice["node"], s.bridge.node_id.to_string());
+    assert_eq!(notice["protocol"], "acp", "the door's ALPN is the protocol's");
     let one_time = notice["answer"].as_str().expect("a one-time answer token").to_string();
     assert_eq!(one_time.len(), 32);
     let session = notice["session"].as_str().unwrap().to_string();

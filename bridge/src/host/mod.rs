@@ -160,6 +160,7 @@ impl HostContext {
                 label: plan.notice_label.as_str().into(),
                 trust: trust.clone(),
                 node: node.to_string().into(),
+                protocol: plan.protocol.as_str().into(),
             }) as Arc<dyn TapSource>
         });
         AgentConfig {

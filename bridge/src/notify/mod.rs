@@ -127,6 +127,8 @@ pub struct Event {
     /// The agent endpoint's NodeId (which of several agents a device
     /// remembers the notice is about).
     pub node: Arc<str>,
+    /// The agent's protocol.
+    pub protocol: Arc<str>,
     /// What the agent asks, in its words (only with `--notify-text`).
     pub text: Option<String>,
     /// Notices of this session the rate limit held back before this one.
@@ -160,6 +162,8 @@ pub struct Notice {
     pub options: Option<serde_json::Value>,
     /// The agent endpoint's NodeId.
     pub node: String,
+    /// The agent's protocol (`acp`, `mcp`).
+    pub protocol: String,
     pub device: Option<String>,
     pub more: u64,
     pub text: Option<String>,
@@ -205,6 +209,7 @@ impl Notice {
                 _ => None,
             },
             node: ev.node.to_string(),
+            protocol: ev.protocol.to_string(),
             device,
             more: ev.more,
             text: ev.text.clone(),

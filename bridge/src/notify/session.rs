@@ -62,6 +62,8 @@ pub struct AgentNotify {
     pub trust: Arc<dyn TrustPolicy>,
     /// Its endpoint's NodeId, named in every notice.
     pub node: Arc<str>,
+    /// Its protocol (`acp`, `mcp`): the answer door's ALPN is `thunderbolt/<p>/answer1`.
+    pub protocol: Arc<str>,
 }
 
 /// A notice not sent yet: what happened, and the agent's words for it.
@@ -341,6 +343,7 @@ impl SessionNotices {
             request: request.map(|r| String::from_utf8_lossy(r).into_owned()),
             answer: None,
             node: hook.node.clone(),
+            protocol: hook.protocol.clone(),
             text,
             more,
             allowed: hook.trust.check(&info.peer).is_some(),
@@ -457,8 +460,12 @@ fn token_hash(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-/// Options a permission notice names at the most (ACP's are two to four).
+/// Options a permission notice names at the most (ACP's are two to four),
+/// and how long their ids and names may be there: with the rest, a notice
+/// stays well inside one Web Push record (3993 bytes).
 const MAX_OPTIONS: usize = 8;
+const MAX_OPTION_ID: usize = 64;
+const MAX_OPTION_NAME: usize = 80;
 
 /// A permission request's options (`params.options`: `optionId`, `name`,
 /// `kind`), bounded, for the notice's actions; `None` for other requests.
@@ -473,8 +480,8 @@ fn permission_options(line: &[u8]) -> Option<Value> {
         .take(MAX_OPTIONS)
         .filter_map(|o| {
             Some(serde_json::json!({
-                "optionId": clip(o.get("optionId")?, 128)?,
-                "name": clip(o.get("name")?, MAX_TEXT).unwrap_or_default(),
+                "optionId": clip(o.get("optionId")?, MAX_OPTION_ID)?,
+                "name": clip(o.get("name")?, MAX_OPTION_NAME).unwrap_or_default(),
                 "kind": clip(o.get("kind")?, 32).unwrap_or_default(),
             }))
         })
