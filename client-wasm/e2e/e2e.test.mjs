@@ -724,10 +724,7 @@ test("the agent's questions on the page: a permission answered by its buttons Al
   const b = await startBridge(ASK_AGENT);
   const ctx = await browser.newContext();
   try {
-    const p = await openPage(ctx, b.ticket);
-    allow(b, await p.textContent("#node-id"));
-    await p.click("#connect");
-    await connected(p);
+    const p = await connectedPage(ctx, b);
     await p.fill("#prompt", "permission");
     await p.click("#send");
     const allowButton = p.getByRole("button", { name: "Allow", exact: true });
@@ -774,10 +771,7 @@ test("one session, two tabs of one browser: the second says the first has it, an
   const b = await startBridge();
   const ctx = await browser.newContext();
   try {
-    const p1 = await openPage(ctx, b.ticket);
-    allow(b, await p1.textContent("#node-id"));
-    await p1.click("#connect");
-    await connected(p1);
+    const p1 = await connectedPage(ctx, b);
     const sid = await p1.evaluate(() => window.thunderbolt.state.sessionId);
     const agents = agentPids(b).filter(alive);
     const p2 = await openPage(ctx, b.ticket);
@@ -797,21 +791,52 @@ test("one session, two tabs of one browser: the second says the first has it, an
   }
 });
 
-test("a tab closed while the agent is about to ask: the notice comes through the push service, a new tab opens on the same session with the question waiting, it is answered by the same agent; the notice's Allow action's page answers by itself; each notice is withdrawn once answered", async () => {
+/// A page of `ctx` on `b`'s ticket, its NodeId allowed there, connected.
+async function connectedPage(ctx, b) {
+  const p = await openPage(ctx, b.ticket);
+  allow(b, await p.textContent("#node-id"));
+  await p.click("#connect");
+  await connected(p);
+  return p;
+}
+
+/// The ask agent's bridge with the tests' push switch, a fresh browser context
+/// whose page is connected to it with the stand-in push service's subscription
+/// registered over the session (as the page registers the browser's own, which
+/// needs a push service on the internet); `body` gets them, then all is stopped.
+async function withSubscribedAsker(body) {
   const svc = await startPushService();
   const b = await startBridge(ASK_AGENT, ["--idle-timeout", "2"], { THUNDERBOLT_TEST_PUSH_LOOPBACK: "1" });
   const ctx = await browser.newContext({ permissions: ["notifications"] });
   try {
-    const p1 = await openPage(ctx, b.ticket);
-    allow(b, await p1.textContent("#node-id"));
-    await p1.click("#connect");
-    await connected(p1);
+    const p1 = await connectedPage(ctx, b);
     await swReady(p1);
-    // The stand-in's subscription, registered over the session as the page
-    // registers the browser's own (which needs a push service on the internet).
     assert.deepEqual(await p1.evaluate((sub) => window.thunderbolt.request("_thunderbolt/push/subscribe", sub), svc.ok), { subscribed: true });
     const push = await pushChannel(ctx);
     const [pid] = agentPids(b);
+    await body({ svc, b, ctx, p1, push, pid });
+  } finally {
+    await ctx.close();
+    svc.stop();
+    b.child.kill("SIGTERM");
+  }
+}
+
+/// Starts a turn in which the ask agent will ask permission on SIGUSR1, closes
+/// the tab once the turn's tool call shows, lets the agent ask once the bridge
+/// found the tab gone, and returns the push that tells of it.
+async function askWhileAway({ svc, b, p1, pid }) {
+  await p1.fill("#prompt", "permission on signal");
+  await p1.click("#send");
+  await p1.waitForSelector("#tools li", { timeout: WAIT_MS });
+  await p1.close();
+  await waitFor(() => b.err.includes("the agent keeps running"), "the bridge to find the tab gone");
+  process.kill(pid, "SIGUSR1");
+  return svc.nextPush();
+}
+
+test("a tab closed while the agent is about to ask: the notice comes through the push service, a new tab opens on the same session with the question waiting, it is answered by the same agent; the notice's Allow action's page answers by itself; each notice is withdrawn once answered", async () => {
+  await withSubscribedAsker(async ({ svc, b, ctx, p1, push, pid }) => {
     const losses = () => b.err.split("the agent keeps running").length - 1;
 
     // The agent is told to ask only once the bridge found the tab gone.
@@ -865,11 +890,7 @@ test("a tab closed while the agent is about to ask: the notice comes through the
     assert.equal(await p3.locator(".request").count(), 0);
     await waitNotices(ctx, (ns) => ns.length === 0, "the second notice withdrawn");
     assert.deepEqual(agentPids(b).filter(alive), [pid]);
-  } finally {
-    await ctx.close();
-    svc.stop();
-    b.child.kill("SIGTERM");
-  }
+  });
 });
 
 test("the service worker's half of withdrawal: an `answered` push replaces that request's notice by tag and closes it, an `ended` one every notice of the session", async () => {
@@ -899,10 +920,7 @@ test("a notice's Allow action with a page of the app open: that page goes to the
   const b = await startBridge(ASK_AGENT);
   const ctx = await browser.newContext({ permissions: ["notifications"] });
   try {
-    const p = await openPage(ctx, b.ticket);
-    allow(b, await p.textContent("#node-id"));
-    await p.click("#connect");
-    await connected(p);
+    const p = await connectedPage(ctx, b);
     await swReady(p);
     await p.fill("#prompt", "permission");
     await p.click("#send");
@@ -934,10 +952,7 @@ test("no notice while the page is visible and attached to its session (the page 
   const b = await startBridge();
   const ctx = await browser.newContext({ permissions: ["notifications"] });
   try {
-    const p = await openPage(ctx, b.ticket);
-    allow(b, await p.textContent("#node-id"));
-    await p.click("#connect");
-    await connected(p);
+    const p = await connectedPage(ctx, b);
     await swReady(p);
     const push = await pushChannel(ctx);
     const asks = { agent: "", label: "", title: "the agent needs your answer", body: "it asks: session/request_permission",
@@ -962,24 +977,8 @@ test("no notice while the page is visible and attached to its session (the page 
 test("the bridge withdraws a notice once its request was answered", async () => {
   // Contract (docs/browser.md, "Notices"): when the client answers a request
   // the bridge notified, it pushes {"event":"answered","session":…,"request":…}.
-  const svc = await startPushService();
-  const b = await startBridge(ASK_AGENT, ["--idle-timeout", "2"], { THUNDERBOLT_TEST_PUSH_LOOPBACK: "1" });
-  const ctx = await browser.newContext({ permissions: ["notifications"] });
-  try {
-    const p1 = await openPage(ctx, b.ticket);
-    allow(b, await p1.textContent("#node-id"));
-    await p1.click("#connect");
-    await connected(p1);
-    await p1.evaluate((sub) => window.thunderbolt.request("_thunderbolt/push/subscribe", sub), svc.ok);
-    const push = await pushChannel(ctx);
-    const [pid] = agentPids(b);
-    await p1.fill("#prompt", "permission on signal");
-    await p1.click("#send");
-    await p1.waitForSelector("#tools li", { timeout: WAIT_MS });
-    await p1.close();
-    await waitFor(() => b.err.includes("the agent keeps running"), "the tab gone");
-    process.kill(pid, "SIGUSR1");
-    const asked = await svc.nextPush();
+  await withSubscribedAsker(async ({ svc, b, ctx, p1, push, pid }) => {
+    const asked = await askWhileAway({ svc, b, p1, pid });
     assert.equal(asked.notice.request, '"ask-1"', "the notice names the request");
     await push.deliver(asked.notice);
     await waitNotices(ctx, (ns) => ns.length === 1, "the notice");
@@ -988,11 +987,7 @@ test("the bridge withdraws a notice once its request was answered", async () => 
     await p2.getByRole("button", { name: "Allow", exact: true }).click({ timeout: WAIT_MS });
     const answered = await svc.nextPush();
     assert.deepEqual([answered.notice.event, answered.notice.session, answered.notice.request], ["answered", asked.notice.session, '"ask-1"']);
-  } finally {
-    await ctx.close();
-    svc.stop();
-    b.child.kill("SIGTERM");
-  }
+  });
 });
 
 test("the notice's Allow action answers without opening a tab: the service worker dials the bridge with the page's identity and answers, the same agent sees allow", async () => {
@@ -1002,25 +997,8 @@ test("the notice's Allow action answers without opening a tab: the service worke
   // `thunderbolt/acp/answer1` with the browser's own identity and writes one
   // line {"session","request","token","result"}; the bridge answers
   // {"answered":true} and pushes the usual `answered` withdrawal.
-  const svc = await startPushService();
-  const b = await startBridge(ASK_AGENT, ["--idle-timeout", "2"], { THUNDERBOLT_TEST_PUSH_LOOPBACK: "1" });
-  const ctx = await browser.newContext({ permissions: ["notifications"] });
-  try {
-    const p1 = await openPage(ctx, b.ticket);
-    allow(b, await p1.textContent("#node-id"));
-    await p1.click("#connect");
-    await connected(p1);
-    await swReady(p1);
-    assert.deepEqual(await p1.evaluate((sub) => window.thunderbolt.request("_thunderbolt/push/subscribe", sub), svc.ok), { subscribed: true });
-    const push = await pushChannel(ctx);
-    const [pid] = agentPids(b);
-    await p1.fill("#prompt", "permission on signal");
-    await p1.click("#send");
-    await p1.waitForSelector("#tools li", { timeout: WAIT_MS });
-    await p1.close();
-    await waitFor(() => b.err.includes("the agent keeps running"), "the bridge to find the tab gone");
-    process.kill(pid, "SIGUSR1");
-    const got = await svc.nextPush();
+  await withSubscribedAsker(async ({ svc, b, ctx, p1, push, pid }) => {
+    const got = await askWhileAway({ svc, b, p1, pid });
     assert.deepEqual([got.notice.event, got.notice.detail, got.notice.request], ["needs_answer", "session/request_permission", '"ask-1"']);
     assert.match(String(got.notice.answer), /^[0-9a-f]{32}$/,
       `the bridge's needs_answer push carries no one-time \`answer\` token (the bridge has no answer door, thunderbolt/acp/answer1, yet): ${JSON.stringify(got.notice)}`);
@@ -1064,11 +1042,7 @@ test("the notice's Allow action answers without opening a tab: the service worke
     assert.deepEqual(await notices(ctx), [], "the notice is gone");
     const answered = await svc.nextPush();
     assert.deepEqual([answered.notice.event, answered.notice.session, answered.notice.request], ["answered", got.notice.session, '"ask-1"']);
-  } finally {
-    await ctx.close();
-    svc.stop();
-    b.child.kill("SIGTERM");
-  }
+  });
 });
 
 test("at 390 × 844: nothing overflows sideways, buttons big enough to tap, the log folded, installable (manifest, icons), every agent one tap away by its label", async () => {
