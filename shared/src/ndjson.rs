@@ -80,6 +80,24 @@ pub fn memchr_newline(hay: &[u8]) -> Option<usize> {
     memchr::memchr(b'\n', hay)
 }
 
+/// The lines of `run`, each with its newline (a last one without, if `run`
+/// does not end with one): `split_inclusive` at memchr's speed, for the scans
+/// that run over every byte the bridge carries.
+pub fn lines(run: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut start = 0;
+    let mut ends = memchr::memchr_iter(b'\n', run);
+    std::iter::from_fn(move || {
+        let end = match ends.next() {
+            Some(nl) => nl + 1,
+            None if start < run.len() => run.len(),
+            None => return None,
+        };
+        let line = &run[start..end];
+        start = end;
+        Some(line)
+    })
+}
+
 /// How many bytes of a line over the cap are kept to tell what it was (its
 /// JSON-RPC `id` and kind): message heads are a few dozen bytes, and some
 /// serializers put `params` before `id`, so a little more than one read's worth
@@ -319,6 +337,14 @@ impl LineFramer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_are_split_inclusive_lines() {
+        for run in [&b"a\nbb\n"[..], b"a\nbb", b"", b"\n\n", b"x"] {
+            let want: Vec<&[u8]> = run.split_inclusive(|b| *b == b'\n').collect();
+            assert_eq!(lines(run).collect::<Vec<_>>(), want, "{run:?}");
+        }
+    }
 
     #[test]
     fn small_reads_share_one_allocation_and_bulk_reads_keep_room() {

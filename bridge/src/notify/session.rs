@@ -191,7 +191,7 @@ impl SessionNotices {
         if !prompt && !answers {
             return;
         }
-        for line in run.split_inclusive(|b| *b == b'\n') {
+        for line in thunderbolt_shared::ndjson::lines(run) {
             if answers {
                 if let Some(id) = jsonrpc::response_id(line) {
                     self.answered_by_client(id);
@@ -216,7 +216,7 @@ impl SessionNotices {
         if !requests && !prompts {
             return;
         }
-        for line in run.split_inclusive(|b| *b == b'\n') {
+        for line in thunderbolt_shared::ndjson::lines(run) {
             if requests {
                 if let Some((id, method)) = jsonrpc::request_head(line) {
                     let method = String::from_utf8_lossy(method.get(1..method.len() - 1).unwrap_or_default())

@@ -57,7 +57,7 @@ impl Extension {
         let mut out = FromClient::default();
         let mut kept: Option<BytesMut> = None;
         let mut at = 0;
-        for line in run.split_inclusive(|b| *b == b'\n') {
+        for line in thunderbolt_shared::ndjson::lines(&run) {
             let start = at;
             at += line.len();
             if memmem::find(line, EXTENSION_PREFIX.as_bytes()).is_some() {

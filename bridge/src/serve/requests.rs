@@ -42,7 +42,7 @@ impl Requests {
     /// Notes the requests in `run` (whole lines from the client).
     pub fn sent(&self, run: &[u8]) {
         let mut ids: Option<std::sync::MutexGuard<'_, _>> = None;
-        for line in run.split_inclusive(|b| *b == b'\n') {
+        for line in thunderbolt_shared::ndjson::lines(run) {
             if let Some(id) = jsonrpc::request_id(line) {
                 let ids = ids.get_or_insert_with(|| self.lock());
                 if ids.len() >= MAX_TRACKED_REQUESTS {
@@ -60,7 +60,7 @@ impl Requests {
         if self.count.load(Ordering::Relaxed) == 0 {
             return;
         }
-        for line in run.split_inclusive(|b| *b == b'\n') {
+        for line in thunderbolt_shared::ndjson::lines(run) {
             if let Some(id) = jsonrpc::response_id(line) {
                 self.answered_id(id);
             }

@@ -187,7 +187,7 @@ impl Observers {
         let mut here = self.answered_here.lock().unwrap_or_else(|p| p.into_inner());
         let mut kept: Option<BytesMut> = None;
         let mut at = 0;
-        for line in run.split_inclusive(|b| *b == b'\n') {
+        for line in thunderbolt_shared::ndjson::lines(&run) {
             let start = at;
             at += line.len();
             if let Some(id) = jsonrpc::response_id(line) {

@@ -37,7 +37,7 @@ impl Hub {
         }
         if self.kind == HubKind::Warm && frames > 0 && !st.pending.is_empty() {
             // The client's answers to the agent's requests.
-            for line in bytes.split_inclusive(|b| *b == b'\n') {
+            for line in thunderbolt_shared::ndjson::lines(&bytes) {
                 if let Some(id) = jsonrpc::response_id(line) {
                     st.pending.remove(&*String::from_utf8_lossy(id));
                 }

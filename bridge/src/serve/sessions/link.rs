@@ -147,7 +147,7 @@ impl AsyncWrite for Outbox {
         if hub.kind == HubKind::Warm {
             // A resumable session that may come back keeps what it is sent.
             let attached = st.attached.is_some() || st.resumable;
-            for line in buf.split_inclusive(|b| *b == b'\n') {
+            for line in thunderbolt_shared::ndjson::lines(buf) {
                 let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
                 match (head.kind, head.id, attached) {
                     (Kind::Request, Some(id), true) => {

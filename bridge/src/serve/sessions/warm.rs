@@ -46,7 +46,7 @@ impl Hub {
         let mut ids: Vec<String> = st.pending.drain().collect();
         let unsent = st.out.since(st.out.acked()).unwrap_or_default();
         for run in &unsent {
-            for line in run.split_inclusive(|b| *b == b'\n') {
+            for line in thunderbolt_shared::ndjson::lines(run) {
                 let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
                 if let (Kind::Request, Some(id)) = (head.kind, head.id) {
                     ids.push(id);
