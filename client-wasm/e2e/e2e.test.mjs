@@ -685,6 +685,21 @@ async function pushChannel(ctx) {
     deliver: (notice) => cdp.send("ServiceWorker.deliverPushMessage", {
       origin: baseUrl, registrationId: reg.registrationId, data: JSON.stringify(notice),
     }),
+    /// Delivers `notice` until a notice is on screen (`ctx`'s service worker
+    /// shows it): DevTools' delivery to a service worker that is starting was
+    /// seen to be lost once in a full run (never when the test ran alone); a
+    /// notice that never shows after three deliveries fails the test.
+    deliverShown: async (ctx, notice, what) => {
+      for (let i = 0; ; i++) {
+        await cdp.send("ServiceWorker.deliverPushMessage", { origin: baseUrl, registrationId: reg.registrationId, data: JSON.stringify(notice) });
+        try {
+          return await waitNotices(ctx, (ns) => ns.length === 1, what, i < 2 ? 5000 : WAIT_MS);
+        } catch (e) {
+          if (i >= 2) throw e;
+          console.log(`# ${what}: not shown 5 s after its delivery; delivering it again`);
+        }
+      }
+    },
     /// Closes the helper page (no push can be delivered afterwards).
     close: () => helper.close(),
   };
@@ -710,12 +725,12 @@ async function notices(ctx) {
   })));
 }
 
-async function waitNotices(ctx, pred, what) {
+async function waitNotices(ctx, pred, what, ms = WAIT_MS) {
   const start = Date.now();
   for (;;) {
     const ns = await notices(ctx);
     if (pred(ns)) return ns;
-    if (Date.now() - start > WAIT_MS) throw new Error(`timed out waiting for ${what}: ${JSON.stringify(ns)}`);
+    if (Date.now() - start > ms) throw new Error(`timed out waiting for ${what}: ${JSON.stringify(ns)}`);
     await new Promise((r) => setTimeout(r, 50));
   }
 }
@@ -848,8 +863,7 @@ test("a tab closed while the agent is about to ask: the notice comes through the
     process.kill(pid, "SIGUSR1");
     const got = await svc.nextPush();
     assert.deepEqual([got.notice.event, got.notice.detail], ["needs_answer", "session/request_permission"]);
-    await push.deliver(got.notice);
-    const [n] = await waitNotices(ctx, (ns) => ns.length === 1, "the notice on screen");
+    const [n] = await push.deliverShown(ctx, got.notice, "the notice on screen");
     assert.match(n.title, /needs your answer/);
     assert.deepEqual(n.actions, ["Allow", "Deny"]);
     assert.ok(n.data.url.startsWith(`${SW_SCOPE()}#open=1&notice=${got.notice.session}`), n.data.url);
@@ -879,8 +893,7 @@ test("a tab closed while the agent is about to ask: the notice comes through the
     await waitFor(() => losses() >= 2, "the bridge to find the second tab gone");
     process.kill(pid, "SIGUSR1");
     const again = await svc.nextPush();
-    await push.deliver(again.notice);
-    const [n2] = await waitNotices(ctx, (ns) => ns.length === 1, "the second notice");
+    const [n2] = await push.deliverShown(ctx, again.notice, "the second notice");
     const sw = await serviceWorker(ctx);
     const allowUrl = await sw.evaluate((d) => self.noticeUrl(d, "allow"), n2.data);
     assert.ok(allowUrl.endsWith("&answer=allow"), allowUrl);
@@ -980,8 +993,7 @@ test("the bridge withdraws a notice once its request was answered", async () => 
   await withSubscribedAsker(async ({ svc, b, ctx, p1, push, pid }) => {
     const asked = await askWhileAway({ svc, b, p1, pid });
     assert.equal(asked.notice.request, '"ask-1"', "the notice names the request");
-    await push.deliver(asked.notice);
-    await waitNotices(ctx, (ns) => ns.length === 1, "the notice");
+    await push.deliverShown(ctx, asked.notice, "the notice");
     const p2 = await ctx.newPage();
     await p2.goto(`${baseUrl}/www/?${new URLSearchParams({ relay: relayUrl, ticket: b.ticket })}`);
     await p2.getByRole("button", { name: "Allow", exact: true }).click({ timeout: WAIT_MS });
@@ -1006,8 +1018,7 @@ test("the notice's Allow action answers without opening a tab: the service worke
       { optionId: "allow-once", name: "Allow", kind: "allow_once" },
       { optionId: "reject-once", name: "Deny", kind: "reject_once" },
     ], "the permission's options, for the service worker to pick from");
-    await push.deliver(got.notice);
-    const [n] = await waitNotices(ctx, (ns) => ns.length === 1, "the notice on screen");
+    const [n] = await push.deliverShown(ctx, got.notice, "the notice on screen");
     assert.deepEqual(n.actions, ["Allow", "Deny"]);
     assert.equal(n.data.answer, got.notice.answer);
     const sw = await serviceWorker(ctx);
