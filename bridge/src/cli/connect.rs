@@ -466,6 +466,12 @@ async fn pipe(
         }
         outcome
     };
+    if interrupted.is_some() {
+        // Closed here, before `send` is dropped (which finishes the stream): an
+        // agent that ends at its input's end (`cat`) would otherwise end the
+        // session before the bridge reads why the client left.
+        conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_CLIENT_CLOSED.as_bytes());
+    }
     if outcome.is_ok() && ended.is_none() && !stopped && conn.close_reason().is_none() {
         // The stream ended: the bridge is about to say how the agent ended.
         match tokio::time::timeout(AGENT_END_WAIT, conn.closed()).await {
