@@ -308,7 +308,7 @@ impl SessionNotices {
 
     /// Whether `token` answers the notified `request` (and it is spent).
     fn redeem(&self, request: &[u8], token: &str) -> Redeem {
-        let spent = {
+        {
             let mut n = self.notified.lock().unwrap_or_else(|p| p.into_inner());
             match n.get(request) {
                 None => return Redeem::NotAsked,
@@ -317,11 +317,8 @@ impl SessionNotices {
             }
             n.remove(request);
             self.notified_count.store(n.len(), Ordering::Relaxed);
-            true
-        };
-        if spent {
-            self.withdraw(Kind::Answered, Some(request));
         }
+        self.withdraw(Kind::Answered, Some(request));
         Redeem::Spent
     }
 

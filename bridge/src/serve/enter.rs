@@ -206,7 +206,7 @@ async fn start(conn: Connection, stream: Stream, a: Admitted) {
 /// How long a hub waits with nothing attached: the resume grace (or, for a
 /// warm agent, its keep-warm window), capped by the agent's `idle_stop`.
 fn hub_timing(cfg: &AgentConfig, resume: ResumeConfig, warm: Option<Duration>) -> HubTiming {
-    HubTiming { grace: resume.grace, buffer: resume.buffer, warm, idle_stop: cfg.session.idle_stop }
+    HubTiming { warm, idle_stop: cfg.session.idle_stop, ..HubTiming::resume(resume) }
 }
 
 /// Runs a hub's session to its end, then lets go of its connection.

@@ -32,6 +32,43 @@ pub const METHOD_PUSH_UNSUBSCRIBE: &str = "_thunderbolt/push/unsubscribe";
 /// The methods a bridge has, answered or not (Web Push off).
 const KNOWN: [&str; 3] = [METHOD_PUSH_KEY, METHOD_PUSH_SUBSCRIBE, METHOD_PUSH_UNSUBSCRIBE];
 
+/// A run of whole lines with some taken out, in order: copied only once a
+/// line is taken out (a run that loses none is passed on as it came).
+pub(super) struct KeptLines<'a> {
+    run: &'a Bytes,
+    /// The lines kept so far, once one was taken out.
+    kept: Option<BytesMut>,
+    /// Where the next line starts in `run`.
+    at: usize,
+}
+
+impl<'a> KeptLines<'a> {
+    pub(super) fn new(run: &'a Bytes) -> Self {
+        Self { run, kept: None, at: 0 }
+    }
+
+    /// The next line of the run, kept or taken out.
+    pub(super) fn line(&mut self, line: &[u8], keep: bool) {
+        let start = self.at;
+        self.at += line.len();
+        match (&mut self.kept, keep) {
+            // The lines before this one go on as they were; this one stops here.
+            (None, false) => self.kept = Some(BytesMut::from(&self.run[..start])),
+            (Some(k), true) => k.extend_from_slice(line),
+            _ => {}
+        }
+    }
+
+    /// What goes on: the run itself, the lines kept, or nothing.
+    pub(super) fn finish(self) -> Option<Bytes> {
+        match self.kept {
+            None => Some(self.run.clone()),
+            Some(k) if k.is_empty() => None,
+            Some(k) => Some(k.freeze()),
+        }
+    }
+}
+
 /// JSON-RPC's "method not found".
 pub const NOT_FOUND: i64 = -32601;
 
@@ -55,28 +92,16 @@ impl Extension {
             return FromClient { forward: Some(run), replies: Vec::new() };
         }
         let mut out = FromClient::default();
-        let mut kept: Option<BytesMut> = None;
-        let mut at = 0;
+        let mut kept = KeptLines::new(&run);
         for line in thunderbolt_shared::ndjson::lines(&run) {
-            let start = at;
-            at += line.len();
-            if memmem::find(line, EXTENSION_PREFIX.as_bytes()).is_some() {
-                if let Some(reply) = self.line(line).await {
-                    // The lines before this one go on as they were; this one stops here.
-                    kept.get_or_insert_with(|| BytesMut::from(&run[..start]));
-                    out.replies.extend(reply);
-                    continue;
-                }
-            }
-            if let Some(k) = kept.as_mut() {
-                k.extend_from_slice(line);
-            }
+            let reply = match memmem::find(line, EXTENSION_PREFIX.as_bytes()) {
+                Some(_) => self.line(line).await,
+                None => None,
+            };
+            kept.line(line, reply.is_none());
+            out.replies.extend(reply.flatten());
         }
-        out.forward = match kept {
-            None => Some(run),
-            Some(k) if k.is_empty() => None,
-            Some(k) => Some(k.freeze()),
-        };
+        out.forward = kept.finish();
         out
     }
 

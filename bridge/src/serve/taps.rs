@@ -17,14 +17,18 @@ use std::{
     },
 };
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use iroh::EndpointId;
 use serde_json::Value;
 use thunderbolt_shared::{answer as wire, jsonrpc};
 use tokio::sync::mpsc;
 use tracing::info;
 
-use super::{extension::Extension, requests::Requests, session::SessionInfo};
+use super::{
+    extension::{Extension, KeptLines},
+    requests::Requests,
+    session::SessionInfo,
+};
 
 /// Whether a client is attached to the session now, asked when the agent
 /// needs one (a plain connection is attached for as long as its session lives).
@@ -185,28 +189,19 @@ impl Observers {
             return Some(run);
         }
         let mut here = self.answered_here.lock().unwrap_or_else(|p| p.into_inner());
-        let mut kept: Option<BytesMut> = None;
-        let mut at = 0;
+        let mut kept = KeptLines::new(&run);
         for line in thunderbolt_shared::ndjson::lines(&run) {
-            let start = at;
-            at += line.len();
-            if let Some(id) = jsonrpc::response_id(line) {
-                if here.remove(id) {
-                    info!("the client's answer to the agent's request {} dropped: it was answered from a notice", String::from_utf8_lossy(id));
-                    kept.get_or_insert_with(|| BytesMut::from(&run[..start]));
-                    continue;
-                }
+            let answered_here = jsonrpc::response_id(line).filter(|id| here.remove(*id));
+            if let Some(id) = answered_here {
+                info!(
+                    "the client's answer to the agent's request {} dropped: it was answered from a notice",
+                    String::from_utf8_lossy(id)
+                );
             }
-            if let Some(k) = kept.as_mut() {
-                k.extend_from_slice(line);
-            }
+            kept.line(line, answered_here.is_none());
         }
         self.answered_count.store(here.len(), Ordering::Relaxed);
-        match kept {
-            None => Some(run),
-            Some(k) if k.is_empty() => None,
-            Some(k) => Some(k.freeze()),
-        }
+        kept.finish()
     }
 
     /// The session's tap, if it has one.
