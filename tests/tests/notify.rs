@@ -596,6 +596,11 @@ async fn a_question_answered_from_its_notice_reaches_the_agent_once_and_its_noti
     assert_eq!(wrong, json!({"answered": false, "error": "wrong token"}));
     let bad = answer_from_notice(&s, &ep, json!({"session": session, "request": "\"p1\""})).await;
     assert_eq!(bad, json!({"answered": false, "error": "bad answer"}));
+    // A line over the bound is not read past it, and answers nothing.
+    let mut huge = line(&one_time);
+    huge["result"]["pad"] = json!("x".repeat(thunderbolt_shared::answer::MAX_ANSWER_LINE));
+    let refused = answer_from_notice(&s, &ep, huge).await;
+    assert_eq!(refused, json!({"answered": false, "error": "bad answer"}), "over the bound");
     // The device's own, with the notice's token: answered, once.
     assert_eq!(answer_from_notice(&s, &ep, line(&one_time)).await, json!({"answered": true}));
     assert_eq!(

@@ -220,12 +220,14 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
     let credential = account_backend(home, &args.serving.app, config.backend_timeout);
     let ctx = HostContext::new(home.clone(), net, config.clone(), credential);
     let command = agent.redacted();
-    let (served, started) = ctx.start_plan(&AgentPlan::single(&protocol, agent, &config)).await?;
+    // Before anything is registered with the account: an allow file that is
+    // not a file stops the start here.
     if let Err(e @ allowfile::AllowFileError::File(allowfile::ReadError::NotRegular { .. })) =
         allowfile::read(&home.allowlist_path())
     {
         return Err(e.into());
     }
+    let (served, started) = ctx.start_plan(&AgentPlan::single(&protocol, agent, &config)).await?;
     let banner = banner::Banner {
         protocol: &protocol,
         addr: &started.addr,
