@@ -31,10 +31,14 @@ if [ -z "${TB_IN_NETNS:-}" ]; then
       apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null && apt-get clean
     fi
     client-wasm/build.sh
-    # `npm ci` refuses this lock file on a fresh machine: acpx's fs-safe names
-    # optional packages for other platforms that the registry does not serve
-    # (404), so the lock cannot list them. `npm install` takes the lock as it
-    # is (the same versions), installs what this platform needs, saves nothing.
+  fi
+  # The npm packages: the browser tests' driver, acpx, and the ACP SDK that the
+  # restart tests' agent is built with (tests/tests/restart.rs uses it too).
+  # `npm ci` refuses this lock file on a fresh machine: acpx's fs-safe names
+  # optional packages for other platforms that the registry does not serve
+  # (404), so the lock cannot list them. `npm install` takes the lock as it
+  # is (the same versions), installs what this platform needs, saves nothing.
+  if command -v npm >/dev/null; then
     (cd client-wasm/e2e && { npm ci --no-audit --no-fund --silent 2>/dev/null \
       || { echo "run-all: npm ci refused the lock file; installing it with npm install" >&2
            npm install --no-audit --no-fund --no-save --silent; }; })

@@ -29,6 +29,8 @@ pub struct Config {
     pub keep_warm: Option<Duration>,
     /// Every account backend call's bound.
     pub backend_timeout: Duration,
+    /// Resumable sessions are journaled, so they survive a restart (`--no-journal` turns it off).
+    pub journal: bool,
     /// Notices to the owner, when anything would receive one.
     pub notify: Option<std::sync::Arc<crate::notify::Notifier>>,
 }
@@ -50,6 +52,7 @@ impl Default for Config {
             resume: Some(ResumeConfig { grace: limits::RESUME_GRACE, buffer: limits::RESUME_BUFFER }),
             keep_warm: None,
             backend_timeout: limits::BACKEND_TIMEOUT,
+            journal: true,
             notify: None,
         }
     }

@@ -38,6 +38,7 @@ pub mod home;
 pub mod host;
 pub mod identity;
 pub mod ids;
+pub mod journal;
 pub mod limits;
 pub mod net;
 pub mod notify;

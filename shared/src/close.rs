@@ -36,6 +36,15 @@ pub const REASON_CLIENT_CLOSED: &str = "client closed";
 pub const REASON_FRAME_TOO_LARGE: &str = "frame too large";
 /// Ours: the bridge is shutting down (Ctrl-C / SIGTERM).
 pub const REASON_SHUTTING_DOWN: &str = "bridge shutting down";
+/// Ours, resumable sessions only: the bridge is stopping (a restart, an
+/// upgrade, SIGTERM) and keeps the session on disk for its next run: a
+/// resumable client keeps redialing for its grace, as after a lost path. A
+/// plain (`/0`) session still gets [`REASON_SHUTTING_DOWN`].
+pub const REASON_SESSION_KEPT: &str = "bridge restarting: session kept";
+/// Ours: a session taken back after the bridge restarted could not be
+/// reloaded into its new agent, which supports neither `session/resume` nor
+/// `session/load` (what was kept of the old one was delivered first).
+pub const REASON_CANNOT_RELOAD: &str = "host restarted: the agent cannot reload sessions";
 /// A resume (`thunderbolt/<p>/r1`) named a session the bridge does not hold for
 /// this peer: it ended (grace over, agent gone) or never was.
 pub const REASON_UNKNOWN_SESSION: &str = "unknown session";
@@ -184,6 +193,8 @@ pub enum Refusal {
     StaleResume,
     AgentRemoved,
     Kicked,
+    SessionKept,
+    CannotReload,
     /// Code 1 with a reason this version does not know.
     Other(String),
 }
@@ -210,6 +221,8 @@ impl Refusal {
             REASON_STALE_RESUME => Self::StaleResume,
             REASON_AGENT_REMOVED => Self::AgentRemoved,
             REASON_KICKED => Self::Kicked,
+            REASON_SESSION_KEPT => Self::SessionKept,
+            REASON_CANNOT_RELOAD => Self::CannotReload,
             r => match r.strip_prefix(SPAWN_PREFIX).and_then(|r| r.strip_suffix('\'')) {
                 Some(argv0) => Self::FailedToSpawn(argv0.to_string()),
                 None => Self::Other(r.to_string()),
@@ -221,6 +234,12 @@ impl Refusal {
     /// something first (an allow entry, the command line).
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Idle | Self::AtCapacity | Self::HandshakeTimeout | Self::ShuttingDown)
+    }
+
+    /// Whether the bridge went away keeping the session for its next run: a
+    /// resumable client redials as after a lost path.
+    pub fn is_session_kept(&self) -> bool {
+        matches!(self, Self::SessionKept)
     }
 
     /// Whether the bridge turned the connection away before any session ran
@@ -258,6 +277,10 @@ impl Refusal {
             Self::SessionEvicted => "the session is gone: the bridge ended it to make room (it had waited \
                                      detached the longest, or this device left too many detached sessions)"
                 .into(),
+            Self::CannotReload => "the session is gone: the host restarted and its agent cannot reload \
+                                   sessions (it supports neither session/resume nor session/load); what \
+                                   the old agent had said was delivered"
+                .into(),
             Self::StaleResume => "the session is gone: the resume used an older copy of the session state \
                                   than this client had already confirmed, so the bridge ended it"
                 .into(),
@@ -287,6 +310,8 @@ impl Refusal {
             Self::StaleResume => REASON_STALE_RESUME.into(),
             Self::AgentRemoved => REASON_AGENT_REMOVED.into(),
             Self::Kicked => REASON_KICKED.into(),
+            Self::SessionKept => REASON_SESSION_KEPT.into(),
+            Self::CannotReload => REASON_CANNOT_RELOAD.into(),
             Self::Other(r) => r.clone(),
         }
     }
@@ -319,6 +344,8 @@ mod tests {
             Refusal::StaleResume,
             Refusal::AgentRemoved,
             Refusal::Kicked,
+            Refusal::SessionKept,
+            Refusal::CannotReload,
             Refusal::Other("something new".into()),
         ] {
             assert_eq!(Refusal::from_close(1, r.reason().as_bytes()), Some(r));

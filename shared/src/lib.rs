@@ -30,6 +30,7 @@ pub mod pairing;
 #[cfg(unix)]
 pub mod pem;
 pub mod protocol;
+pub mod restart;
 pub mod resume;
 pub mod target;
 pub mod words;

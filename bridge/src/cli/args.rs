@@ -455,6 +455,13 @@ pub struct LimitArgs {
     #[arg(long)]
     pub no_resume: bool,
 
+    /// Do not journal resumable sessions. By default each is journaled in
+    /// $THUNDERBOLT_HOME/iroh/sessions/ (0600) so it survives a restart of the bridge (an
+    /// upgrade, a service restart, a crash): the client redials, the agent is started again
+    /// and its ACP sessions taken back (session/resume or session/load).
+    #[arg(long, conflicts_with = "no_resume")]
+    pub no_journal: bool,
+
     /// Seconds an agent keeps running after its client left: a plain client's
     /// (thunderbolt/<p>/0, which cannot resume: the app's shipped client, acpx, `connect
     /// --no-resume`) however its connection ended, and a resumable client's once it closed

@@ -132,9 +132,11 @@ fn render(b: &Status) -> String {
             bytes(x.bytes_sent),
             bytes(x.bytes_received),
             x.pid.map_or_else(|| "-".to_string(), |p| p.to_string()),
-            match x.resumes {
-                0 => String::new(),
-                n => format!("; resumed {n}×"),
+            match (x.resumes, x.restored) {
+                (0, false) => String::new(),
+                (0, true) => "; restored after the restart".to_string(),
+                (n, false) => format!("; resumed {n}×"),
+                (n, true) => format!("; restored after the restart, resumed {n}×"),
             }
         );
     }

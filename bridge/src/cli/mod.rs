@@ -168,6 +168,7 @@ pub fn limits_config(l: &args::LimitArgs, app: &args::AppArgs) -> Result<Config>
         resume,
         keep_warm,
         backend_timeout,
+        journal: !l.no_journal,
         notify: None,
     })
 }
@@ -333,7 +334,19 @@ impl Serving {
         let gate = Arc::new(gate::Gate::new(config.gate.clone(), Arc::new(gate::SystemClock)));
         let (bridge, changes) = Bridge::serve(kind, gate, config.admission.clone(), agents);
         let on_revoked = config.notify.clone().map(|n| n as Arc<dyn crate::serve::taps::OnRevoked>);
-        let bridge = bridge.with_home(home).on_revoked(on_revoked);
+        let journals = (config.journal && config.resume.is_some())
+            .then(|| match crate::journal::Journals::open(home) {
+                Ok(j) => Some(Arc::new(j)),
+                Err(e) => {
+                    tracing::warn!(
+                        "sessions will not survive a restart: cannot use {}/sessions ({e})",
+                        home.iroh_dir().display()
+                    );
+                    None
+                }
+            })
+            .flatten();
+        let bridge = bridge.with_home(home).on_revoked(on_revoked).with_journals(journals);
         Self { bridge, changes, stop }
     }
 

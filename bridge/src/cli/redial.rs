@@ -354,7 +354,7 @@ fn down_end(conn: &Connection, r: Result<std::convert::Infallible, Down>) -> Con
 /// a path gone) is a loss to recover from.
 fn classify(err: ConnectionError) -> ConnEnd {
     match err {
-        ConnectionError::ApplicationClosed(_) => ConnEnd::Closed(err),
+        ConnectionError::ApplicationClosed(_) => bridge_closed(err),
         e => ConnEnd::Lost(e.to_string()),
     }
 }
@@ -363,9 +363,22 @@ fn classify(err: ConnectionError) -> ConnEnd {
 /// other is a loss.
 fn lost_or_closed(conn: &Connection, why: String) -> ConnEnd {
     match conn.close_reason() {
-        Some(err @ ConnectionError::ApplicationClosed(_)) => ConnEnd::Closed(err),
+        Some(err @ ConnectionError::ApplicationClosed(_)) => bridge_closed(err),
         _ => ConnEnd::Lost(why),
     }
+}
+
+/// The bridge closed the connection: the end of the session, unless it is
+/// restarting and keeps the session (then it is redialed like a lost path).
+fn bridge_closed(err: ConnectionError) -> ConnEnd {
+    if let ConnectionError::ApplicationClosed(ac) = &err {
+        let kept =
+            Refusal::from_close(ac.error_code.into_inner(), &ac.reason).is_some_and(|r| r.is_session_kept());
+        if kept {
+            return ConnEnd::Lost("the bridge is restarting and keeps the session".into());
+        }
+    }
+    ConnEnd::Closed(err)
 }
 
 enum Up {

@@ -155,4 +155,7 @@ pub struct SessionStatus {
     pub waits_ms: Option<u64>,
     pub pid: Option<u32>,
     pub resumes: u64,
+    /// Taken back from its journal after the bridge restarted.
+    #[serde(default)]
+    pub restored: bool,
 }

@@ -52,6 +52,9 @@ pub(crate) struct Shared {
     pub(super) stores: RwLock<Option<Arc<Stores>>>,
     /// Told after every re-check of trust (the notices' subscriptions).
     on_revoked: RwLock<Option<Arc<dyn OnRevoked>>>,
+    /// Where resumable sessions are journaled, so they survive a restart
+    /// (`None`: `--no-journal`, or the serving core's tests).
+    pub(crate) journals: std::sync::OnceLock<Arc<crate::journal::Journals>>,
 }
 
 /// What a bridge keeps in its home beside its identities.
@@ -130,6 +133,16 @@ impl Bridge {
         self
     }
 
+    /// Journals resumable sessions in `journals`, so they survive a restart
+    /// of the bridge; the sessions journaled by its last run are taken back
+    /// when it starts.
+    pub fn with_journals(self, journals: Option<Arc<crate::journal::Journals>>) -> Self {
+        if let Some(j) = journals {
+            let _ = self.shared.journals.set(j);
+        }
+        self
+    }
+
     /// The relays the endpoints are configured with (what `status` says is
     /// unreachable before iroh picks one).
     pub fn relays(self, relays: &crate::net::Relays) -> Self {
@@ -191,6 +204,7 @@ impl Bridge {
             beating: std::sync::atomic::AtomicBool::new(false),
             stores: RwLock::new(None),
             on_revoked: RwLock::new(None),
+            journals: std::sync::OnceLock::new(),
         });
         let handle = status::BridgeHandle::new(shared.clone(), kind);
         Self { shared, changes: None, handle }
@@ -202,7 +216,8 @@ impl Bridge {
         let shared = self.shared.clone();
         let initial: Vec<Arc<Served>> = shared.served().into_values().collect();
         for agent in initial {
-            spawn_accept(&shared, agent);
+            spawn_accept(&shared, agent.clone());
+            super::sessions::restore::spawn_all(&shared, &agent);
         }
         let mut heartbeat = tokio::time::interval(shared.admission.heartbeat);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -300,7 +315,8 @@ fn apply(shared: &Arc<Shared>, change: Change) {
         Change::Add(agent) => {
             let name = agent.name();
             shared.served.write().unwrap_or_else(|p| p.into_inner()).insert(name, agent.clone());
-            spawn_accept(shared, agent);
+            spawn_accept(shared, agent.clone());
+            super::sessions::restore::spawn_all(shared, &agent);
         }
         Change::Replace(config) => {
             let name = config.name.clone();

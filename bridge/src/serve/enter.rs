@@ -174,14 +174,23 @@ async fn start(conn: Connection, stream: Stream, a: Admitted) {
         ),
     };
     let kind = if warm.is_some() { HubKind::Warm } else { HubKind::Resumable };
-    let (hub, inbox, outbox) = Hub::new(
-        kind,
-        a.peer,
-        a.cfg.name.clone(),
-        hub_timing(&a.cfg, resume, warm),
-        a.cfg.session.max_frame,
-        Arc::downgrade(&a.shared.hubs),
-    );
+    let timing = hub_timing(&a.cfg, resume, warm);
+    let registry = Arc::downgrade(&a.shared.hubs);
+    let max_frame = a.cfg.session.max_frame;
+    let (hub, inbox, outbox) = match (kind, a.shared.journals.get()) {
+        // A resumable session survives a restart of the bridge.
+        (HubKind::Resumable, Some(journals)) => Hub::journaled(
+            journals,
+            a.agent.endpoint.id(),
+            &a.cfg.protocol,
+            a.peer,
+            a.cfg.name.clone(),
+            timing,
+            max_frame,
+            registry,
+        ),
+        _ => Hub::new(kind, a.peer, a.cfg.name.clone(), timing, max_frame, registry),
+    };
     let _registered = a.shared.hubs.insert(&hub);
     if !still_admitted(&conn, &a.agent, &a.peer, &a.short) {
         return;
@@ -215,5 +224,6 @@ async fn run_hub(hub: &Arc<Hub>, inbox: sessions::Inbox, outbox: sessions::Outbo
     let session = a.cfg.session.clone();
     session::run_on(link, outbox, inbox, &a.short, session, slot.permit, a.shared.shutdown.clone()).await;
     hub.release();
+    hub.retire_journal();
     drop(slot.live);
 }

@@ -98,6 +98,8 @@ pub struct SessionInfo {
     /// What looks at its lines, and answers the agent for the client from a
     /// notice (set once its agent runs).
     observers: std::sync::OnceLock<std::sync::Weak<Observers>>,
+    /// Taken back after the bridge restarted (from its journal).
+    restored: std::sync::atomic::AtomicBool,
 }
 
 impl SessionInfo {
@@ -109,6 +111,7 @@ impl SessionInfo {
             started: std::time::SystemTime::now(),
             pid: 0.into(),
             observers: std::sync::OnceLock::new(),
+            restored: false.into(),
         })
     }
 
@@ -119,6 +122,15 @@ impl SessionInfo {
 
     pub fn pid(&self) -> Option<u32> {
         Some(self.pid.load(std::sync::atomic::Ordering::Relaxed)).filter(|p| *p != 0)
+    }
+
+    /// Whether the session was taken back after the bridge restarted.
+    pub fn restored(&self) -> bool {
+        self.restored.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn set_restored(&self) {
+        self.restored.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn set_pid(&self, pid: Option<u32>) {

@@ -60,6 +60,7 @@ fn session(
         waits_ms: waits.map(|d| d.as_millis() as u64),
         pid: info.pid(),
         resumes,
+        restored: info.restored(),
     }
 }
 

@@ -70,6 +70,46 @@ impl Hub {
         drop(attached);
     }
 
+    /// A session taken back after a restart learns its token from the
+    /// client that presents it (its journal kept only the hash).
+    pub(super) fn adopt_token(&self, token: &str) {
+        let mut st = self.lock();
+        if st.token.is_empty() {
+            st.token = token.to_string();
+        }
+    }
+
+    /// The session is over: its journal goes with it, unless it was kept
+    /// for the bridge's restart.
+    pub fn retire_journal(&self) {
+        let journal = self.lock().journal.take();
+        if let Some(j) = journal {
+            if j.kept() {
+                info!(peer = %self.peer, session = self.short(), "session kept for the bridge's restart ({})", j.path().display());
+            }
+        }
+    }
+
+    /// The bridge is stopping: a journaled session is kept for its restart
+    /// (the journal marked and synced) and its client told so with
+    /// [`close::REASON_SESSION_KEPT`], a reason a resumable client redials
+    /// after. Returns false when the session has no journal to keep.
+    pub(super) fn keep_for_restart(&self) -> bool {
+        let mut st = self.lock();
+        let Some(j) = st.journal.as_mut().filter(|j| j.is_live()) else { return false };
+        j.stop();
+        if !j.kept() {
+            return false;
+        }
+        drop(st);
+        self.end_closing(
+            close::CLOSE_CODE_REFUSED,
+            close::REASON_SESSION_KEPT,
+            Gone::new(close::REASON_SHUTTING_DOWN, close::REASON_SESSION_KEPT),
+        );
+        true
+    }
+
     /// Why the session ended and what a resume of it is told, once it did.
     pub(super) fn gone(&self) -> Option<Gone> {
         self.lock().gone.clone()

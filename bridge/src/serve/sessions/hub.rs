@@ -26,7 +26,8 @@ use tokio::{
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info};
 
-use super::{link::Outbox, registry::Hubs, timing::HubTiming, Inbox};
+use super::{link::Outbox, registry::Hubs, restore::Restoring, timing::HubTiming, Inbox};
+use crate::journal::{self, Journal, Journals};
 use crate::serve::AgentName;
 use crate::{
     ids,
@@ -132,8 +133,24 @@ pub struct Hub {
 #[derive(Debug)]
 pub(super) struct State {
     /// What the client presents to resume. A warm agent's next session gets
-    /// a new one (frames are counted per session).
+    /// a new one (frames are counted per session). Empty for a session taken
+    /// back after a restart until its client presents it (the journal keeps
+    /// only its hash).
     pub(super) token: String,
+    /// The token's SHA-256 (hex): how a resume finds the session.
+    pub(super) token_hash: String,
+    /// The session's journal, when it survives a restart of the bridge.
+    pub(super) journal: Option<Journal>,
+    /// Taking the session back after a restart: the agent's answers to the
+    /// bridge's own calls go to the restore, not to the client.
+    pub(super) restoring: Option<Restoring>,
+    /// The close the session ends with when its agent ends (a session taken
+    /// back whose agent could not reload it), instead of how the agent ended.
+    pub(super) close_as: Option<String>,
+    /// A session taken back after a restart: ids (raw JSON) of the requests
+    /// its new agent made and its client has not answered. The client's
+    /// answers to any other (the old agent's) are dropped.
+    pub(super) asked: Option<HashSet<String>>,
     /// A resumable connection was the last attached and did not close: output
     /// is kept for it (else a warm agent's output with nobody attached is dropped).
     pub(super) resumable: bool,
@@ -244,14 +261,101 @@ impl Hub {
         max_frame: usize,
         registry: Weak<Hubs>,
     ) -> (Arc<Self>, Inbox, Outbox) {
+        let token = ids::token();
+        let id = token[..8].to_string();
+        Self::with_state(kind, id, owner, agent, cfg, max_frame, registry, |st| st.token = token)
+    }
+
+    /// A new resumable session whose journal (in `journals`) lets it survive
+    /// a restart of the bridge; without one when it cannot be written (said in the log).
+    #[allow(clippy::too_many_arguments)]
+    pub fn journaled(
+        journals: &Journals,
+        node: EndpointId,
+        protocol: &str,
+        owner: EndpointId,
+        agent: AgentName,
+        cfg: HubTiming,
+        max_frame: usize,
+        registry: Weak<Hubs>,
+    ) -> (Arc<Self>, Inbox, Outbox) {
+        let token = ids::token();
+        let header = journal::Header {
+            journal: journal::JOURNAL_VERSION,
+            token_sha256: journal::token_hash(&token),
+            node: node.to_string(),
+            owner: owner.to_string(),
+            agent: agent.as_str().to_string(),
+            protocol: protocol.to_string(),
+            created_ms: journal::record::unix_ms(std::time::SystemTime::now()),
+        };
+        let journal = match journals.create(header) {
+            Ok(j) => Some(j),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot write a session journal in {} ({e}): this session will not survive a restart of the bridge",
+                    journals.dir().display()
+                );
+                None
+            }
+        };
+        let id = token[..8].to_string();
+        Self::with_state(HubKind::Resumable, id, owner, agent, cfg, max_frame, registry, |st| {
+            st.token = token;
+            st.journal = journal;
+        })
+    }
+
+    /// A hub named `id`, its state as `init` leaves it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn with_state(
+        kind: HubKind,
+        id: String,
+        owner: EndpointId,
+        agent: AgentName,
+        cfg: HubTiming,
+        max_frame: usize,
+        registry: Weak<Hubs>,
+        init: impl FnOnce(&mut State),
+    ) -> (Arc<Self>, Inbox, Outbox) {
         let (tx, rx) = mpsc::channel(INBOX_QUEUE);
         let (inject, injected) = mpsc::unbounded_channel();
         let now = Instant::now();
-        let token = ids::token();
-        let info = SessionInfo::new(token[..8].to_string(), agent.clone(), owner);
+        let info = SessionInfo::new(id.clone(), agent.clone(), owner);
+        let mut state = State {
+            token: String::new(),
+            token_hash: String::new(),
+            journal: None,
+            restoring: None,
+            close_as: None,
+            asked: None,
+            resumable: false,
+            input_ended: None,
+            last_output: None,
+            out: ReplayLog::new(),
+            end_at: None,
+            ack: AckPolicy::at(0),
+            ack_due: false,
+            ack_at: None,
+            inbox: Some(tx),
+            oversize_at: None,
+            attached: None,
+            detached_since: Some(now),
+            gone: None,
+            next_conn: 0,
+            writer: None,
+            pending: HashSet::new(),
+            plain_done: false,
+            dropped: 0,
+            resumes: 0,
+        };
+        init(&mut state);
+        if !state.token.is_empty() {
+            state.token_hash = journal::token_hash(&state.token);
+        }
         let hub = Arc::new(Self {
             info,
-            id: token[..8].to_string(),
+            id,
             kind,
             inject,
             owner,
@@ -260,28 +364,7 @@ impl Hub {
             cfg,
             max_frame,
             created: now,
-            state: Mutex::new(State {
-                token,
-                resumable: false,
-                input_ended: None,
-                last_output: None,
-                out: ReplayLog::new(),
-                end_at: None,
-                ack: AckPolicy::at(0),
-                ack_due: false,
-                ack_at: None,
-                inbox: Some(tx),
-                oversize_at: None,
-                attached: None,
-                detached_since: Some(now),
-                gone: None,
-                next_conn: 0,
-                writer: None,
-                pending: HashSet::new(),
-                plain_done: false,
-                dropped: 0,
-                resumes: 0,
-            }),
+            state: Mutex::new(state),
             changed: Notify::new(),
             output: Notify::new(),
             registry,
@@ -353,6 +436,27 @@ impl Hub {
                 _ = sleep => {}
             }
         }
+    }
+
+    /// Journals a run of the agent's output just taken into the replay log
+    /// (before a client can see it), and compacts the journal when it grew
+    /// far past what it must hold.
+    pub(super) fn journal_output(&self, st: &mut State, run: &[u8], frames: u64) {
+        let st = &mut *st;
+        let Some(j) = st.journal.as_mut() else { return };
+        j.agent_run(run, frames);
+        if !j.compact_due(st.out.bytes()) {
+            return;
+        }
+        let snap = journal::Snapshot {
+            out_base: st.out.acked(),
+            client_frames: st.ack.received(),
+            ledger: j.ledger.clone(),
+            pending: self.requests.get().map(|r| r.ids()).unwrap_or_default(),
+            resumes: st.resumes,
+        };
+        let live = st.out.since(st.out.acked()).unwrap_or_default();
+        j.compact(&snap, &live);
     }
 
     /// Whether no connection is attached and the session still runs (for a
@@ -492,6 +596,10 @@ impl Hub {
         drop(st);
         self.wake(writer);
         if detached {
+            // The moment a restart would matter most: what the client lacks is on the disk.
+            if let Some(j) = self.lock().journal.as_mut() {
+                j.sync();
+            }
             if let Some(registry) = self.registry.upgrade() {
                 registry.on_detach(&self.owner);
             }

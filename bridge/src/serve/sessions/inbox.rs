@@ -15,6 +15,12 @@ impl Hub {
     /// Room for one run in the agent's queue; `None` once the agent's input
     /// is closed (frames are then counted and dropped).
     pub(super) async fn reserve(&self) -> Option<mpsc::OwnedPermit<Inbound>> {
+        let restoring = self.lock().restoring.is_some();
+        if restoring {
+            // After a restart the client's frames reach the new agent once it
+            // was brought back to where the old one was.
+            self.restored().await;
+        }
         let inbox = self.lock().inbox.clone()?;
         inbox.reserve_owned().await.ok()
     }
@@ -55,8 +61,19 @@ impl Hub {
                 st.oversize_at = None;
                 None
             }
-            _ => Some(Inbound::Lines(bytes)),
+            // A session taken back after a restart: answers to what the old
+            // agent asked are not the new agent's.
+            _ => match st.asked.as_mut() {
+                Some(asked) => self.drop_stale_answers(asked, &bytes).map(Inbound::Lines),
+                None => Some(Inbound::Lines(bytes.clone())),
+            },
         };
+        // Journaled before the agent can have them: a restart knows what it got.
+        if frames > 0 {
+            if let Some(j) = st.journal.as_mut() {
+                j.client_run(&bytes, frames);
+            }
+        }
         if let (Some(p), Some(item)) = (permit, item) {
             p.send(item);
         }
@@ -73,5 +90,49 @@ impl Hub {
             self.output.notify_waiters();
         }
         Ok(())
+    }
+}
+
+/// Requests of a restored session's new agent remembered, for telling its
+/// client's answers to them from answers to the old agent's (the same bound
+/// as the client's requests in flight).
+pub const MAX_ASKED: usize = crate::serve::requests::MAX_TRACKED_REQUESTS;
+
+impl Hub {
+    /// A run of the client's lines without its answers to requests the new
+    /// agent never made (the old agent's, asked before the restart): each
+    /// dropped is logged. `None` when nothing is left.
+    fn drop_stale_answers(
+        &self,
+        asked: &mut std::collections::HashSet<String>,
+        run: &Bytes,
+    ) -> Option<Bytes> {
+        let mut kept = crate::serve::extension::KeptLines::new(run);
+        for line in thunderbolt_shared::ndjson::lines(run) {
+            let stale = jsonrpc::response_id(line)
+                .map(|id| String::from_utf8_lossy(id).into_owned())
+                .filter(|id| !asked.remove(id));
+            if let Some(id) = &stale {
+                tracing::info!(
+                    peer = %self.peer,
+                    session = self.short(),
+                    "the client's answer to request {id} dropped: the agent that asked it was replaced at the restart"
+                );
+            }
+            kept.line(line, stale.is_none());
+        }
+        kept.finish()
+    }
+
+    /// Notes the requests a restored session's new agent makes.
+    pub(super) fn note_asked(asked: &mut std::collections::HashSet<String>, run: &[u8]) {
+        for line in thunderbolt_shared::ndjson::lines(run) {
+            let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
+            if let (jsonrpc::Kind::Request, Some(id)) = (head.kind, head.id) {
+                if asked.len() < MAX_ASKED {
+                    asked.insert(id);
+                }
+            }
+        }
     }
 }

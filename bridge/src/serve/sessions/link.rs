@@ -64,7 +64,16 @@ impl Link for HubLink {
     }
 
     fn close(&self, code: u32, reason: &str) {
-        self.0.end(code, reason);
+        // A journaled session outlives the bridge: its client is told to come back.
+        if reason == close::REASON_SHUTTING_DOWN && self.0.keep_for_restart() {
+            return;
+        }
+        // A session taken back whose agent could not reload it ends with why.
+        let close_as = self.0.lock().close_as.clone();
+        match close_as {
+            Some(why) if code == close::CLOSE_CODE_AGENT_ENDED => self.0.end(close::CLOSE_CODE_REFUSED, &why),
+            _ => self.0.end(code, reason),
+        }
     }
 
     fn finish(&self, _out: &mut Outbox) {
@@ -164,6 +173,15 @@ impl AsyncWrite for Outbox {
                 return Poll::Ready(Ok(buf.len()));
             }
         }
+        // Taking the session back after a restart: the agent's answers to the
+        // bridge's own calls, and the history it streams, are not the client's.
+        let mut kept = None;
+        if let Some(r) = st.restoring.as_mut() {
+            match r.filter(Bytes::copy_from_slice(buf)) {
+                None => return Poll::Ready(Ok(buf.len())),
+                Some(run) => kept = Some(run),
+            }
+        }
         let held = st.out.bytes();
         if held > 0 && held + buf.len() > hub.cfg.buffer {
             st.writer = Some(cx.waker().clone());
@@ -177,7 +195,12 @@ impl AsyncWrite for Outbox {
             return Poll::Pending;
         }
         // The pump writes whole lines only: each write is one run of frames.
-        st.out.push(Bytes::copy_from_slice(buf));
+        let run = kept.unwrap_or_else(|| Bytes::copy_from_slice(buf));
+        let frames = st.out.push(run.clone());
+        if let Some(asked) = st.asked.as_mut() {
+            Hub::note_asked(asked, &run);
+        }
+        hub.journal_output(&mut st, &run, frames);
         st.last_output = Some(Instant::now());
         drop(st);
         hub.output.notify_waiters();

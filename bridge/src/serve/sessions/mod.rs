@@ -51,13 +51,16 @@
 //!   [`Outbox`] and [`Inbox`]);
 //! - [`registry`]: every session alive, plain and hub, for the heartbeat,
 //!   eviction and `status`;
-//! - [`timing`]: how long a session waits with nothing attached.
+//! - [`timing`]: how long a session waits with nothing attached;
+//! - [`restore`]: sessions taken back from their journals after the bridge
+//!   restarted ([`crate::journal`]).
 
 pub mod ending;
 pub mod hub;
 pub mod inbox;
 pub mod link;
 pub mod registry;
+pub mod restore;
 pub mod resumable;
 pub mod timing;
 pub mod warm;

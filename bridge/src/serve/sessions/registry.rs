@@ -27,7 +27,7 @@ use crate::{
 #[derive(Debug, Default)]
 pub struct Hubs {
     map: Mutex<HashMap<String, Arc<Hub>>>,
-    /// Recently ended sessions: token, owner, the close a resume gets.
+    /// Recently ended sessions: the token's hash, owner, the close a resume gets.
     ended: Mutex<VecDeque<(String, EndpointId, String)>>,
 }
 
@@ -46,19 +46,22 @@ impl Hubs {
     /// reason to close a resume of it with. (A scan: a bridge holds a few
     /// dozen sessions at most, and a token is compared whole.)
     pub fn find(&self, token: &str, peer: &EndpointId, agent: &AgentName) -> Result<Arc<Hub>, String> {
+        // By the token's hash: a session taken back after a restart knows no more.
+        let hash = crate::journal::token_hash(token);
         let found = self
             .lock()
             .values()
-            .find(|h| h.owner == *peer && h.agent == *agent && h.lock().token == token)
+            .find(|h| h.owner == *peer && h.agent == *agent && h.lock().token_hash == hash)
             .cloned();
         if let Some(h) = found {
+            h.adopt_token(token);
             return Ok(h);
         }
         let ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
         Err(ended
             .iter()
             .rev()
-            .find(|(t, owner, _)| t == token && owner == peer)
+            .find(|(t, owner, _)| *t == hash && owner == peer)
             .map_or_else(|| close::REASON_UNKNOWN_SESSION.to_string(), |(_, _, r)| r.clone()))
     }
 
@@ -172,7 +175,7 @@ impl Hubs {
         if ended.len() >= ENDED_REMEMBERED {
             ended.pop_front();
         }
-        ended.push_back((hub.lock().token.clone(), hub.owner, reason));
+        ended.push_back((hub.lock().token_hash.clone(), hub.owner, reason));
     }
 }
 

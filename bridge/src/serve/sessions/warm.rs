@@ -29,6 +29,7 @@ impl Hub {
             debug!(peer = %self.peer, "{answered} request(s) of the agent's, left by the last client, answered with an error");
         }
         st.token = ids::token();
+        st.token_hash = crate::journal::token_hash(&st.token);
         st.out = ReplayLog::new();
         st.ack = AckPolicy::at(0);
         st.ack_due = false;

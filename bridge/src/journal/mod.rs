@@ -1,0 +1,474 @@
+//! Session journals: what a resumable session needs to be taken back after
+//! the bridge process is gone (a restart, an upgrade, a crash).
+//!
+//! One file per session in `$THUNDERBOLT_HOME/iroh/sessions/` (0700, files
+//! 0600, written by the bridge only): its token's hash, owner and agent, both
+//! frame counters, what the client opened on the agent ([`ledger`]), and the
+//! agent's output the client has not acknowledged. The format is in
+//! [`record`].
+//!
+//! Write-ahead, no fsync on the way: each run of the agent's output is written
+//! before the client can see it, each run of the client's frames before the
+//! agent can, one `write` each. A process that dies (SIGKILL, a crash) loses
+//! nothing it wrote: the kernel holds it. The file is synced at a graceful
+//! stop, at every compaction and when its client goes away, so a power loss
+//! loses at most what was written since the last of those.
+//!
+//! The file is compacted (rewritten with a snapshot and only the output still
+//! unacknowledged) once it is larger than [`COMPACT_ABOVE`] and twice what it
+//! must hold: the file stays within about twice the resume buffer.
+
+pub mod ledger;
+pub mod record;
+
+use std::{
+    fs,
+    io::{self, Write},
+    os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+    time::SystemTime,
+};
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use tracing::warn;
+
+use crate::home::{Home, DIR_MODE, FILE_MODE};
+pub use ledger::{AcpSession, ClientLines, Ledger, Pending};
+pub use record::{BadJournal, Folded, Header, Snapshot, JOURNAL_VERSION};
+
+/// A journal is compacted once it is larger than this and twice what it must
+/// hold: below it, rewriting costs more than the disk it saves.
+pub const COMPACT_ABOVE: u64 = 4 << 20;
+
+/// Largest journal read back: a journal holds at most the resume buffer
+/// twice over (32 MiB by default) before it is compacted; anything far larger
+/// was not written by this bridge.
+pub const MAX_JOURNAL_READ: u64 = 1 << 30;
+
+/// What a journal's file name ends with; others in the folder are not read.
+const SUFFIX: &str = ".journal";
+
+/// The SHA-256 of a session token, hex: what a journal stores and how a
+/// restored session is found.
+pub fn token_hash(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// The journals' folder.
+#[derive(Debug)]
+pub struct Journals {
+    dir: PathBuf,
+}
+
+/// A journal found at start-up.
+#[derive(Debug)]
+pub struct Found {
+    pub path: PathBuf,
+    pub header: Header,
+    pub folded: Folded,
+    /// When the file was last written.
+    pub written: SystemTime,
+}
+
+impl Journals {
+    /// The folder in `home` (made 0700 if missing).
+    pub fn open(home: &Home) -> io::Result<Self> {
+        let dir = home.iroh_dir().join("sessions");
+        fs::create_dir_all(&dir)?;
+        let meta = fs::symlink_metadata(&dir)?;
+        if !meta.is_dir() {
+            return Err(io::Error::other(format!("{} is not a folder", dir.display())));
+        }
+        fs::set_permissions(&dir, fs::Permissions::from_mode(DIR_MODE))?;
+        Ok(Self { dir })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A new journal for a session, its header written.
+    pub fn create(&self, header: Header) -> io::Result<Journal> {
+        let path =
+            self.dir.join(format!("{}{SUFFIX}", &header.token_sha256[..16.min(header.token_sha256.len())]));
+        let file = fs::OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .mode(FILE_MODE)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)?;
+        let mut j =
+            Journal { path, header, file: Some(file), len: 0, ledger: Ledger::default(), keep: false };
+        let line = record::header_line(&j.header);
+        j.append(&[&line]);
+        Ok(j)
+    }
+
+    /// Takes a journal found at start-up over: rewritten with `snap` and
+    /// `live` (its state now), then appended to.
+    pub fn adopt(&self, found: &Found, snap: &Snapshot, live: &[Bytes]) -> Journal {
+        let mut j = Journal {
+            path: found.path.clone(),
+            header: found.header.clone(),
+            file: None,
+            len: 0,
+            ledger: snap.ledger.clone(),
+            keep: false,
+        };
+        j.compact(snap, live);
+        j
+    }
+
+    /// Every journal in the folder. One that cannot be read (not a regular
+    /// file of ours at 0600, cut short before its header, of another version,
+    /// a record that does not read) is reported with its path and set aside
+    /// (renamed `….set-aside`, never read again nor deleted); the others are
+    /// returned.
+    pub fn scan(&self) -> Vec<Found> {
+        let Ok(entries) = fs::read_dir(&self.dir) else { return Vec::new() };
+        let mut found = Vec::new();
+        for e in entries.flatten() {
+            let path = e.path();
+            if !path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(SUFFIX)) {
+                continue;
+            }
+            match read_one(&path) {
+                Ok(f) => found.push(f),
+                Err(why) => set_aside(&path, &why),
+            }
+        }
+        found.sort_by(|a, b| a.path.cmp(&b.path));
+        found
+    }
+}
+
+/// Reads one journal file, refusing anything this bridge did not write.
+fn read_one(path: &Path) -> Result<Found, String> {
+    let meta = fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    if meta.file_type().is_symlink() {
+        return Err("a symbolic link (a journal is a file the bridge writes itself)".into());
+    }
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if meta.uid() != unsafe { libc::geteuid() } {
+        return Err(format!("owned by uid {}, not this user", meta.uid()));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "mode {:04o}: others could have written it (the bridge writes 0600)",
+            meta.mode() & 0o7777
+        ));
+    }
+    if meta.len() > MAX_JOURNAL_READ {
+        return Err(format!("{} bytes, more than any journal holds", meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    io::Read::read_to_end(&mut f, &mut bytes).map_err(|e| e.to_string())?;
+    let (header, folded) = record::read(&bytes).map_err(|e| e.to_string())?;
+    Ok(Found {
+        path: path.to_path_buf(),
+        header,
+        folded,
+        written: meta.modified().unwrap_or(SystemTime::now()),
+    })
+}
+
+/// Renames a journal that cannot be used out of the way, and says so.
+pub fn set_aside(path: &Path, why: &str) {
+    let mut to = path.with_extension("journal.set-aside");
+    for n in 1..100 {
+        if fs::symlink_metadata(&to).is_err() {
+            break;
+        }
+        to = path.with_extension(format!("journal.set-aside.{n}"));
+    }
+    match fs::rename(path, &to) {
+        Ok(()) => warn!(
+            "session journal {} cannot be used ({why}); set aside as {} (its session cannot be taken back)",
+            path.display(),
+            to.display()
+        ),
+        Err(e) => warn!("session journal {} cannot be used ({why}), nor set aside: {e}", path.display()),
+    }
+}
+
+/// One session's open journal.
+#[derive(Debug)]
+pub struct Journal {
+    path: PathBuf,
+    header: Header,
+    /// `None` once a write failed: the session is no longer journaled.
+    file: Option<fs::File>,
+    /// Bytes in the file.
+    len: u64,
+    /// What the client opened, kept for compactions.
+    pub ledger: Ledger,
+    /// Kept for the bridge's restart (a graceful stop), not deleted with the session.
+    keep: bool,
+}
+
+impl Journal {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether it still journals (no write failed).
+    pub fn is_live(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// A run of the client's frames, before the agent's queue takes it.
+    pub fn client_run(&mut self, run: &[u8], frames: u64) {
+        if self.file.is_none() {
+            return;
+        }
+        let lines = ClientLines::of(run);
+        self.ledger.client_calls(&lines.calls);
+        let rec = record::in_record(frames, lines.requests, lines.calls);
+        self.append(&[&rec]);
+    }
+
+    /// A run of the agent's frames, before the client can see it.
+    pub fn agent_run(&mut self, run: &[u8], frames: u64) {
+        if self.file.is_none() {
+            return;
+        }
+        self.ledger.agent_run(run);
+        let head = record::out_record(frames, run.len());
+        self.append(&[&head, run]);
+    }
+
+    /// Whether the file has grown enough past what it must hold (`live`
+    /// bytes of unacknowledged output) to be compacted.
+    pub fn compact_due(&self, live: usize) -> bool {
+        self.file.is_some() && self.len > COMPACT_ABOVE && self.len > 2 * live as u64
+    }
+
+    /// Rewrites the journal as `snap` and the output still held (`live`,
+    /// whole runs of frames from `snap.out_base` on), synced, in place of the
+    /// old file (a crash leaves one or the other whole).
+    pub fn compact(&mut self, snap: &Snapshot, live: &[Bytes]) {
+        let tmp = self.path.with_extension("journal.tmp");
+        let result = (|| {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(FILE_MODE)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&tmp)?;
+            let mut w = io::BufWriter::with_capacity(256 * 1024, &mut f);
+            let mut len = 0u64;
+            for part in [record::header_line(&self.header), record::snap_record(snap)] {
+                w.write_all(&part)?;
+                len += part.len() as u64;
+            }
+            for run in live {
+                let frames = memchr::memchr_iter(b'\n', run).count() as u64;
+                let head = record::out_record(frames, run.len());
+                w.write_all(&head)?;
+                w.write_all(run)?;
+                len += (head.len() + run.len()) as u64;
+            }
+            w.flush()?;
+            drop(w);
+            f.sync_all()?;
+            fs::rename(&tmp, &self.path)?;
+            sync_dir(&self.path);
+            let file = fs::OpenOptions::new().append(true).custom_flags(libc::O_NOFOLLOW).open(&self.path)?;
+            Ok::<_, io::Error>((file, len))
+        })();
+        match result {
+            Ok((file, len)) => {
+                self.file = Some(file);
+                self.len = len;
+                self.ledger = snap.ledger.clone();
+            }
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                self.failed(&e);
+            }
+        }
+    }
+
+    /// The bridge stops: the session is kept for its restart (marked, synced).
+    pub fn stop(&mut self) {
+        if self.file.is_none() {
+            return;
+        }
+        let rec = record::stop_record(SystemTime::now());
+        self.append(&[&rec]);
+        self.sync();
+        self.keep = self.file.is_some();
+    }
+
+    /// Whether the session is kept for the bridge's restart.
+    pub fn kept(&self) -> bool {
+        self.keep
+    }
+
+    /// Flushes what was written to the disk.
+    pub fn sync(&mut self) {
+        if let Some(f) = &self.file {
+            if let Err(e) = f.sync_data() {
+                self.failed(&e);
+            }
+        }
+    }
+
+    fn append(&mut self, parts: &[&[u8]]) {
+        let Some(f) = self.file.as_mut() else { return };
+        let mut slices: Vec<io::IoSlice<'_>> = parts.iter().map(|p| io::IoSlice::new(p)).collect();
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let result = (|| {
+            let mut bufs = &mut slices[..];
+            while !bufs.is_empty() {
+                let n = f.write_vectored(bufs)?;
+                if n == 0 {
+                    return Err(io::Error::from(io::ErrorKind::WriteZero));
+                }
+                io::IoSlice::advance_slices(&mut bufs, n);
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => self.len += total as u64,
+            Err(e) => self.failed(&e),
+        }
+    }
+
+    /// A write failed: the journal would restore a wrong session, so it goes.
+    fn failed(&mut self, e: &io::Error) {
+        warn!(
+            "writing the session journal {} failed ({e}); this session will not survive a restart of the bridge",
+            self.path.display()
+        );
+        self.file = None;
+        self.keep = false;
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for Journal {
+    /// A session that ended is gone from the disk too; one kept for the
+    /// bridge's restart stays.
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Syncs a folder, so a rename in it survives a power loss.
+fn sync_dir(file: &Path) {
+    if let Some(dir) = file.parent() {
+        if let Ok(d) = fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+}
+
+/// Removes a journal found at start-up that will not be taken back.
+pub fn discard(path: &Path) {
+    let _ = fs::remove_file(path);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(token: &str) -> Header {
+        Header {
+            journal: JOURNAL_VERSION,
+            token_sha256: token_hash(token),
+            node: "n".into(),
+            owner: "o".into(),
+            agent: String::new(),
+            protocol: "acp".into(),
+            created_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_journal_reads_back_what_was_written_and_compacts() {
+        let home = tempfile::tempdir().unwrap();
+        let js = Journals::open(&Home::new(home.path().to_path_buf())).unwrap();
+        let mut j = js.create(header("t1")).unwrap();
+        assert_eq!(fs::metadata(j.path()).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(fs::metadata(js.dir()).unwrap().permissions().mode() & 0o777, 0o700);
+        j.client_run(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/prompt\"}\n", 1);
+        j.agent_run(b"{\"a\":1}\n{\"a\":2}\n", 2);
+        let found = js.scan();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].folded.out_total(), 2);
+        assert_eq!(found[0].folded.client_frames, 1);
+        assert_eq!(found[0].folded.pending.0.len(), 1);
+
+        let snap = Snapshot { out_base: 1, client_frames: 1, ..Snapshot::default() };
+        j.compact(&snap, &[Bytes::from_static(b"{\"a\":2}\n")]);
+        j.agent_run(b"{\"a\":3}\n", 1);
+        let f = &js.scan()[0].folded;
+        assert_eq!((f.out_base, f.out_total()), (1, 3));
+        assert_eq!(f.out.concat_bytes(), b"{\"a\":2}\n{\"a\":3}\n");
+        assert!(f.pending.0.is_empty(), "the snapshot said none");
+
+        j.stop();
+        let path = j.path().to_path_buf();
+        drop(j);
+        assert!(path.exists(), "a stopped session's journal is kept");
+        assert!(js.scan()[0].folded.stopped.is_some());
+        let j = js.adopt(&js.scan()[0], &snap, &[]);
+        drop(j);
+        assert!(!path.exists(), "an ended session's journal is deleted");
+    }
+
+    #[test]
+    fn journals_that_cannot_be_used_are_set_aside() {
+        let home = tempfile::tempdir().unwrap();
+        let js = Journals::open(&Home::new(home.path().to_path_buf())).unwrap();
+        let mut good = js.create(header("good")).unwrap();
+        good.stop();
+        let bad = |name: &str, bytes: &[u8], mode: u32| {
+            let p = js.dir().join(name);
+            fs::write(&p, bytes).unwrap();
+            fs::set_permissions(&p, fs::Permissions::from_mode(mode)).unwrap();
+        };
+        bad("truncated.journal", b"{\"journal\":1,\"tok", 0o600);
+        bad("version.journal", &record::header_line(&Header { journal: 9, ..header("v") }), 0o600);
+        bad("open.journal", &record::header_line(&header("o")), 0o644);
+        std::os::unix::fs::symlink(good.path(), js.dir().join("link.journal")).unwrap();
+        let found = js.scan();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].header.token_sha256, token_hash("good"));
+        let mut names: Vec<String> =
+            fs::read_dir(js.dir()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                format!("{}.journal", &token_hash("good")[..16]),
+                "link.journal.set-aside".into(),
+                "open.journal.set-aside".into(),
+                "truncated.journal.set-aside".into(),
+                "version.journal.set-aside".into(),
+            ]
+        );
+    }
+
+    trait Concat {
+        fn concat_bytes(&self) -> Vec<u8>;
+    }
+    impl Concat for Vec<(Bytes, u64)> {
+        fn concat_bytes(&self) -> Vec<u8> {
+            self.iter().flat_map(|(b, _)| b.to_vec()).collect()
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! Taking sessions back after the bridge restarted: each journal of an agent
+//! (see [`crate::journal`]) becomes a detached session again, its agent
+//! started anew and brought back to where the client left it.
+//!
+//! In order, for each session:
+//! 1. the hub is rebuilt from the journal: the agent's frames the client had
+//!    not acknowledged, both counters, the remaining grace; it waits for its
+//!    client like any detached session (the client may attach at once and get
+//!    those frames; its own frames wait until the restore is done);
+//! 2. a new agent is started in a slot, the client's `initialize` replayed,
+//!    then each ACP session taken back with `session/resume` where the agent
+//!    advertises it, else `session/load` (the history it streams while
+//!    loading is not shown to the client again);
+//! 3. each request of the client's that was in flight is answered
+//!    [`TURN_ABORTED`](thunderbolt_shared::restart::TURN_ABORTED), then one
+//!    [`METHOD_RESTORED`](thunderbolt_shared::restart::METHOD_RESTORED)
+//!    notification says what was taken back; the agent's output follows.
+//!
+//! An agent that can reload none of the sessions (it advertises neither) ends
+//! the session with [`close::REASON_CANNOT_RELOAD`] once the client has what
+//! was kept; never a hang, never `unknown session`.
+
+use std::{
+    collections::HashSet,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use bytes::Bytes;
+use iroh::EndpointId;
+use serde_json::{json, Value};
+use thunderbolt_shared::{
+    close, jsonrpc, ndjson,
+    restart::{self, Taken},
+    resume::{AckPolicy, ReplayLog},
+};
+use tokio::{sync::mpsc, time::Instant};
+use tracing::{info, warn, Instrument};
+
+use super::{
+    hub::{Hub, HubKind, State, Step, Wake},
+    HubLink, HubTiming,
+};
+use crate::{
+    journal::{self, Found, Journals, Snapshot},
+    serve::{
+        bridge::Shared,
+        extension::KeptLines,
+        served::{AgentName, Served},
+        session,
+    },
+};
+
+/// How long the new agent may take over one step of the restore (its start
+/// and `initialize`, or taking one session back): agents that load a long
+/// history from disk take seconds; one that takes this long is not coming.
+pub const RESTORE_STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The prefix of the ids of the bridge's own calls to a restored agent
+/// (strings no client uses: its ids are its own numbers or strings, and an
+/// answer to one of these never reaches it).
+const CALL_ID_PREFIX: &str = "_thunderbolt/restore/";
+
+/// A session being taken back: the agent's answers to the bridge's own calls
+/// go to the restore, the history it streams while loading is dropped.
+#[derive(Debug)]
+pub(crate) struct Restoring {
+    /// Ids (raw JSON) of the bridge's calls waiting for the agent's answer.
+    calls: HashSet<String>,
+    answers: mpsc::UnboundedSender<Value>,
+    /// The agent's notifications dropped (its history, shown to the client before).
+    pub(super) dropped: u64,
+}
+
+impl Restoring {
+    /// What of a run of the agent's lines goes on to the client: the answers
+    /// to the bridge's calls and the agent's notifications are taken out.
+    pub(super) fn filter(&mut self, run: Bytes) -> Option<Bytes> {
+        let mut kept = KeptLines::new(&run);
+        for line in ndjson::lines(&run) {
+            let head = jsonrpc::peek_head(&line[..line.len().min(ndjson::OVERSIZE_PEEK)]);
+            let keep = match (head.kind, head.id) {
+                (jsonrpc::Kind::Response, Some(id)) if self.calls.remove(&id) => {
+                    if let Ok(v) = serde_json::from_slice::<Value>(line) {
+                        let _ = self.answers.send(v);
+                    }
+                    false
+                }
+                (jsonrpc::Kind::Notification, _) => {
+                    self.dropped += 1;
+                    false
+                }
+                // The agent's own requests (and anything else) go on.
+                _ => true,
+            };
+            kept.line(line, keep);
+        }
+        kept.finish()
+    }
+}
+
+/// Why a restore could not bring the sessions back.
+enum Failed {
+    /// The agent supports neither way of taking a session back.
+    CannotReload,
+    /// The agent ended, or did not answer in time.
+    Agent(String),
+}
+
+/// Takes back every session journaled for `agent` (on start-up, and when a
+/// host starts serving an agent). Each runs as one of the bridge's tasks.
+pub(crate) fn spawn_all(shared: &Arc<Shared>, agent: &Arc<Served>) {
+    let Some(journals) = shared.journals.get().cloned() else { return };
+    let cfg = agent.config();
+    let node = agent.endpoint.id().to_string();
+    let mut seen = HashSet::new();
+    for found in journals.scan() {
+        let h = &found.header;
+        if h.node != node || h.agent != cfg.name.as_str() || h.protocol != cfg.protocol {
+            continue;
+        }
+        if !seen.insert(h.token_sha256.clone()) {
+            journal::set_aside(&found.path, "a second journal of the same session");
+            continue;
+        }
+        if shared.hubs.all().iter().any(|hub| hub.lock().token_hash == h.token_sha256) {
+            continue; // a live session's own journal
+        }
+        let (shared, agent, journals) = (shared.clone(), agent.clone(), journals.clone());
+        let span = match &cfg.name {
+            AgentName::Single => tracing::Span::none(),
+            AgentName::Hosted(n) => tracing::info_span!("agent", name = %n),
+        };
+        shared
+            .tasks
+            .clone()
+            .spawn(async move { restore_one(found, &shared, &agent, &journals).await }.instrument(span));
+    }
+}
+
+/// Takes one session back, then runs it to its end.
+async fn restore_one(found: Found, shared: &Arc<Shared>, agent: &Arc<Served>, journals: &Journals) {
+    let cfg = agent.config();
+    let path = found.path.display().to_string();
+    let Ok(owner) = found.header.owner.parse::<EndpointId>() else {
+        journal::set_aside(&found.path, "its owner is not a NodeId");
+        return;
+    };
+    let short = owner.fmt_short().to_string();
+    let Some(resume) = cfg.session.resume else {
+        info!(peer = %short, "not taking back the session of {path}: resumable sessions are off now");
+        journal::discard(&found.path);
+        return;
+    };
+    let since = found.folded.stopped.unwrap_or(found.written);
+    let away = SystemTime::now().duration_since(since).unwrap_or_default();
+    if away >= resume.grace {
+        info!(peer = %short, "not taking back the session of {path}: its client has been away {away:?}, past the grace of {:?}", resume.grace);
+        journal::discard(&found.path);
+        return;
+    }
+    if cfg.trust.check(&owner).is_none() && cfg.account.is_none() {
+        info!(peer = %short, "not taking back the session of {path}: its owner is no longer allowed");
+        journal::discard(&found.path);
+        return;
+    }
+    // A slot, as any new session; never by evicting one (nobody asked for this one yet).
+    let (Ok(permit), Some(live)) = (shared.agents.clone().try_acquire_owned(), agent.take_session(&cfg))
+    else {
+        warn!(peer = %short, "cannot take back the session of {path}: every agent slot is taken");
+        journal::discard(&found.path);
+        return;
+    };
+
+    let timing = HubTiming { warm: None, idle_stop: cfg.session.idle_stop, ..HubTiming::resume(resume) };
+    let (hub, inbox, outbox, answers) =
+        rebuild(&found, owner, &cfg.name, timing, cfg.session.max_frame, shared, journals, away);
+    let _registered = shared.hubs.insert(&hub);
+    hub.info.set_restored();
+    info!(
+        peer = %short,
+        session = hub.short(),
+        "taking back a session after the restart: {} of the agent's frame(s) its client had not acknowledged, \
+         {} ACP session(s), {} request(s) in flight",
+        found.folded.out_total() - found.folded.out_base,
+        found.folded.ledger.sessions.len(),
+        found.folded.pending.0.len()
+    );
+    let link = HubLink(hub.clone());
+    let run =
+        session::run_on(link, outbox, inbox, &short, cfg.session.clone(), permit, shared.shutdown.clone());
+    let restore = drive(&hub, &found, &cfg.protocol, answers);
+    tokio::pin!(run);
+    tokio::select! {
+        _ = &mut run => {}
+        () = restore => { run.await; }
+    }
+    hub.release();
+    hub.retire_journal();
+    drop(live);
+}
+
+/// The hub of a journaled session, as it was when its bridge went away.
+#[allow(clippy::too_many_arguments)]
+fn rebuild(
+    found: &Found,
+    owner: EndpointId,
+    agent: &AgentName,
+    timing: HubTiming,
+    max_frame: usize,
+    shared: &Arc<Shared>,
+    journals: &Journals,
+    away: Duration,
+) -> (Arc<Hub>, super::Inbox, super::Outbox, mpsc::UnboundedReceiver<Value>) {
+    let f = &found.folded;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut out = ReplayLog::starting_at(f.out_base);
+    let mut live = Vec::new();
+    for (run, _) in &f.out {
+        out.push(run.clone());
+        live.push(run.clone());
+    }
+    let snap = Snapshot {
+        out_base: f.out_base,
+        client_frames: f.client_frames,
+        ledger: f.ledger.clone(),
+        pending: f.pending.0.iter().filter_map(|id| serde_json::from_str(id).ok()).collect(),
+        resumes: f.resumes,
+    };
+    let journal = journals.adopt(found, &snap, &live);
+    let id = found.header.token_sha256[..8].to_string();
+    let (hub, inbox, outbox) = Hub::with_state(
+        HubKind::Resumable,
+        id,
+        owner,
+        agent.clone(),
+        timing,
+        max_frame,
+        Arc::downgrade(&shared.hubs),
+        |st: &mut State| {
+            st.token_hash = found.header.token_sha256.clone();
+            st.out = out;
+            st.ack = AckPolicy::at(f.client_frames);
+            st.resumable = true;
+            st.resumes = f.resumes;
+            st.detached_since = Some(Instant::now().checked_sub(away).unwrap_or_else(Instant::now));
+            st.journal = journal.is_live().then_some(journal);
+            st.restoring = Some(Restoring { calls: HashSet::new(), answers: tx, dropped: 0 });
+            st.asked = Some(HashSet::new());
+        },
+    );
+    (hub, inbox, outbox, rx)
+}
+
+/// Brings the new agent to where the client left the old one, then lets the
+/// client's frames through.
+async fn drive(hub: &Arc<Hub>, found: &Found, protocol: &str, mut answers: mpsc::UnboundedReceiver<Value>) {
+    let ledger = &found.folded.ledger;
+    let aborted: Vec<Value> =
+        found.folded.pending.0.iter().filter_map(|id| serde_json::from_str(id).ok()).collect();
+    let mut calls = Calls { hub, answers: &mut answers, next: 0 };
+    let outcome = async {
+        let Some(init) = &ledger.init else { return Ok(Vec::new()) };
+        let caps = calls.call("initialize", init.clone()).await?;
+        if protocol == "mcp" {
+            calls.notify("notifications/initialized");
+        }
+        let caps = &caps["agentCapabilities"];
+        let resume = caps["sessionCapabilities"]["resume"].is_object();
+        let load = caps["loadSession"].as_bool() == Some(true);
+        if !ledger.sessions.is_empty() && !resume && !load {
+            return Err(Failed::CannotReload);
+        }
+        let mut taken = Vec::new();
+        for s in &ledger.sessions {
+            let (method, how) =
+                if resume { ("session/resume", Taken::Resume) } else { ("session/load", Taken::Load) };
+            let params = json!({ "sessionId": s.id, "cwd": s.cwd, "mcpServers": s.mcp_servers });
+            match calls.call(method, params).await {
+                Ok(_) => taken.push((s.id.clone(), how)),
+                Err(Failed::Agent(e)) => taken.push((s.id.clone(), Taken::Failed(e))),
+                Err(f) => return Err(f),
+            }
+        }
+        Ok(taken)
+    }
+    .await;
+    let mut st = hub.lock();
+    let dropped = st.restoring.take().map_or(0, |r| r.dropped);
+    let mut lines: Vec<u8> = aborted.iter().flat_map(restart::turn_aborted).collect();
+    match &outcome {
+        Ok(taken) => {
+            lines.extend(restart::restored(taken, &aborted, None));
+            let list: Vec<String> = taken
+                .iter()
+                .map(|(id, how)| match how {
+                    Taken::Resume => format!("{id} (session/resume)"),
+                    Taken::Load => {
+                        format!("{id} (session/load, {dropped} history update(s) not shown again)")
+                    }
+                    Taken::Failed(e) => format!("{id} (FAILED: {e})"),
+                })
+                .collect();
+            info!(
+                peer = %hub.peer,
+                session = hub.short(),
+                "session taken back after the restart: {}{}",
+                if list.is_empty() { "no ACP session to reload".to_string() } else { list.join(", ") },
+                if aborted.is_empty() { String::new() } else { format!("; {} request(s) in flight answered '{}'", aborted.len(), restart::TURN_ABORTED) }
+            );
+        }
+        Err(f) => {
+            let why = match f {
+                Failed::CannotReload => close::REASON_CANNOT_RELOAD.to_string(),
+                Failed::Agent(e) => format!("{}: {e}", close::REASON_CANNOT_RELOAD),
+            };
+            lines.extend(restart::restored(&[], &aborted, Some(&why)));
+            warn!(peer = %hub.peer, session = hub.short(), "cannot take the session back: {why}; it ends once its client has what was kept");
+            st.close_as = Some(close::REASON_CANNOT_RELOAD.to_string());
+            // The agent's input ends: it exits, and the session ends as after
+            // any agent's end, its last frames delivered first.
+            st.inbox = None;
+        }
+    }
+    hub.emit(&mut st, Bytes::from(lines));
+    drop(st);
+    hub.wake(None);
+}
+
+/// The bridge's own calls to the agent during a restore.
+struct Calls<'a> {
+    hub: &'a Arc<Hub>,
+    answers: &'a mut mpsc::UnboundedReceiver<Value>,
+    next: u64,
+}
+
+impl Calls<'_> {
+    /// Calls `method` and waits (bounded) for its result.
+    async fn call(&mut self, method: &str, params: Value) -> Result<Value, Failed> {
+        self.next += 1;
+        let id = Value::String(format!("{CALL_ID_PREFIX}{}", self.next));
+        if let Some(r) = self.hub.lock().restoring.as_mut() {
+            r.calls.insert(id.to_string());
+        }
+        self.send(json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }));
+        let answer = tokio::time::timeout(RESTORE_STEP_TIMEOUT, self.answers.recv()).await;
+        match answer {
+            Err(_) => Err(Failed::Agent(format!(
+                "the agent did not answer {method} within {RESTORE_STEP_TIMEOUT:?}"
+            ))),
+            Ok(None) => Err(Failed::Agent("the agent ended".into())),
+            Ok(Some(a)) => match a.get("error") {
+                Some(e) => Err(Failed::Agent(format!(
+                    "{method} failed: {}",
+                    e["message"].as_str().unwrap_or("an error without a message")
+                ))),
+                None => Ok(a.get("result").cloned().unwrap_or(Value::Null)),
+            },
+        }
+    }
+
+    fn notify(&mut self, method: &str) {
+        self.send(json!({ "jsonrpc": "2.0", "method": method }));
+    }
+
+    fn send(&self, msg: Value) {
+        let mut line = serde_json::to_vec(&msg).expect("a JSON value serializes");
+        line.push(b'\n');
+        let _ = self.hub.inject.send(line.into());
+    }
+}
+
+impl Hub {
+    /// Waits until the session is not being taken back any more (client
+    /// frames wait for it: they must reach the agent after the restore).
+    pub(super) async fn restored(&self) {
+        self.until(
+            Wake::Changed,
+            |st| if st.restoring.is_some() { Step::Wait(None) } else { Step::Ready(()) },
+        )
+        .await
+    }
+
+    /// The bridge's own lines to the client, after the agent's output so far
+    /// (journaled like it).
+    pub(super) fn emit(&self, st: &mut State, run: Bytes) {
+        if run.is_empty() {
+            return;
+        }
+        let frames = st.out.push(run.clone());
+        if let Some(j) = st.journal.as_mut() {
+            j.agent_run(&run, frames);
+        }
+        self.output.notify_waiters();
+    }
+}

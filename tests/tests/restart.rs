@@ -1,0 +1,412 @@
+//! Sessions that survive a restart of the bridge: a real bridge process
+//! stopped (SIGTERM) or killed (SIGKILL) in the middle of a streamed reply and
+//! started again on the same home, a real ACP agent built with the SDK that
+//! keeps its sessions on disk (`client-wasm/e2e/restart-agent.mjs`), and the
+//! same `thunderbolt acp connect` process throughout (never restarted), through
+//! a real local relay (the restarted bridge has a new port; the ticket's relay
+//! still reaches it).
+
+use std::{path::PathBuf, process::Stdio};
+
+use serde_json::{json, Value};
+use thunderbolt_shared::restart;
+use thunderbolt_tests::*;
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines},
+    process::{Child, ChildStdin, ChildStdout},
+};
+
+/// The SDK agent, or `None` (and a note) where its npm packages are not installed.
+fn sdk_agent() -> Option<PathBuf> {
+    let root = bin_dir().join("../../client-wasm/e2e");
+    let root = root.canonicalize().unwrap_or(root);
+    if !root.join("node_modules/@agentclientprotocol/sdk").is_dir() {
+        eprintln!(
+            "skipped: the ACP SDK is not installed (`npm ci` in client-wasm/e2e; tests/run-all.sh does it)"
+        );
+        return None;
+    }
+    Some(root.join("restart-agent.mjs"))
+}
+
+/// One `connect`'s stdio: JSON-RPC lines in and out.
+struct Client {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+    log: Log,
+    /// Every line read, in order.
+    seen: Vec<Value>,
+}
+
+impl Client {
+    fn start(dev: &Tb, ticket: &str) -> Self {
+        let (mut child, log) = dev.connect(&[ticket]);
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self { child, stdin, lines, log, seen: Vec::new() }
+    }
+
+    async fn send(&mut self, v: Value) {
+        let mut line = serde_json::to_vec(&v).unwrap();
+        line.push(b'\n');
+        self.stdin.write_all(&line).await.unwrap();
+    }
+
+    async fn next(&mut self) -> Value {
+        let line = tokio::time::timeout(WAIT, self.lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("no line from connect in time; its log:\n{}", self.log.text()))
+            .unwrap()
+            .unwrap_or_else(|| panic!("connect's output ended; its log:\n{}", self.log.text()));
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        self.seen.push(v.clone());
+        v
+    }
+
+    /// Reads until the response to `id`, returning it.
+    async fn response(&mut self, id: &Value) -> Value {
+        loop {
+            let v = self.next().await;
+            if v.get("id") == Some(id) && v.get("method").is_none() {
+                return v;
+            }
+        }
+    }
+
+    async fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await;
+        self.response(&json!(id)).await
+    }
+
+    async fn prompt(&mut self, id: u64, session: &str, text: &str) -> (Value, String) {
+        let start = self.seen.len();
+        let params = json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]});
+        let r = self.request(id, "session/prompt", params).await;
+        (r, self.said_since(start))
+    }
+
+    /// The agent's message chunks among the lines seen from `start` on.
+    fn said_since(&self, start: usize) -> String {
+        self.seen[start..].iter().filter_map(chunk_text).collect()
+    }
+}
+
+fn chunk_text(v: &Value) -> Option<&str> {
+    let u = &v["params"]["update"];
+    (v["method"] == "session/update" && u["sessionUpdate"] == "agent_message_chunk")
+        .then(|| u["content"]["text"].as_str())
+        .flatten()
+}
+
+/// A bridge home with the SDK agent, a device paired with it, and both on one relay.
+struct Rig {
+    relay: LocalRelay,
+    tb: Tb,
+    dev: Tb,
+    store: tempfile::TempDir,
+    agent: PathBuf,
+    caps: &'static str,
+}
+
+impl Rig {
+    async fn new(caps: &'static str) -> Option<Self> {
+        let agent = sdk_agent()?;
+        let relay = LocalRelay::start().await;
+        let tb = Tb::new(Some(&relay));
+        let dev = Tb::new(Some(&relay));
+        tb.allow(&dev.node_id("acp").await).await;
+        Some(Self { relay, tb, dev, store: tempfile::tempdir().unwrap(), agent, caps })
+    }
+
+    async fn bridge(&self) -> RunningBridge {
+        let store = self.store.path().display().to_string();
+        let agent = self.agent.display().to_string();
+        let cmd = ["node", &agent, "--store", &store, "--caps", self.caps, "--chunk-ms", "20"];
+        self.tb.bridge("acp", &[], &cmd).await
+    }
+
+    fn journals(&self) -> Vec<String> {
+        let dir = self.tb.home().join("iroh/sessions");
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
+    fn calls(&self) -> String {
+        std::fs::read_to_string(self.store.path().join("calls.log")).unwrap_or_default()
+    }
+}
+
+/// initialize, session/new and two turns: the session id.
+async fn converse(c: &mut Client) -> String {
+    let init = c
+        .request(
+            0,
+            "initialize",
+            json!({"protocolVersion": 1, "clientInfo": {"name": "restart-test", "version": "7"}}),
+        )
+        .await;
+    assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
+    let new = c.request(1, "session/new", json!({"cwd": "/tmp", "mcpServers": []})).await;
+    let sid = new["result"]["sessionId"].as_str().expect("a session id").to_string();
+    let (r, said) = c.prompt(2, &sid, "first").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn");
+    assert_eq!(said, "turn 1: first (history: none)");
+    let (_, said) = c.prompt(3, &sid, "second").await;
+    assert_eq!(said, "turn 2: second (history: first)");
+    sid
+}
+
+/// Starts the streamed third turn (request 4) and reads `n` of its chunks.
+async fn stream_until(c: &mut Client, sid: &str, n: usize) {
+    let params = json!({"sessionId": sid, "prompt": [{"type": "text", "text": "stream 400"}]});
+    c.send(json!({"jsonrpc": "2.0", "id": 4, "method": "session/prompt", "params": params})).await;
+    let mut got = 0;
+    while got < n {
+        if chunk_text(&c.next().await).is_some() {
+            got += 1;
+        }
+    }
+}
+
+/// After the restart: the rest of the streamed turn's chunks, exactly once and
+/// in order, then request 4 answered `turn aborted`, then the restored
+/// notification (returned). No history the agent streamed while loading reaches
+/// the client.
+async fn taken_back(c: &mut Client) -> Value {
+    let aborted = c.response(&json!(4)).await;
+    assert_eq!(aborted["error"]["message"], restart::TURN_ABORTED, "{aborted}");
+    let note = c.next().await;
+    assert_eq!(note["method"], restart::METHOD_RESTORED, "{note}");
+    assert_eq!(note["params"]["aborted"], json!([4]), "{note}");
+    // Every chunk of the cut turn once, numbered from 1 without a gap or a repeat.
+    let chunks: Vec<u32> = c
+        .seen
+        .iter()
+        .filter_map(chunk_text)
+        .filter_map(|t| t.strip_prefix("chunk ")?.split('/').next()?.parse().ok())
+        .collect();
+    assert!(chunks.len() >= 10 && chunks.len() < 400, "{} chunks", chunks.len());
+    assert_eq!(chunks, (1..=chunks.len() as u32).collect::<Vec<_>>(), "chunks lost, repeated or reordered");
+    assert!(
+        !c.seen.iter().any(|v| v["params"]["update"]["sessionUpdate"] == "user_message_chunk"),
+        "the history the agent streamed while loading reached the client"
+    );
+    note
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_survives_sigterm_of_the_bridge_and_resumes_its_acp_session() {
+    let Some(rig) = Rig::new("resume").await else { return };
+    let mut bridge = rig.bridge().await;
+    let mut c = Client::start(&rig.dev, &bridge.ticket);
+    let sid = converse(&mut c).await;
+    stream_until(&mut c, &sid, 10).await;
+    assert_eq!(rig.journals().len(), 1, "a resumable session is journaled");
+
+    let status = bridge.terminate().await;
+    assert!(status.success(), "the bridge exits cleanly: {status:?}");
+    let log = bridge.log.finished().await;
+    assert!(log.contains("session kept for the bridge's restart"), "{log}");
+    c.log.wait_for("the bridge is restarting and keeps the session").await;
+
+    let bridge = rig.bridge().await;
+    let note = taken_back(&mut c).await;
+    assert_eq!(note["params"]["sessions"], json!([{"sessionId": sid, "how": "resume"}]), "{note}");
+    bridge.log.wait_for("session taken back after the restart").await;
+    assert!(bridge.log.contains("(session/resume)"), "{}", bridge.log.text());
+
+    // The same ACP session, its history intact (the cut turn was never saved).
+    let (r, said) = c.prompt(5, &sid, "fourth").await;
+    assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
+    assert_eq!(said, "turn 3: fourth (history: first|second)");
+    // An answer to something the old agent asked never reaches the new one.
+    c.send(json!({"jsonrpc": "2.0", "id": "old-ask", "result": {"outcome": {"outcome": "cancelled"}}})).await;
+    bridge.log.wait_for("the client's answer to request \"old-ask\" dropped").await;
+    let calls = rig.calls();
+    assert_eq!(
+        calls.matches("initialize {\"name\":\"restart-test\",\"version\":\"7\"}").count(),
+        2,
+        "{calls}"
+    );
+    assert!(calls.contains(&format!("resume {sid}")) && !calls.contains("load "), "{calls}");
+
+    // `status` marks it.
+    let out = rig.tb.run(&["status", "--json"]).await;
+    let status: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"));
+    assert!(status.to_string().contains("\"restored\":true"), "{status}");
+
+    // The session ends as any other: its journal goes with it.
+    drop(c.stdin);
+    let exit = tokio::time::timeout(WAIT, c.child.wait()).await.unwrap().unwrap();
+    assert!(exit.success(), "connect: {exit:?}\n{}", c.log.text());
+    bridge.log.wait_for("session ended").await;
+    assert_eq!(rig.journals(), Vec::<String>::new());
+    bridge.stop().await;
+    rig.relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_survives_sigkill_of_the_bridge_and_loads_its_acp_session() {
+    let Some(rig) = Rig::new("load").await else { return };
+    let mut bridge = rig.bridge().await;
+    let mut c = Client::start(&rig.dev, &bridge.ticket);
+    let sid = converse(&mut c).await;
+    stream_until(&mut c, &sid, 10).await;
+
+    // SIGKILL: the agent dies with the bridge (its death signal). What the
+    // agent had written that the bridge had not read yet is lost; nothing the
+    // bridge read is, and nothing is delivered twice (asserted in taken_back).
+    signal(bridge.pid(), libc::SIGKILL);
+    let _ = bridge.child.wait().await;
+    c.log.wait_for("reconnecting").await;
+
+    let bridge = rig.bridge().await;
+    let note = taken_back(&mut c).await;
+    assert_eq!(note["params"]["sessions"], json!([{"sessionId": sid, "how": "load"}]), "{note}");
+    let (_, said) = c.prompt(5, &sid, "fourth").await;
+    assert_eq!(said, "turn 3: fourth (history: first|second)");
+    assert!(rig.calls().contains(&format!("load {sid}")), "{}", rig.calls());
+    bridge.log.wait_for("history update(s) not shown again").await;
+    drop(c.stdin);
+    let _ = tokio::time::timeout(WAIT, c.child.wait()).await;
+    bridge.stop().await;
+    rig.relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_that_cannot_reload_ends_the_session_with_a_reason_of_its_own() {
+    let Some(rig) = Rig::new("none").await else { return };
+    let mut bridge = rig.bridge().await;
+    let mut c = Client::start(&rig.dev, &bridge.ticket);
+    let sid = converse(&mut c).await;
+    stream_until(&mut c, &sid, 10).await;
+    bridge.terminate().await;
+
+    let bridge = rig.bridge().await;
+    let note = taken_back(&mut c).await;
+    assert_eq!(note["params"]["failed"], thunderbolt_shared::close::REASON_CANNOT_RELOAD, "{note}");
+    let exit = tokio::time::timeout(WAIT, c.child.wait()).await.unwrap().unwrap();
+    assert!(!exit.success());
+    let log = c.log.finished().await;
+    assert!(log.contains("cannot reload sessions"), "{log}");
+    assert!(!log.contains("unknown session"), "{log}");
+    bridge.log.wait_for("session ended").await;
+    assert_eq!(rig.journals(), Vec::<String>::new(), "the ended session's journal is gone");
+    bridge.stop().await;
+    rig.relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_journals_are_set_aside_and_a_token_is_not_enough_to_take_another_owners_session() {
+    let Some(rig) = Rig::new("resume").await else { return };
+    let mut bridge = rig.bridge().await;
+    let mut c = Client::start(&rig.dev, &bridge.ticket);
+    converse(&mut c).await;
+    bridge.terminate().await;
+    let names = rig.journals();
+    assert_eq!(names.len(), 1);
+    let dir = rig.tb.home().join("iroh/sessions");
+    let journal = dir.join(&names[0]);
+
+    // The journal now names another owner: this device presents the right
+    // token, and is still not given the session.
+    let text = std::fs::read_to_string(&journal).unwrap();
+    let me = rig.dev.node_id("acp").await.to_string();
+    let other = iroh::SecretKey::from_bytes(&[7u8; 32]).public();
+    rig.tb.allow(&other).await;
+    std::fs::write(&journal, text.replacen(&me, &other.to_string(), 1)).unwrap();
+    // And journals the bridge must not use.
+    use std::os::unix::fs::PermissionsExt;
+    let bad = |name: &str, bytes: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    };
+    bad("truncated.journal", &text.as_bytes()[..40]);
+    bad("version.journal", text.replacen("{\"journal\":1,", "{\"journal\":9,", 1).as_bytes());
+    std::os::unix::fs::symlink(&journal, dir.join("link.journal")).unwrap();
+
+    let bridge = rig.bridge().await;
+    for name in ["truncated", "version", "link"] {
+        bridge.log.wait_for(&format!("{name}.journal cannot be used")).await;
+    }
+    let exit = tokio::time::timeout(WAIT, c.child.wait()).await.unwrap().unwrap();
+    assert!(!exit.success());
+    let log = c.log.finished().await;
+    assert!(log.contains("the session is gone"), "{log}");
+    let mut left = rig.journals();
+    left.retain(|n| !n.ends_with(".set-aside"));
+    assert_eq!(left, [names[0].clone()], "the other owner's journal waits for its owner");
+
+    // The bridge still serves.
+    let mut c2 = Client::start(&rig.dev, &bridge.ticket);
+    converse(&mut c2).await;
+    drop(c2.stdin);
+    let _ = tokio::time::timeout(WAIT, c2.child.wait()).await;
+    bridge.stop().await;
+    rig.relay.stop().await;
+}
+
+/// `systemctl --user restart thunderbolt-host`: the unit's own command line and
+/// environment (from `thunderbolt service install --dry-run`), run, stopped
+/// with SIGTERM as systemd stops it (`KillMode=mixed`), and run again.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_user_services_restart_keeps_the_session() {
+    let Some(rig) = Rig::new("resume").await else { return };
+    use std::os::unix::fs::PermissionsExt;
+    let agents = rig.tb.home().join("agents.d");
+    std::fs::create_dir_all(&agents).unwrap();
+    std::fs::set_permissions(&agents, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let manifest = json!({"name": "sdk", "command": ["node", rig.agent, "--store", rig.store.path(), "--caps", "resume"]});
+    let path = agents.join("sdk.json");
+    std::fs::write(&path, manifest.to_string()).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    let out = rig.tb.run(&["service", "install", "--dry-run", "--for", "systemd"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let unit = String::from_utf8(out.stdout).unwrap();
+    let field = |key: &'static str| unit.lines().filter_map(move |l| l.strip_prefix(key)).map(str::to_string);
+    let exec = field("ExecStart=").next().expect("an ExecStart line");
+    // `"/path/to/thunderbolt" host`: a quoted program and its words.
+    let (program, args) = exec.strip_prefix('"').and_then(|r| r.split_once("\" ")).expect("a quoted program");
+    let env: Vec<(String, String)> = field("Environment=")
+        .map(|v| {
+            let (k, v) = v.trim_matches('"').split_once('=').unwrap();
+            (k.to_string(), v.to_string())
+        })
+        .collect();
+    assert!(env.iter().any(|(k, _)| k == "THUNDERBOLT_HOME"), "{unit}");
+    let service = || {
+        // Only what the unit says (and a PATH to find the agent's interpreter).
+        let mut c = tokio::process::Command::new(program);
+        c.args(args.split(' ')).env_clear().env("PATH", std::env::var("PATH").unwrap()).envs(env.clone());
+        c.stdin(Stdio::null()).kill_on_drop(true);
+        c
+    };
+    let ticket_of = |banner: &str| {
+        let line = banner.lines().find(|l| l.trim_start().starts_with("Ticket:")).expect("a ticket");
+        line.split_whitespace().nth(1).unwrap().to_string()
+    };
+    let (mut host, banner, log) = start_with_banner(service()).await;
+    let ticket = ticket_of(&banner);
+    let mut c = Client::start(&rig.dev, &ticket);
+    let sid = converse(&mut c).await;
+    stream_until(&mut c, &sid, 10).await;
+    signal(host.id().unwrap(), libc::SIGTERM);
+    assert!(tokio::time::timeout(WAIT, host.wait()).await.unwrap().unwrap().success());
+    assert!(log.finished().await.contains("session kept for the bridge's restart"));
+
+    let (_again, banner, log) = start_with_banner(service()).await;
+    let id = |t: &str| t.parse::<thunderbolt_shared::EndpointTicket>().unwrap().endpoint_addr().id;
+    assert_eq!(id(&ticket_of(&banner)), id(&ticket), "the same identity (the ticket's port may differ)");
+    let note = taken_back(&mut c).await;
+    assert_eq!(note["params"]["sessions"], json!([{"sessionId": sid, "how": "resume"}]), "{note}");
+    let (_, said) = c.prompt(5, &sid, "fourth").await;
+    assert_eq!(said, "turn 3: fourth (history: first|second)");
+    log.wait_for("session taken back after the restart").await;
+    assert!(log.contains("agent{name=sdk}"), "the host's log names the agent:\n{}", log.text());
+}
