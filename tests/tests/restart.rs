@@ -410,3 +410,75 @@ async fn the_user_services_restart_keeps_the_session() {
     log.wait_for("session taken back after the restart").await;
     assert!(log.contains("agent{name=sdk}"), "the host's log names the agent:\n{}", log.text());
 }
+
+/// 16 000 lines of ~1 KiB through a `cat` agent and `connect`, the bridge
+/// stopped and started again halfway (its journals compacted many times over
+/// by then, and lines sent while it is down): every line arrives once and in
+/// order, and the client is told of the restart once, between the halves.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_of_lines_survives_a_restart_of_the_bridge_exactly_once() {
+    const HALF: usize = 8000;
+    let relay = LocalRelay::start().await;
+    let tb = Tb::new(Some(&relay));
+    let dev = Tb::new(Some(&relay));
+    tb.allow(&dev.node_id("acp").await).await;
+    let agent = [test_agent_bin().display().to_string(), "cat".into()];
+    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
+    let mut bridge = tb.bridge("acp", &[], &agent).await;
+    let (mut child, log) = dev.connect(&[&bridge.ticket]);
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let batch = |from: usize| -> Vec<u8> {
+        let pad = "x".repeat(1000);
+        (from..from + HALF)
+            .flat_map(|n| {
+                format!(
+                    "{{\"jsonrpc\":\"2.0\",\"method\":\"n\",\"params\":{{\"n\":{n},\"pad\":\"{pad}\"}}}}\n"
+                )
+                .into_bytes()
+            })
+            .collect()
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<usize>();
+    let reader = tokio::spawn(async move {
+        let (mut next, mut restored) = (0usize, 0usize);
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v["method"] == restart::METHOD_RESTORED {
+                assert_eq!(next, HALF, "told of the restart between the halves");
+                restored += 1;
+                continue;
+            }
+            assert_eq!(v["params"]["n"], next, "line {next} lost, repeated or out of order");
+            next += 1;
+            let _ = tx.send(next);
+        }
+        (next, restored)
+    });
+    stdin.write_all(&batch(0)).await.unwrap();
+    while tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap() < HALF {}
+    bridge.terminate().await;
+    let journal = tb.home().join("iroh/sessions");
+    let kept: Vec<_> = std::fs::read_dir(&journal).unwrap().flatten().collect();
+    assert_eq!(kept.len(), 1, "one journal kept");
+    // 8.5 MB went through it each way: compacted, it holds what the client had not acknowledged.
+    let len = kept[0].metadata().unwrap().len();
+    assert!(len < 5 << 20, "the journal was not compacted: {len} bytes");
+    // Written while the bridge is away: held by connect, delivered after the restart.
+    let rest = batch(HALF);
+    let second = tokio::spawn(async move {
+        stdin.write_all(&rest).await.unwrap();
+        stdin
+    });
+    let bridge = tb.bridge("acp", &[], &agent).await;
+    let stdin = tokio::time::timeout(WAIT, second).await.unwrap().unwrap();
+    while tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap() < 2 * HALF {}
+    drop(stdin);
+    let (n, restored) = tokio::time::timeout(WAIT, reader).await.unwrap().unwrap();
+    assert_eq!((n, restored), (2 * HALF, 1));
+    assert!(tokio::time::timeout(WAIT, child.wait()).await.unwrap().unwrap().success(), "{}", log.text());
+    bridge.log.wait_for("session ended").await;
+    assert_eq!(std::fs::read_dir(&journal).unwrap().count(), 0, "the ended session's journal is gone");
+    bridge.stop().await;
+    relay.stop().await;
+}

@@ -442,9 +442,25 @@ impl Hub {
     /// (before a client can see it), and compacts the journal when it grew
     /// far past what it must hold.
     pub(super) fn journal_output(&self, st: &mut State, run: &[u8], frames: u64) {
+        if let Some(j) = st.journal.as_mut() {
+            j.agent_run(run, frames);
+            self.compact_journal(st);
+        }
+    }
+
+    /// Journals a run of the client's frames before the agent's queue takes it.
+    pub(super) fn journal_input(&self, st: &mut State, run: &[u8], frames: u64) {
+        if let Some(j) = st.journal.as_mut() {
+            j.client_run(run, frames);
+            self.compact_journal(st);
+        }
+    }
+
+    /// Rewrites the journal as a snapshot and the output still held, once it
+    /// grew far past that (either side's records make it grow).
+    fn compact_journal(&self, st: &mut State) {
         let st = &mut *st;
         let Some(j) = st.journal.as_mut() else { return };
-        j.agent_run(run, frames);
         if !j.compact_due(st.out.bytes()) {
             return;
         }

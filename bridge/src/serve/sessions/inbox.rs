@@ -68,19 +68,19 @@ impl Hub {
                 None => Some(Inbound::Lines(bytes.clone())),
             },
         };
-        // Journaled before the agent can have them: a restart knows what it got.
+        // Frames after the agent's input closed are counted (and dropped)
+        // so the client's replay buffer drains.
+        let was_pending = st.ack.pending();
+        let due = st.ack.took(frames, len);
+        // Journaled (with the count) before the agent can have them: a restart
+        // knows what it got.
         if frames > 0 {
-            if let Some(j) = st.journal.as_mut() {
-                j.client_run(&bytes, frames);
-            }
+            self.journal_input(&mut st, &bytes, frames);
         }
         if let (Some(p), Some(item)) = (permit, item) {
             p.send(item);
         }
-        // Frames after the agent's input closed are counted (and dropped)
-        // so the client's replay buffer drains.
-        let was_pending = st.ack.pending();
-        if st.ack.took(frames, len) {
+        if due {
             st.ack_due = true;
             drop(st);
             self.output.notify_waiters();

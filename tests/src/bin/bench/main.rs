@@ -41,6 +41,7 @@ mod nat;
 mod peers;
 mod pressure;
 mod report;
+mod restart;
 mod resume;
 mod sections;
 
@@ -51,6 +52,7 @@ use nat::*;
 use peers::*;
 use pressure::*;
 use report::*;
+use restart::*;
 use resume::*;
 use sections::*;
 
@@ -134,6 +136,9 @@ enum Section {
     /// ~1 KiB lines echoed full duplex through `connect`, resumable against plain, with
     /// relays disabled and (in a loopback-only namespace) the default relays unreachable.
     Duplex,
+    /// Journaling resumable sessions against `--no-journal` through `connect`; restart →
+    /// the session back (the SDK agent's start and session/load) against its cold start.
+    Restart,
 }
 
 /// Which sections this run measures.

@@ -33,7 +33,7 @@ impl ConnectProc {
         c
     }
 
-    async fn start(tb: &Tb, target: &str, extra: &[&str]) -> Result<Self> {
+    pub async fn start(tb: &Tb, target: &str, extra: &[&str]) -> Result<Self> {
         Self::spawn(Self::command(tb, target, extra))
     }
 
@@ -95,7 +95,7 @@ impl ConnectProc {
 
 /// Two `connect` sessions of `client` open at once (`(target, flags)` each),
 /// warmed up, then their p50 round trips in alternating blocks of `rtts` in all.
-async fn p50_pair(
+pub async fn p50_pair(
     client: &Tb,
     a: (&str, &[&str]),
     b: (&str, &[&str]),
