@@ -430,7 +430,8 @@ test("thunderbolt host: two agents (ACP and MCP) through one relay, each by its 
 });
 
 test("the demo page: its relay field is applied, its ticket and session survive a reload, its endings are worded truthfully", async () => {
-  const b = await startBridge();
+  // No journal: its shutdown ends the session (a journaling bridge keeps it for its restart, tested below).
+  const b = await startBridge([], ["--no-journal"]);
   const ctx = await browser.newContext();
   const p = await ctx.newPage();
   // No ?relay: the page starts on the public relays (unreachable here) until the field says otherwise.
@@ -1125,6 +1126,49 @@ test("at 390 × 844: nothing overflows sideways, buttons big enough to tap, the 
 });
 
 // Last: it restarts the shared relay.
+test("the host restarted under an open page: the page says so, keeps its ACP session and a prompt in it works", async () => {
+  // An SDK agent that keeps its sessions on disk, on a bridge of its own home.
+  const home = tempHome();
+  const store = join(tempHome(), "store");
+  const agent = ["node", join(ROOT, "client-wasm/e2e/restart-agent.mjs"), "--store", store, "--caps", "load"];
+  const start = async () => {
+    const p = run(join(BIN, "thunderbolt"), ["acp", "--transport", "iroh", "--", ...agent], bridgeEnv(home));
+    await waitFor(() => p.out.some((l) => l.trim().startsWith("Allow a peer:")), "bridge banner").catch((e) => {
+      throw new Error(`${e.message}; stderr:\n${p.err}`);
+    });
+    return Object.assign(p, { home, ticket: p.out.map((l) => l.trim()).find((l) => l.startsWith("Ticket:")).split(/\s+/)[1] });
+  };
+  let host = await start();
+  const tab = await browser.newPage();
+  await tab.goto(`${baseUrl}/www/?${new URLSearchParams({ relay: relayUrl, ticket: host.ticket })}`);
+  await tab.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+  allow(host, await tab.textContent("#node-id"));
+  await tab.click("#connect");
+  await tab.waitForFunction(() => document.querySelector("#status").className === "ok", null, { timeout: WAIT_MS });
+  await tab.fill("#prompt", "first");
+  await tab.click("#send");
+  await tab.waitForFunction(() => document.querySelector("#reply").dataset.stopReason === "end_turn", null, { timeout: WAIT_MS });
+  assert.equal(await tab.textContent("#reply"), "turn 1: first (history: none)");
+
+  host.child.kill("SIGTERM");
+  await new Promise((r) => host.child.once("exit", r));
+  assert.match(host.err, /session kept for the bridge's restart/);
+  await tab.waitForFunction(() => (window.events || []).includes("reconnecting"), null, { timeout: WAIT_MS });
+  assert.equal(await tab.textContent("#status"), "reconnecting… (the host is restarting; it keeps the session)");
+  host = await start();
+  await tab.waitForFunction(() => /^host restarted, session restored/.test(document.querySelector("#status").textContent), null, { timeout: WAIT_MS });
+  const sid = await tab.evaluate(() => window.thunderbolt.state.sessionId);
+  assert.equal(await tab.textContent("#status"), `host restarted, session restored (load) · restart-agent · session ${sid}`);
+  assert.deepEqual(await tab.evaluate(() => window.restored.sessions), [{ sessionId: sid, how: "load" }]);
+  await tab.fill("#prompt", "second");
+  await tab.click("#send");
+  await tab.waitForFunction(() => document.querySelector("#reply").dataset.stopReason === "end_turn", null, { timeout: WAIT_MS });
+  assert.equal(await tab.textContent("#reply"), "turn 2: second (history: first)", "the same ACP session, its history intact");
+  assert.match(readFileSync(join(store, "calls.log"), "utf8"), new RegExp(`load ${sid}`));
+  await tab.close();
+  host.child.kill("SIGTERM");
+});
+
 test("the relay killed and restarted mid-session: the page's session resumes by itself", async () => {
   allow(bridge, await page.textContent("#node-id"));
   // The page's own session, noticing a lost path after 1.5 s; every status it shows is kept.

@@ -329,11 +329,17 @@ async fn bad_journals_are_set_aside_and_a_token_is_not_enough_to_take_another_ow
     bad("truncated.journal", &text.as_bytes()[..40]);
     bad("version.journal", text.replacen("{\"journal\":1,", "{\"journal\":9,", 1).as_bytes());
     std::os::unix::fs::symlink(&journal, dir.join("link.journal")).unwrap();
+    // A session of an owner no longer allowed: deleted, not taken back.
+    let header: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    let token = header["token_sha256"].as_str().unwrap();
+    let stranger = iroh::SecretKey::from_bytes(&[9u8; 32]).public().to_string();
+    bad("revoked.journal", text.replacen(&me, &stranger, 1).replacen(token, &"ab".repeat(32), 1).as_bytes());
 
     let bridge = rig.bridge().await;
     for name in ["truncated", "version", "link"] {
         bridge.log.wait_for(&format!("{name}.journal cannot be used")).await;
     }
+    bridge.log.wait_for("revoked.journal: its owner is no longer allowed").await;
     let exit = tokio::time::timeout(WAIT, c.child.wait()).await.unwrap().unwrap();
     assert!(!exit.success());
     let log = c.log.finished().await;
