@@ -1160,6 +1160,7 @@ test("the host restarted under an open page: the page says so, keeps its ACP ses
   const sid = await tab.evaluate(() => window.thunderbolt.state.sessionId);
   assert.equal(await tab.textContent("#status"), `host restarted, session restored (load) · restart-agent · session ${sid}`);
   assert.deepEqual(await tab.evaluate(() => window.restored.sessions), [{ sessionId: sid, how: "load" }]);
+  await tab.screenshot({ path: join(ARTIFACTS, "demo-page-host-restarted.png"), fullPage: true });
   await tab.fill("#prompt", "second");
   await tab.click("#send");
   await tab.waitForFunction(() => document.querySelector("#reply").dataset.stopReason === "end_turn", null, { timeout: WAIT_MS });

@@ -551,6 +551,7 @@ impl Resumable {
     fn conn_end(&self, err: ConnectionError) -> Result<String, (JsValue, Option<JsValue>)> {
         let ending = ending(&err);
         let gone = ending.refusal().filter(Refusal::is_session_gone);
+        let kept = ending.refusal().is_some_and(|r| r.is_session_kept());
         match ending {
             Ending::Closed { code, reason } if gone.is_some() => {
                 let msg = gone.map(|g| g.describe()).unwrap_or_default();
@@ -566,6 +567,8 @@ impl Resumable {
                 let e = (!end.is_success()).then(|| js_error(&ErrorKind::Agent(end), &end.describe()));
                 Err((v, e))
             }
+            // The bridge is restarting and keeps the session: redial as after a loss.
+            Ending::Closed { reason, .. } if kept => Ok(reason),
             Ending::Closed { code, reason } => {
                 let msg = format!("the bridge closed the connection: {reason} (code {code})");
                 Err((

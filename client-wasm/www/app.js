@@ -282,6 +282,8 @@ function onMessage(value) {
     agentRequest(value);
   } else if (value.method === "session/update") {
     onUpdate((value.params && value.params.update) || {});
+  } else if (value.method === "_thunderbolt/restored") {
+    onRestored(value.params || {});
   } else if (value.id !== undefined && state.pending.has(value.id)) {
     const p = state.pending.get(value.id);
     state.pending.delete(value.id);
@@ -292,6 +294,21 @@ function onMessage(value) {
     $("send").disabled = false;
     $("cancel").disabled = true;
   }
+}
+
+/// The workstation's bridge restarted under the session and took it back
+/// (docs/protocol.md, "Sessions that survive a restart of the bridge").
+function onRestored(p) {
+  window.restored = p;
+  const aborted = (p.aborted || []).length;
+  if (p.failed) {
+    setStatus(`host restarted: ${p.failed}`, "error");
+    return;
+  }
+  const how = (p.sessions || []).map((s) => `${s.how}${s.error ? ` (${s.error})` : ""}`).join(", ");
+  setStatus(`host restarted, session restored${how ? ` (${how})` : ""}${aborted ? ` · ${aborted} turn(s) aborted: send again` : ""} · ${state.agent} · session ${state.sessionId}`, "ok");
+  $("send").disabled = false;
+  $("cancel").disabled = true;
 }
 
 function onUpdate(u) {
@@ -522,7 +539,10 @@ async function connect(saved = null, release = null) {
     localStorage.setItem(TICKET_KEY, ticket);
     const onEvent = (e) => {
       window.events = [...(window.events || []), e.type];
-      if (e.type === "reconnecting") setStatus("reconnecting… (connection lost; the bridge keeps the session)", "warn");
+      if (e.type === "reconnecting") {
+        const restarting = e.detail === "bridge restarting: session kept";
+        setStatus(`reconnecting… (${restarting ? "the host is restarting; it keeps the session" : "connection lost; the bridge keeps the session"})`, "warn");
+      }
       if (e.type === "resumed") setStatus(`resumed · ${state.agent} · session ${state.sessionId}`, "ok");
     };
     state.userClosed = false;
@@ -596,7 +616,9 @@ async function send() {
     const res = await request("session/prompt", { sessionId: state.sessionId, prompt: [{ type: "text", text }] });
     $("reply").dataset.stopReason = res.stopReason;
   } catch (err) {
-    if (!state.userClosed) setStatus(describe(err), "error");
+    // A turn the host's restart aborted: the restored notice that follows says so.
+    const aborted = err.rpc && err.rpc.message === "turn aborted: the host restarted";
+    if (!state.userClosed && !aborted) setStatus(describe(err), "error");
   } finally {
     $("send").disabled = !state.conn;
   }
