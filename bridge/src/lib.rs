@@ -18,6 +18,8 @@
 //! - [`control`]: the local API (its typed contract, codec, server and
 //!   client), systemd readiness, the user service.
 //! - [`notify`]: notices to the owner (Web Push, a webhook), a session tap.
+//! - [`journal`]: resumable sessions on disk, so they survive a restart of the
+//!   bridge (taken back by [`serve::sessions::restore`]).
 //! - [`devices`] and [`pairing`]: named devices and one-time pairing codes.
 //! - [`cli`]: the `thunderbolt` commands built on the above.
 //! - Beside them, what all share: [`config`] (one configuration built from the
