@@ -309,6 +309,19 @@ impl ReplayLog {
         Ok(())
     }
 
+    /// Drops everything before frame `from` and numbers what follows from
+    /// `to` on (`to >= from`): a session taken back after a restart whose
+    /// client already holds more of the old agent's frames than were kept
+    /// (up to `to`) gets the new frames numbered where it stands.
+    pub fn rebase(&mut self, from: u64, to: u64) -> Result<(), BadPosition> {
+        self.ack(from)?;
+        let shift = to.checked_sub(from).filter(|s| self.total.checked_add(*s).is_some());
+        let shift = shift.ok_or(BadPosition { claimed: to, base: self.base, total: self.total })?;
+        self.base += shift;
+        self.total += shift;
+        Ok(())
+    }
+
     /// Everything from frame `n` on, as runs to write in order.
     pub fn since(&self, n: u64) -> Result<Vec<Bytes>, BadPosition> {
         self.check(n)?;
@@ -662,6 +675,18 @@ mod tests {
         assert!(log.ack(7).is_err(), "never sent");
         log.ack(6).unwrap();
         assert_eq!(log.bytes(), 0);
+    }
+
+    #[test]
+    fn a_log_is_renumbered_where_its_client_stands() {
+        let mut log = ReplayLog::starting_at(10);
+        log.push(Bytes::from_static(b"old\n"));
+        log.push(Bytes::from_static(b"new1\nnew2\n"));
+        log.rebase(11, 40).unwrap();
+        assert_eq!((log.acked(), log.total()), (40, 42));
+        assert_eq!(log.since(40).unwrap().concat(), b"new1\nnew2\n");
+        assert!(log.rebase(41, 40).is_err(), "never backwards");
+        assert!(log.rebase(40, u64::MAX).is_err(), "no overflow");
     }
 
     #[test]

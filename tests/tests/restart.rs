@@ -271,6 +271,10 @@ async fn a_session_survives_sigkill_of_the_bridge_and_loads_its_acp_session() {
     assert_eq!(said, "turn 3: fourth (history: first|second)");
     assert!(rig.calls().contains(&format!("load {sid}")), "{}", rig.calls());
     bridge.log.wait_for("history update(s) not shown again").await;
+    // The journal writes the agent's output behind the client's acknowledgements:
+    // the client held frames the killed bridge had not written, and the new
+    // agent's were numbered after them (no gap, no repeat: taken_back).
+    assert!(bridge.log.contains("past what the journal kept"), "{}", bridge.log.text());
     drop(c.stdin);
     let _ = tokio::time::timeout(WAIT, c.child.wait()).await;
     bridge.stop().await;

@@ -119,26 +119,32 @@ impl Ledger {
             return;
         }
         for line in ndjson::lines(run) {
-            let Some(id) = jsonrpc::response_id(line) else { continue };
-            let Some(key) = std::str::from_utf8(id).ok().and_then(|t| serde_json::from_str::<Value>(t).ok())
-            else {
-                continue;
-            };
-            let Some(call) = self.calls.remove(&key.to_string()) else { continue };
-            let Ok(answer) = serde_json::from_slice::<Value>(line) else { continue };
-            let Some(result) = answer.get("result") else { continue };
-            let id = match call.method.as_str() {
-                "session/new" => result.get("sessionId").cloned(),
-                _ => call.params.get("sessionId").cloned(),
-            };
-            if let Some(id) = id.filter(|i| i.is_string()) {
-                self.opened(AcpSession {
-                    id,
-                    cwd: call.params.get("cwd").cloned().unwrap_or(Value::Null),
-                    mcp_servers: call.params.get("mcpServers").cloned().unwrap_or(Value::Array(Vec::new())),
-                });
-            }
+            self.agent_line(line);
         }
+    }
+
+    /// One of the agent's lines: whether it answered a call waiting (then
+    /// it is worth keeping: it may name a session).
+    pub fn agent_line(&mut self, line: &[u8]) -> bool {
+        if self.calls.is_empty() {
+            return false;
+        }
+        let Some(key) = response_key(line) else { return false };
+        let Some(call) = self.calls.remove(&key) else { return false };
+        let Ok(answer) = serde_json::from_slice::<Value>(line) else { return true };
+        let Some(result) = answer.get("result") else { return true };
+        let id = match call.method.as_str() {
+            "session/new" => result.get("sessionId").cloned(),
+            _ => call.params.get("sessionId").cloned(),
+        };
+        if let Some(id) = id.filter(|i| i.is_string()) {
+            self.opened(AcpSession {
+                id,
+                cwd: call.params.get("cwd").cloned().unwrap_or(Value::Null),
+                mcp_servers: call.params.get("mcpServers").cloned().unwrap_or(Value::Array(Vec::new())),
+            });
+        }
+        true
     }
 
     fn opened(&mut self, s: AcpSession) {
@@ -170,13 +176,32 @@ impl Pending {
             return;
         }
         for line in ndjson::lines(run) {
-            let Some(id) = jsonrpc::response_id(line) else { continue };
-            if let Some(v) = std::str::from_utf8(id).ok().and_then(|t| serde_json::from_str::<Value>(t).ok())
-            {
-                self.0.remove(&v.to_string());
-            }
+            self.answered_line(line);
         }
     }
+
+    /// Crosses off the request one of the agent's lines answers; its id when it did.
+    pub fn answered_line(&mut self, line: &[u8]) -> Option<Value> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let key = response_key(line)?;
+        self.0.remove(&key).then(|| serde_json::from_str(&key).ok()).flatten()
+    }
+
+    /// Crosses off requests by id.
+    pub fn answered_ids(&mut self, ids: &[Value]) {
+        for id in ids {
+            self.0.remove(&id.to_string());
+        }
+    }
+}
+
+/// A response's id in one canonical form (`"a"`, `7`), as ids are kept.
+fn response_key(line: &[u8]) -> Option<String> {
+    let id = jsonrpc::response_id(line)?;
+    let v: Value = serde_json::from_str(std::str::from_utf8(id).ok()?).ok()?;
+    Some(v.to_string())
 }
 
 #[cfg(test)]

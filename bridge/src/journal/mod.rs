@@ -11,8 +11,9 @@
 //! before the client can see it, each run of the client's frames before the
 //! agent can, one `write` each. A process that dies (SIGKILL, a crash) loses
 //! nothing it wrote: the kernel holds it. The file is synced at a graceful
-//! stop, at every compaction and when its client goes away, so a power loss
-//! loses at most what was written since the last of those.
+//! stop and when its client goes away (the moment a restart matters most), so
+//! a power loss loses at most what was written since the last of those, or
+//! since the kernel last wrote it back on its own.
 //!
 //! The file is compacted (rewritten with a snapshot and only the output still
 //! unacknowledged) once it is larger than [`COMPACT_ABOVE`] and twice what it
@@ -45,6 +46,15 @@ pub const COMPACT_ABOVE: u64 = 4 << 20;
 /// twice over (32 MiB by default) before it is compacted; anything far larger
 /// was not written by this bridge.
 pub const MAX_JOURNAL_READ: u64 = 1 << 30;
+
+/// How long the agent's output may wait for its client's acknowledgement
+/// before it is written to the journal, while a client is attached. Output is
+/// acknowledged within a round trip and the ack delay (50 ms): most of it never
+/// needs writing, which is what keeps journaling off a bulk transfer's cost
+/// (written through, it cost a fifth of the throughput: `bench --only
+/// restart`). A crash loses output younger than this that had not reached the
+/// client; what had reached it is kept by the client.
+pub const WRITE_BEHIND: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What a journal's file name ends with; others in the folder are not read.
 const SUFFIX: &str = ".journal";
@@ -98,8 +108,16 @@ impl Journals {
             .mode(FILE_MODE)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)?;
-        let mut j =
-            Journal { path, header, file: Some(file), len: 0, ledger: Ledger::default(), keep: false };
+        let mut j = Journal {
+            path,
+            header,
+            file: Some(file),
+            len: 0,
+            ledger: Ledger::default(),
+            pending: Pending::default(),
+            hwm: 0,
+            keep: false,
+        };
         let line = record::header_line(&j.header);
         j.append(&[&line]);
         Ok(j)
@@ -114,6 +132,8 @@ impl Journals {
             file: None,
             len: 0,
             ledger: snap.ledger.clone(),
+            pending: Pending::default(),
+            hwm: 0,
             keep: false,
         };
         j.compact(snap, live);
@@ -211,6 +231,11 @@ pub struct Journal {
     len: u64,
     /// What the client opened, kept for compactions.
     pub ledger: Ledger,
+    /// The client's requests in flight.
+    pub pending: Pending,
+    /// The agent's frames before this one are in the journal (or were
+    /// acknowledged and skipped).
+    hwm: u64,
     /// Kept for the bridge's restart (a graceful stop), not deleted with the session.
     keep: bool,
 }
@@ -232,18 +257,56 @@ impl Journal {
         }
         let lines = ClientLines::of(run);
         self.ledger.client_calls(&lines.calls);
+        self.pending.sent(&lines.requests);
         let rec = record::in_record(frames, lines.requests, lines.calls);
         self.append(&[&rec]);
     }
 
-    /// A run of the agent's frames, before the client can see it.
-    pub fn agent_run(&mut self, run: &[u8], frames: u64) {
-        if self.file.is_none() {
+    /// A run of the agent's lines as it passes, written or not: what of it
+    /// matters to a restart (the answers to the client's requests and calls)
+    /// is written at once.
+    pub fn saw_output(&mut self, run: &[u8]) {
+        if self.file.is_none() || (self.pending.0.is_empty() && !self.ledger.waiting()) {
             return;
         }
-        self.ledger.agent_run(run);
-        let head = record::out_record(frames, run.len());
-        self.append(&[&head, run]);
+        let (mut ans, mut lines) = (Vec::new(), Vec::new());
+        for line in thunderbolt_shared::ndjson::lines(run) {
+            if let Some(id) = self.pending.answered_line(line) {
+                ans.push(id);
+            }
+            if self.ledger.agent_line(line) {
+                if let Ok(v) = serde_json::from_slice(line) {
+                    lines.push(v);
+                }
+            }
+        }
+        if !ans.is_empty() || !lines.is_empty() {
+            let rec = record::seen_record(ans, lines);
+            self.append(&[&rec]);
+        }
+    }
+
+    /// The agent's frames the journal lacks: from `from` (those before it
+    /// and after the last written were acknowledged) to `total`, as `runs`.
+    pub fn write_output(&mut self, from: u64, runs: &[Bytes], total: u64) {
+        if self.file.is_none() || self.hwm >= total {
+            return;
+        }
+        if from > self.hwm {
+            let rec = record::skip_record(from);
+            self.append(&[&rec]);
+        }
+        for run in runs {
+            let frames = memchr::memchr_iter(b'\n', run).count() as u64;
+            let head = record::out_record(frames, run.len());
+            self.append(&[&head, run]);
+        }
+        self.hwm = total;
+    }
+
+    /// The agent's frames before this one are in the journal.
+    pub fn written_to(&self) -> u64 {
+        self.hwm
     }
 
     /// Whether the file has grown enough past what it must hold (`live`
@@ -253,8 +316,8 @@ impl Journal {
     }
 
     /// Rewrites the journal as `snap` and the output still held (`live`,
-    /// whole runs of frames from `snap.out_base` on), synced, in place of the
-    /// old file (a crash leaves one or the other whole).
+    /// whole runs of frames from `snap.out_base` on), in place of the old
+    /// file (renamed over it: a crash of the process leaves one or the other whole).
     pub fn compact(&mut self, snap: &Snapshot, live: &[Bytes]) {
         let tmp = self.path.with_extension("journal.tmp");
         let result = (|| {
@@ -280,9 +343,11 @@ impl Journal {
             }
             w.flush()?;
             drop(w);
-            f.sync_all()?;
+            // Not synced here: a compaction comes every few MiB of a bulk
+            // transfer, and an fsync each time halved its throughput (bench
+            // --only restart). The rename replaces the file whole; the next
+            // sync (a stop, a detach) makes it durable.
             fs::rename(&tmp, &self.path)?;
-            sync_dir(&self.path);
             let file = fs::OpenOptions::new().append(true).custom_flags(libc::O_NOFOLLOW).open(&self.path)?;
             Ok::<_, io::Error>((file, len))
         })();
@@ -291,6 +356,10 @@ impl Journal {
                 self.file = Some(file);
                 self.len = len;
                 self.ledger = snap.ledger.clone();
+                self.pending = Pending::default();
+                self.pending.sent(&snap.pending);
+                let frames: u64 = live.iter().map(|r| memchr::memchr_iter(b'\n', r).count() as u64).sum();
+                self.hwm = snap.out_base + frames;
             }
             Err(e) => {
                 let _ = fs::remove_file(&tmp);
@@ -307,6 +376,7 @@ impl Journal {
         let rec = record::stop_record(SystemTime::now());
         self.append(&[&rec]);
         self.sync();
+        sync_dir(&self.path);
         self.keep = self.file.is_some();
     }
 
@@ -405,7 +475,7 @@ mod tests {
         assert_eq!(fs::metadata(j.path()).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(fs::metadata(js.dir()).unwrap().permissions().mode() & 0o777, 0o700);
         j.client_run(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/prompt\"}\n", 1);
-        j.agent_run(b"{\"a\":1}\n{\"a\":2}\n", 2);
+        j.write_output(0, &[Bytes::from_static(b"{\"a\":1}\n{\"a\":2}\n")], 2);
         let found = js.scan();
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].folded.out_total(), 2);
@@ -414,11 +484,20 @@ mod tests {
 
         let snap = Snapshot { out_base: 1, client_frames: 1, ..Snapshot::default() };
         j.compact(&snap, &[Bytes::from_static(b"{\"a\":2}\n")]);
-        j.agent_run(b"{\"a\":3}\n", 1);
+        j.write_output(2, &[Bytes::from_static(b"{\"a\":3}\n")], 3);
         let f = &js.scan()[0].folded;
         assert_eq!((f.out_base, f.out_total()), (1, 3));
         assert_eq!(f.out.concat_bytes(), b"{\"a\":2}\n{\"a\":3}\n");
         assert!(f.pending.0.is_empty(), "the snapshot said none");
+
+        // Written behind: frames acknowledged before they were written are
+        // skipped in one record; an answer to a request is kept at once.
+        j.client_run(b"{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"session/prompt\"}\n", 1);
+        j.saw_output(b"{\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{}}\n");
+        j.write_output(7, &[Bytes::from_static(b"{\"a\":7}\n")], 8);
+        let f = &js.scan()[0].folded;
+        assert_eq!((f.out_base, f.out_total()), (7, 8));
+        assert!(f.pending.0.is_empty(), "9 was answered: {:?}", f.pending);
 
         j.stop();
         let path = j.path().to_path_buf();

@@ -62,9 +62,28 @@ pub struct Snapshot {
 #[derive(Debug)]
 enum Line {
     Snap(Snapshot),
-    Out { out: u64, len: usize },
-    In { frames: u64, req: Vec<Value>, calls: Vec<Value> },
-    Stop { stop: u64 },
+    Out {
+        out: u64,
+        len: usize,
+    },
+    In {
+        frames: u64,
+        req: Vec<Value>,
+        calls: Vec<Value>,
+    },
+    Stop {
+        stop: u64,
+    },
+    /// The client acknowledged the agent's frames before this one: they were not written.
+    Skip {
+        skip: u64,
+    },
+    /// Of the agent's lines that were not written, the ones that matter: the
+    /// ids of the client's requests they answered, and answers to its calls.
+    Seen {
+        ans: Vec<Value>,
+        lines: Vec<Value>,
+    },
 }
 
 /// An input record as written.
@@ -99,6 +118,17 @@ fn parse_line(text: &[u8]) -> Option<Line> {
     if let Some(t) = o.get("stop") {
         return Some(Line::Stop { stop: t.as_u64()? });
     }
+    if let Some(n) = o.get("skip") {
+        return Some(Line::Skip { skip: n.as_u64()? });
+    }
+    if o.contains_key("ans") || o.contains_key("lines") {
+        let list = |k: &str| match o.get(k) {
+            None => Some(Vec::new()),
+            Some(Value::Array(a)) => Some(a.clone()),
+            Some(_) => None,
+        };
+        return Some(Line::Seen { ans: list("ans")?, lines: list("lines")? });
+    }
     None
 }
 
@@ -125,6 +155,16 @@ pub fn in_record(frames: u64, req: Vec<Value>, calls: Vec<Value>) -> Vec<u8> {
     serde_json::to_writer(&mut line, &InLine { frames, req, calls }).expect("a record serializes");
     line.push(b'\n');
     line
+}
+
+/// The agent's frames before `n` were acknowledged without being written.
+pub fn skip_record(n: u64) -> Vec<u8> {
+    format!("!{{\"skip\":{n}}}\n").into_bytes()
+}
+
+/// What mattered of agent lines that were not written (see [`Line::Seen`]).
+pub fn seen_record(ans: Vec<Value>, lines: Vec<Value>) -> Vec<u8> {
+    control(&serde_json::json!({ "ans": ans, "lines": lines }))
 }
 
 /// The stop marker.
@@ -239,6 +279,23 @@ pub fn read(bytes: &[u8]) -> Result<(Header, Folded), BadJournal> {
                 f.ledger.client_calls(&calls);
             }
             Line::Stop { stop } => f.stopped = Some(from_unix_ms(stop)),
+            // Written only past what was written before (the writer skips
+            // from its high-water mark): all held so far was acknowledged.
+            Line::Skip { skip } => {
+                if skip < f.out_total() {
+                    return Err(BadJournal::BadRecord(n));
+                }
+                f.out.clear();
+                f.out_base = skip;
+            }
+            Line::Seen { ans, lines } => {
+                f.pending.answered_ids(&ans);
+                for line in lines {
+                    if let Ok(bytes) = serde_json::to_vec(&line) {
+                        f.ledger.agent_line(&bytes);
+                    }
+                }
+            }
         }
     }
     Ok((header, f))

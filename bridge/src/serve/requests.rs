@@ -91,11 +91,6 @@ impl Requests {
         sorted.iter().flat_map(|id| jsonrpc::agent_ended(id, how)).collect()
     }
 
-    /// The ids of the requests in flight, as JSON values (for a journal's snapshot).
-    pub fn ids(&self) -> Vec<serde_json::Value> {
-        self.lock().iter().filter_map(|id| serde_json::from_slice(id).ok()).collect()
-    }
-
     pub fn len(&self) -> usize {
         self.count.load(Ordering::Relaxed)
     }

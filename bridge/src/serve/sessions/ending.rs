@@ -96,6 +96,7 @@ impl Hub {
     /// after. Returns false when the session has no journal to keep.
     pub(super) fn keep_for_restart(&self) -> bool {
         let mut st = self.lock();
+        self.flush_journal(&mut st);
         let Some(j) = st.journal.as_mut().filter(|j| j.is_live()) else { return false };
         j.stop();
         if !j.kept() {

@@ -151,6 +151,13 @@ pub(super) struct State {
     /// its new agent made and its client has not answered. The client's
     /// answers to any other (the old agent's) are dropped.
     pub(super) asked: Option<HashSet<String>>,
+    /// When the agent's output not yet in the journal is written, at the
+    /// latest (a client is attached: see [`Hub::journal_output`]).
+    pub(super) journal_due: Option<Instant>,
+    /// A session taken back after a restart, until its client first
+    /// attaches: the agent's frames the journal held (the new agent's are
+    /// numbered after them, or after what the client holds if that is more).
+    pub(super) restored_at: Option<u64>,
     /// A resumable connection was the last attached and did not close: output
     /// is kept for it (else a warm agent's output with nobody attached is dropped).
     pub(super) resumable: bool,
@@ -329,6 +336,8 @@ impl Hub {
             restoring: None,
             close_as: None,
             asked: None,
+            journal_due: None,
+            restored_at: None,
             resumable: false,
             input_ended: None,
             last_output: None,
@@ -438,14 +447,35 @@ impl Hub {
         }
     }
 
-    /// Journals a run of the agent's output just taken into the replay log
-    /// (before a client can see it), and compacts the journal when it grew
-    /// far past what it must hold.
-    pub(super) fn journal_output(&self, st: &mut State, run: &[u8], frames: u64) {
-        if let Some(j) = st.journal.as_mut() {
-            j.agent_run(run, frames);
-            self.compact_journal(st);
+    /// A run of the agent's output just taken into the replay log (`run`,
+    /// `frames` of them). What matters of it to a restart is journaled at
+    /// once; the frames themselves are written at once only while no client
+    /// is attached, else behind by [`journal::WRITE_BEHIND`] (most are
+    /// acknowledged before, and never written: see [`crate::journal`]).
+    pub(super) fn journal_output(&self, st: &mut State, run: &[u8]) {
+        let Some(j) = st.journal.as_mut() else { return };
+        j.saw_output(run);
+        if st.attached.is_none() {
+            self.flush_journal(st);
+        } else if st.journal_due.is_none() {
+            st.journal_due = Some(Instant::now() + journal::WRITE_BEHIND);
         }
+    }
+
+    /// Writes the agent's frames the journal lacks and the client has not
+    /// acknowledged (those it has are skipped in one record).
+    pub(super) fn flush_journal(&self, st: &mut State) {
+        st.journal_due = None;
+        let st = &mut *st;
+        let Some(j) = st.journal.as_mut() else { return };
+        let total = st.out.total();
+        if j.written_to() >= total {
+            return;
+        }
+        let from = j.written_to().max(st.out.acked());
+        let runs = st.out.since(from).unwrap_or_default();
+        j.write_output(from, &runs, total);
+        self.compact_journal(st);
     }
 
     /// Journals a run of the client's frames before the agent's queue takes it.
@@ -457,18 +487,23 @@ impl Hub {
     }
 
     /// Rewrites the journal as a snapshot and the output still held, once it
-    /// grew far past that (either side's records make it grow).
-    fn compact_journal(&self, st: &mut State) {
+    /// grew far past that (either side's records make it grow), or now.
+    pub(super) fn compact_journal(&self, st: &mut State) {
+        let due = st.journal.as_ref().is_some_and(|j| j.compact_due(st.out.bytes()));
+        if due {
+            self.rewrite_journal(st);
+        }
+    }
+
+    /// Rewrites the journal as a snapshot of the state and the output held.
+    pub(super) fn rewrite_journal(&self, st: &mut State) {
         let st = &mut *st;
         let Some(j) = st.journal.as_mut() else { return };
-        if !j.compact_due(st.out.bytes()) {
-            return;
-        }
         let snap = journal::Snapshot {
             out_base: st.out.acked(),
             client_frames: st.ack.received(),
             ledger: j.ledger.clone(),
-            pending: self.requests.get().map(|r| r.ids()).unwrap_or_default(),
+            pending: j.pending.0.iter().filter_map(|id| serde_json::from_str(id).ok()).collect(),
             resumes: st.resumes,
         };
         let live = st.out.since(st.out.acked()).unwrap_or_default();
@@ -613,9 +648,12 @@ impl Hub {
         self.wake(writer);
         if detached {
             // The moment a restart would matter most: what the client lacks is on the disk.
-            if let Some(j) = self.lock().journal.as_mut() {
+            let mut st = self.lock();
+            self.flush_journal(&mut st);
+            if let Some(j) = st.journal.as_mut() {
                 j.sync();
             }
+            drop(st);
             if let Some(registry) = self.registry.upgrade() {
                 registry.on_detach(&self.owner);
             }

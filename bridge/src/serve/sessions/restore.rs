@@ -247,6 +247,7 @@ fn rebuild(
             st.journal = journal.is_live().then_some(journal);
             st.restoring = Some(Restoring { calls: HashSet::new(), answers: tx, dropped: 0 });
             st.asked = Some(HashSet::new());
+            st.restored_at = Some(f.out_total());
         },
     );
     (hub, inbox, outbox, rx)
@@ -387,10 +388,8 @@ impl Hub {
         if run.is_empty() {
             return;
         }
-        let frames = st.out.push(run.clone());
-        if let Some(j) = st.journal.as_mut() {
-            j.agent_run(&run, frames);
-        }
+        st.out.push(run.clone());
+        self.journal_output(st, &run);
         self.output.notify_waiters();
     }
 }

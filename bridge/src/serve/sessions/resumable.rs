@@ -78,6 +78,21 @@ impl Hub {
             self.end_with(close::CLOSE_CODE_REFUSED, Gone::new(why, close::REASON_STALE_RESUME));
             return Err(AttachError::Stale { claimed: received, acked });
         }
+        // Taken back after a restart: a client that holds more of the old
+        // agent's frames than the journal kept gets the new ones numbered
+        // after what it holds (nothing it lacks is skipped: it has those).
+        if let Some(kept) = st.restored_at.take() {
+            if received > kept && st.out.acked() <= kept {
+                st.out.rebase(kept, received).map_err(|e| AttachError::BadPosition(e.to_string()))?;
+                info!(
+                    peer = %self.peer,
+                    session = self.short(),
+                    "the client holds {} frame(s) of the old agent's past what the journal kept; the new agent's are numbered after them",
+                    received - kept
+                );
+                self.rewrite_journal(&mut st);
+            }
+        }
         st.out.ack(received).map_err(|e| AttachError::BadPosition(e.to_string()))?;
         let id = st.next_id();
         st.ack.resumed();
@@ -156,6 +171,10 @@ impl Hub {
                     if !st.is_attached(id) {
                         return Step::Ready(Ok(None));
                     }
+                    // Output the client has not acknowledged in time goes to the journal.
+                    if st.journal_due.is_some_and(|at| Instant::now() >= at) {
+                        self.flush_journal(st);
+                    }
                     let mut runs = if cursor < st.out.total() {
                         match st.out.since(cursor) {
                             Ok(r) => r,
@@ -190,10 +209,7 @@ impl Hub {
                         if done {
                             return Step::Ready(Ok(Some(Vec::new())));
                         }
-                        let wake = match (st.ack_at, until) {
-                            (Some(a), Some(b)) => Some(a.min(b)),
-                            (a, b) => a.or(b),
-                        };
+                        let wake = [st.ack_at, until, st.journal_due].into_iter().flatten().min();
                         Step::Wait(wake)
                     } else {
                         Step::Ready(Ok(Some(runs)))

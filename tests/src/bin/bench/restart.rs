@@ -69,7 +69,8 @@ pub async fn restart_rows(b: &Bench) -> Result<Vec<Row>> {
         eprintln!("bench: no restart rows (the ACP SDK is not installed: npm ci in client-wasm/e2e)");
         return Ok(Vec::new());
     };
-    let client = Tb::new(None);
+    // On the relay: the restarted bridge has a new port, and the ticket's relay still reaches it.
+    let client = Tb::with_relay_url(&b.relay_url);
     let relay = b.relay_url.clone();
     let (mut cold, mut warm) = (Vec::new(), Vec::new());
     for _ in 0..RESTART_REPS {
