@@ -15,7 +15,7 @@ use super::{
     admit::{still_admitted, Admitted},
     served::AgentConfig,
     session::{self, refuse},
-    sessions::{self, AttachError, Hub, HubKind, HubLink, HubTiming, ResumeConfig},
+    sessions::{self, AttachError, Hub, HubKind, HubLink, HubTiming, JournalAt, ResumeConfig},
     slots::{self, Slot},
 };
 
@@ -177,20 +177,14 @@ async fn start(conn: Connection, stream: Stream, a: Admitted) {
     let timing = hub_timing(&a.cfg, resume, warm);
     let registry = Arc::downgrade(&a.shared.hubs);
     let max_frame = a.cfg.session.max_frame;
-    let (hub, inbox, outbox) = match (kind, a.shared.journals.get()) {
-        // A resumable session survives a restart of the bridge.
-        (HubKind::Resumable, Some(journals)) => Hub::journaled(
-            journals,
-            a.agent.endpoint.id(),
-            &a.cfg.protocol,
-            a.peer,
-            a.cfg.name.clone(),
-            timing,
-            max_frame,
-            registry,
-        ),
-        _ => Hub::new(kind, a.peer, a.cfg.name.clone(), timing, max_frame, registry),
-    };
+    // A resumable session survives a restart of the bridge.
+    let journal = a.shared.journals.get().filter(|_| kind == HubKind::Resumable).map(|journals| JournalAt {
+        journals,
+        node: a.agent.endpoint.id(),
+        protocol: &a.cfg.protocol,
+    });
+    let (hub, inbox, outbox) =
+        Hub::new(kind, a.peer, a.cfg.name.clone(), timing, max_frame, registry, journal);
     let _registered = a.shared.hubs.insert(&hub);
     if !still_admitted(&conn, &a.agent, &a.peer, &a.short) {
         return;

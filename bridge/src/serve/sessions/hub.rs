@@ -71,6 +71,39 @@ pub const MAX_DETACHED_PER_PEER: usize = 4;
 /// a reason each: a few hundred KiB at most.
 pub const ENDED_REMEMBERED: usize = 1024;
 
+/// Where a new resumable session is journaled: the folder, and the bridge
+/// NodeId and protocol it was reached at (a restart takes back only its own).
+pub struct JournalAt<'a> {
+    pub journals: &'a Journals,
+    pub node: EndpointId,
+    pub protocol: &'a str,
+}
+
+impl JournalAt<'_> {
+    /// The session's journal, or none when it cannot be written (said in the log).
+    fn create(&self, token: &str, owner: EndpointId, agent: &AgentName) -> Option<Journal> {
+        let header = journal::Header {
+            journal: journal::JOURNAL_VERSION,
+            token_sha256: journal::token_hash(token),
+            node: self.node.to_string(),
+            owner: owner.to_string(),
+            agent: agent.as_str().to_string(),
+            protocol: self.protocol.to_string(),
+            created_ms: journal::record::unix_ms(std::time::SystemTime::now()),
+        };
+        match self.journals.create(header) {
+            Ok(j) => Some(j),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot write a session journal in {} ({e}): this session will not survive a restart of the bridge",
+                    self.journals.dir().display()
+                );
+                None
+            }
+        }
+    }
+}
+
 /// What kind of connections drive a hub.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HubKind {
@@ -259,7 +292,9 @@ pub enum AttachError {
 }
 
 impl Hub {
-    /// A new session for `owner`, and the two ends the agent's pumps use.
+    /// A new session for `owner`, and the two ends the agent's pumps use;
+    /// journaled where `journal` says (it then survives a restart of the bridge).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         kind: HubKind,
         owner: EndpointId,
@@ -267,47 +302,12 @@ impl Hub {
         cfg: HubTiming,
         max_frame: usize,
         registry: Weak<Hubs>,
+        journal: Option<JournalAt<'_>>,
     ) -> (Arc<Self>, Inbox, Outbox) {
         let token = ids::token();
         let id = token[..8].to_string();
-        Self::with_state(kind, id, owner, agent, cfg, max_frame, registry, |st| st.token = token)
-    }
-
-    /// A new resumable session whose journal (in `journals`) lets it survive
-    /// a restart of the bridge; without one when it cannot be written (said in the log).
-    #[allow(clippy::too_many_arguments)]
-    pub fn journaled(
-        journals: &Journals,
-        node: EndpointId,
-        protocol: &str,
-        owner: EndpointId,
-        agent: AgentName,
-        cfg: HubTiming,
-        max_frame: usize,
-        registry: Weak<Hubs>,
-    ) -> (Arc<Self>, Inbox, Outbox) {
-        let token = ids::token();
-        let header = journal::Header {
-            journal: journal::JOURNAL_VERSION,
-            token_sha256: journal::token_hash(&token),
-            node: node.to_string(),
-            owner: owner.to_string(),
-            agent: agent.as_str().to_string(),
-            protocol: protocol.to_string(),
-            created_ms: journal::record::unix_ms(std::time::SystemTime::now()),
-        };
-        let journal = match journals.create(header) {
-            Ok(j) => Some(j),
-            Err(e) => {
-                tracing::warn!(
-                    "cannot write a session journal in {} ({e}): this session will not survive a restart of the bridge",
-                    journals.dir().display()
-                );
-                None
-            }
-        };
-        let id = token[..8].to_string();
-        Self::with_state(HubKind::Resumable, id, owner, agent, cfg, max_frame, registry, |st| {
+        let journal = journal.and_then(|at| at.create(&token, owner, &agent));
+        Self::with_state(kind, id, owner, agent, cfg, max_frame, registry, |st| {
             st.token = token;
             st.journal = journal;
         })

@@ -66,7 +66,7 @@ pub mod timing;
 pub mod warm;
 
 pub use hub::{
-    AttachError, Hub, HubKind, HubView, CLOSE_CODE_KEPT_WARM, ENDED_REMEMBERED, KEPT_WARM_QUIET,
+    AttachError, Hub, HubKind, HubView, JournalAt, CLOSE_CODE_KEPT_WARM, ENDED_REMEMBERED, KEPT_WARM_QUIET,
     MAX_DETACHED_PER_PEER, REASON_KEPT_WARM, REASON_PROTOCOL, REASON_SUPERSEDED,
 };
 pub use link::{HubLink, Inbox, Outbox};
