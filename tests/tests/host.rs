@@ -199,7 +199,20 @@ async fn manifests_are_read_strictly_each_refusal_names_its_reason_and_the_rest_
     assert_eq!(v["agents"][0]["label"], "Good one");
     assert_eq!(v["agents"][0]["nodeId"], h.agent("good").id.to_string());
     assert_eq!(v["refused"].as_array().unwrap().len(), cases.len() + chowned as usize);
+    // The running host's own ticket (relays are disabled here: the only kind that reaches it),
+    // as a new user would take it from the list.
+    assert_eq!(v["agents"][0]["ticketFrom"], "the running host");
+    let listed = v["agents"][0]["ticket"].as_str().unwrap();
+    let out = exchange(&client, "acp", listed, "{\"listed\":1}\n").await;
+    assert_eq!(out.stdout, b"{\"listed\":1}\n", "{}", String::from_utf8_lossy(&out.stderr));
     h.stop().await;
+    // No host: the ticket from the configuration, and why it cannot reach anything.
+    let out = host.run(&["agents", "list"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("this ticket carries no address: relays are disabled and no host serves"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

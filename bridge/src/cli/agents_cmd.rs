@@ -71,21 +71,31 @@ fn list(home: &Home, a: crate::cli::args::AgentsListArgs) -> Result<()> {
     let net = a.net.config()?;
     let dir = home.agents_dir();
     let loaded = folder::load_dir(&dir, &Machine::this());
+    // What the running host (if one runs) serves: live sessions, and the
+    // ticket it prints (its addresses as bound: with relays disabled the only
+    // ticket that reaches it).
+    let served: HashMap<String, crate::control::api::AgentStatus> =
+        crate::control::client::each(home, |c| c.status())
+            .into_iter()
+            .filter_map(|(_, r)| r.ok().filter(|s| s.kind == "host"))
+            .flat_map(|s| s.agents.into_iter().map(|a| (a.name.clone(), a)))
+            .collect();
     let mut rows = Vec::new();
     for spec in loaded.agents.values() {
         let (key, _) = identity::load_or_create_named(home, &spec.identity.file_name(&spec.name))?;
         let id = key.public();
-        let ticket = thunderbolt_shared::EndpointTicket::new(host::offline_addr(id, &net));
-        rows.push((spec, id, ticket));
+        let live = served
+            .get(&spec.name)
+            .filter(|a| a.node_id == id.to_string())
+            .and_then(|a| a.ticket.parse::<thunderbolt_shared::EndpointTicket>().ok());
+        let ticket = live
+            .clone()
+            .unwrap_or_else(|| thunderbolt_shared::EndpointTicket::new(host::offline_addr(id, &net)));
+        rows.push((spec, id, ticket, live.is_some()));
     }
-    // Live sessions, from the running host (if one runs).
-    let live: HashMap<String, u64> = crate::control::client::each(home, |c| c.status())
-        .into_iter()
-        .filter_map(|(_, r)| r.ok().filter(|s| s.kind == "host"))
-        .flat_map(|s| s.agents.into_iter().map(|a| (a.name, a.live_sessions as u64)))
-        .collect();
+    let live: HashMap<&str, u64> = served.iter().map(|(n, a)| (n.as_str(), a.live_sessions as u64)).collect();
     if let Some(name) = &a.qr {
-        let Some((_, _, ticket)) = rows.iter().find(|(s, _, _)| &s.name == name) else {
+        let Some((_, _, ticket, _)) = rows.iter().find(|(s, _, _, _)| &s.name == name) else {
             bail!("no agent named '{name}' loads from {} (see `thunderbolt agents list`)", dir.display());
         };
         println!("{}", qr(&ticket.to_string())?);
@@ -94,12 +104,13 @@ fn list(home: &Home, a: crate::cli::args::AgentsListArgs) -> Result<()> {
     if a.json {
         let agents: Vec<_> = rows
             .iter()
-            .map(|(s, id, t)| {
+            .map(|(s, id, t, running)| {
                 json!({
                     "name": s.name, "label": s.label, "protocol": s.protocol.as_str(),
                     "nodeId": id.to_string(), "nodeIdBase32": node_id_base32(id), "ticket": t.to_string(),
+                    "ticketFrom": if *running { "the running host" } else { "the configuration" },
                     "file": s.source, "status": "loaded", "warnings": s.warnings,
-                    "liveSessions": live.get(&s.name),
+                    "liveSessions": live.get(s.name.as_str()),
                 })
             })
             .collect();
@@ -117,14 +128,20 @@ fn list(home: &Home, a: crate::cli::args::AgentsListArgs) -> Result<()> {
             dir.display()
         );
     }
-    for (s, id, t) in &rows {
-        let sessions = match live.get(&s.name) {
+    for (s, id, t, running) in &rows {
+        let sessions = match live.get(s.name.as_str()) {
             Some(n) => format!("; {n} live session(s)"),
             None => String::new(),
         };
         println!("{} ({}, {}): loaded from {}{sessions}", s.name, s.label, s.protocol, s.source.display());
         println!("  NodeId: {id}  ({})", node_id_base32(id));
         println!("  Ticket: {t}");
+        if !running && t.endpoint_addr().addrs.is_empty() {
+            println!(
+                "  (this ticket carries no address: relays are disabled and no host serves this agent now; \
+                 start `thunderbolt host` and list again for a ticket with its direct addresses)"
+            );
+        }
         for w in &s.warnings {
             println!("  warning: {w}");
         }
