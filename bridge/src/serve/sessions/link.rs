@@ -173,15 +173,6 @@ impl AsyncWrite for Outbox {
                 return Poll::Ready(Ok(buf.len()));
             }
         }
-        // Taking the session back after a restart: the agent's answers to the
-        // bridge's own calls, and the history it streams, are not the client's.
-        let mut kept = None;
-        if let Some(r) = st.restoring.as_mut() {
-            match r.filter(Bytes::copy_from_slice(buf)) {
-                None => return Poll::Ready(Ok(buf.len())),
-                Some(run) => kept = Some(run),
-            }
-        }
         let held = st.out.bytes();
         if held > 0 && held + buf.len() > hub.cfg.buffer {
             st.writer = Some(cx.waker().clone());
@@ -195,12 +186,20 @@ impl AsyncWrite for Outbox {
             return Poll::Pending;
         }
         // The pump writes whole lines only: each write is one run of frames.
-        let run = kept.unwrap_or_else(|| Bytes::copy_from_slice(buf));
-        let frames = st.out.push(run.clone());
+        let mut run = Bytes::copy_from_slice(buf);
+        // Taking the session back after a restart: the agent's answers to the
+        // bridge's own calls, and the history it streams, are not the client's
+        // (filtered once the run is taken: a write that waits for room comes again).
+        if let Some(r) = st.restoring.as_mut() {
+            match r.filter(run) {
+                None => return Poll::Ready(Ok(buf.len())),
+                Some(kept) => run = kept,
+            }
+        }
+        st.out.push(run.clone());
         if let Some(asked) = st.asked.as_mut() {
             Hub::note_asked(asked, &run);
         }
-        let _ = frames;
         hub.journal_output(&mut st, &run);
         st.last_output = Some(Instant::now());
         drop(st);

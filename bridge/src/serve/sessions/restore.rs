@@ -375,10 +375,11 @@ impl Hub {
     /// Waits until the session is not being taken back any more (client
     /// frames wait for it: they must reach the agent after the restore).
     pub(super) async fn restored(&self) {
-        self.until(
-            Wake::Changed,
-            |st| if st.restoring.is_some() { Step::Wait(None) } else { Step::Ready(()) },
-        )
+        // A session that ended meanwhile waits for nothing.
+        self.until(Wake::Changed, |st| match st.restoring.is_some() && st.gone.is_none() {
+            true => Step::Wait(None),
+            false => Step::Ready(()),
+        })
         .await
     }
 
