@@ -411,8 +411,7 @@ async fn the_user_services_restart_keeps_the_session() {
     assert!(log.finished().await.contains("session kept for the bridge's restart"));
 
     let (_again, banner, log) = start_with_banner(service()).await;
-    let id = |t: &str| t.parse::<thunderbolt_shared::EndpointTicket>().unwrap().endpoint_addr().id;
-    assert_eq!(id(&ticket_of(&banner)), id(&ticket), "the same identity (the ticket's port may differ)");
+    assert_eq!(ticket_of(&banner), ticket, "the same identity and port, the same ticket");
     let note = taken_back(&mut c).await;
     assert_eq!(note["params"]["sessions"], json!([{"sessionId": sid, "how": "resume"}]), "{note}");
     let (_, said) = c.prompt(5, &sid, "fourth").await;
@@ -491,4 +490,29 @@ async fn a_stream_of_lines_survives_a_restart_of_the_bridge_exactly_once() {
     assert_eq!(std::fs::read_dir(&journal).unwrap().count(), 0, "the ended session's journal is gone");
     bridge.stop().await;
     relay.stop().await;
+}
+
+/// With relays disabled a ticket carries only direct addresses: the restarted
+/// bridge binds the port it had, so the ticket it printed before (and the
+/// client holding it) reaches it again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_bridge_keeps_its_port_so_the_old_ticket_reaches_it_without_a_relay() {
+    let tb = Tb::new(None);
+    let dev = Tb::new(None);
+    tb.allow(&dev.node_id("acp").await).await;
+    let agent = [test_agent_bin().display().to_string(), "cat".into()];
+    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
+    let mut bridge = tb.bridge("acp", &[], &agent).await;
+    let mut c = Client::start(&dev, &bridge.ticket);
+    c.send(json!({"jsonrpc": "2.0", "method": "n", "params": {"n": 1}})).await;
+    assert_eq!(c.next().await["params"]["n"], 1);
+    bridge.terminate().await;
+    let again = tb.bridge("acp", &[], &agent).await;
+    assert_eq!(again.ticket, bridge.ticket, "the same port, the same ticket");
+    c.send(json!({"jsonrpc": "2.0", "method": "n", "params": {"n": 2}})).await;
+    assert_eq!(c.next().await["method"], restart::METHOD_RESTORED);
+    assert_eq!(c.next().await["params"]["n"], 2, "the same session, through the old ticket's direct address");
+    drop(c.stdin);
+    assert!(tokio::time::timeout(WAIT, c.child.wait()).await.unwrap().unwrap().success());
+    again.stop().await;
 }

@@ -20,6 +20,7 @@
 pub mod folder;
 pub mod manifest;
 pub mod plan;
+pub mod ports;
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -104,7 +105,7 @@ impl HostContext {
             }
         }
         let alpns = accept::alpns(&plan.protocol, plan.resume.is_some());
-        let ep = net.bind(key, alpns, self.config.idle_timeout).await?;
+        let ep = ports::bind(&self.home, &net, key, alpns, self.config.idle_timeout).await?;
         let (addr, relay_problem) = crate::net::reachable_addr(&ep, &net).await;
         let (account, account_status) = match &self.credential {
             Err(why) => (None, account::AccountStatus::Off(why.clone()).to_string()),
