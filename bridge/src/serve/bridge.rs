@@ -215,10 +215,10 @@ impl Bridge {
     pub async fn run(mut self, stop: CancellationToken) {
         let shared = self.shared.clone();
         let initial: Vec<Arc<Served>> = shared.served().into_values().collect();
-        for agent in initial {
+        for agent in &initial {
             spawn_accept(&shared, agent.clone());
-            super::sessions::restore::spawn_all(&shared, &agent);
         }
+        super::sessions::restore::spawn_all(&shared, &initial);
         let mut heartbeat = tokio::time::interval(shared.admission.heartbeat);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         heartbeat.reset();
@@ -316,7 +316,7 @@ fn apply(shared: &Arc<Shared>, change: Change) {
             let name = agent.name();
             shared.served.write().unwrap_or_else(|p| p.into_inner()).insert(name, agent.clone());
             spawn_accept(shared, agent.clone());
-            super::sessions::restore::spawn_all(shared, &agent);
+            super::sessions::restore::spawn_all(shared, std::slice::from_ref(&agent));
         }
         Change::Replace(config) => {
             let name = config.name.clone();

@@ -107,18 +107,23 @@ enum Failed {
     Agent(String),
 }
 
-/// Takes back every session journaled for `agent` (on start-up, and when a
-/// host starts serving an agent). Each runs as one of the bridge's tasks.
-pub(crate) fn spawn_all(shared: &Arc<Shared>, agent: &Arc<Served>) {
+/// Takes back every session journaled for `agents` (on start-up, and when a
+/// host starts serving an agent), the folder read once. Each runs as one of
+/// the bridge's tasks.
+pub(crate) fn spawn_all(shared: &Arc<Shared>, agents: &[Arc<Served>]) {
     let Some(journals) = shared.journals.get().cloned() else { return };
-    let cfg = agent.config();
-    let node = agent.endpoint.id().to_string();
     let mut seen = HashSet::new();
     for found in journals.scan() {
         let h = &found.header;
-        if h.node != node || h.agent != cfg.name.as_str() || h.protocol != cfg.protocol {
-            continue;
-        }
+        let Some(agent) = agents.iter().find(|a| {
+            let cfg = a.config();
+            h.node == a.endpoint.id().to_string()
+                && h.agent == cfg.name.as_str()
+                && h.protocol == cfg.protocol
+        }) else {
+            continue; // another bridge's, or an agent not served now
+        };
+        let cfg = agent.config();
         if !seen.insert(h.token_sha256.clone()) {
             journal::set_aside(&found.path, "a second journal of the same session");
             continue;
