@@ -202,6 +202,11 @@ async fn taken_back(c: &mut Client) -> Value {
 async fn a_session_survives_sigterm_of_the_bridge_and_resumes_its_acp_session() {
     let Some(rig) = Rig::new("resume").await else { return };
     let mut bridge = rig.bridge().await;
+    assert!(
+        bridge.banner.contains("Resume:  a lost connection or a restart of the bridge keeps its session"),
+        "{}",
+        bridge.banner
+    );
     let mut c = Client::start(&rig.dev, &bridge.ticket);
     let sid = converse(&mut c).await;
     stream_until(&mut c, &sid, 10).await;

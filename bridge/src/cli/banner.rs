@@ -26,6 +26,8 @@ pub struct Banner<'a> {
     pub app_url: Option<&'a str>,
     /// Resumable sessions: grace and buffer, or `None` when off.
     pub resume: Option<crate::serve::sessions::ResumeConfig>,
+    /// Resumable sessions are journaled (they survive a restart of the bridge).
+    pub journal: bool,
     /// `--keep-warm`, when on.
     pub keep_warm: Option<std::time::Duration>,
     /// Why the relay was not reached at start, when it was not.
@@ -75,7 +77,8 @@ impl Banner<'_> {
             Some(r) => {
                 let _ = writeln!(
                     s,
-                    "  Resume:  a lost connection keeps its session {}s (ALPN thunderbolt/{p}/r1, buffer {} MiB)",
+                    "  Resume:  a lost connection{} keeps its session {}s (ALPN thunderbolt/{p}/r1, buffer {} MiB)",
+                    if self.journal { " or a restart of the bridge" } else { "" },
                     r.grace.as_secs(),
                     r.buffer >> 20
                 );

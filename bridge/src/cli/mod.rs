@@ -239,6 +239,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         account_trust: &started.account,
         app_url: args.serving.app.app_url.as_deref(),
         resume: config.resume,
+        journal: config.journal,
         keep_warm: config.keep_warm,
         relay_problem: started.relay_problem.clone(),
         notify: crate::notify::Notifier::describe(config.notify.as_deref()),
