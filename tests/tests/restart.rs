@@ -221,6 +221,7 @@ async fn a_session_survives_sigterm_of_the_bridge_and_resumes_its_acp_session() 
     let bridge = rig.bridge().await;
     let note = taken_back(&mut c).await;
     assert_eq!(note["params"]["sessions"], json!([{"sessionId": sid, "how": "resume"}]), "{note}");
+    c.log.wait_for(&format!("the bridge restarted and took the session back: ACP session(s) {sid} (resume); 1 request(s) in flight answered 'turn aborted: the host restarted'")).await;
     bridge.log.wait_for("session taken back after the restart").await;
     assert!(bridge.log.contains("(session/resume)"), "{}", bridge.log.text());
 
@@ -302,6 +303,7 @@ async fn an_agent_that_cannot_reload_ends_the_session_with_a_reason_of_its_own()
     assert!(!exit.success());
     let log = c.log.finished().await;
     assert!(log.contains("cannot reload sessions"), "{log}");
+    assert!(log.contains("the bridge restarted and cannot continue the session"), "{log}");
     assert!(!log.contains("unknown session"), "{log}");
     bridge.log.wait_for("session ended").await;
     assert_eq!(rig.journals(), Vec::<String>::new(), "the ended session's journal is gone");

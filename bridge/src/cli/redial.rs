@@ -310,7 +310,7 @@ async fn carry(
     // is either delivered and counted or neither.
     let stop = CancellationToken::new();
     let upload = upload(&mut send, st, input, replay, &ack_wake, &room);
-    let download = download(&mut recv, leftover, st, output, &ack_wake, &room, &stop);
+    let download = download(&mut recv, leftover, st, output, &ack_wake, &room, &stop, resumed);
     tokio::pin!(upload, download);
     let end = tokio::select! {
         biased;
@@ -475,6 +475,7 @@ enum Down {
 
 /// The bridge's side: frames to our output (counted once delivered to the
 /// writer), acks, the agent's end.
+#[allow(clippy::too_many_arguments)]
 async fn download(
     recv: &mut RecvStream,
     leftover: Bytes,
@@ -483,10 +484,13 @@ async fn download(
     ack_wake: &Notify,
     room: &Notify,
     stop: &CancellationToken,
+    resumed: bool,
 ) -> Result<std::convert::Infallible, Down> {
     let mut rx = Receiver::new(limits::MAX_FRAME);
     rx.push(&leftover);
     let mut events = Vec::new();
+    // After a resume the bridge may have restarted: its word on that is said here too.
+    let mut watch = if resumed { RESTORED_WATCH_FRAMES } else { 0 };
     // A write per message (a bulk run in one): see `output`.
     let mut output = super::output::Messages::new(output);
     loop {
@@ -494,6 +498,12 @@ async fn download(
         for ev in events.drain(..) {
             match ev {
                 Event::Data { bytes, frames } => {
+                    if watch > 0 {
+                        watch = watch.saturating_sub(frames);
+                        if say_restored(&bytes) {
+                            watch = 0;
+                        }
+                    }
                     let len = bytes.len();
                     output.lines(&bytes).await.map_err(|_| Down::LocalClosed)?;
                     let mut s = st.borrow_mut();
@@ -543,6 +553,55 @@ async fn download(
             Err(e) => return Err(Down::Lost(e.to_string())),
         }
     }
+}
+
+/// How many frames after a resume are looked at for the bridge's word that it
+/// restarted (it comes right after what the old agent had written and the
+/// client lacked: at most the resume buffer's worth, usually a few).
+const RESTORED_WATCH_FRAMES: u64 = 100_000;
+
+/// Says on stderr what a restarted bridge took back, when `run` holds its
+/// notification ([`thunderbolt_shared::restart::METHOD_RESTORED`]). Whether it did.
+fn say_restored(run: &[u8]) -> bool {
+    let needle = thunderbolt_shared::restart::METHOD_RESTORED.as_bytes();
+    let Some(at) = memchr::memmem::find(run, needle) else { return false };
+    let start = memchr::memrchr(b'\n', &run[..at]).map_or(0, |i| i + 1);
+    let end = memchr::memchr(b'\n', &run[at..]).map_or(run.len(), |i| at + i);
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&run[start..end]) else { return false };
+    if v["method"] != thunderbolt_shared::restart::METHOD_RESTORED {
+        return false;
+    }
+    let p = &v["params"];
+    let aborted = p["aborted"].as_array().map_or(0, Vec::len);
+    let aborted = match aborted {
+        0 => String::new(),
+        n => format!("; {n} request(s) in flight answered '{}'", thunderbolt_shared::restart::TURN_ABORTED),
+    };
+    if let Some(failed) = p["failed"].as_str() {
+        warn!("the bridge restarted and cannot continue the session: {failed}{aborted}");
+        return true;
+    }
+    let sessions: Vec<String> = p["sessions"]
+        .as_array()
+        .map(|s| {
+            s.iter()
+                .map(|s| {
+                    format!(
+                        "{} ({})",
+                        s["sessionId"].as_str().unwrap_or("?"),
+                        s["how"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let sessions = if sessions.is_empty() {
+        "no ACP session to reload".to_string()
+    } else {
+        format!("ACP session(s) {}", sessions.join(", "))
+    };
+    info!("the bridge restarted and took the session back: {sessions}{aborted}");
+    true
 }
 
 /// Local input, cut into runs of whole lines. Outlives connections: its
