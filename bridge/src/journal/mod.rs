@@ -385,6 +385,19 @@ impl Journal {
         self.keep
     }
 
+    /// Flushes what was written to the disk off the caller's thread (a
+    /// session's detach: durability, not ordering, is what it is for, and an
+    /// fsync must not hold up the runtime that carries every session).
+    pub fn sync_behind(&self) {
+        let Some(f) = self.file.as_ref().and_then(|f| f.try_clone().ok()) else { return };
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = f.sync_data() {
+                warn!("syncing the session journal {} failed: {e}", path.display());
+            }
+        });
+    }
+
     /// Flushes what was written to the disk.
     pub fn sync(&mut self) {
         if let Some(f) = &self.file {

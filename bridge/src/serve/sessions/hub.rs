@@ -650,8 +650,8 @@ impl Hub {
             // The moment a restart would matter most: what the client lacks is on the disk.
             let mut st = self.lock();
             self.flush_journal(&mut st);
-            if let Some(j) = st.journal.as_mut() {
-                j.sync();
+            if let Some(j) = st.journal.as_ref() {
+                j.sync_behind();
             }
             drop(st);
             if let Some(registry) = self.registry.upgrade() {
