@@ -107,12 +107,13 @@ fn parse_line(text: &[u8]) -> Option<Line> {
     if o.contains_key("out") {
         return Some(Line::Out { out: o["out"].as_u64()?, len: o.get("len")?.as_u64()? as usize });
     }
+    // A list field: absent is empty, anything but an array does not read.
+    let list = |k: &str| match o.get(k) {
+        None => Some(Vec::new()),
+        Some(Value::Array(a)) => Some(a.clone()),
+        Some(_) => None,
+    };
     if o.contains_key("in") {
-        let list = |k: &str| match o.get(k) {
-            None => Some(Vec::new()),
-            Some(Value::Array(a)) => Some(a.clone()),
-            Some(_) => None,
-        };
         return Some(Line::In { frames: o["in"].as_u64()?, req: list("req")?, calls: list("calls")? });
     }
     if let Some(t) = o.get("stop") {
@@ -122,11 +123,6 @@ fn parse_line(text: &[u8]) -> Option<Line> {
         return Some(Line::Skip { skip: n.as_u64()? });
     }
     if o.contains_key("ans") || o.contains_key("lines") {
-        let list = |k: &str| match o.get(k) {
-            None => Some(Vec::new()),
-            Some(Value::Array(a)) => Some(a.clone()),
-            Some(_) => None,
-        };
         return Some(Line::Seen { ans: list("ans")?, lines: list("lines")? });
     }
     None
