@@ -170,6 +170,11 @@ impl Pending {
         }
     }
 
+    /// The ids, as JSON values (a snapshot's, the aborted answers').
+    pub fn ids(&self) -> Vec<Value> {
+        self.0.iter().filter_map(|id| serde_json::from_str(id).ok()).collect()
+    }
+
     /// Crosses off the requests an agent run answers.
     pub fn answered(&mut self, run: &[u8]) {
         if self.0.is_empty() {

@@ -447,8 +447,8 @@ impl Hub {
         }
     }
 
-    /// A run of the agent's output just taken into the replay log (`run`,
-    /// `frames` of them). What matters of it to a restart is journaled at
+    /// A run of the agent's output just taken into the replay log. What
+    /// matters of it to a restart is journaled at
     /// once; the frames themselves are written at once only while no client
     /// is attached, else behind by [`journal::WRITE_BEHIND`] (most are
     /// acknowledged before, and never written: see [`crate::journal`]).
@@ -487,7 +487,7 @@ impl Hub {
     }
 
     /// Rewrites the journal as a snapshot and the output still held, once it
-    /// grew far past that (either side's records make it grow), or now.
+    /// grew far past that (either side's records make it grow).
     pub(super) fn compact_journal(&self, st: &mut State) {
         let due = st.journal.as_ref().is_some_and(|j| j.compact_due(st.out.bytes()));
         if due {
@@ -503,7 +503,7 @@ impl Hub {
             out_base: st.out.acked(),
             client_frames: st.ack.received(),
             ledger: j.ledger.clone(),
-            pending: j.pending.0.iter().filter_map(|id| serde_json::from_str(id).ok()).collect(),
+            pending: j.pending.ids(),
             resumes: st.resumes,
         };
         let live = st.out.since(st.out.acked()).unwrap_or_default();

@@ -186,10 +186,11 @@ async fn restore_one(found: Found, shared: &Arc<Shared>, agent: &Arc<Served>, jo
         peer = %short,
         session = hub.short(),
         "taking back a session after the restart: {} of the agent's frame(s) its client had not acknowledged, \
-         {} ACP session(s), {} request(s) in flight",
+         {} ACP session(s), {} request(s) in flight{}",
         found.folded.out_total() - found.folded.out_base,
         found.folded.ledger.sessions.len(),
-        found.folded.pending.0.len()
+        found.folded.pending.0.len(),
+        if found.folded.cut_tail { " (its last record was cut short by a crash and dropped)" } else { "" }
     );
     let link = HubLink(hub.clone());
     let run =
@@ -229,7 +230,7 @@ fn rebuild(
         out_base: f.out_base,
         client_frames: f.client_frames,
         ledger: f.ledger.clone(),
-        pending: f.pending.0.iter().filter_map(|id| serde_json::from_str(id).ok()).collect(),
+        pending: f.pending.ids(),
         resumes: f.resumes,
     };
     let journal = journals.adopt(found, &snap, &live);
@@ -262,8 +263,7 @@ fn rebuild(
 /// client's frames through.
 async fn drive(hub: &Arc<Hub>, found: &Found, protocol: &str, mut answers: mpsc::UnboundedReceiver<Value>) {
     let ledger = &found.folded.ledger;
-    let aborted: Vec<Value> =
-        found.folded.pending.0.iter().filter_map(|id| serde_json::from_str(id).ok()).collect();
+    let aborted: Vec<Value> = found.folded.pending.ids();
     let mut calls = Calls { hub, answers: &mut answers, next: 0 };
     let outcome = async {
         let Some(init) = &ledger.init else { return Ok(Vec::new()) };
