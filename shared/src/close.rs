@@ -67,6 +67,12 @@ pub const REASON_SESSION_EVICTED: &str = "session evicted";
 /// already acknowledged (a stale copy of its saved state): what it lacks is
 /// gone, so the session is ended rather than resumed with a gap.
 pub const REASON_STALE_RESUME: &str = "stale resume";
+/// A device asked to join a session that has as many devices as it may, or
+/// it joined as many sessions as one device may ([`crate::devices`]).
+pub const REASON_TOO_MANY_DEVICES: &str = "too many devices";
+/// The bridge answered a device's listing and waited long enough for it to
+/// close (code 0: nothing went wrong).
+pub const REASON_LISTED: &str = "sessions listed";
 
 const SPAWN_PREFIX: &str = "failed to spawn '";
 

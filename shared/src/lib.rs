@@ -24,6 +24,7 @@ pub mod allowlist;
 pub mod answer;
 pub mod backend;
 pub mod close;
+pub mod devices;
 pub mod jsonrpc;
 pub mod ndjson;
 pub mod pairing;

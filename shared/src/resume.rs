@@ -46,6 +46,7 @@ use std::collections::VecDeque;
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
+use crate::devices::{History, Role};
 use crate::protocol::Protocol;
 
 /// The byte that starts a control line.
@@ -121,11 +122,29 @@ pub fn resume_alpn(protocol: &Protocol) -> Vec<u8> {
 /// A control line's meaning.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Control {
-    Hello { session: Option<String>, received: u64 },
-    Welcome { session: String, received: u64, grace_ms: u64 },
+    Hello {
+        session: Option<String>,
+        received: u64,
+    },
+    Welcome {
+        session: String,
+        received: u64,
+        grace_ms: u64,
+    },
     Ack(u64),
     Eof(u64),
     End(u64),
+    /// A hello that joins another device's session (a new session of this
+    /// device's own, on the same agent): see [`crate::devices`].
+    Join {
+        id: String,
+        observe: bool,
+        history: History,
+    },
+    /// A hello that asks which sessions this device may join.
+    List,
+    /// A device asks for a role in the session it shares.
+    Role(Role),
 }
 
 impl Control {
@@ -145,6 +164,13 @@ impl Control {
             Self::Ack(n) => format!("!{{\"ack\":{n}}}\n"),
             Self::Eof(n) => format!("!{{\"eof\":{n}}}\n"),
             Self::End(n) => format!("!{{\"end\":{n}}}\n"),
+            Self::Join { id, observe, history } => format!(
+                "!{{\"hello\":1,\"session\":null,\"received\":0,\"join\":{},\"observe\":{observe},\"history\":\"{}\"}}\n",
+                text(id),
+                history.as_str()
+            ),
+            Self::List => "!{\"hello\":1,\"session\":null,\"received\":0,\"list\":1}\n".to_string(),
+            Self::Role(r) => format!("!{{\"role\":\"{}\"}}\n", r.as_str()),
         };
         line.into()
     }
@@ -188,7 +214,23 @@ impl Control {
                 Some(Value::String(s)) => Some(s.clone()),
                 Some(_) => return Err(BadControl::NotASession),
             };
-            return Ok(Some(Self::Hello { session, received: required("received")? }));
+            let received = required("received")?;
+            if o.get("list").is_some_and(|l| l.as_u64() == Some(1) || l.as_bool() == Some(true)) {
+                return Ok(Some(Self::List));
+            }
+            if let Some(join) = o.get("join") {
+                let id = join.as_str().ok_or(BadControl::NotASession)?.to_string();
+                let observe = match o.get("observe") {
+                    None | Some(Value::Null) => false,
+                    Some(v) => v.as_bool().ok_or(BadControl::NotAFlag("observe"))?,
+                };
+                let history = match o.get("history") {
+                    None | Some(Value::Null) => History::All,
+                    Some(v) => v.as_str().and_then(History::parse).ok_or(BadControl::NotAFlag("history"))?,
+                };
+                return Ok(Some(Self::Join { id, observe, history }));
+            }
+            return Ok(Some(Self::Hello { session, received }));
         }
         if let Some(n) = count("ack")? {
             return Ok(Some(Self::Ack(n)));
@@ -198,6 +240,13 @@ impl Control {
         }
         if let Some(n) = count("end")? {
             return Ok(Some(Self::End(n)));
+        }
+        if let Some(r) = o.get("role") {
+            return r
+                .as_str()
+                .and_then(Role::parse)
+                .map(|r| Some(Self::Role(r)))
+                .ok_or(BadControl::NotAFlag("role"));
         }
         match o.get("session") {
             Some(Value::String(s)) => Ok(Some(Self::Welcome {
@@ -227,6 +276,8 @@ pub enum BadControl {
     Missing(&'static str),
     #[error("\"session\" is neither a string nor null")]
     NotASession,
+    #[error("\"{0}\" has a value it cannot have")]
+    NotAFlag(&'static str),
 }
 
 /// Frames sent and not yet acknowledged, to resend after a reconnect. Holds
@@ -706,5 +757,31 @@ mod tests {
         assert!(p.took(1, ACK_EVERY_BYTES as usize));
         assert_eq!(p.ack(), Some(Control::Ack(10 + 2 + ACK_EVERY_FRAMES)));
         assert_eq!(p.ack(), None);
+    }
+}
+
+#[cfg(test)]
+mod devices_tests {
+    use super::*;
+
+    #[test]
+    fn join_list_and_role_lines_read_back() {
+        for c in [
+            Control::Join { id: "ab12cd34".into(), observe: true, history: History::Now },
+            Control::Join { id: "x".into(), observe: false, history: History::All },
+            Control::List,
+            Control::Role(Role::Controller),
+            Control::Role(Role::Observer),
+        ] {
+            assert_eq!(Control::parse(&c.encode()), Ok(Some(c.clone())), "{c:?}");
+        }
+        // A plain hello stays one.
+        let h = Control::Hello { session: None, received: 0 };
+        assert_eq!(Control::parse(&h.encode()), Ok(Some(h)));
+        // Bad values are refused, never guessed.
+        assert!(Control::parse(br#"!{"hello":1,"session":null,"received":0,"join":5}"#).is_err());
+        assert!(Control::parse(br#"!{"hello":1,"session":null,"received":0,"join":"a","history":"some"}"#)
+            .is_err());
+        assert!(Control::parse(br#"!{"role":"king"}"#).is_err());
     }
 }

@@ -72,9 +72,15 @@ pub enum Command {
     /// End sessions now: by session id (from `thunderbolt status`), NodeId or device name.
     ///
     /// The peer is closed with code 1 `ended by the host`, its agent ended and its slot freed;
-    /// a resumable session cannot be resumed after. Exit code 1 when nothing matched, 3 when
-    /// no bridge runs.
+    /// a resumable session cannot be resumed after. A device's id on a shared session
+    /// (`<session>.<n>`, as `status` lists it) ends that device's attachment only; the others
+    /// go on. Exit code 1 when nothing matched, 3 when no bridge runs.
     Kick(KickArgs),
+    /// The sessions of a bridge's agent this device may join (from a device, like `connect`).
+    ///
+    /// Your own, and those your other devices started when this is one of your own devices
+    /// (account or paired). Join one with `thunderbolt acp connect --attach <id> <ticket>`.
+    Sessions(SessionsArgs),
     /// Run the host as a user service that survives the terminal and reboots (systemd, launchd).
     #[command(subcommand)]
     Service(ServiceCmd),
@@ -164,7 +170,8 @@ pub struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub struct KickArgs {
-    /// A session id (as `thunderbolt status` shows it), a NodeId, or a device name.
+    /// A session id (as `thunderbolt status` shows it), a device's id on a shared session
+    /// (`<session>.<n>`), a NodeId, or a device name.
     #[arg(value_name = "SESSION|NODEID|NAME")]
     pub target: String,
 }
@@ -271,6 +278,22 @@ pub struct ConnectArgs {
     #[arg(long, value_name = "LABEL", requires = "pair")]
     pub device_name: Option<String>,
 
+    /// Join a session another of your devices started (or one of yours), by its id from
+    /// `thunderbolt sessions <ticket>`, instead of starting one. As its controller by default:
+    /// your frames go to the agent, and the device that had control becomes an observer.
+    #[arg(long, value_name = "SESSION", conflicts_with_all = ["no_resume", "pair"])]
+    pub attach: Option<String>,
+
+    /// With --attach: join as an observer. You see every frame; your requests are refused
+    /// (a JSON-RPC error naming the role), your answers to the agent's questions go on.
+    #[arg(long, requires = "attach")]
+    pub observe: bool,
+
+    /// With --attach: `all` replays the session from its start (as far as the bridge keeps it),
+    /// `now` shows only what comes next.
+    #[arg(long, value_enum, requires = "attach", default_value = "all", value_name = "all|now")]
+    pub history: HistoryArg,
+
     /// Seconds of silence after which the connection is taken for lost (then redialed when
     /// resuming). Keep-alives flow every 3 s (every third of this when shorter). At least 0.3.
     #[arg(long, default_value_t = crate::limits::IDLE_TIMEOUT.as_secs_f64(), value_name = "SECS")]
@@ -282,6 +305,46 @@ pub struct ConnectArgs {
     /// A local client to spawn and connect to the bridge through its stdin/stdout, after `--`.
     #[arg(last = true, value_name = "LOCAL-CLIENT-CMD")]
     pub command: Vec<OsString>,
+}
+
+/// What a device joining a session is sent of its past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HistoryArg {
+    /// The session from its start.
+    All,
+    /// Only what comes next.
+    Now,
+}
+
+impl From<HistoryArg> for thunderbolt_shared::devices::History {
+    fn from(h: HistoryArg) -> Self {
+        match h {
+            HistoryArg::All => Self::All,
+            HistoryArg::Now => Self::Now,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct SessionsArgs {
+    /// The bridge (or the host's agent): an `endpoint…` ticket, or a 64-character hex NodeId.
+    #[arg(value_name = "TICKET|NODEID")]
+    pub target: String,
+
+    /// The protocol the agent speaks.
+    #[arg(long, default_value = "acp", value_name = "acp|mcp")]
+    pub protocol: String,
+
+    /// Machine-readable output: the bridge's `{"sessions": [ … ]}` as it sent it.
+    #[arg(long)]
+    pub json: bool,
+
+    /// How long to wait for the connection before giving up, in seconds.
+    #[arg(long, default_value_t = crate::limits::DEFAULT_DIAL_TIMEOUT_SECS, value_name = "SECS")]
+    pub dial_timeout: u64,
+
+    #[command(flatten)]
+    pub net: NetArgs,
 }
 
 /// Network knobs. Defaults are what a user on the internet wants; tests and

@@ -24,6 +24,107 @@ use tracing::{debug, info};
 
 use crate::{cli::args::ConnectArgs, cli::redial, home::Home, identity, limits, net::Relays};
 
+/// The longest listing a bridge may send (a few hundred bytes per session,
+/// a few dozen sessions at most).
+const MAX_LISTING: usize = 1 << 20;
+
+/// How long the bridge may take to answer a listing once connected.
+const LISTING_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `thunderbolt sessions <ticket>`: the sessions of the bridge's agent this
+/// device may join, one per line (or the bridge's JSON).
+pub async fn sessions(home: &Home, args: crate::cli::args::SessionsArgs) -> Result<()> {
+    let protocol: Protocol = args.protocol.parse().map_err(|e| anyhow!("--protocol: {e}"))?;
+    let net = args.net.config()?;
+    let target = with_relay_hint(args.target.parse()?, &net.relays);
+    let (key, _) = identity::load_or_create(home, &Protocol::acp())?;
+    let ep = net.bind(key, vec![], limits::IDLE_TIMEOUT).await?;
+    let d = Dial { ep: &ep, target: &target, protocol: &protocol, net: &net };
+    let result = list_sessions(d, args.dial_timeout).await;
+    crate::net::close_endpoint(ep, CLOSE_FLUSH_TIMEOUT).await;
+    let listing = result?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&listing)?);
+        return Ok(());
+    }
+    if listing.sessions.is_empty() {
+        println!("no session of this agent you may join (start one with `thunderbolt {protocol} connect <ticket>`)");
+        return Ok(());
+    }
+    let now = crate::devices::now_ms();
+    let ago = |ms: u64| {
+        let s = now.saturating_sub(ms) / 1000;
+        match s {
+            0..=59 => format!("{s}s"),
+            60..=3599 => format!("{}m", s / 60),
+            _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        }
+    };
+    for s in &listing.sessions {
+        let attached: Vec<String> =
+            s.attached.iter().map(|a| format!("{} ({})", a.device.label(), a.role.as_str())).collect();
+        let state =
+            if attached.is_empty() { s.state.clone() } else { format!("attached: {}", attached.join(", ")) };
+        println!(
+            "{}  {}  started by {} {} ago; {}; last activity {} ago{}",
+            s.id,
+            s.agent,
+            s.started_by.label(),
+            ago(s.since_ms),
+            state,
+            ago(s.last_activity_ms),
+            if s.acp_sessions.is_empty() {
+                String::new()
+            } else {
+                format!("; ACP {}", s.acp_sessions.join(", "))
+            }
+        );
+    }
+    println!(
+        "join one: thunderbolt {protocol} connect --attach <id> [--observe] [--history all|now] <ticket>"
+    );
+    Ok(())
+}
+
+/// Asks the bridge for its listing.
+async fn list_sessions(d: Dial<'_>, dial_timeout: u64) -> Result<thunderbolt_shared::devices::Listing> {
+    let Dial { ep, target, protocol, .. } = d;
+    let alpn = resume::resume_alpn(protocol);
+    let dial = tokio::time::timeout(
+        Duration::from_secs(dial_timeout),
+        relay_or_bust(ep, target, async {
+            ep.connect(target.endpoint_addr(), &alpn).await.map_err(anyhow::Error::from)
+        }),
+    );
+    let conn = match dial.await {
+        Err(_) => return Err(unreachable(d, dial_timeout, None).await),
+        Ok(Err(e)) if is_alpn_refusal(&format!("{e:#}")) => {
+            bail!("{} offers no resumable sessions (it runs with --no-resume, or predates them): nothing to join", target.id())
+        }
+        Ok(Err(e)) => return Err(unreachable(d, dial_timeout, Some(format!("{e:#}"))).await),
+        Ok(Ok(c)) => c,
+    };
+    let exchange = async {
+        let (mut send, mut recv) = conn.open_bi().await?;
+        send.write_all(&resume::Control::List.encode()).await?;
+        anyhow::Ok(recv.read_to_end(MAX_LISTING).await?)
+    };
+    let answer = tokio::time::timeout(LISTING_TIMEOUT, exchange).await;
+    let refused = conn.close_reason();
+    conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_CLIENT_CLOSED.as_bytes());
+    let answer = match (answer, refused) {
+        (Ok(Ok(a)), _) if !a.is_empty() => a,
+        (_, Some(err)) => bail!("{}", describe_close(&err, protocol)),
+        (Ok(Ok(_)), None) => {
+            bail!("the bridge answered nothing: it does not list sessions (an older version?)")
+        }
+        (Ok(Err(e)), None) => bail!("the listing failed: {e:#}"),
+        (Err(_), None) => bail!("the bridge did not answer within {LISTING_TIMEOUT:?}"),
+    };
+    serde_json::from_slice(answer.trim_ascii())
+        .map_err(|e| anyhow!("the bridge's listing is unreadable: {e}"))
+}
+
 /// How long we wait for our close frame to reach the bridge on exit.
 const CLOSE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -325,7 +426,12 @@ async fn dial_and_pipe(d: Dial<'_>, args: ConnectArgs, reached: &mut bool) -> Re
     debug!(bridge = %conn.remote_id().fmt_short(), "handshake done");
     let settle =
         (dial_started.elapsed() * ADMISSION_SETTLE_FACTOR).clamp(ADMISSION_SETTLE_MIN, ADMISSION_SETTLE_MAX);
-    let result = pipe(ep, target, &conn, protocol, args.command, settle).await;
+    let join = args.attach.as_ref().map(|id| resume::Control::Join {
+        id: id.clone(),
+        observe: args.observe,
+        history: args.history.into(),
+    });
+    let result = pipe(ep, target, &conn, protocol, args.command, settle, join).await;
     conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_CLIENT_CLOSED.as_bytes());
     result
 }
@@ -348,7 +454,11 @@ async fn pipe(
     protocol: &Protocol,
     command: Vec<std::ffi::OsString>,
     settle: Duration,
+    join: Option<resume::Control>,
 ) -> Result<()> {
+    if join.is_some() && !conn.alpn().ends_with(resume::RESUME_ALPN_SUFFIX) {
+        bail!("the bridge does not offer resumable sessions (it runs with --no-resume?): there is no session to join");
+    }
     let (mut local_in, mut local_out, mut child): (
         Box<dyn AsyncRead + Unpin + Send>,
         Box<dyn AsyncWrite + Unpin + Send>,
@@ -366,7 +476,8 @@ async fn pipe(
     };
     let mut term = crate::signals::Terminate::new();
     if conn.alpn().ends_with(resume::RESUME_ALPN_SUFFIX) {
-        let finish = redial::run(ep, target, protocol, conn.clone(), local_in, local_out, &mut term).await;
+        let finish =
+            redial::run(ep, target, protocol, conn.clone(), local_in, local_out, &mut term, join).await;
         if let Some(c) = child.take() {
             wait_local_client(c).await;
         }

@@ -139,6 +139,21 @@ fn render(b: &Status) -> String {
                 (n, true) => format!("; restored after the restart, resumed {n}×"),
             }
         );
+        for d in &x.devices {
+            let _ = writeln!(
+                s,
+                "    device {}: {}{}, {}, {}",
+                d.id,
+                d.device.clone().unwrap_or_else(|| d.peer.chars().take(10).collect()),
+                if d.device.is_some() {
+                    format!(" ({})", d.peer.chars().take(10).collect::<String>())
+                } else {
+                    String::new()
+                },
+                d.role,
+                if d.attached { format!("attached, path {}", d.path) } else { "away".to_string() }
+            );
+        }
     }
     s
 }

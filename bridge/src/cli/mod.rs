@@ -39,6 +39,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Agents(cmd) => agents_cmd::run(&home, cmd),
         Command::Status(a) => control_cmd::status(&home, a),
         Command::Kick(a) => control_cmd::kick(&home, a),
+        Command::Sessions(a) => connect::sessions(&home, a).await,
         Command::Service(cmd) => control_cmd::service(&home, cmd),
         Command::Login(a) => login(&home, a),
         Command::Logout => {

@@ -87,6 +87,8 @@ struct State {
     ack: AckPolicy,
     ack_due: bool,
     token: Option<String>,
+    /// The hello that joins another device's session (until it is joined).
+    join: Option<Control>,
     grace: Duration,
     /// Our input ended after this many frames.
     eof_at: Option<u64>,
@@ -101,7 +103,8 @@ impl State {
 }
 
 /// Runs a session over `first` (a connection that negotiated r1), redialing
-/// `target` after losses.
+/// `target` after losses; `join` joins another device's session first.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     ep: &Endpoint,
     target: &Target,
@@ -110,11 +113,12 @@ pub async fn run(
     local_in: Box<dyn AsyncRead + Unpin + Send>,
     local_out: Box<dyn AsyncWrite + Unpin + Send>,
     term: &mut Terminate,
+    join: Option<Control>,
 ) -> Result<Finish> {
     let mut input = LocalInput { r: local_in, buf: BytesMut::new(), done: false, held: None };
     let mut output = local_out;
     let alpn = resume::resume_alpn(protocol);
-    let st = RefCell::new(State::default());
+    let st = RefCell::new(State { join, ..State::default() });
     let mut conn = first;
     let mut attached_before = false;
     let result = loop {
@@ -261,7 +265,10 @@ async fn carry(
     };
     let hello = {
         let s = st.borrow();
-        Control::Hello { session: s.token.clone(), received: s.ack.received() }
+        match (&s.token, &s.join) {
+            (None, Some(join)) => join.clone(),
+            _ => Control::Hello { session: s.token.clone(), received: s.ack.received() },
+        }
     };
     if let Err(e) = send.write_all(&hello.encode()).await {
         return Ok(lost_or_closed(conn, e.to_string()));
@@ -498,6 +505,7 @@ async fn download(
         for ev in events.drain(..) {
             match ev {
                 Event::Data { bytes, frames } => {
+                    say_devices(&bytes);
                     if watch > 0 {
                         watch = watch.saturating_sub(frames);
                         if say_restored(&bytes) {
@@ -602,6 +610,28 @@ fn say_restored(run: &[u8]) -> bool {
     };
     info!("the bridge restarted and took the session back: {sessions}{aborted}");
     true
+}
+
+/// Says on stderr what the bridge tells of the other devices on the session
+/// (a role that changed, a question another device answered).
+fn say_devices(run: &[u8]) {
+    use thunderbolt_shared::devices::{notice, Notice, Role};
+    if memchr::memmem::find(run, b"\"_thunderbolt/").is_none() {
+        return;
+    }
+    for line in thunderbolt_shared::ndjson::lines(run) {
+        match notice(line) {
+            Some(Notice::Role { role: Role::Controller, .. }) => {
+                info!("this device controls the session: what you send goes to the agent")
+            }
+            Some(Notice::Role { role: Role::Observer, controller }) => info!(
+                "this device observes the session ({} controls it): your requests are refused, your answers to the agent's questions go on",
+                controller.label()
+            ),
+            Some(Notice::Answered { id, by }) => info!("{} answered the agent's request {id}", by.label()),
+            None => {}
+        }
+    }
 }
 
 /// Local input, cut into runs of whole lines. Outlives connections: its

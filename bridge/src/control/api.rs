@@ -158,4 +158,23 @@ pub struct SessionStatus {
     /// Taken back from its journal after the bridge restarted.
     #[serde(default)]
     pub restored: bool,
+    /// Every device on a resumable session (the one that started it first,
+    /// unless it left), its role, and whether it is attached now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceOnSession>,
+}
+
+/// One device on a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceOnSession {
+    /// What `thunderbolt kick` takes to end this device's attachment only.
+    pub id: String,
+    pub peer: String,
+    pub device: Option<String>,
+    /// `controller` or `observer`.
+    pub role: String,
+    pub attached: bool,
+    /// `direct`, `relay`, or `none`.
+    pub path: String,
 }

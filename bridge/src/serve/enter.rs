@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use iroh::endpoint::{Connection, RecvStream, SendStream};
-use thunderbolt_shared::close;
+use thunderbolt_shared::{close, resume::Control};
 use tracing::{debug, info, warn};
 
 use super::{
@@ -32,7 +32,16 @@ enum Stream {
 pub(super) async fn enter(conn: Connection, door: Door, send: SendStream, mut recv: RecvStream, a: Admitted) {
     let stream = match (door, a.cfg.session.resume) {
         (Door::Resumable, Some(resume)) => {
-            let Some((token, received, leftover)) = hello(&conn, &mut recv, &a).await else { return };
+            let Some((hello, leftover)) = hello(&conn, &mut recv, &a).await else { return };
+            let (token, received) = match hello {
+                Control::Hello { session, received } => (session, received),
+                Control::List => return super::joining::list(conn, send, &a).await,
+                Control::Join { id, observe, history } => {
+                    let how = sessions::JoinAs { observe, history };
+                    return super::joining::join(&conn, &id, how, (send, recv), leftover, &a);
+                }
+                _ => unreachable!("read_hello returns hellos only"),
+            };
             if let Some(token) = token {
                 return resume_named(&conn, &token, send, recv, received, leftover, &a);
             }
@@ -59,11 +68,7 @@ pub(super) async fn enter(conn: Connection, door: Door, send: SendStream, mut re
 
 /// Reads the client's hello: the session it names (if any), how many of its
 /// frames it holds, and what it sent after the hello.
-async fn hello(
-    conn: &Connection,
-    recv: &mut RecvStream,
-    a: &Admitted,
-) -> Option<(Option<String>, u64, Bytes)> {
+async fn hello(conn: &Connection, recv: &mut RecvStream, a: &Admitted) -> Option<(Control, Bytes)> {
     let hello = tokio::select! {
         r = tokio::time::timeout(a.shared.admission.stream_open_timeout, sessions::read_hello(recv)) => r,
         _ = a.shared.shutdown.cancelled() => {
@@ -185,6 +190,7 @@ async fn start(conn: Connection, stream: Stream, a: Admitted) {
     });
     let (hub, inbox, outbox) =
         Hub::new(kind, a.peer, a.cfg.name.clone(), timing, max_frame, registry, journal);
+    hub.set_device(super::joining::device_name(&a, &a.peer));
     let _registered = a.shared.hubs.insert(&hub);
     if !still_admitted(&conn, &a.agent, &a.peer, &a.short) {
         return;

@@ -34,6 +34,7 @@ pub mod bridge;
 pub mod enter;
 pub mod extension;
 pub mod gate;
+pub mod joining;
 pub mod pair;
 pub mod pump;
 pub mod reaper;

@@ -12,9 +12,14 @@ use iroh::endpoint::Connection;
 use thunderbolt_shared::{close, node_id_base32, EndpointTicket};
 
 use crate::{
-    control::api::{AgentStatus, LocalApi, RelayStatus, SessionStatus, Status},
+    control::api::{AgentStatus, DeviceOnSession, LocalApi, RelayStatus, SessionStatus, Status},
     paths,
-    serve::{relay_health::RelayState, session::SessionInfo, Shared},
+    serve::{
+        relay_health::RelayState,
+        session::SessionInfo,
+        sessions::{Hub, MemberView},
+        Shared,
+    },
 };
 
 fn ms(t: SystemTime) -> u64 {
@@ -61,7 +66,23 @@ fn session(
         pid: info.pid(),
         resumes,
         restored: info.restored(),
+        devices: Vec::new(),
     }
+}
+
+/// Every device on a hub's session, as `status` shows it.
+fn devices_on(hub: &Hub, members: &[MemberView]) -> Vec<DeviceOnSession> {
+    members
+        .iter()
+        .map(|m| DeviceOnSession {
+            id: format!("{}.{}", hub.short(), m.seat),
+            peer: m.device.node.clone(),
+            device: m.device.name.clone(),
+            role: m.role.as_str().to_string(),
+            attached: m.attached.is_some(),
+            path: m.attached.as_ref().map_or_else(|| "none".to_string(), |c| conn_view(c).0),
+        })
+        .collect()
 }
 
 /// What the control API asks of a running bridge.
@@ -121,13 +142,19 @@ impl BridgeHandle {
             if v.gone {
                 continue;
             }
+            let anyone = v.members.iter().any(|m| m.attached.is_some());
             let state = match (&v.attached, v.warm) {
                 (Some(_), _) => "attached",
+                (None, _) if anyone => "attached",
                 (None, true) => "warm",
                 (None, false) => "detached",
             };
             let conn = v.attached.as_ref().map(|(c, r1)| (c, *r1));
-            sessions.push(session(&v.info, state, conn, v.waiting, v.resumes, name(&v.info)));
+            let mut x = session(&v.info, state, conn, v.waiting, v.resumes, name(&v.info));
+            if v.members.len() > 1 || v.members.iter().any(|m| m.seat > 0) {
+                x.devices = devices_on(&hub, &v.members);
+            }
+            sessions.push(x);
         }
         sessions.sort_by_key(|x| x.since_ms);
         Status {
@@ -165,6 +192,19 @@ impl BridgeHandle {
             }
         }
         for hub in self.shared.hubs.all() {
+            // `<session>.<seat>`: one device's attachment, the session goes on.
+            if let Some(seat) = target.strip_prefix(hub.short()).and_then(|s| s.strip_prefix('.')) {
+                let member = match seat {
+                    "0" => Some(hub.clone()),
+                    s => hub.guests().into_iter().find(|g| g.short().rsplit('.').next() == Some(s)),
+                };
+                if let Some(m) = member {
+                    tracing::info!(peer = %m.owner().fmt_short(), session = hub.short(), "detaching a device from the session: {}", close::REASON_KICKED);
+                    hub.drop_member(&m, close::REASON_KICKED);
+                    n += 1;
+                }
+                continue;
+            }
             if matches(hub.info()) && !hub.view().gone {
                 tracing::info!(peer = %hub.info().peer.fmt_short(), session = hub.short(), "ending the session: {}", close::REASON_KICKED);
                 hub.kick(close::REASON_KICKED);

@@ -52,15 +52,20 @@ impl Hub {
     /// Ends the session, closing the attached connection with `code` and `text`.
     pub(super) fn end_closing(&self, code: u32, text: &str, gone: Gone) {
         let mut st = self.lock();
-        st.gone.get_or_insert(gone);
+        st.gone.get_or_insert(gone.clone());
         let attached = st.attached.take();
         self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
         let writer = st.writer.take();
+        // Every device on the session hears the same end.
+        let guests = st.members.guests.clone();
         drop(st);
         if let Some(a) = &attached {
             a.conn.close(VarInt::from_u32(code), text.as_bytes());
         }
         self.wake(writer);
+        for g in guests {
+            g.end_closing(code, text, gone.clone());
+        }
     }
 
     /// Releases the attached connection's task (the session is over).

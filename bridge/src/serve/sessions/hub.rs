@@ -26,7 +26,14 @@ use tokio::{
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info};
 
-use super::{link::Outbox, registry::Hubs, restore::Restoring, timing::HubTiming, Inbox};
+use super::{
+    devices::{Members, Seat},
+    link::Outbox,
+    registry::Hubs,
+    restore::Restoring,
+    timing::HubTiming,
+    Inbox,
+};
 use crate::journal::{self, Journal, Journals};
 use crate::serve::AgentName;
 use crate::{
@@ -161,6 +168,10 @@ pub struct Hub {
     pub(super) attached_now: std::sync::atomic::AtomicBool,
     /// What `thunderbolt status` shows of it.
     pub(super) info: Arc<SessionInfo>,
+    /// A device that joined another device's session: its seat there.
+    pub(super) seat: OnceLock<Seat>,
+    /// The device this hub carries (its NodeId and name).
+    pub(super) device: OnceLock<thunderbolt_shared::devices::Device>,
 }
 
 #[derive(Debug)]
@@ -226,6 +237,8 @@ pub(super) struct State {
     pub(super) dropped: u64,
     /// Times a client resumed it.
     pub(super) resumes: u64,
+    /// What the session's devices share (the session's hub only).
+    pub(super) members: Members,
 }
 
 #[derive(Debug)]
@@ -275,6 +288,8 @@ pub struct HubView {
     /// Nothing attached: how long it waits still.
     pub waiting: Option<Duration>,
     pub warm: bool,
+    /// Every device on a resumable session and its role (the first device first).
+    pub members: Vec<super::MemberView>,
     pub resumes: u64,
     pub gone: bool,
 }
@@ -357,6 +372,7 @@ impl Hub {
             plain_done: false,
             dropped: 0,
             resumes: 0,
+            members: Members::default(),
         };
         init(&mut state);
         if !state.token.is_empty() {
@@ -380,6 +396,8 @@ impl Hub {
             requests: OnceLock::new(),
             tap: OnceLock::new(),
             attached_now: false.into(),
+            seat: OnceLock::new(),
+            device: OnceLock::new(),
         });
         let outbox = Outbox { hub: hub.clone() };
         (hub, Inbox::new(rx, Some(injected), true, max_frame), outbox)
@@ -514,30 +532,26 @@ impl Hub {
     /// warm hub: its agent waits for the next connection).
     pub fn is_detached(&self) -> bool {
         let st = self.lock();
-        st.attached.is_none() && st.gone.is_none()
+        self.away_since(&st).is_some()
     }
 
     /// How long the session has waited without a connection, if it does.
     pub fn detached_for(&self) -> Option<Duration> {
         let st = self.lock();
-        if st.gone.is_some() || st.attached.is_some() {
-            return None;
-        }
-        st.detached_since.map(|t| t.elapsed())
+        self.away_since(&st).map(|t| t.elapsed())
     }
 
     /// What `thunderbolt status` shows of the session now.
     pub fn view(&self) -> HubView {
+        let members = if self.kind == HubKind::Resumable { self.members() } else { Vec::new() };
         let st = self.lock();
         let attached = st.attached.as_ref().map(|a| (a.conn.clone(), a.r1));
-        let waiting = match (&st.attached, st.detached_since, &st.gone) {
-            (None, Some(since), None) => {
-                let (wait, _) = self.cfg.wait(st.resumable || self.kind == HubKind::Resumable);
-                Some((since + wait).saturating_duration_since(Instant::now()))
-            }
-            _ => None,
-        };
+        let waiting = self.away_since(&st).map(|since| {
+            let (wait, _) = self.cfg.wait(st.resumable || self.kind == HubKind::Resumable);
+            (since + wait).saturating_duration_since(Instant::now())
+        });
         HubView {
+            members,
             info: self.info.clone(),
             attached,
             waiting,
@@ -574,6 +588,9 @@ impl Hub {
         st.detached_since = None;
         let writer = st.writer.take();
         drop(st);
+        if let Some(s) = self.seat.get().and_then(|s| s.session.upgrade()) {
+            s.changed.notify_waiters();
+        }
         if let Some(old) = old {
             debug!(peer = %self.peer, session = self.short(), "closing the connection this one replaces");
             old.conn.close(VarInt::from_u32(close::CLOSE_CODE_REFUSED), REASON_SUPERSEDED.as_bytes());
@@ -585,7 +602,7 @@ impl Hub {
     /// other loss detaches it. A warm agent's session is only ever detached:
     /// kept for a resume when a resumable connection was lost, else the agent
     /// waits for its peer's next connection.
-    pub(super) fn lost(&self, id: u64, conn: &Connection, why: &str) {
+    pub(super) fn lost(self: &Arc<Self>, id: u64, conn: &Connection, why: &str) {
         let mut st = self.lock();
         if !st.is_attached(id) {
             return;
@@ -593,6 +610,8 @@ impl Hub {
         let attached = st.attached.take();
         self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
         let mut detached = false;
+        // A device that closes a session others are on leaves it; they go on.
+        let mut left = false;
         // The client's own close, or ours (a warm agent's finished client).
         let ended =
             is_client_close(conn) || matches!(conn.close_reason(), Some(ConnectionError::LocallyClosed));
@@ -628,6 +647,12 @@ impl Hub {
                     );
                 }
             }
+        } else if is_client_close(conn) && self.is_guest() {
+            st.gone
+                .get_or_insert_with(|| Gone::new(close::REASON_CLIENT_CLOSED, close::REASON_UNKNOWN_SESSION));
+            left = true;
+        } else if is_client_close(conn) && !st.members.guests.is_empty() {
+            left = true;
         } else if is_client_close(conn) {
             st.gone
                 .get_or_insert_with(|| Gone::new(close::REASON_CLIENT_CLOSED, close::REASON_UNKNOWN_SESSION));
@@ -646,6 +671,15 @@ impl Hub {
         let writer = st.writer.take();
         drop(st);
         self.wake(writer);
+        let session = self.session_hub().filter(|s| !Arc::ptr_eq(s, self));
+        if left {
+            if let Some(s) = self.session_hub() {
+                s.member_left(self, "it closed the session");
+            }
+        } else if let Some(s) = &session {
+            // The session counts its devices' absences (its grace, its end).
+            s.changed.notify_waiters();
+        }
         if detached {
             // The moment a restart would matter most: what the client lacks is on the disk.
             let mut st = self.lock();

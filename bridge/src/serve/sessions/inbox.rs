@@ -2,7 +2,7 @@
 //! the acks and a resume's position), a frame over the cap reduced to its
 //! head once, the warm client's answers crossed off.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use thunderbolt_shared::{jsonrpc, ndjson::OVERSIZE_PEEK, resume::ACK_DELAY_MS};
@@ -14,14 +14,16 @@ use crate::serve::pump::Inbound;
 impl Hub {
     /// Room for one run in the agent's queue; `None` once the agent's input
     /// is closed (frames are then counted and dropped).
-    pub(super) async fn reserve(&self) -> Option<mpsc::OwnedPermit<Inbound>> {
-        let restoring = self.lock().restoring.is_some();
+    pub(super) async fn reserve(self: &Arc<Self>) -> Option<mpsc::OwnedPermit<Inbound>> {
+        // A device that joined feeds the session's agent.
+        let session = self.session_hub()?;
+        let restoring = session.lock().restoring.is_some();
         if restoring {
             // After a restart the client's frames reach the new agent once it
             // was brought back to where the old one was.
-            self.restored().await;
+            session.restored().await;
         }
-        let inbox = self.lock().inbox.clone()?;
+        let inbox = session.lock().inbox.clone()?;
         inbox.reserve_owned().await.ok()
     }
 
@@ -30,13 +32,24 @@ impl Hub {
     /// frame over the cap comes in pieces (`frames` 0 until its end): only its
     /// head goes on, once.
     pub(super) fn deliver(
-        &self,
+        self: &Arc<Self>,
         id: u64,
         permit: Option<mpsc::OwnedPermit<Inbound>>,
         bytes: Bytes,
         frames: u64,
     ) -> Result<(), String> {
         let len = bytes.len();
+        if !self.lock().is_attached(id) {
+            return Err("replaced by a newer connection".into());
+        }
+        // What of it goes on, by the device's role (see `devices`). A run
+        // screened here and then not counted (the connection was replaced
+        // just now) is resent by the client and let on again.
+        let observer = frames == 0 && self.kind == HubKind::Resumable && self.is_observer();
+        let forward = match (frames, self.kind) {
+            (0, _) | (_, HubKind::Warm) => Some(bytes.clone()),
+            _ => self.screen(bytes.clone()),
+        };
         let mut st = self.lock();
         if !st.is_attached(id) {
             return Err("replaced by a newer connection".into());
@@ -54,7 +67,8 @@ impl Hub {
             (0, Some(n)) if n == at => None,
             (0, _) => {
                 st.oversize_at = Some(at);
-                Some(Inbound::Oversized(bytes.slice(..bytes.len().min(OVERSIZE_PEEK))))
+                // An observer's frame over the cap is not the agent's to see.
+                (!observer).then(|| Inbound::Oversized(bytes.slice(..bytes.len().min(OVERSIZE_PEEK))))
             }
             // The end of the frame being skipped.
             (_, Some(n)) if n == at => {
@@ -63,9 +77,10 @@ impl Hub {
             }
             // A session taken back after a restart: answers to what the old
             // agent asked are not the new agent's.
-            _ => match st.asked.as_mut() {
-                Some(asked) => self.drop_stale_answers(asked, &bytes).map(Inbound::Lines),
-                None => Some(Inbound::Lines(bytes.clone())),
+            _ => match (st.asked.as_mut(), forward) {
+                (_, None) => None,
+                (Some(asked), Some(run)) => self.drop_stale_answers(asked, &run).map(Inbound::Lines),
+                (None, Some(run)) => Some(Inbound::Lines(run)),
             },
         };
         // Frames after the agent's input closed are counted (and dropped)

@@ -37,25 +37,40 @@ impl Link for HubLink {
     fn gone(&self) -> impl Future<Output = String> + Send {
         let hub = self.0.clone();
         async move {
-            hub.until(Wake::Changed, |st| {
-                if let Some(g) = &st.gone {
-                    return Step::Ready(g.why.clone());
+            loop {
+                let gone = hub
+                    .until(Wake::Changed, |st| {
+                        if let Some(g) = &st.gone {
+                            return Step::Ready(Some(g.why.clone()));
+                        }
+                        let (wait, why) = hub.cfg.wait(st.resumable || hub.kind == HubKind::Resumable);
+                        // Devices that stay away while others go on leave after their
+                        // grace (outside this lock: a device's leaving takes it).
+                        let (due, next) = hub.members_away(st, wait);
+                        if !due.is_empty() {
+                            return Step::Ready(None);
+                        }
+                        let Some(since) = hub.away_since(st) else { return Step::Wait(next) };
+                        let at = since + wait;
+                        if Instant::now() < at {
+                            return Step::Wait(Some(next.map_or(at, |n| n.min(at))));
+                        }
+                        let why = match (why, hub.kind) {
+                            ("idle_stop", _) => format!("nothing attached for {wait:?} (idle_stop)"),
+                            (_, HubKind::Resumable) => {
+                                format!("the client did not come back within {wait:?}")
+                            }
+                            (_, HubKind::Warm) => format!("no client for {wait:?} (keep-warm)"),
+                        };
+                        st.gone = Some(Gone::new(why.clone(), close::REASON_SESSION_EXPIRED));
+                        Step::Ready(Some(why))
+                    })
+                    .await;
+                match gone {
+                    Some(why) => return why,
+                    None => hub.expire_members(),
                 }
-                let Some(since) = st.detached_since else { return Step::Wait(None) };
-                let (wait, why) = hub.cfg.wait(st.resumable || hub.kind == HubKind::Resumable);
-                let at = since + wait;
-                if Instant::now() < at {
-                    return Step::Wait(Some(at));
-                }
-                let why = match (why, hub.kind) {
-                    ("idle_stop", _) => format!("nothing attached for {wait:?} (idle_stop)"),
-                    (_, HubKind::Resumable) => format!("the client did not come back within {wait:?}"),
-                    (_, HubKind::Warm) => format!("no client for {wait:?} (keep-warm)"),
-                };
-                st.gone = Some(Gone::new(why.clone(), close::REASON_SESSION_EXPIRED));
-                Step::Ready(why)
-            })
-            .await
+            }
         }
     }
 
@@ -78,7 +93,14 @@ impl Link for HubLink {
 
     fn finish(&self, _out: &mut Outbox) {
         let mut st = self.0.lock();
-        st.end_at = Some((st.out.total(), Instant::now()));
+        let now = Instant::now();
+        st.end_at = Some((st.out.total(), now));
+        for g in &st.members.guests {
+            let mut gs = g.lock();
+            gs.end_at = Some((gs.out.total(), now));
+            drop(gs);
+            g.output.notify_waiters();
+        }
         drop(st);
         self.0.changed.notify_waiters();
         self.0.output.notify_waiters();
@@ -93,8 +115,14 @@ impl Link for HubLink {
         async move {
             hub.until(Wake::Changed, |st| {
                 let Some((end, ended_at)) = st.end_at else { return Step::Wait(None) };
+                // Every attached device that joined has the end too (or lingered).
+                let guests_done = st.members.guests.iter().all(|g| {
+                    let gs = g.lock();
+                    gs.attached.is_none() || gs.end_at.is_some_and(|(n, _)| gs.out.acked() >= n)
+                });
                 let done = match &st.attached {
-                    Some(a) if a.r1 => st.out.acked() >= end,
+                    _ if st.members.left => guests_done,
+                    Some(a) if a.r1 => st.out.acked() >= end && guests_done,
                     // The plain stream was taken whole.
                     Some(_) => st.plain_done,
                     // Nobody to deliver to, unless a resume may still come for it.
@@ -103,9 +131,12 @@ impl Link for HubLink {
                 if done {
                     return Step::Ready(true);
                 }
-                match &st.attached {
-                    Some(a) => {
-                        let at = a.since.max(ended_at) + linger;
+                let since = st.attached.as_ref().map(|a| a.since).or_else(|| {
+                    st.members.guests.iter().any(|g| g.lock().attached.is_some()).then_some(ended_at)
+                });
+                match since {
+                    Some(since) => {
+                        let at = since.max(ended_at) + linger;
                         if Instant::now() >= at {
                             Step::Ready(false)
                         } else {
@@ -126,7 +157,10 @@ impl Link for HubLink {
     fn presence(&self) -> Presence {
         let hub = Arc::downgrade(&self.0);
         Box::new(move || {
-            hub.upgrade().is_some_and(|h| h.attached_now.load(std::sync::atomic::Ordering::Relaxed))
+            hub.upgrade().is_some_and(|h| {
+                h.attached_now.load(std::sync::atomic::Ordering::Relaxed)
+                    || (h.lock().members.joined && h.any_attached())
+            })
         })
     }
 
@@ -173,7 +207,8 @@ impl AsyncWrite for Outbox {
                 return Poll::Ready(Ok(buf.len()));
             }
         }
-        let held = st.out.bytes();
+        // Every device's log: the agent waits for the slowest.
+        let held = hub.held(&st);
         if held > 0 && held + buf.len() > hub.cfg.buffer {
             st.writer = Some(cx.waker().clone());
             if st.attached.is_none() && hub.kind == HubKind::Resumable {
@@ -196,11 +231,16 @@ impl AsyncWrite for Outbox {
                 Some(kept) => run = kept,
             }
         }
-        st.out.push(run.clone());
+        if !st.members.left {
+            st.out.push(run.clone());
+        }
         if let Some(asked) = st.asked.as_mut() {
             Hub::note_asked(asked, &run);
         }
         hub.journal_output(&mut st, &run);
+        if hub.kind == HubKind::Resumable {
+            hub.share_output(&mut st, &run);
+        }
         st.last_output = Some(Instant::now());
         drop(st);
         hub.output.notify_waiters();

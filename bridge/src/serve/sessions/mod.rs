@@ -43,6 +43,8 @@
 //! The rooms, one job each:
 //! - [`hub`]: one session's state between connections, and the one place a
 //!   connection is installed into it ([`Hub::install`]) or lost from it;
+//! - [`devices`]: several devices on one session (guests, roles, the
+//!   first answer wins, the history a joining device starts from);
 //! - [`ending`]: how a session ends (kick, eviction, the agent's end);
 //! - [`inbox`]: the client's frames into the agent's queue, counted;
 //! - [`resumable`]: the `r1` path (hello, welcome, replay, acks);
@@ -55,6 +57,7 @@
 //! - [`restore`]: sessions taken back from their journals after the bridge
 //!   restarted ([`crate::journal`]).
 
+pub mod devices;
 pub mod ending;
 pub mod hub;
 pub mod inbox;
@@ -65,6 +68,9 @@ pub mod resumable;
 pub mod timing;
 pub mod warm;
 
+pub use devices::{
+    JoinAs, JoinError, MemberView, MAX_DEVICES_PER_SESSION, MAX_JOINS_PER_DEVICE, SESSION_HISTORY,
+};
 pub use hub::{
     AttachError, Hub, HubKind, HubView, JournalAt, CLOSE_CODE_KEPT_WARM, ENDED_REMEMBERED, KEPT_WARM_QUIET,
     MAX_DETACHED_PER_PEER, REASON_KEPT_WARM, REASON_PROTOCOL, REASON_SUPERSEDED,

@@ -51,8 +51,10 @@ impl Hubs {
         let found = self
             .lock()
             .values()
-            .find(|h| h.owner == *peer && h.agent == *agent && h.lock().token_hash == hash)
-            .cloned();
+            .filter(|h| h.agent == *agent)
+            // A device that joined another's session resumes its own seat there.
+            .flat_map(|h| std::iter::once(h.clone()).chain(h.guests()))
+            .find(|h| h.owner == *peer && h.lock().token_hash == hash);
         if let Some(h) = found {
             h.adopt_token(token);
             return Ok(h);
@@ -130,8 +132,21 @@ impl Hubs {
         let hubs: Vec<Arc<Hub>> = self.lock().values().cloned().collect();
         let mut ended = 0;
         for hub in hubs {
-            let admitted = trust_of(&hub.agent).is_some_and(|t| t.check(&hub.owner).is_some());
-            if !admitted {
+            let trust = trust_of(&hub.agent);
+            let admits = |who: &EndpointId| trust.as_ref().is_some_and(|t| t.check(who).is_some());
+            // A revoked device that joined leaves; the others go on.
+            for g in hub.guests() {
+                if !admits(&g.owner) {
+                    info!(peer = %g.peer, session = hub.short(), "detaching a device from the session: {}", close::REASON_MEMBERSHIP_REVOKED);
+                    hub.drop_member(&g, close::REASON_MEMBERSHIP_REVOKED);
+                    ended += 1;
+                }
+            }
+            if !admits(&hub.owner) && hub.view().members.len() > 1 {
+                info!(peer = %hub.peer, session = hub.short(), "detaching the device that started the session: {}", close::REASON_MEMBERSHIP_REVOKED);
+                hub.drop_member(&hub, close::REASON_MEMBERSHIP_REVOKED);
+                ended += 1;
+            } else if !admits(&hub.owner) && !hub.lock().members.left {
                 info!(peer = %hub.peer, session = hub.short(), "ending the session: {}", close::REASON_MEMBERSHIP_REVOKED);
                 hub.end(close::CLOSE_CODE_REFUSED, close::REASON_MEMBERSHIP_REVOKED);
                 ended += 1;

@@ -233,7 +233,7 @@ impl Hub {
     /// [`BRIDGE_READ_AHEAD`] beyond one run), so a control line is applied as
     /// soon as it arrives: the client's acks free the replay log even while the
     /// agent, blocked on output that waits for those acks, reads nothing.
-    async fn read_loop(&self, id: u64, recv: &mut RecvStream, leftover: Bytes) -> String {
+    async fn read_loop(self: &Arc<Self>, id: u64, recv: &mut RecvStream, leftover: Bytes) -> String {
         let mut rx = Receiver::new(self.max_frame);
         rx.push(&leftover);
         let mut events = Vec::new();
@@ -300,7 +300,7 @@ impl Hub {
     }
 
     /// Applies one of the client's control lines.
-    pub(super) fn control(&self, c: Option<Control>) -> Result<(), String> {
+    pub(super) fn control(self: &Arc<Self>, c: Option<Control>) -> Result<(), String> {
         match c {
             Some(Control::Ack(n)) => {
                 let mut st = self.lock();
@@ -308,7 +308,13 @@ impl Hub {
                 let writer = st.writer.take();
                 drop(st);
                 self.wake(writer);
+                // A device that joined: the agent may wait for room in its log.
+                if let Some(s) = self.seat.get().and_then(|s| s.session.upgrade()) {
+                    let writer = s.lock().writer.take();
+                    s.wake(writer);
+                }
             }
+            Some(Control::Role(role)) if self.kind == HubKind::Resumable => self.ask_role(role),
             Some(Control::Eof(n)) => {
                 let mut st = self.lock();
                 if st.ack.received() != n {
@@ -317,7 +323,10 @@ impl Hub {
                         st.ack.received()
                     ));
                 }
-                if self.kind == HubKind::Warm {
+                if self.is_guest() || st.members.joined {
+                    // One device's input ended; the agent's stays open for the others.
+                    debug!(peer = %self.peer, session = self.short(), "a device's input ended after {n} frames");
+                } else if self.kind == HubKind::Warm {
                     // A warm agent's input stays open for the next client.
                     st.input_ended = Some(Instant::now());
                     drop(st);
@@ -335,10 +344,12 @@ impl Hub {
 
 /// Reads the client's hello (its first line). Returns it and whatever the
 /// client sent after it.
-pub async fn read_hello(recv: &mut RecvStream) -> Result<(Option<String>, u64, Bytes), String> {
+pub async fn read_hello(recv: &mut RecvStream) -> Result<(Control, Bytes), String> {
     let (line, rest) = read_line(recv).await.map_err(|e| format!("{REASON_PROTOCOL}: no hello: {e}"))?;
     match Control::parse(&line) {
-        Ok(Some(Control::Hello { session, received })) if line[0] == b'!' => Ok((session, received, rest)),
+        Ok(Some(c @ (Control::Hello { .. } | Control::Join { .. } | Control::List))) if line[0] == b'!' => {
+            Ok((c, rest))
+        }
         Err(bad) => Err(format!("{REASON_PROTOCOL}: {bad}")),
         _ => Err(format!("{REASON_PROTOCOL}: the first line is not a hello")),
     }

@@ -163,7 +163,7 @@ impl Hub {
     /// Warm: the client's lines, whole, into the agent's queue; its answers to
     /// the agent's requests are noted. The client finishing its stream closes
     /// the agent's input, as on the plain protocol.
-    async fn read_plain(&self, id: u64, recv: &mut RecvStream) -> String {
+    async fn read_plain(self: &Arc<Self>, id: u64, recv: &mut RecvStream) -> String {
         let mut rx = Receiver::plain(self.max_frame);
         let mut events = Vec::new();
         loop {

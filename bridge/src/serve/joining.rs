@@ -1,0 +1,119 @@
+//! A device asks which sessions of an agent it may join, and joins one
+//! (see [`crate::serve::sessions::devices`] for what a shared session is).
+//!
+//! Who may see and join which session (docs/security.md has the table): a
+//! device always its own; one of the owner's own devices (the account's, or
+//! one paired by a code) also those another of the owner's own devices
+//! started; a device let in only by the agent's `accept_from` NodeIds or by
+//! an `iroh allow` of someone else's device, only its own. A session a device
+//! may not see is, to it, a session that does not exist.
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use iroh::{
+    endpoint::{Connection, RecvStream, SendStream, VarInt},
+    EndpointId,
+};
+use thunderbolt_shared::{close, devices::Listing};
+use tracing::info;
+
+use super::{
+    admit::Admitted,
+    session::refuse,
+    sessions::{AttachError, Hub, HubKind, JoinAs, JoinError},
+};
+use crate::{devices::How, trust::Grant};
+
+/// How long a listing's connection waits for the device to close it after
+/// the answer (a client closes at once; one that does not costs this).
+const LISTING_LINGER: Duration = Duration::from_secs(10);
+
+/// The device's name on this bridge (the devices file), if it has one.
+pub(super) fn device_name(a: &Admitted, node: &EndpointId) -> Option<String> {
+    a.shared.stores().and_then(|s| s.devices.name_of(node))
+}
+
+/// Whether `node` is one of the owner's own devices at this agent: listed by
+/// the account, or paired by a code (with this agent, or into the allow file).
+fn own_device(a: &Admitted, node: &EndpointId) -> bool {
+    match a.cfg.trust.check(node) {
+        Some(Grant::Account | Grant::Paired) => true,
+        Some(Grant::Manual) => a
+            .shared
+            .stores()
+            .and_then(|s| s.devices.get(node))
+            .is_some_and(|d| matches!(d.how, How::Pairing | How::Account)),
+        Some(Grant::Manifest) | None => false,
+    }
+}
+
+/// Whether the connection's device may see (and join) a session `owner` started.
+fn may_see(a: &Admitted, owner: &EndpointId) -> bool {
+    *owner == a.peer || (own_device(a, &a.peer) && own_device(a, owner))
+}
+
+/// The sessions of this agent the device may join.
+fn visible(a: &Admitted) -> Vec<Arc<Hub>> {
+    let mut hubs: Vec<Arc<Hub>> = a
+        .shared
+        .hubs
+        .all()
+        .into_iter()
+        .filter(|h| h.kind() == HubKind::Resumable && *h.agent() == a.cfg.name && !h.view().gone)
+        .filter(|h| may_see(a, &h.owner()))
+        .collect();
+    hubs.sort_by_key(|h| h.info().started);
+    hubs
+}
+
+/// Answers a listing: one line, then the stream's end; the device closes.
+pub(super) async fn list(conn: Connection, mut send: SendStream, a: &Admitted) {
+    let sessions: Vec<_> = visible(a).iter().map(|h| h.listed()).collect();
+    info!(peer = %a.short, "listed {} session(s) of {} it may join", sessions.len(), a.cfg.name);
+    let mut line = serde_json::to_vec(&Listing { sessions }).expect("a listing serializes");
+    line.push(b'\n');
+    if send.write_all(&line).await.is_err() || send.finish().is_err() {
+        return;
+    }
+    tokio::select! {
+        _ = conn.closed() => {}
+        _ = tokio::time::sleep(LISTING_LINGER) => {
+            conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_LISTED.as_bytes());
+        }
+        _ = a.shared.shutdown.cancelled() => refuse(&conn, close::REASON_SHUTTING_DOWN),
+    }
+}
+
+/// Joins the device to session `id` on its own streams.
+pub(super) fn join(
+    conn: &Connection,
+    id: &str,
+    how: JoinAs,
+    (send, recv): (SendStream, RecvStream),
+    leftover: Bytes,
+    a: &Admitted,
+) {
+    let Some(hub) = visible(a).into_iter().find(|h| h.short() == id) else {
+        info!(peer = %a.short, "refusing a join of session '{}': none it may see", id.chars().take(16).collect::<String>());
+        refuse(conn, close::REASON_UNKNOWN_SESSION);
+        return;
+    };
+    let joined: usize =
+        a.shared.hubs.all().iter().map(|h| h.guests().iter().filter(|g| g.owner() == a.peer).count()).sum();
+    let name = device_name(a, &a.peer);
+    match hub.join(a.peer, name, how, joined, (conn.clone(), send, recv), leftover) {
+        Ok(()) => {}
+        Err(JoinError::Unknown) => refuse(conn, close::REASON_UNKNOWN_SESSION),
+        Err(JoinError::Gone(reason)) => refuse(conn, &reason),
+        Err(JoinError::Full(why)) => {
+            info!(peer = %a.short, session = hub.short(), "refusing a join: {why}");
+            refuse(conn, close::REASON_TOO_MANY_DEVICES);
+        }
+        Err(JoinError::Attach(AttachError::Gone(reason))) => refuse(conn, &reason),
+        Err(JoinError::Attach(e)) => {
+            info!(peer = %a.short, session = hub.short(), "could not join: {e:?}");
+            refuse(conn, close::REASON_RESUME_PROTOCOL);
+        }
+    }
+}

@@ -1,0 +1,736 @@
+//! Several devices on one resumable session (docs/protocol.md, "Several
+//! devices on one session"; who may see and join which session:
+//! docs/security.md).
+//!
+//! The session's first device is its hub itself; every device that joins
+//! later is a *guest*: a hub of its own (its own token, replay log, counters
+//! and acknowledgements, so it resumes on its own after its own outage) that
+//! has no agent and hangs off the session's hub. The session's hub keeps what
+//! is shared ([`Members`]):
+//! - every run of the agent's output goes into each device's log (a
+//!   reference count each: the bytes are shared) and into a bounded history
+//!   ([`SESSION_HISTORY`]) a joining device may start from; the agent waits
+//!   while any device's log is full;
+//! - the controller's frames go to the agent; an observer's requests are
+//!   answered with an error naming its role (a frame to that device only),
+//!   its notifications dropped, its answers to the agent's requests let on;
+//! - the agent's requests go to every device and the first answer wins: the
+//!   others are told who answered ([`wire::METHOD_ANSWERED`]) and a later
+//!   answer to the same request is dropped;
+//! - a device that closes leaves; the session goes on while any device is
+//!   attached or may come back within its grace, and ends with its last.
+
+use std::{
+    collections::{HashSet, VecDeque},
+    sync::{Arc, Weak},
+    time::SystemTime,
+};
+
+use bytes::Bytes;
+use iroh::{
+    endpoint::{Connection, RecvStream, SendStream},
+    EndpointId,
+};
+use thunderbolt_shared::{
+    close,
+    devices::{self as wire, Attached, Device, History, Listed, Role},
+    jsonrpc,
+    ndjson::OVERSIZE_PEEK,
+    resume::ReplayLog,
+};
+use tokio::time::Instant;
+use tracing::info;
+
+use super::hub::{AttachError, Gone, Hub, HubKind, State};
+use crate::{ids, serve::extension::KeptLines};
+
+/// Bytes of the agent's output a session keeps from its start for a device
+/// that joins with the whole history: a coding agent's turn is tens to a few
+/// hundred KiB of updates, so a few turns fit; past it the oldest runs go
+/// (the joining device is told the history was cut). Shared with the
+/// devices' replay logs (reference counted), so it costs memory only for
+/// what every device already acknowledged.
+pub const SESSION_HISTORY: usize = 1 << 20;
+
+/// Devices attached to (or expected back at) one session at once: a person's
+/// laptop, phone and a tab or two. Each costs its own replay log, up to the
+/// resume buffer.
+pub const MAX_DEVICES_PER_SESSION: usize = 8;
+
+/// Sessions one device may have joined at once (its own started sessions are
+/// capped apart, by the agent slots): a hostile device cannot hold the
+/// bridge's memory with joins it never uses.
+pub const MAX_JOINS_PER_DEVICE: usize = 8;
+
+/// Answered requests remembered, to drop a later answer to the same one
+/// (agents ask one thing at a time; a few dozen covers any backlog).
+const ANSWERED_REMEMBERED: usize = 64;
+
+/// The agent's requests in flight remembered (past it an answer to one not
+/// remembered still goes on: only a second answer to a remembered one is dropped).
+const OPEN_REMEMBERED: usize = crate::serve::requests::MAX_TRACKED_REQUESTS;
+
+/// ACP session ids a listing shows of one session, and the longest shown.
+const ACP_SESSIONS_LISTED: usize = 8;
+const ACP_SESSION_ID_MAX: usize = 128;
+
+/// No device controls the session (its controller left or stepped down).
+const NOBODY: u64 = u64::MAX;
+
+/// What a session's devices share (kept in the session's hub).
+#[derive(Debug)]
+pub(super) struct Members {
+    pub(super) guests: Vec<Arc<Hub>>,
+    /// The seat of the device whose frames go to the agent (0: the first).
+    pub(super) controller: u64,
+    pub(super) next_seat: u64,
+    /// The first device closed while others went on: its log is no longer fed.
+    pub(super) left: bool,
+    /// Another device joined once: the devices' input is screened.
+    pub(super) joined: bool,
+    history: VecDeque<Bytes>,
+    history_bytes: usize,
+    /// The history lost its oldest runs.
+    history_cut: bool,
+    /// Ids (JSON text) of the agent's requests not answered yet.
+    open: HashSet<String>,
+    /// Requests answered, and by whom.
+    answered: VecDeque<(String, Device)>,
+    acp_sessions: Vec<String>,
+    pub(super) last_activity: SystemTime,
+}
+
+impl Default for Members {
+    fn default() -> Self {
+        Self {
+            guests: Vec::new(),
+            controller: 0,
+            next_seat: 1,
+            left: false,
+            joined: false,
+            history: VecDeque::new(),
+            history_bytes: 0,
+            history_cut: false,
+            open: HashSet::new(),
+            answered: VecDeque::new(),
+            acp_sessions: Vec::new(),
+            last_activity: SystemTime::now(),
+        }
+    }
+}
+
+/// A guest's place: its seat number and the session's hub.
+#[derive(Debug)]
+pub(super) struct Seat {
+    pub(super) number: u64,
+    pub(super) session: Weak<Hub>,
+}
+
+/// What a device joining asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct JoinAs {
+    pub observe: bool,
+    pub history: History,
+}
+
+/// Why a device may not join.
+#[derive(Debug)]
+pub enum JoinError {
+    /// No session of that id it may see (the same answer for one that does
+    /// not exist and one it may not see: ids are not probed).
+    Unknown,
+    /// The session ended.
+    Gone(String),
+    /// Too many devices on it, or this device joined too many.
+    Full(String),
+    Attach(AttachError),
+}
+
+impl Hub {
+    /// The device this hub carries.
+    pub fn device(&self) -> Device {
+        self.device.get().cloned().unwrap_or_else(|| Device { node: self.owner.to_string(), name: None })
+    }
+
+    /// Names the device this hub carries (once).
+    pub fn set_device(&self, name: Option<String>) {
+        let _ = self.device.set(Device { node: self.owner.to_string(), name });
+    }
+
+    /// This device's seat on its session (0: the one that started it).
+    pub(super) fn seat_number(&self) -> u64 {
+        self.seat.get().map_or(0, |s| s.number)
+    }
+
+    /// Whether this hub is a device that joined another's session.
+    pub(super) fn is_guest(&self) -> bool {
+        self.seat.get().is_some()
+    }
+
+    /// Whether this device observes a session others are on.
+    pub(super) fn is_observer(self: &Arc<Self>) -> bool {
+        let Some(s) = self.session_hub() else { return true };
+        let st = s.lock();
+        st.members.joined && st.members.controller != self.seat_number()
+    }
+
+    /// The session's hub: itself, or the one a guest joined.
+    pub(super) fn session_hub(self: &Arc<Self>) -> Option<Arc<Hub>> {
+        match self.seat.get() {
+            None => Some(self.clone()),
+            Some(s) => s.session.upgrade(),
+        }
+    }
+
+    /// The device at `seat` of this session (the session's hub's state locked).
+    fn member_at(self: &Arc<Self>, st: &State, seat: u64) -> Option<Arc<Hub>> {
+        if seat == 0 {
+            return (!st.members.left).then(|| self.clone());
+        }
+        st.members.guests.iter().find(|g| g.seat_number() == seat).cloned()
+    }
+
+    /// A run of the agent's output for everyone but the first device (whose
+    /// log took it already): the history, each guest's log, the requests it
+    /// makes. The session's hub's state is locked.
+    pub(super) fn share_output(&self, st: &mut State, run: &Bytes) {
+        let m = &mut st.members;
+        m.last_activity = SystemTime::now();
+        for line in thunderbolt_shared::ndjson::lines(run) {
+            let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
+            if let (jsonrpc::Kind::Request, Some(id)) = (head.kind, head.id) {
+                m.answered.retain(|(a, _)| *a != id);
+                if m.open.len() < OPEN_REMEMBERED {
+                    m.open.insert(id);
+                }
+            }
+        }
+        m.history.push_back(run.clone());
+        m.history_bytes += run.len();
+        while m.history_bytes > SESSION_HISTORY && m.history.len() > 1 {
+            let old = m.history.pop_front().expect("more than one");
+            m.history_bytes -= old.len();
+            m.history_cut = true;
+        }
+        for g in &m.guests {
+            let mut gs = g.lock();
+            if gs.gone.is_none() {
+                gs.out.push(run.clone());
+                drop(gs);
+                g.output.notify_waiters();
+            }
+        }
+    }
+
+    /// The most any device's log holds (what the agent's output waits on).
+    pub(super) fn held(&self, st: &State) -> usize {
+        let first = if st.members.left { 0 } else { st.out.bytes() };
+        st.members.guests.iter().map(|g| g.lock().out.bytes()).fold(first, usize::max)
+    }
+
+    /// A frame for this device only (a refusal, a role, who answered).
+    pub(super) fn tell(self: &Arc<Self>, line: Vec<u8>) {
+        let mut st = self.lock();
+        if st.gone.is_some() || st.members.left {
+            return;
+        }
+        let run = Bytes::from(line);
+        st.out.push(run.clone());
+        if !self.is_guest() {
+            self.journal_output(&mut st, &run);
+        }
+        drop(st);
+        self.output.notify_waiters();
+    }
+
+    /// What of a run of this device's frames goes to the agent: everything
+    /// of the controller's (but a second answer to one request), only answers
+    /// of an observer's. Refusals and "answered" notices are sent here too.
+    /// `None` when nothing goes on.
+    pub(super) fn screen(self: &Arc<Self>, run: Bytes) -> Option<Bytes> {
+        let Some(session) = self.session_hub() else { return Some(run) };
+        let me = self.seat_number();
+        let mut st = session.lock();
+        let m = &mut st.members;
+        m.last_activity = SystemTime::now();
+        note_acp_sessions(&mut m.acp_sessions, &run);
+        let controller = m.controller == me;
+        if !m.joined {
+            // One device: nothing is screened; its answers close what is open.
+            if !m.open.is_empty() {
+                for line in thunderbolt_shared::ndjson::lines(&run) {
+                    if let Some(id) = jsonrpc::response_id(line) {
+                        m.open.remove(&*String::from_utf8_lossy(id));
+                    }
+                }
+            }
+            return Some(run);
+        }
+        let mine = self.device();
+        let mut kept = KeptLines::new(&run);
+        let mut refusals = Vec::new();
+        let mut answered = Vec::new();
+        for line in thunderbolt_shared::ndjson::lines(&run) {
+            if let Some(id) = jsonrpc::response_id(line) {
+                let key = String::from_utf8_lossy(id).into_owned();
+                if m.open.remove(&key) {
+                    if m.answered.len() >= ANSWERED_REMEMBERED {
+                        m.answered.pop_front();
+                    }
+                    m.answered.push_back((key, mine.clone()));
+                    answered.push(wire::answered_line(id, &mine));
+                    kept.line(line, true);
+                } else if let Some((_, by)) = m.answered.iter().find(|(a, by)| *a == key && *by != mine) {
+                    info!(
+                        peer = %self.peer,
+                        session = session.short(),
+                        "{}'s answer to the agent's request {key} dropped: {} answered it first",
+                        mine.label(),
+                        by.label()
+                    );
+                    kept.line(line, false);
+                } else {
+                    kept.line(line, true);
+                }
+            } else if controller {
+                kept.line(line, true);
+            } else {
+                let id = jsonrpc::request_id(line);
+                kept.line(line, false);
+                if let Some(id) = id {
+                    refusals.push(id.to_vec());
+                }
+            }
+        }
+        let controller_device = session.member_at(&st, st.members.controller).map(|h| h.device());
+        let others: Vec<Arc<Hub>> = (0..1)
+            .chain(st.members.guests.iter().map(|g| g.seat_number()))
+            .filter(|s| *s != me)
+            .filter_map(|s| session.member_at(&st, s))
+            .collect();
+        drop(st);
+        if !refusals.is_empty() {
+            let by = controller_device.unwrap_or(Device { node: String::new(), name: Some("nobody".into()) });
+            info!(
+                peer = %self.peer,
+                session = session.short(),
+                "refused {} request(s) of {}: it observes the session",
+                refusals.len(),
+                mine.label()
+            );
+            for id in refusals {
+                self.tell(wire::observer_refused(&id, &by));
+            }
+        }
+        for line in answered {
+            for o in &others {
+                o.tell(line.clone());
+            }
+        }
+        kept.finish()
+    }
+
+    /// This device asks for `role`: control moves to it (the device that had
+    /// it becomes an observer and is told), or it steps down.
+    pub(super) fn ask_role(self: &Arc<Self>, role: Role) {
+        let Some(session) = self.session_hub() else { return };
+        let me = self.seat_number();
+        let mut st = session.lock();
+        let before = st.members.controller;
+        let after = match role {
+            Role::Controller => me,
+            Role::Observer if before == me => NOBODY,
+            Role::Observer => before,
+        };
+        if before == after {
+            drop(st);
+            let controller = session.controller_device().unwrap_or_else(nobody);
+            self.tell(wire::role_line(
+                if after == me { Role::Controller } else { Role::Observer },
+                &controller,
+            ));
+            return;
+        }
+        st.members.controller = after;
+        let old = session.member_at(&st, before);
+        drop(st);
+        session.announce_control(old, self, role);
+    }
+
+    /// Control moved from `old` (if any) because `by` asked for `role`.
+    fn announce_control(self: &Arc<Self>, old: Option<Arc<Hub>>, by: &Arc<Hub>, role: Role) {
+        let controller = self.controller_device().unwrap_or_else(nobody);
+        info!(
+            session = self.short(),
+            "{} {}",
+            by.device().label(),
+            match role {
+                Role::Controller => "took control of the session",
+                Role::Observer => "stepped down: nobody controls the session",
+            }
+        );
+        if let Some(old) = old.filter(|o| !Arc::ptr_eq(o, by)) {
+            old.tell(wire::role_line(Role::Observer, &controller));
+        }
+        by.tell(wire::role_line(role, &controller));
+    }
+
+    /// The device in control now.
+    fn controller_device(self: &Arc<Self>) -> Option<Device> {
+        let st = self.lock();
+        self.member_at(&st, st.members.controller).map(|h| h.device())
+    }
+
+    /// Joins device `owner` (named `name`) to this session as a guest on
+    /// its own streams: the welcome, the history it asked for, its role.
+    #[allow(clippy::too_many_arguments)]
+    pub fn join(
+        self: &Arc<Self>,
+        owner: EndpointId,
+        name: Option<String>,
+        how: JoinAs,
+        joined_elsewhere: usize,
+        (conn, send, recv): (Connection, SendStream, RecvStream),
+        leftover: Bytes,
+    ) -> Result<(), JoinError> {
+        if self.kind != HubKind::Resumable || self.is_guest() {
+            return Err(JoinError::Unknown);
+        }
+        let mut st = self.lock();
+        if let Some(g) = &st.gone {
+            return Err(JoinError::Gone(g.resume_reason.clone()));
+        }
+        if st.end_at.is_some() {
+            return Err(JoinError::Gone(close::REASON_UNKNOWN_SESSION.into()));
+        }
+        let live = st.members.guests.len() + usize::from(!st.members.left);
+        if live >= MAX_DEVICES_PER_SESSION {
+            return Err(JoinError::Full(format!(
+                "{MAX_DEVICES_PER_SESSION} devices are on this session already"
+            )));
+        }
+        if joined_elsewhere >= MAX_JOINS_PER_DEVICE {
+            return Err(JoinError::Full(format!(
+                "this device joined {MAX_JOINS_PER_DEVICE} sessions already"
+            )));
+        }
+        let seat = st.members.next_seat;
+        st.members.next_seat += 1;
+        let history = match how.history {
+            History::All => st.members.history.iter().cloned().collect(),
+            History::Now => Vec::new(),
+        };
+        let cut = how.history == History::All && st.members.history_cut;
+        let (guest, _, _) = Hub::with_state(
+            HubKind::Resumable,
+            format!("{}.{seat}", self.id),
+            owner,
+            self.agent.clone(),
+            self.cfg,
+            self.max_frame,
+            Weak::new(),
+            |g| {
+                g.token = ids::token();
+                // Its frames go to the session's agent (see `Hub::reserve`).
+                g.inbox = None;
+                g.out = ReplayLog::new();
+                for run in history {
+                    g.out.push(run);
+                }
+            },
+        );
+        let _ = guest.seat.set(Seat { number: seat, session: Arc::downgrade(self) });
+        guest.set_device(name);
+        st.members.guests.push(guest.clone());
+        st.members.joined = true;
+        let old = if how.observe {
+            None
+        } else {
+            let before = st.members.controller;
+            st.members.controller = seat;
+            Some(self.member_at(&st, before))
+        };
+        drop(st);
+        info!(
+            peer = %guest.peer,
+            session = self.short(),
+            "{} joined the session as {}{}",
+            guest.device().label(),
+            if how.observe { "observer" } else { "controller" },
+            match (how.history, cut) {
+                (History::Now, _) => " (from now on)",
+                (History::All, false) => " (with its whole history)",
+                (History::All, true) => " (with the history kept: its start was cut)",
+            }
+        );
+        match old {
+            Some(old) => self.announce_control(old, &guest, Role::Controller),
+            None => {
+                let controller = self.controller_device().unwrap_or_else(nobody);
+                guest.tell(wire::role_line(Role::Observer, &controller));
+            }
+        }
+        guest.attach(conn, send, recv, 0, leftover).map_err(JoinError::Attach)?;
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    /// A device of this session left for good (it closed, its grace ran
+    /// out, it was kicked or revoked): it is no longer fed, and control
+    /// passes to the earliest attached device if it had it. The session ends
+    /// when no device is left.
+    pub(super) fn member_left(self: &Arc<Self>, member: &Arc<Hub>, why: &str) {
+        let seat = member.seat_number();
+        let mut st = self.lock();
+        if seat == 0 {
+            st.members.left = true;
+            st.out = ReplayLog::starting_at(st.out.total());
+            st.journal_due = None;
+            // Its journal goes (dropped: deleted); the others' are not journaled.
+            drop(st.journal.take());
+        } else {
+            st.members.guests.retain(|g| !Arc::ptr_eq(g, member));
+        }
+        let remaining = st.members.guests.len();
+        info!(
+            peer = %member.peer,
+            session = self.short(),
+            "{} left the session ({why}); {remaining} other device(s) on it",
+            member.device().label(),
+        );
+        if st.members.left && remaining == 0 {
+            st.gone.get_or_insert_with(|| {
+                Gone::new(format!("its last device left ({why})"), close::REASON_UNKNOWN_SESSION)
+            });
+            let writer = st.writer.take();
+            drop(st);
+            self.wake(writer);
+            return;
+        }
+        let mut promoted = None;
+        if st.members.controller == seat {
+            let next = st.members.guests.iter().find(|g| g.lock().attached.is_some()).cloned();
+            st.members.controller = next.as_ref().map_or(NOBODY, |g| g.seat_number());
+            promoted = next;
+        }
+        let writer = st.writer.take();
+        drop(st);
+        self.wake(writer);
+        if let Some(p) = promoted {
+            info!(session = self.short(), "{} controls the session now", p.device().label());
+            p.tell(wire::role_line(Role::Controller, &p.device()));
+        }
+    }
+
+    /// Whether any device of this session is attached now.
+    pub fn any_attached(&self) -> bool {
+        let st = self.lock();
+        st.attached.is_some() || st.members.guests.iter().any(|g| g.lock().attached.is_some())
+    }
+
+    /// Since when no device of this session has been attached (`None` while
+    /// one is, or once it ended).
+    pub(super) fn away_since(&self, st: &State) -> Option<Instant> {
+        if st.gone.is_some() || st.attached.is_some() {
+            return None;
+        }
+        let mut latest = if st.members.left { None } else { st.detached_since };
+        for g in &st.members.guests {
+            let gs = g.lock();
+            if gs.attached.is_some() {
+                return None;
+            }
+            latest = latest.max(gs.detached_since);
+        }
+        latest
+    }
+
+    /// The devices of this session that stayed away past their grace `wait`
+    /// while others went on, and when the next one would have (the session's
+    /// hub's state locked). Only while more than one device is on it: the
+    /// last one's absence is the session's own.
+    pub(super) fn members_away(
+        self: &Arc<Self>,
+        st: &State,
+        wait: std::time::Duration,
+    ) -> (Vec<Arc<Hub>>, Option<Instant>) {
+        let now = Instant::now();
+        let (mut due, mut next) = (Vec::new(), None::<Instant>);
+        if !st.members.joined || self.away_since(st).is_some() {
+            return (due, next);
+        }
+        let mut away: Vec<(Arc<Hub>, Instant)> = Vec::new();
+        if !st.members.left && st.attached.is_none() {
+            away.extend(st.detached_since.map(|d| (self.clone(), d)));
+        }
+        for g in &st.members.guests {
+            let gs = g.lock();
+            if gs.attached.is_none() && gs.gone.is_none() {
+                away.extend(gs.detached_since.map(|d| (g.clone(), d)));
+            }
+        }
+        for (h, since) in away {
+            if since + wait <= now {
+                due.push(h);
+            } else {
+                next = Some(next.map_or(since + wait, |n: Instant| n.min(since + wait)));
+            }
+        }
+        (due, next)
+    }
+
+    /// Devices of this session that stayed away past their grace while others
+    /// went on leave it.
+    pub(super) fn expire_members(self: &Arc<Self>) {
+        let (due, wait) = {
+            let st = self.lock();
+            let wait = self.cfg.wait(true).0;
+            (self.members_away(&st, wait).0, wait)
+        };
+        for h in due {
+            let why = format!("it did not come back within {wait:?}");
+            if h.is_guest() {
+                h.end_with(close::CLOSE_CODE_REFUSED, Gone::new(why.clone(), close::REASON_SESSION_EXPIRED));
+            }
+            self.member_left(&h, &why);
+        }
+    }
+
+    /// Every device of this session and its role, for `status` and listings.
+    pub fn members(&self) -> Vec<MemberView> {
+        let st = self.lock();
+        let controller = st.members.controller;
+        let mut all = Vec::new();
+        if !st.members.left {
+            all.push(MemberView {
+                device: self.device(),
+                seat: 0,
+                role: if controller == 0 { Role::Controller } else { Role::Observer },
+                attached: st.attached.as_ref().map(|a| a.conn.clone()),
+            });
+        }
+        for g in &st.members.guests {
+            let gs = g.lock();
+            all.push(MemberView {
+                device: g.device(),
+                seat: g.seat_number(),
+                role: if controller == g.seat_number() { Role::Controller } else { Role::Observer },
+                attached: gs.attached.as_ref().map(|a| a.conn.clone()),
+            });
+        }
+        all
+    }
+
+    /// Guests of the session by seat, for `kick` and revocation.
+    pub fn guests(&self) -> Vec<Arc<Hub>> {
+        self.lock().members.guests.clone()
+    }
+
+    /// Ends one device's attachment for good (`kick`, revocation): the
+    /// session goes on with the others (or ends, if it was the last).
+    pub fn drop_member(self: &Arc<Self>, member: &Arc<Hub>, reason: &str) {
+        if member.is_guest() {
+            member.end_with(close::CLOSE_CODE_REFUSED, Gone::new(reason, reason));
+            self.member_left(member, reason);
+            return;
+        }
+        let others = !self.lock().members.guests.is_empty();
+        if !others {
+            self.end_with(close::CLOSE_CODE_REFUSED, Gone::new(reason, reason));
+            return;
+        }
+        let attached = self.lock().attached.take();
+        self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
+        if let Some(a) = &attached {
+            a.conn.close(iroh::endpoint::VarInt::from_u32(close::CLOSE_CODE_REFUSED), reason.as_bytes());
+        }
+        self.member_left(self, reason);
+        drop(attached);
+    }
+
+    /// What a device's listing shows of this session.
+    pub fn listed(&self) -> Listed {
+        let members = self.members();
+        let st = self.lock();
+        let state = if members.iter().any(|m| m.attached.is_some()) {
+            "attached"
+        } else if self.kind == HubKind::Warm {
+            "warm"
+        } else {
+            "detached"
+        };
+        Listed {
+            id: self.id.clone(),
+            agent: self.agent.as_str().to_string(),
+            started_by: self.device(),
+            since_ms: crate::devices::now_ms().saturating_sub(self.created.elapsed().as_millis() as u64),
+            state: state.into(),
+            attached: members
+                .into_iter()
+                .filter(|m| m.attached.is_some())
+                .map(|m| Attached { device: m.device, role: m.role })
+                .collect(),
+            acp_sessions: st.members.acp_sessions.clone(),
+            last_activity_ms: st
+                .members
+                .last_activity
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        }
+    }
+}
+
+/// One device of a session, as `status` shows it.
+#[derive(Debug, Clone)]
+pub struct MemberView {
+    pub device: Device,
+    pub seat: u64,
+    pub role: Role,
+    pub attached: Option<Connection>,
+}
+
+fn nobody() -> Device {
+    Device { node: String::new(), name: Some("nobody".into()) }
+}
+
+/// Notes the ACP session ids a client's run names (`"sessionId":"…"`).
+fn note_acp_sessions(seen: &mut Vec<String>, run: &[u8]) {
+    const KEY: &[u8] = b"\"sessionId\":\"";
+    if seen.len() >= ACP_SESSIONS_LISTED {
+        return;
+    }
+    for at in memchr::memmem::find_iter(run, KEY) {
+        let rest = &run[at + KEY.len()..];
+        let Some(end) = memchr::memchr(b'"', rest) else { continue };
+        let id = &rest[..end];
+        if id.is_empty() || id.len() > ACP_SESSION_ID_MAX || id.contains(&b'\\') {
+            continue;
+        }
+        let Ok(id) = std::str::from_utf8(id) else { continue };
+        if !seen.iter().any(|s| s == id) {
+            seen.push(id.to_string());
+            if seen.len() >= ACP_SESSIONS_LISTED {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acp_session_ids_are_noted_once_and_bounded() {
+        let mut seen = Vec::new();
+        note_acp_sessions(
+            &mut seen,
+            br#"{"params":{"sessionId":"s-1"}} {"sessionId":"s-1"} {"sessionId":"a\"b"}"#,
+        );
+        assert_eq!(seen, vec!["s-1".to_string()]);
+        for i in 0..20 {
+            note_acp_sessions(&mut seen, format!(r#"{{"sessionId":"x{i}"}}"#).as_bytes());
+        }
+        assert_eq!(seen.len(), ACP_SESSIONS_LISTED);
+    }
+}

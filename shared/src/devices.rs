@@ -1,0 +1,230 @@
+//! Several devices on one resumable session (docs/protocol.md, "Several
+//! devices on one session"): the listing a device asks for, how it joins,
+//! and the bridge's own notifications about roles and answers.
+//!
+//! A device lists the sessions of an agent it may join with a hello that
+//! says `"list":1`; the bridge answers with one line (no `!`),
+//! `{"sessions":[…]}` ([`Listed`]), finishes its stream and waits for the
+//! client's close. It joins one with a hello that names it:
+//!
+//! ```text
+//! !{"hello":1,"session":null,"received":0,"join":"ab12cd34","observe":true,"history":"all"}
+//! ```
+//!
+//! and from the welcome on it is a resumable session of its own (its own
+//! token, counters and acknowledgements; it resumes with its own token). Its
+//! first frames are the session's history when it asked for `all`, then a
+//! [`METHOD_ROLE`] notification saying its role, then the session's frames as
+//! they come. A device asks for a role with the control line
+//! `!{"role":"controller"}` (or `"observer"`).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// A device's part in a session it shares with others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Its frames go to the agent.
+    Controller,
+    /// It sees every frame; of what it sends only answers to the agent's own
+    /// requests go on.
+    Observer,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Controller => "controller",
+            Role::Observer => "observer",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "controller" => Some(Role::Controller),
+            "observer" => Some(Role::Observer),
+            _ => None,
+        }
+    }
+}
+
+/// What a joining device is sent of the session's past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum History {
+    /// The session's frames from its start (as far as the bridge's bounded
+    /// history reaches), then what comes.
+    #[default]
+    All,
+    /// Only what comes from now on.
+    Now,
+}
+
+impl History {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            History::All => "all",
+            History::Now => "now",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "all" => Some(History::All),
+            "now" => Some(History::Now),
+            _ => None,
+        }
+    }
+}
+
+/// A device's role, told to it: when it joins, when it takes control and
+/// when another device takes control from it.
+pub const METHOD_ROLE: &str = "_thunderbolt/role";
+
+/// One of the agent's requests was answered by another device: the others
+/// are told who, and drop their own question.
+pub const METHOD_ANSWERED: &str = "_thunderbolt/answered";
+
+/// The JSON-RPC error code of a request an observer sent (a server error).
+pub const OBSERVER_REFUSED_CODE: i64 = -32003;
+
+/// A device on a session, as others see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Device {
+    /// Its NodeId.
+    pub node: String,
+    /// Its name on the bridge (the devices file, the account), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl Device {
+    /// Its name, else its NodeId's first characters.
+    pub fn label(&self) -> String {
+        self.name.clone().unwrap_or_else(|| self.node.chars().take(10).collect())
+    }
+}
+
+/// A device attached to a session now, and its role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attached {
+    #[serde(flatten)]
+    pub device: Device,
+    pub role: Role,
+}
+
+/// One session a device may join.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Listed {
+    /// What `join` takes (and `thunderbolt status` and `kick` show).
+    pub id: String,
+    pub agent: String,
+    /// The device that started it.
+    pub started_by: Device,
+    /// When it started (milliseconds since the epoch).
+    pub since_ms: u64,
+    /// `attached` (some device is), `detached` (it waits for one within its
+    /// grace) or `warm`.
+    pub state: String,
+    pub attached: Vec<Attached>,
+    /// The ACP session ids its client used.
+    pub acp_sessions: Vec<String>,
+    /// When a frame last went either way (milliseconds since the epoch).
+    pub last_activity_ms: u64,
+}
+
+/// The bridge's answer to a listing.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listing {
+    pub sessions: Vec<Listed>,
+}
+
+fn line(v: Value) -> Vec<u8> {
+    let mut line = serde_json::to_vec(&v).expect("a JSON value serializes");
+    line.push(b'\n');
+    line
+}
+
+/// The [`METHOD_ROLE`] line: `role` is this device's; `controller` the device
+/// in control now.
+pub fn role_line(role: Role, controller: &Device) -> Vec<u8> {
+    line(json!({
+        "jsonrpc": "2.0",
+        "method": METHOD_ROLE,
+        "params": { "role": role, "controller": controller },
+    }))
+}
+
+/// The [`METHOD_ANSWERED`] line: request `id` (its JSON text) was answered by `by`.
+pub fn answered_line(id: &[u8], by: &Device) -> Vec<u8> {
+    let id: Value = serde_json::from_slice(id).unwrap_or(Value::Null);
+    line(json!({
+        "jsonrpc": "2.0",
+        "method": METHOD_ANSWERED,
+        "params": { "id": id, "by": by },
+    }))
+}
+
+/// The error an observer's request is answered with (`id` its JSON text).
+pub fn observer_refused(id: &[u8], controller: &Device) -> Vec<u8> {
+    let id: Value = serde_json::from_slice(id).unwrap_or(Value::Null);
+    line(json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {
+            "code": OBSERVER_REFUSED_CODE,
+            "message": format!(
+                "this device is an observer of the session: only its controller ({}) sends requests; take control to send",
+                controller.label()
+            ),
+        },
+    }))
+}
+
+/// What a [`METHOD_ROLE`] or [`METHOD_ANSWERED`] line says, for clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    Role { role: Role, controller: Device },
+    Answered { id: Value, by: Device },
+}
+
+/// Reads a line as one of the bridge's notifications about devices (cheap
+/// for every other line: it looks for the method's name first).
+pub fn notice(line: &[u8]) -> Option<Notice> {
+    memchr::memmem::find(line, b"\"_thunderbolt/")?;
+    let v: Value = serde_json::from_slice(line).ok()?;
+    let params = v.get("params")?;
+    match v.get("method")?.as_str()? {
+        METHOD_ROLE => Some(Notice::Role {
+            role: Role::parse(params.get("role")?.as_str()?)?,
+            controller: serde_json::from_value(params.get("controller")?.clone()).ok()?,
+        }),
+        METHOD_ANSWERED => Some(Notice::Answered {
+            id: params.get("id")?.clone(),
+            by: serde_json::from_value(params.get("by")?.clone()).ok()?,
+        }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notices_read_back() {
+        let d = Device { node: "abc".into(), name: Some("phone".into()) };
+        let l = role_line(Role::Observer, &d);
+        assert_eq!(notice(&l), Some(Notice::Role { role: Role::Observer, controller: d.clone() }));
+        let a = answered_line(b"7", &d);
+        assert_eq!(notice(&a), Some(Notice::Answered { id: json!(7), by: d.clone() }));
+        let r = observer_refused(b"\"x\"", &d);
+        let v: Value = serde_json::from_slice(&r).unwrap();
+        assert_eq!(v["id"], "x");
+        assert_eq!(v["error"]["code"], OBSERVER_REFUSED_CODE);
+        assert!(v["error"]["message"].as_str().unwrap().contains("observer"));
+        assert_eq!(notice(b"{\"jsonrpc\":\"2.0\",\"method\":\"x\"}"), None);
+    }
+}
