@@ -70,6 +70,9 @@ pub const REASON_STALE_RESUME: &str = "stale resume";
 /// A device asked to join a session that has as many devices as it may, or
 /// it joined as many sessions as one device may ([`crate::devices`]).
 pub const REASON_TOO_MANY_DEVICES: &str = "too many devices";
+/// A device's input ended while other devices were on its session: it left
+/// (code 0, after it acknowledged the `end` it was sent); the session goes on.
+pub const REASON_LEFT: &str = "left the session";
 /// The bridge answered a device's listing and waited long enough for it to
 /// close (code 0: nothing went wrong).
 pub const REASON_LISTED: &str = "sessions listed";

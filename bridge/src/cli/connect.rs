@@ -484,6 +484,10 @@ async fn pipe(
         return match finish? {
             redial::Finish::AgentEnded(end) => agent_result(end),
             redial::Finish::KeptWarm => Ok(()),
+            redial::Finish::Left => {
+                info!("left the session: it goes on for the other device(s) on it");
+                Ok(())
+            }
             redial::Finish::Interrupted(which) => Err(Interrupted(which).into()),
         };
     }

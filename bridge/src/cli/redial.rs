@@ -68,6 +68,9 @@ pub enum Finish {
     KeptWarm,
     /// We were told to stop (this signal) and closed the session.
     Interrupted(&'static str),
+    /// Our input ended while other devices were on the session: we left it,
+    /// with everything we were sent; it goes on for them.
+    Left,
 }
 
 /// Why one connection stopped carrying the session.
@@ -192,8 +195,18 @@ fn closed(err: &ConnectionError, st: &State, protocol: &Protocol) -> Result<Fini
     }
     if let ConnectionError::ApplicationClosed(ac) = err {
         let code = ac.error_code.into_inner();
+        if code == close::CLOSE_CODE_CLIENT as u64 && &ac.reason[..] == close::REASON_LEFT.as_bytes() {
+            return Ok(Finish::Left);
+        }
         if let Some(end) = AgentEnd::from_close(code, &ac.reason) {
             return Ok(Finish::AgentEnded(Some(end)));
+        }
+        if let (None, Some(Control::Join { id, .. }), Some(Refusal::UnknownSession)) =
+            (&st.token, &st.join, Refusal::from_close(code, &ac.reason))
+        {
+            bail!(
+                "no session '{id}' this device may join: `thunderbolt sessions <ticket>` lists those it may"
+            );
         }
         if let Some(gone) = Refusal::from_close(code, &ac.reason).filter(Refusal::is_session_gone) {
             if st.all_delivered() {

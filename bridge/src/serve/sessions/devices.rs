@@ -94,8 +94,8 @@ pub(super) struct Members {
     history_cut: bool,
     /// Ids (JSON text) of the agent's requests not answered yet.
     open: HashSet<String>,
-    /// Requests answered, and by whom.
-    answered: VecDeque<(String, Device)>,
+    /// Requests answered, and by whom (seat and device).
+    answered: VecDeque<(String, u64, Device)>,
     acp_sessions: Vec<String>,
     pub(super) last_activity: SystemTime,
 }
@@ -199,7 +199,7 @@ impl Hub {
         for line in thunderbolt_shared::ndjson::lines(run) {
             let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
             if let (jsonrpc::Kind::Request, Some(id)) = (head.kind, head.id) {
-                m.answered.retain(|(a, _)| *a != id);
+                m.answered.retain(|(a, _, _)| *a != id);
                 if m.open.len() < OPEN_REMEMBERED {
                     m.open.insert(id);
                 }
@@ -214,7 +214,7 @@ impl Hub {
         }
         for g in &m.guests {
             let mut gs = g.lock();
-            if gs.gone.is_none() {
+            if gs.gone.is_none() && !gs.leaving {
                 gs.out.push(run.clone());
                 drop(gs);
                 g.output.notify_waiters();
@@ -277,10 +277,12 @@ impl Hub {
                     if m.answered.len() >= ANSWERED_REMEMBERED {
                         m.answered.pop_front();
                     }
-                    m.answered.push_back((key, mine.clone()));
+                    m.answered.push_back((key, me, mine.clone()));
                     answered.push(wire::answered_line(id, &mine));
                     kept.line(line, true);
-                } else if let Some((_, by)) = m.answered.iter().find(|(a, by)| *a == key && *by != mine) {
+                } else if let Some((_, _, by)) =
+                    m.answered.iter().find(|(a, seat, _)| *a == key && *seat != me)
+                {
                     info!(
                         peer = %self.peer,
                         session = session.short(),
@@ -519,6 +521,36 @@ impl Hub {
         if let Some(p) = promoted {
             info!(session = self.short(), "{} controls the session now", p.device().label());
             p.tell(wire::role_line(Role::Controller, &p.device()));
+        }
+    }
+
+    /// Whether other devices than this one are on its session.
+    pub(super) fn others_on(self: &Arc<Self>) -> bool {
+        let Some(s) = self.session_hub() else { return false };
+        let st = s.lock();
+        let me = self.seat_number();
+        let first = !st.members.left && me != 0;
+        first || st.members.guests.iter().any(|g| g.seat_number() != me)
+    }
+
+    /// This device's input ended while others are on the session: it gets
+    /// what it was sent and an end, and once it acknowledged that it is let
+    /// go ([`close::REASON_LEFT`]); the others go on.
+    pub(super) fn leave_after_eof(&self, st: &mut State) {
+        st.leaving = true;
+        st.end_at = Some((st.out.total(), Instant::now()));
+        info!(peer = %self.peer, session = self.short(), "{}'s input ended: it leaves the session once it has what it was sent", self.device().label());
+    }
+
+    /// A leaving device acknowledged its end: its connection is closed.
+    pub(super) fn left_if_done(&self, st: &State) {
+        if st.leaving && st.end_at.is_some_and(|(n, _)| st.out.acked() >= n) {
+            if let Some(a) = &st.attached {
+                a.conn.close(
+                    iroh::endpoint::VarInt::from_u32(close::CLOSE_CODE_CLIENT),
+                    close::REASON_LEFT.as_bytes(),
+                );
+            }
         }
     }
 

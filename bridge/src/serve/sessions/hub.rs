@@ -239,6 +239,9 @@ pub(super) struct State {
     pub(super) resumes: u64,
     /// What the session's devices share (the session's hub only).
     pub(super) members: Members,
+    /// This device's input ended while others were on the session: it is
+    /// sent what it was sent so far and an end, then let go.
+    pub(super) leaving: bool,
 }
 
 #[derive(Debug)]
@@ -373,6 +376,7 @@ impl Hub {
             dropped: 0,
             resumes: 0,
             members: Members::default(),
+            leaving: false,
         };
         init(&mut state);
         if !state.token.is_empty() {
@@ -647,6 +651,11 @@ impl Hub {
                     );
                 }
             }
+        } else if st.leaving && self.is_guest() {
+            st.gone.get_or_insert_with(|| Gone::new(close::REASON_LEFT, close::REASON_UNKNOWN_SESSION));
+            left = true;
+        } else if st.leaving {
+            left = true;
         } else if is_client_close(conn) && self.is_guest() {
             st.gone
                 .get_or_insert_with(|| Gone::new(close::REASON_CLIENT_CLOSED, close::REASON_UNKNOWN_SESSION));

@@ -231,7 +231,7 @@ impl AsyncWrite for Outbox {
                 Some(kept) => run = kept,
             }
         }
-        if !st.members.left {
+        if !st.members.left && !st.leaving {
             st.out.push(run.clone());
         }
         if let Some(asked) = st.asked.as_mut() {

@@ -305,6 +305,7 @@ impl Hub {
             Some(Control::Ack(n)) => {
                 let mut st = self.lock();
                 st.out.ack(n).map_err(|e| format!("{REASON_PROTOCOL}: ack {e}"))?;
+                self.left_if_done(&st);
                 let writer = st.writer.take();
                 drop(st);
                 self.wake(writer);
@@ -316,6 +317,7 @@ impl Hub {
             }
             Some(Control::Role(role)) if self.kind == HubKind::Resumable => self.ask_role(role),
             Some(Control::Eof(n)) => {
+                let others = self.kind == HubKind::Resumable && self.others_on();
                 let mut st = self.lock();
                 if st.ack.received() != n {
                     return Err(format!(
@@ -323,9 +325,15 @@ impl Hub {
                         st.ack.received()
                     ));
                 }
-                if self.is_guest() || st.members.joined {
+                if others {
                     // One device's input ended; the agent's stays open for the others.
-                    debug!(peer = %self.peer, session = self.short(), "a device's input ended after {n} frames");
+                    self.leave_after_eof(&mut st);
+                    drop(st);
+                    self.output.notify_waiters();
+                } else if let Some(session) = self.session_hub().filter(|_| self.is_guest()) {
+                    // The last device on the session, one that joined it: its end is the agent's.
+                    drop(st);
+                    session.lock().inbox.take();
                 } else if self.kind == HubKind::Warm {
                     // A warm agent's input stays open for the next client.
                     st.input_ended = Some(Instant::now());
