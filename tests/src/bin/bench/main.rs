@@ -34,6 +34,7 @@ use tokio::{
     process::Command,
 };
 
+mod devices;
 mod duplex;
 mod host;
 mod measure;
@@ -45,6 +46,7 @@ mod restart;
 mod resume;
 mod sections;
 
+use devices::*;
 use duplex::*;
 use host::*;
 use measure::*;
@@ -136,6 +138,9 @@ enum Section {
     /// ~1 KiB lines echoed full duplex through `connect`, resumable against plain, with
     /// relays disabled and (in a loopback-only namespace) the default relays unreachable.
     Duplex,
+    /// One session on 1, 2 and 4 devices: aggregate throughput, the controller's p50 with
+    /// three observers, memory per device and for the history.
+    Devices,
     /// Journaling resumable sessions against `--no-journal` through `connect`; restart →
     /// the session back (the SDK agent's start and session/load) against its cold start.
     Restart,
