@@ -540,6 +540,8 @@ impl Hub {
         st.leaving = true;
         st.end_at = Some((st.out.total(), Instant::now()));
         info!(peer = %self.peer, session = self.short(), "{}'s input ended: it leaves the session once it has what it was sent", self.device().label());
+        // It may hold everything already: no acknowledgement would come.
+        self.left_if_done(st);
     }
 
     /// A leaving device acknowledged its end: its connection is closed.

@@ -68,6 +68,11 @@ impl Hub {
         if let Some(g) = &st.gone {
             return Err(AttachError::Gone(g.resume_reason.clone()));
         }
+        // The device that started a session others go on with left it (it
+        // closed, or stayed away past its grace): its token is spent.
+        if st.members.left {
+            return Err(AttachError::Gone(close::REASON_UNKNOWN_SESSION.into()));
+        }
         if received < st.out.acked() {
             let acked = st.out.acked();
             drop(st);
