@@ -39,7 +39,7 @@ use thunderbolt_shared::{
     resume::ReplayLog,
 };
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{debug, info};
 
 use super::hub::{AttachError, Gone, Hub, HubKind, State};
 use crate::{ids, serve::extension::KeptLines};
@@ -192,7 +192,8 @@ impl Hub {
 
     /// A run of the agent's output for everyone but the first device (whose
     /// log took it already): the history, each guest's log, the requests it
-    /// makes. The session's hub's state is locked.
+    /// makes. The session's hub's state is locked; the guests' writers are
+    /// woken by the caller, after the first device's.
     pub(super) fn share_output(&self, st: &mut State, run: &Bytes) {
         let m = &mut st.members;
         m.last_activity = SystemTime::now();
@@ -216,8 +217,6 @@ impl Hub {
             let mut gs = g.lock();
             if gs.gone.is_none() && !gs.leaving {
                 gs.out.push(run.clone());
-                drop(gs);
-                g.output.notify_waiters();
             }
         }
     }
@@ -228,10 +227,16 @@ impl Hub {
         st.members.guests.iter().map(|g| g.lock().out.bytes()).fold(first, usize::max)
     }
 
-    /// A frame for this device only (a refusal, a role, who answered).
+    /// A frame for this device only (a refusal, a role, who answered). Never
+    /// past the resume buffer: a device that asks and asks (for a role, with
+    /// requests it may not send) and never acknowledges stops being told.
     pub(super) fn tell(self: &Arc<Self>, line: Vec<u8>) {
         let mut st = self.lock();
-        if st.gone.is_some() || st.members.left {
+        if st.gone.is_some() || st.members.left || st.leaving {
+            return;
+        }
+        if st.out.bytes() + line.len() > self.cfg.buffer {
+            debug!(peer = %self.peer, session = self.short(), "a frame for this device dropped: its log is full");
             return;
         }
         let run = Bytes::from(line);
@@ -266,7 +271,6 @@ impl Hub {
             }
             return Some(run);
         }
-        let mine = self.device();
         let mut kept = KeptLines::new(&run);
         let mut refusals = Vec::new();
         let mut answered = Vec::new();
@@ -274,6 +278,7 @@ impl Hub {
             if let Some(id) = jsonrpc::response_id(line) {
                 let key = String::from_utf8_lossy(id).into_owned();
                 if m.open.remove(&key) {
+                    let mine = self.device();
                     if m.answered.len() >= ANSWERED_REMEMBERED {
                         m.answered.pop_front();
                     }
@@ -287,7 +292,7 @@ impl Hub {
                         peer = %self.peer,
                         session = session.short(),
                         "{}'s answer to the agent's request {key} dropped: {} answered it first",
-                        mine.label(),
+                        self.device().label(),
                         by.label()
                     );
                     kept.line(line, false);
@@ -304,6 +309,10 @@ impl Hub {
                 }
             }
         }
+        if refusals.is_empty() && answered.is_empty() {
+            // The common case, on every run of the controller's: nothing to tell.
+            return kept.finish();
+        }
         let controller_device = session.member_at(&st, st.members.controller).map(|h| h.device());
         let others: Vec<Arc<Hub>> = (0..1)
             .chain(st.members.guests.iter().map(|g| g.seat_number()))
@@ -318,7 +327,7 @@ impl Hub {
                 session = session.short(),
                 "refused {} request(s) of {}: it observes the session",
                 refusals.len(),
-                mine.label()
+                self.device().label()
             );
             for id in refusals {
                 self.tell(wire::observer_refused(&id, &by));
@@ -354,6 +363,7 @@ impl Hub {
             return;
         }
         st.members.controller = after;
+        session.refresh_roles(&st);
         let old = session.member_at(&st, before);
         drop(st);
         session.announce_control(old, self, role);
@@ -375,6 +385,17 @@ impl Hub {
             old.tell(wire::role_line(Role::Observer, &controller));
         }
         by.tell(wire::role_line(role, &controller));
+    }
+
+    /// Tells each device's writer whether it observes (the session's hub's
+    /// state locked, the controller set).
+    pub(super) fn refresh_roles(&self, st: &State) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = st.members.controller;
+        self.observing.store(st.members.joined && c != 0, Relaxed);
+        for g in &st.members.guests {
+            g.observing.store(c != g.seat_number(), Relaxed);
+        }
     }
 
     /// The device in control now.
@@ -452,6 +473,7 @@ impl Hub {
             st.members.controller = seat;
             Some(self.member_at(&st, before))
         };
+        self.refresh_roles(&st);
         drop(st);
         info!(
             peer = %guest.peer,
@@ -515,6 +537,7 @@ impl Hub {
             st.members.controller = next.as_ref().map_or(NOBODY, |g| g.seat_number());
             promoted = next;
         }
+        self.refresh_roles(&st);
         let writer = st.writer.take();
         drop(st);
         self.wake(writer);

@@ -166,6 +166,10 @@ pub struct Hub {
     /// Whether a connection is attached, kept beside `State::attached` for
     /// the agent's output path to read without the lock.
     pub(super) attached_now: std::sync::atomic::AtomicBool,
+    /// This device observes a session others are on (its frames go in
+    /// batches): kept beside the session's controller for the writer to read
+    /// without the session's lock.
+    pub(super) observing: std::sync::atomic::AtomicBool,
     /// What `thunderbolt status` shows of it.
     pub(super) info: Arc<SessionInfo>,
     /// A device that joined another device's session: its seat there.
@@ -400,6 +404,7 @@ impl Hub {
             requests: OnceLock::new(),
             tap: OnceLock::new(),
             attached_now: false.into(),
+            observing: false.into(),
             seat: OnceLock::new(),
             device: OnceLock::new(),
         });

@@ -238,12 +238,19 @@ impl AsyncWrite for Outbox {
             Hub::note_asked(asked, &run);
         }
         hub.journal_output(&mut st, &run);
-        if hub.kind == HubKind::Resumable {
+        let guests = if hub.kind == HubKind::Resumable {
             hub.share_output(&mut st, &run);
-        }
+            (!st.members.guests.is_empty()).then(|| st.members.guests.clone())
+        } else {
+            None
+        };
         st.last_output = Some(Instant::now());
         drop(st);
         hub.output.notify_waiters();
+        // The first device's writer first: the others' copies follow it.
+        for g in guests.iter().flatten() {
+            g.output.notify_waiters();
+        }
         Poll::Ready(Ok(buf.len()))
     }
 

@@ -20,6 +20,12 @@ use super::hub::{
 };
 use crate::limits::READ_CHUNK;
 
+/// How long an observer's frames may wait to go in one batch. A person
+/// watching does not see 5 ms; the controller's round trip, on a machine
+/// whose cores also send every observer its copy, does: batched, each
+/// observer costs a send per few of the controller's messages, not one each.
+pub const OBSERVER_BATCH: std::time::Duration = std::time::Duration::from_millis(5);
+
 impl Hub {
     /// Attaches a connection whose client holds the first `received` frames of
     /// the agent's output; `leftover` is what it sent after its hello. A
@@ -170,6 +176,8 @@ impl Hub {
         let werr = |e: iroh::endpoint::WriteError| e.to_string();
         send.write_all(&welcome).await.map_err(werr)?;
         let mut sent_end = false;
+        // An observer's frames wait a moment to go in batches (see `OBSERVER_BATCH`).
+        let mut waiting_since: Option<Instant> = None;
         loop {
             let next = self
                 .until(Wake::Any, |st| {
@@ -180,6 +188,20 @@ impl Hub {
                     if st.journal_due.is_some_and(|at| Instant::now() >= at) {
                         self.flush_journal(st);
                     }
+                    let now = Instant::now();
+                    let batch = cursor < st.out.total()
+                        && !st.ack_due
+                        && st.ack_at.is_none_or(|at| now < at)
+                        && st.end_at.is_none()
+                        && self.observing.load(std::sync::atomic::Ordering::Relaxed);
+                    if batch {
+                        let due = *waiting_since.get_or_insert(now) + OBSERVER_BATCH;
+                        if now < due {
+                            let wake = [Some(due), st.ack_at, st.journal_due].into_iter().flatten().min();
+                            return Step::Wait(wake);
+                        }
+                    }
+                    waiting_since = None;
                     let mut runs = if cursor < st.out.total() {
                         match st.out.since(cursor) {
                             Ok(r) => r,
