@@ -21,10 +21,11 @@ use super::hub::{
 use crate::limits::READ_CHUNK;
 
 /// How long an observer's frames may wait to go in one batch. A person
-/// watching does not see 5 ms; the controller's round trip, on a machine
-/// whose cores also send every observer its copy, does: batched, each
-/// observer costs a send per few of the controller's messages, not one each.
-pub const OBSERVER_BATCH: std::time::Duration = std::time::Duration::from_millis(5);
+/// watching does not see 20 ms (a frame at 60 Hz is 17); the controller's
+/// round trip, on a machine whose cores also send every observer its copy,
+/// does: batched, each observer costs a send per few dozen of the
+/// controller's small messages, not one each.
+pub const OBSERVER_BATCH: std::time::Duration = std::time::Duration::from_millis(20);
 
 impl Hub {
     /// Attaches a connection whose client holds the first `received` frames of
