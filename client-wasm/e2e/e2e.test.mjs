@@ -12,7 +12,7 @@ import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
 import { startServer } from "../serve.mjs";
-import { ROOT, BIN, WAIT_MS, waitFor, run, tbEnv, tempHome, tb, endAll } from "./harness.mjs";
+import { ROOT, BIN, WAIT_MS, waitFor, run, tbEnv, tempHome, tb, endAll, procs } from "./harness.mjs";
 
 const ARTIFACTS = join(ROOT, "target/e2e-artifacts");
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
@@ -566,6 +566,143 @@ test("a pairing link: the demo page pairs, connects and runs an ACP exchange; no
   assert.equal(JSON.parse(tb(b.home, relayUrl, ["iroh", "list", "--json"])).devices.length, 1);
   await ctx.close();
   await ctx2.close();
+  b.child.kill("SIGTERM");
+});
+
+/// A device's `thunderbolt acp connect`, its stdin ours: JSON lines in, its stdout lines collected.
+function connectDevice(home, args) {
+  const child = spawn(join(BIN, "thunderbolt"), ["acp", "connect", ...args], {
+    env: { ...process.env, ...tbEnv(home, relayUrl) }, stdio: ["pipe", "pipe", "pipe"],
+  });
+  const p = { child, out: [], err: "" };
+  createInterface({ input: child.stdout }).on("line", (l) => { try { p.out.push(JSON.parse(l)); } catch { p.out.push(l); } });
+  child.stderr.on("data", (d) => (p.err += d));
+  p.send = (v) => child.stdin.write(JSON.stringify(v) + "\n");
+  p.seen = (pick, what) => waitFor(() => p.out.find((v) => typeof v === "object" && pick(v)), what)
+    .catch((e) => { throw new Error(`${e.message}; connect's stdout ${JSON.stringify(p.out)}, stderr:\n${p.err}`); });
+  procs.push(p);
+  return p;
+}
+
+const note = (n) => ({ jsonrpc: "2.0", method: "note", params: { sessionId: "s-1", n } });
+
+test("several devices on one session: the page lists the laptop's session, joins it as an observer with its history, is told who answered, takes control (the laptop is told it observes and sees the page's line), resumes it after a reload and leaves it", async () => {
+  const b = await startBridge([join(BIN, "test-agent"), "cat"]);
+  // Both are the owner's own devices, each paired by a one-time code (an `iroh allow` would not do).
+  const code = () => JSON.parse(tb(b.home, relayUrl, ["iroh", "pair", "--json"])).code;
+  const laptop = connectDevice(tempHome(), ["--pair", code(), "--device-name", "laptop", b.ticket]);
+  laptop.send(note(0));
+  await laptop.seen((v) => v.params?.n === 0, "the laptop's first line echoed");
+  const ctx = await browser.newContext();
+  const phone = await openPage(ctx, null);
+  const listed = await phone.evaluate(async ([ticket, code]) => {
+    const client = window.thunderbolt.state.client;
+    const refused = await client.sessions(ticket).then(() => "listed", (e) => `${e.kind} ${e.code} ${e.reason}`);
+    if (refused !== "closed 1 not allowlisted") throw new Error(`an unknown device's listing: ${refused}`);
+    await client.pair(ticket, code, "phone");
+    const unknown = await client.attach(ticket, "nosuchid").then(() => "joined", (e) => `${e.kind} ${e.code} ${e.reason}`);
+    if (unknown !== "closed 1 unknown session") throw new Error(`a join of no session: ${unknown}`);
+    return client.sessions(ticket);
+  }, [b.ticket, code()]);
+  assert.equal(listed.length, 1, JSON.stringify(listed));
+  const s = listed[0];
+  assert.equal(s.startedBy.name, "laptop", JSON.stringify(s));
+  assert.deepEqual(s.attached, [{ node: s.startedBy.node, name: "laptop", role: "controller" }]);
+  assert.deepEqual(s.acpSessions, ["s-1"]);
+  assert.equal(s.state, "attached");
+  // It joins as an observer with the whole history: the past line, its role, then live lines.
+  const joined = await phone.evaluate(async ([ticket, id]) => {
+    const client = window.thunderbolt.state.client;
+    window.jEvents = [];
+    window.jMsgs = [];
+    const conn = await client.attach(ticket, id, { observe: true, history: "all", onEvent: (e) => window.jEvents.push(e) });
+    window.jConn = conn;
+    (async () => {
+      const reader = conn.messages().getReader();
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) return;
+        window.jMsgs.push(value);
+      }
+    })().catch((e) => (window.jErr = `${e.kind}: ${e.message}`));
+    return { resumable: conn.resumable, state: conn.sessionState() };
+  }, [b.ticket, s.id]);
+  assert.equal(joined.resumable, true);
+  assert.equal(typeof joined.state.session, "string", "its own token, to resume with");
+  const msgs = () => phone.evaluate(() => window.jMsgs);
+  await phone.waitForFunction(() => window.jMsgs.some((m) => m.method === "_thunderbolt/role") || window.jErr, null, { timeout: WAIT_MS });
+  let m = await msgs();
+  assert.deepEqual(m.map((v) => v.method), ["note", "_thunderbolt/role"], JSON.stringify(m));
+  assert.equal(m[0].params.n, 0, "the session's history first");
+  assert.deepEqual(m[1].params, { role: "observer", controller: { node: s.startedBy.node, name: "laptop" } });
+  assert.equal(await phone.evaluate(() => window.jConn.role), "observer");
+  assert.deepEqual(await phone.evaluate(() => window.jEvents),
+    [{ type: "role", role: "observer", controller: { node: s.startedBy.node, name: "laptop" } }]);
+  laptop.send(note(1));
+  await phone.waitForFunction(() => window.jMsgs.some((m) => m.params?.n === 1), null, { timeout: WAIT_MS });
+  // An observer's request is refused by the bridge, its role named.
+  await phone.evaluate(() => window.jConn.send({ jsonrpc: "2.0", id: "p1", method: "session/prompt", params: { sessionId: "s-1" } }));
+  await phone.waitForFunction(() => window.jMsgs.some((m) => m.id === "p1"), null, { timeout: WAIT_MS });
+  const refused = (await msgs()).find((v) => v.id === "p1");
+  assert.equal(refused.error.code, -32003, JSON.stringify(refused));
+  assert.match(refused.error.message, /observer/);
+  // A request of the agent's (the cat agent echoes one) answered by the laptop: the page is told who answered.
+  laptop.send({ jsonrpc: "2.0", id: "q1", method: "fs/read_text_file", params: { path: "/x" } });
+  await phone.waitForFunction(() => window.jMsgs.some((m) => m.id === "q1" && m.method), null, { timeout: WAIT_MS });
+  laptop.send({ jsonrpc: "2.0", id: "q1", result: { content: "from the laptop" } });
+  await phone.waitForFunction(() => window.jEvents.some((e) => e.type === "answered"), null, { timeout: WAIT_MS });
+  const answered = (await phone.evaluate(() => window.jEvents)).find((e) => e.type === "answered");
+  assert.deepEqual(answered, { type: "answered", id: "q1", by: { node: s.startedBy.node, name: "laptop" } });
+  assert.ok((await msgs()).some((v) => v.method === "_thunderbolt/answered"), "the stream carries it too");
+  // The page takes control: it is told, and the laptop is told it observes.
+  await phone.evaluate(() => window.jConn.takeControl());
+  await phone.waitForFunction(() => window.jConn.role === "controller", null, { timeout: WAIT_MS });
+  const took = (await phone.evaluate(() => window.jEvents)).filter((e) => e.type === "role").pop();
+  assert.equal(took.role, "controller");
+  assert.equal(took.controller.name, "phone");
+  await waitFor(() => laptop.err.includes("this device observes the session"), "the laptop told it observes")
+    .catch((e) => { throw new Error(`${e.message}:\n${laptop.err}`); });
+  const role = await laptop.seen((v) => v.method === "_thunderbolt/role", "the laptop's role notice");
+  assert.deepEqual([role.params.role, role.params.controller.name], ["observer", "phone"]);
+  // The page's line goes to the agent: both devices see it echoed.
+  await phone.evaluate(() => window.jConn.send({ jsonrpc: "2.0", method: "note", params: { sessionId: "s-1", n: 2 } }));
+  await laptop.seen((v) => v.params?.n === 2, "the page's line echoed to the laptop");
+  await phone.waitForFunction(() => window.jMsgs.some((m) => m.params?.n === 2), null, { timeout: WAIT_MS });
+  // A reload: the joined session resumes on its own token, as the controller still.
+  const state = await phone.evaluate(() => window.jConn.sessionState());
+  assert.equal(state.received, (await msgs()).length, "every message taken counts");
+  await phone.reload();
+  await phone.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+  const after = await phone.evaluate(async ([ticket, session]) => {
+    const events = [];
+    const conn = await window.thunderbolt.state.client.connectProtocol(ticket, "acp", undefined, undefined, { session, onEvent: (e) => events.push(e.type) });
+    window.jConn = conn;
+    const reader = conn.messages().getReader();
+    await conn.send({ jsonrpc: "2.0", method: "note", params: { sessionId: "s-1", n: 3 } });
+    // The bridge tells a resumed device its role first, then what follows.
+    const { value: told } = await reader.read();
+    const role = conn.role;
+    const { value } = await reader.read();
+    // Its input ends while the laptop is on the session: it leaves once it has what it was sent (code 0).
+    await conn.finish();
+    const closed = await conn.closed();
+    const end = await reader.read().then((r) => (r.done ? "done" : JSON.stringify(r.value)), (e) => `error ${e.message}`);
+    return { told, role, first: value, token: conn.sessionState().session, closed, end, events };
+  }, [b.ticket, state]);
+  assert.equal(after.token, state.session);
+  assert.equal(after.told.method, "_thunderbolt/role", "the resumed page is told its role");
+  assert.equal(after.told.params.role, "controller");
+  assert.equal(after.role, "controller", "conn.role is known again after the reload");
+  assert.ok(after.events.includes("role"), "and onEvent heard it");
+  assert.deepEqual(after.first.params, { sessionId: "s-1", n: 3 }, "nothing again, nothing lost");
+  await laptop.seen((v) => v.params?.n === 3, "the resumed page's line echoed to the laptop");
+  assert.deepEqual(after.closed, { kind: "closed", code: 0, reason: "left the session" });
+  assert.equal(after.end, "done");
+  await waitFor(() => b.err.includes("phone left the session"), "the bridge saying the page left")
+    .catch((e) => { throw new Error(`${e.message}:\n${b.err}`); });
+  assert.equal(laptop.child.exitCode, null, "the session goes on with the laptop");
+  await ctx.close();
+  laptop.child.stdin.end();
   b.child.kill("SIGTERM");
 });
 

@@ -33,6 +33,14 @@
 //! `session` is a stored `conn.sessionState()` (resume after a page reload);
 //! `resume: false` offers the plain protocol only. When the bridge no longer
 //! holds the session, the stream errors with `kind: "session_gone"`.
+//!
+//! One session on several devices: `client.sessions(ticket)` lists the
+//! sessions this device may join (its own; for one of the owner's own
+//! devices also those of the owner's other devices), `client.attach(ticket,
+//! id, { observe, history })` joins one as a `FramedConnection` of this
+//! device's own (it resumes on its own token), `conn.takeControl()` /
+//! `conn.observe()` ask for a role, and `onEvent` hears `role` and
+//! `answered` (docs/browser.md, "One session on several devices").
 
 pub mod errors;
 

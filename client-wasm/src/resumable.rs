@@ -21,7 +21,8 @@ use iroh::{
 };
 use js_sys::{Function, Object, Promise};
 use thunderbolt_shared::{
-    close::{self, Refusal},
+    close,
+    devices::{Role, METHOD_ANSWERED, METHOD_ROLE},
     resume::{AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS, MAX_CONTROL_LINE},
 };
 use wasm_bindgen::prelude::*;
@@ -91,6 +92,16 @@ struct State {
     closing: bool,
     /// A message taken from the page that did not fit the send buffer yet.
     held: Option<Bytes>,
+    /// The hello that joins another device's session, until the welcome.
+    join: Option<Control>,
+    /// The error the session ended with (what `attach` rejects with).
+    error: Option<JsValue>,
+    /// This device's role as the bridge last said it.
+    role: Option<Role>,
+    /// The role the page asked for, until the bridge says it has it.
+    want: Option<Role>,
+    /// `want` is to be sent on the current connection.
+    role_due: bool,
 }
 
 /// A resumable session.
@@ -128,10 +139,11 @@ impl Resumable {
         on_event: Option<Function>,
         transport: QuicTransportConfig,
         raw: bool,
+        join: Option<Control>,
     ) -> Rc<Self> {
         let (outgoing, out_rx) = mpsc::unbounded();
         let (poke, poke_rx) = mpsc::unbounded();
-        let mut st = State::default();
+        let mut st = State { join, ..State::default() };
         if let Some(r) = restore {
             st.token = Some(r.token);
             st.ack = AckPolicy::at(r.received);
@@ -163,6 +175,81 @@ impl Resumable {
                 set(&v, "detail", d.into());
             }
             let _ = f.call1(&JsValue::NULL, &v);
+        }
+    }
+
+    /// A message from the bridge that may be one of its notices about the
+    /// session's devices (`msg` parsed): notes a role, and tells `onEvent`
+    /// (`{type: "role", role, controller}`, `{type: "answered", id, by}`).
+    fn notice(&self, msg: &JsValue) {
+        let get = |o: &JsValue, k: &str| js_sys::Reflect::get(o, &k.into()).unwrap_or_default();
+        let params = get(msg, "params");
+        let kind = match get(msg, "method").as_string().as_deref() {
+            Some(METHOD_ROLE) => {
+                let Some(role) = get(&params, "role").as_string().and_then(|r| Role::parse(&r)) else {
+                    return;
+                };
+                let mut st = self.st.borrow_mut();
+                st.role = Some(role);
+                if st.want == Some(role) {
+                    st.want = None;
+                }
+                "role"
+            }
+            Some(METHOD_ANSWERED) => "answered",
+            _ => return,
+        };
+        if let (Some(f), Some(p)) = (&self.on_event, params.dyn_ref::<Object>()) {
+            let v = Object::assign(&Object::new(), p);
+            set(&v, "type", kind.into());
+            let _ = f.call1(&JsValue::NULL, &v);
+        }
+    }
+
+    /// Asks the bridge for `role` in the session this device shares (sent
+    /// now, and again after a reconnect until the bridge says it is so).
+    pub fn set_role(&self, role: Role) -> Result<(), JsValue> {
+        let mut st = self.st.borrow_mut();
+        if st.ended.is_some() {
+            return Err(js_error(&ErrorKind::SessionGone, "the session has ended"));
+        }
+        st.want = Some(role);
+        st.role_due = true;
+        drop(st);
+        let _ = self.poke.unbounded_send(());
+        Ok(())
+    }
+
+    /// This device's role as the bridge last said it.
+    pub fn role(&self) -> Option<String> {
+        self.st.borrow().role.map(|r| r.as_str().into())
+    }
+
+    /// Resolves once the bridge welcomed the session (a join was accepted);
+    /// rejects with the error it ended with otherwise.
+    pub async fn welcomed(&self) -> Result<(), JsValue> {
+        loop {
+            {
+                let st = self.st.borrow();
+                if st.token.is_some() {
+                    return Ok(());
+                }
+                if st.ended.is_some() {
+                    return Err(st
+                        .error
+                        .clone()
+                        .unwrap_or_else(|| js_error(&ErrorKind::SessionGone, "the session has ended")));
+                }
+            }
+            let (tx, rx) = futures::channel::oneshot::channel();
+            self.ended_wake.borrow_mut().push(tx);
+            let _ = rx.await;
+        }
+    }
+
+    fn wake_waiters(&self) {
+        for w in self.ended_wake.borrow_mut().drain(..) {
+            let _ = w.send(());
         }
     }
 
@@ -286,15 +373,14 @@ impl Resumable {
             }
             st.ended = Some(how);
             st.conn = None;
+            st.error = error.clone();
         }
         if let Some(e) = error {
             self.push_message(Err(e), 0);
         } else if let Some(w) = self.inbox_wake.borrow_mut().take() {
             let _ = w.send(());
         }
-        for w in self.ended_wake.borrow_mut().drain(..) {
-            let _ = w.send(());
-        }
+        self.wake_waiters();
     }
 
     async fn drive(
@@ -355,7 +441,10 @@ impl Resumable {
         };
         let hello = {
             let st = self.st.borrow();
-            Control::Hello { session: st.token.clone(), received: st.ack.received() }
+            match (&st.token, &st.join) {
+                (None, Some(join)) => join.clone(),
+                _ => Control::Hello { session: st.token.clone(), received: st.ack.received() },
+            }
         };
         if send.write_all(&hello.encode()).await.is_err() {
             return self.conn_end(conn.closed().await);
@@ -398,6 +487,7 @@ impl Resumable {
             st.grace = Duration::from_millis(grace_ms);
             st.ack.resumed();
             st.ack_due = false;
+            st.role_due = st.want.is_some();
             let mut r = st.out.since(received).unwrap_or_default();
             if st.eof {
                 r.push(Control::Eof(st.out.total()).encode());
@@ -406,6 +496,7 @@ impl Resumable {
         };
         // Frames from the page's count on; those already queued for it are skipped.
         let mut index = self.st.borrow().ack.received();
+        self.wake_waiters();
         if resumed {
             self.event("resumed", None);
         }
@@ -419,11 +510,15 @@ impl Resumable {
             // out ACK_DELAY_MS after the first frame it covers at the latest.
             let mut ack_timer = futures::future::Fuse::terminated();
             loop {
+                // Control lines first: an ack, a role asked for.
                 let ack = {
                     let mut st = self.st.borrow_mut();
                     if st.ack_due {
                         st.ack_due = false;
                         st.ack.ack()
+                    } else if st.role_due {
+                        st.role_due = false;
+                        st.want.map(Control::Role)
                     } else {
                         None
                     }
@@ -502,13 +597,23 @@ impl Resumable {
                                 let queued = self.st.borrow().queued;
                                 if index >= queued {
                                     let text = line.strip_suffix(b"\n").unwrap_or(line);
+                                    let notice = may_be_notice(text);
                                     if self.raw {
+                                        if notice {
+                                            if let Ok(m) = crate::wasm::parse_frame(text) {
+                                                self.notice(&m);
+                                            }
+                                        }
                                         self.push_message(
                                             Ok(js_sys::Uint8Array::from(line).into()),
                                             line.len(),
                                         );
                                     } else if !text.iter().all(u8::is_ascii_whitespace) {
-                                        self.push_message(crate::wasm::parse_frame(text), line.len());
+                                        let m = crate::wasm::parse_frame(text);
+                                        if let (true, Ok(m)) = (notice, &m) {
+                                            self.notice(m);
+                                        }
+                                        self.push_message(m, line.len());
                                     } else {
                                         // Never shown, so never taken: count it as taken now.
                                         self.st.borrow_mut().ack.took(1, 0);
@@ -550,7 +655,9 @@ impl Resumable {
     /// else is a loss to resume from.
     fn conn_end(&self, err: ConnectionError) -> Result<String, (JsValue, Option<JsValue>)> {
         let ending = ending(&err);
-        let gone = ending.refusal().filter(Refusal::is_session_gone);
+        // Before its first welcome a session cannot be gone: a join refused says why as it is.
+        let welcomed = self.st.borrow().token.is_some();
+        let gone = ending.refusal().filter(|r| welcomed && r.is_session_gone());
         let kept = ending.refusal().is_some_and(|r| r.is_session_kept());
         match ending {
             Ending::Closed { code, reason } if gone.is_some() => {
@@ -569,6 +676,8 @@ impl Resumable {
             }
             // The bridge is restarting and keeps the session: redial as after a loss.
             Ending::Closed { reason, .. } if kept => Ok(reason),
+            // Nothing went wrong: this device left a session others go on with.
+            Ending::Closed { code: 0, reason } => Err((closed_obj("closed", Some(0), &reason), None)),
             Ending::Closed { code, reason } => {
                 let msg = format!("the bridge closed the connection: {reason} (code {code})");
                 Err((
@@ -580,6 +689,13 @@ impl Resumable {
             Ending::Lost(text) => Ok(text),
         }
     }
+}
+
+/// Whether a line from the bridge may be one of its notices about devices
+/// (`"_thunderbolt/` in it): only those are looked at further.
+fn may_be_notice(line: &[u8]) -> bool {
+    const MARK: &[u8] = b"\"_thunderbolt/";
+    line.iter().enumerate().any(|(i, b)| *b == b'"' && line[i..].starts_with(MARK))
 }
 
 fn closed_obj(kind: &str, code: Option<u64>, reason: &str) -> JsValue {
@@ -631,15 +747,17 @@ async fn redial(
     Err(last)
 }
 
-/// Dials with the resumable ALPN first and the plain one as a fallback.
+/// Dials with the resumable ALPN first and the plain one (if any) as a fallback.
 pub async fn connect_either(
     client: &ClientInner,
     addr: EndpointAddr,
     resume_alpn: &[u8],
-    plain_alpn: Vec<u8>,
+    plain_alpn: Option<Vec<u8>>,
     transport: QuicTransportConfig,
 ) -> Result<Connection, String> {
-    let opts = ConnectOptions::new().with_additional_alpns(vec![plain_alpn]).with_transport_config(transport);
+    let opts = ConnectOptions::new()
+        .with_additional_alpns(plain_alpn.into_iter().collect())
+        .with_transport_config(transport);
     let connecting = client.ep.connect_with_opts(addr, resume_alpn, opts).await.map_err(|e| e.to_string())?;
     connecting.await.map_err(|e| e.to_string())
 }

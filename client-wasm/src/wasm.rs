@@ -11,9 +11,12 @@ use iroh::{
 use js_sys::{Error as JsError, Object, Promise, Reflect, Uint8Array};
 use thunderbolt_shared::{
     close,
+    devices::{History, Role},
     jsonrpc::is_json,
     ndjson::{encode_frame, is_blank, LineFramer, MAX_FRAME_LEN, MIN_FRAME_LEN},
-    pairing, words, Protocol, Target,
+    pairing,
+    resume::{resume_alpn, Control},
+    words, Protocol, Target,
 };
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
@@ -23,6 +26,11 @@ use crate::errors::{classify_text, client_closed, Ending, ErrorKind, DEFAULT_DIA
 /// Bytes asked for per read: large enough for bulk transfers, small enough to
 /// keep each JS chunk cheap.
 const READ_CHUNK: usize = 256 * 1024;
+
+/// How long the bridge may take to answer a listing.
+const LISTING_TIMEOUT: Duration = Duration::from_secs(15);
+/// Longest listing read (a few dozen sessions take a few KiB).
+const MAX_LISTING: usize = 1 << 20;
 
 /// After the bridge finished its stream, how long a reader waits for it to say
 /// how the agent ended (ours closes one round trip later; an older bridge never
@@ -188,7 +196,7 @@ impl IrohClient {
                 &inner,
                 &target,
                 &r1,
-                Some((alpn.into_bytes(), opts.transport.clone())),
+                Some((Some(alpn.into_bytes()), opts.transport.clone())),
                 timeout_ms,
             )
             .await?;
@@ -205,6 +213,7 @@ impl IrohClient {
                 opts.on_event,
                 opts.transport,
                 true,
+                None,
             );
             Ok(IrohConnection { inner: Framed::Resumable(r) }.into())
         })
@@ -231,19 +240,16 @@ impl IrohClient {
         let inner = self.inner.clone();
         future_to_promise(async move {
             let p: Protocol = protocol.parse().map_err(input_error)?;
-            let max_frame = match max_frame {
-                None => MAX_FRAME_LEN,
-                Some(n) if n >= MIN_FRAME_LEN as u32 => n as usize,
-                Some(n) => return Err(input_error(format!("maxFrame {n} is below {MIN_FRAME_LEN} bytes"))),
-            };
+            let max_frame = frame_limit(max_frame)?;
             let ResumeOptions { resume, transport, on_event, restore } = ResumeOptions::parse(&options)?;
             if !resume {
                 let c = dial(&inner, &target, p.alpn(), timeout_ms).await?;
                 return Ok(FramedConnection { inner: Framed::Plain(c), max_frame }.into());
             }
-            let r1 = thunderbolt_shared::resume::resume_alpn(&p);
+            let r1 = resume_alpn(&p);
             let (conn, addr) =
-                dial_conn(&inner, &target, &r1, Some((p.alpn(), transport.clone())), timeout_ms).await?;
+                dial_conn(&inner, &target, &r1, Some((Some(p.alpn()), transport.clone())), timeout_ms)
+                    .await?;
             if conn.alpn() != r1.as_slice() {
                 // A bridge without resume: the plain protocol, as before.
                 let c = open_plain(conn).await?;
@@ -258,7 +264,100 @@ impl IrohClient {
                 on_event,
                 transport,
                 false,
+                None,
             );
+            Ok(FramedConnection { inner: Framed::Resumable(r), max_frame }.into())
+        })
+    }
+
+    /// The resumable sessions of the bridge's agent this device may join:
+    /// its own, and, when it is one of the owner's own devices (paired by a
+    /// code, or the account's), those the owner's other own devices started.
+    /// `protocol`: `acp` (default) or `mcp`. Resolves with the bridge's list
+    /// (`[{id, agent, startedBy: {node, name?}, sinceMs, state, attached:
+    /// [{node, name?, role}], acpSessions, lastActivityMs}]`); a refusal
+    /// rejects with `kind: "closed"` and the bridge's `reason`.
+    #[wasm_bindgen(
+        unchecked_return_type = "Promise<Array<{id: string, agent: string, startedBy: {node: string, name?: string}, sinceMs: number, state: string, attached: Array<{node: string, name?: string, role: string}>, acpSessions: string[], lastActivityMs: number}>>"
+    )]
+    pub fn sessions(&self, target: String, protocol: Option<String>, timeout_ms: Option<u32>) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let p: Protocol = protocol.as_deref().unwrap_or("acp").parse().map_err(input_error)?;
+            let c = dial(&inner, &target, resume_alpn(&p), timeout_ms).await?;
+            c.write(&Control::List.encode()).await?;
+            let mut recv = c.take_recv()?;
+            let answer = match n0_future::time::timeout(LISTING_TIMEOUT, recv.read_to_end(MAX_LISTING)).await
+            {
+                Ok(Ok(a)) if !a.is_empty() => Ok(a),
+                Ok(Err(e)) => Err(op_error(&c.conn, e)),
+                _ => Err(js_error(
+                    &ErrorKind::Frame,
+                    "the bridge did not answer the listing (an older version?)",
+                )),
+            };
+            c.close();
+            js_sys::JSON::parse(String::from_utf8_lossy(&answer?).trim())
+                .ok()
+                .map(|v| Reflect::get(&v, &"sessions".into()).unwrap_or_default())
+                .filter(JsValue::is_array)
+                .ok_or_else(|| js_error(&ErrorKind::Frame, "the bridge's listing is unreadable"))
+        })
+    }
+
+    /// Joins session `id` (from `sessions()`) as one more device on it: a
+    /// resumable session of this device's own (its own `sessionState()`, it
+    /// resumes like any other) that sees the session's frames. `options`:
+    /// `{ observe?: boolean (default false: take control), history?: "all"
+    /// (default: the session from its start, as far as the bridge keeps it)
+    /// | "now", protocol?: "acp" | "mcp", timeoutMs?, maxFrame?, onEvent?,
+    /// idleTimeoutMs? }` (as for `connectProtocol`). Resolves once the bridge
+    /// let it join; rejects with `kind: "closed"` and its `reason`
+    /// (`unknown session`, `too many devices`, …) otherwise.
+    #[wasm_bindgen(unchecked_return_type = "Promise<FramedConnection>")]
+    pub fn attach(&self, target: String, id: String, options: JsValue) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let p: Protocol = opt(&options, "protocol")
+                .as_string()
+                .as_deref()
+                .unwrap_or("acp")
+                .parse()
+                .map_err(input_error)?;
+            let max_frame = frame_limit(opt(&options, "maxFrame").as_f64().map(|n| n as u32))?;
+            let history = match opt(&options, "history").as_string() {
+                None => History::All,
+                Some(h) => History::parse(&h)
+                    .ok_or_else(|| input_error("options.history must be \"all\" or \"now\""))?,
+            };
+            let join =
+                Control::Join { id: id.clone(), observe: opt(&options, "observe").is_truthy(), history };
+            let ResumeOptions { transport, on_event, .. } = ResumeOptions::parse(&options)?;
+            let timeout_ms = opt(&options, "timeoutMs").as_f64().map(|n| n as u32);
+            let r1 = resume_alpn(&p);
+            let (conn, addr) =
+                dial_conn(&inner, &target, &r1, Some((None, transport.clone())), timeout_ms).await?;
+            let r = crate::resumable::Resumable::start(
+                inner.clone(),
+                addr,
+                r1,
+                conn,
+                None,
+                on_event,
+                transport,
+                false,
+                Some(join),
+            );
+            r.welcomed().await.map_err(|e| {
+                if Reflect::get(&e, &"reason".into()).ok().and_then(|r| r.as_string()).as_deref()
+                    == Some(close::REASON_UNKNOWN_SESSION)
+                {
+                    let msg = format!("no session '{id}' this device may join: it ended, or it is not one of this device's nor (for a device paired by a code or the account's) of the owner's other devices");
+                    js_error(&ErrorKind::Closed { code: close::CLOSE_CODE_REFUSED as u64, reason: close::REASON_UNKNOWN_SESSION.into() }, &msg)
+                } else {
+                    e
+                }
+            })?;
             Ok(FramedConnection { inner: Framed::Resumable(r), max_frame }.into())
         })
     }
@@ -326,7 +425,7 @@ async fn dial_conn(
     client: &ClientInner,
     target: &str,
     alpn: &[u8],
-    fallback: Option<(Vec<u8>, iroh::endpoint::QuicTransportConfig)>,
+    fallback: Option<(Option<Vec<u8>>, iroh::endpoint::QuicTransportConfig)>,
     timeout_ms: Option<u32>,
 ) -> Result<(Connection, iroh::EndpointAddr), JsValue> {
     let target: Target = target.parse().map_err(input_error)?;
@@ -509,6 +608,31 @@ macro_rules! session_controls {
             pub fn resumable(&self) -> bool {
                 matches!(self.inner, Framed::Resumable(_))
             }
+
+            /// Takes control of the session this device shares with others: its
+            /// frames go to the agent, and the device that had control becomes
+            /// an observer. The bridge answers with a `role` event (`onEvent`);
+            /// asked again after a reconnect until it did. Throws on the plain protocol.
+            #[wasm_bindgen(js_name = takeControl)]
+            pub fn take_control(&self) -> Result<(), JsValue> {
+                self.inner.resumable()?.set_role(Role::Controller)
+            }
+
+            /// Steps down to observer: nobody controls the session until a device takes control.
+            pub fn observe(&self) -> Result<(), JsValue> {
+                self.inner.resumable()?.set_role(Role::Observer)
+            }
+
+            /// This device's role on a session several devices share, as the bridge
+            /// last said it: `"controller"`, `"observer"`, or `undefined` until it
+            /// said one (a session nobody joined).
+            #[wasm_bindgen(getter)]
+            pub fn role(&self) -> Option<String> {
+                match &self.inner {
+                    Framed::Resumable(r) => r.role(),
+                    Framed::Plain(_) => None,
+                }
+            }
         }
     };
 }
@@ -559,15 +683,27 @@ struct ResumeOptions {
     restore: Option<crate::resumable::Restore>,
 }
 
+/// `options[k]`, `undefined` when `options` is not an object.
+fn opt(options: &JsValue, k: &str) -> JsValue {
+    if options.is_object() {
+        Reflect::get(options, &JsValue::from_str(k)).unwrap_or(JsValue::UNDEFINED)
+    } else {
+        JsValue::UNDEFINED
+    }
+}
+
+/// `maxFrame`: the default, or at least the smallest frame limit.
+fn frame_limit(max_frame: Option<u32>) -> Result<usize, JsValue> {
+    match max_frame {
+        None => Ok(MAX_FRAME_LEN),
+        Some(n) if n >= MIN_FRAME_LEN as u32 => Ok(n as usize),
+        Some(n) => Err(input_error(format!("maxFrame {n} is below {MIN_FRAME_LEN} bytes"))),
+    }
+}
+
 impl ResumeOptions {
     fn parse(options: &JsValue) -> Result<Self, JsValue> {
-        let get = |k: &str| {
-            if options.is_object() {
-                Reflect::get(options, &JsValue::from_str(k)).unwrap_or(JsValue::UNDEFINED)
-            } else {
-                JsValue::UNDEFINED
-            }
-        };
+        let get = |k: &str| opt(options, k);
         let resume = get("resume").as_bool().unwrap_or(true);
         let idle = match get("idleTimeoutMs").as_f64() {
             None => crate::resumable::DEFAULT_IDLE_TIMEOUT,
@@ -613,6 +749,15 @@ pub(crate) fn path_kind(conn: &Connection) -> &'static str {
 }
 
 impl Framed {
+    fn resumable(&self) -> Result<&crate::resumable::Resumable, JsValue> {
+        match self {
+            Framed::Resumable(r) => Ok(r),
+            Framed::Plain(_) => {
+                Err(input_error("only a resumable session is shared by devices (the bridge speaks r1)"))
+            }
+        }
+    }
+
     fn path(&self) -> &'static str {
         match self {
             Framed::Plain(c) => path_kind(&c.conn),

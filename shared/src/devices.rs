@@ -78,8 +78,8 @@ impl History {
     }
 }
 
-/// A device's role, told to it: when it joins, when it takes control and
-/// when another device takes control from it.
+/// A device's role, told to it: when it joins, when it takes control, when
+/// another device takes control from it, and when it resumes.
 pub const METHOD_ROLE: &str = "_thunderbolt/role";
 
 /// One of the agent's requests was answered by another device: the others

@@ -398,6 +398,20 @@ impl Hub {
         }
     }
 
+    /// Tells this device its role, when it shares its session.
+    pub(super) fn tell_role(self: &Arc<Self>) {
+        let Some(session) = self.session_hub() else { return };
+        let st = session.lock();
+        if !st.members.joined {
+            return;
+        }
+        let role =
+            if st.members.controller == self.seat_number() { Role::Controller } else { Role::Observer };
+        drop(st);
+        let controller = session.controller_device().unwrap_or_else(nobody);
+        self.tell(wire::role_line(role, &controller));
+    }
+
     /// The device in control now.
     fn controller_device(self: &Arc<Self>) -> Option<Device> {
         let st = self.lock();

@@ -132,6 +132,11 @@ impl Hub {
             self.clone().serve(id, conn.clone(), send, recv, welcome, received, leftover).in_current_span(),
         );
         self.install(st, id, conn, true, task);
+        // A device on a shared session is told its role again when it comes
+        // back (a reloaded page knows it from nothing else).
+        if id > 0 && self.kind == HubKind::Resumable {
+            self.tell_role();
+        }
         Ok(())
     }
 
