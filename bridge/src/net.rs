@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use iroh::{
     address_lookup::{DnsAddressLookup, PkarrPublisher, PkarrResolver},
     endpoint::{presets, PortmapperConfig, QuicTransportConfig},
-    Endpoint, EndpointAddr, RelayMode, RelayUrl, SecretKey, Watcher,
+    Endpoint, EndpointAddr, RelayMode, RelayUrl, SecretKey, TransportAddr, Watcher,
 };
 use tracing::{debug, warn};
 
@@ -201,7 +201,22 @@ pub async fn reachable_addr(ep: &Endpoint, net: &NetConfig) -> (EndpointAddr, Op
     if net.relays != Relays::Disabled {
         problem = wait_online(ep, net, limits::RELAY_ONLINE_TIMEOUT).await;
     }
-    (ep.addr(), problem)
+    (ticket_addr(ep.addr(), &net.relays), problem)
+}
+
+/// `addr` (an endpoint's own: its home relay and direct addresses) with
+/// every relay of our own it is configured with: a ticket printed while one
+/// relay is home still reaches the bridge through another after that one
+/// died. (n0's public relays are left to n0's discovery: every ticket would
+/// otherwise grow by all of them.)
+pub fn ticket_addr(addr: EndpointAddr, relays: &Relays) -> EndpointAddr {
+    match relays {
+        Relays::Custom(urls) if urls.len() > 1 => {
+            let extra: Vec<TransportAddr> = urls.iter().cloned().map(TransportAddr::Relay).collect();
+            addr.with_addrs(extra)
+        }
+        _ => addr,
+    }
 }
 
 /// Closes `ep`, giving it `budget` to flush close frames and drain its
@@ -344,6 +359,63 @@ pub fn describe_relay_failure(chain: &str) -> String {
         chain.to_string()
     } else {
         format!("{cause} ({chain})")
+    }
+}
+
+/// How often an endpoint whose home relay is gone is made to look for
+/// another. iroh looks again by itself only at its periodic re-check (every
+/// 20–26 s): for that long nobody reaches the bridge through a relay, a
+/// browser not at all (n0-computer/iroh#4319). A relay map change makes it
+/// run its report at once, which homes the endpoint on the nearest relay that
+/// answers (a dead one refuses at once; one that drops packets is given up
+/// at the report's own probe timeout).
+pub const REHOME_EVERY: Duration = Duration::from_secs(1);
+
+/// Keeps `ep` homed on a relay that answers, while it has relays of its own
+/// to choose from: when its home relay is lost, iroh is made to choose again
+/// at once, and again every [`REHOME_EVERY`] until one is home. Runs until
+/// the endpoint closes.
+pub async fn keep_a_home_relay(ep: Endpoint, relays: Relays) {
+    use futures::StreamExt;
+    let Relays::Custom(urls) = &relays else { return };
+    if urls.len() < 2 {
+        return;
+    }
+    let map = RelayMode::custom(urls.iter().cloned()).relay_map();
+    let mut statuses = ep.home_relay_status().stream();
+    // The home relay lost, and when to make iroh look again.
+    let mut lost: Option<(RelayUrl, tokio::time::Instant)> = None;
+    loop {
+        let retry = lost.as_ref().map(|(_, at)| *at);
+        tokio::select! {
+            s = statuses.next() => {
+                let Some(list) = s else { return };
+                match list.first() {
+                    Some(home) if home.is_connected() => {
+                        if let Some((old, _)) = lost.take() {
+                            if old != *home.url() {
+                                tracing::info!("relay {old} lost: re-homed on {}", home.url());
+                            }
+                        }
+                    }
+                    Some(home) if lost.is_none() => {
+                        lost = Some((home.url().clone(), tokio::time::Instant::now()));
+                    }
+                    _ => {}
+                }
+            }
+            _ = async { tokio::time::sleep_until(retry.expect("set")).await }, if retry.is_some() => {
+                let Some((url, at)) = lost.as_mut() else { continue };
+                debug!("home relay {url} lost: looking for another");
+                // Re-inserting a relay's own configuration changes nothing but
+                // makes iroh report (and choose a home) now.
+                if let Some(cfg) = map.get(url) {
+                    ep.insert_relay(url.clone(), cfg).await;
+                }
+                *at = tokio::time::Instant::now() + REHOME_EVERY;
+            }
+            _ = ep.closed() => return,
+        }
     }
 }
 

@@ -76,3 +76,30 @@ pub fn log_changes(conn: &Connection, peer: String) -> AbortOnDropHandle<()> {
         .in_current_span(),
     ))
 }
+
+/// How often the relay a connection's selected path goes through is checked
+/// (only while that path is a relay's): a dead relay takes its paths with it,
+/// and QUIC by itself notices only at the idle timeout (10 s by default).
+pub const RELAY_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// A relay that does not take a TCP connection within this is taken for
+/// gone (one that refuses is, at once).
+pub const RELAY_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Resolves, saying why, once the relay `conn`'s selected path goes through
+/// stops taking connections: the caller drops the connection and redials
+/// (through another relay, once the bridge re-homed on it). Never while the
+/// path is direct.
+pub async fn relay_gone(conn: &Connection) -> String {
+    loop {
+        tokio::time::sleep(RELAY_CHECK_EVERY).await;
+        let Some((PathKind::Relay, TransportAddr::Relay(url))) = selected(conn) else { continue };
+        let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else { continue };
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+        match tokio::time::timeout(RELAY_CHECK_TIMEOUT, tokio::net::TcpStream::connect((host, port))).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return format!("the relay it went through ({url}) refuses connections: {e}"),
+            Err(_) => return format!("the relay it went through ({url}) does not answer"),
+        }
+    }
+}

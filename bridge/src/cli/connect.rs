@@ -199,6 +199,11 @@ pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<(
     let idle = Duration::try_from_secs_f64(args.idle_timeout)
         .map_err(|_| anyhow!("invalid --idle-timeout: {}", args.idle_timeout))?;
     let ep = net.bind(key, vec![], idle).await?;
+    // Our own home relay dies too when the bridge's does: we look for another at once.
+    let _rehome = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(crate::net::keep_a_home_relay(
+        ep.clone(),
+        net.relays.clone(),
+    )));
     let mut reached = false;
     let d = Dial { ep: &ep, target: &target, protocol: &protocol, net: &net };
     let result = match args.pair.clone() {

@@ -339,6 +339,14 @@ async fn carry(
         r = &mut upload => match r {
             Err(Up::Lost(e)) => lost_or_closed(conn, e),
         },
+        // A relay that died takes the path through it along: redial now
+        // (through another relay), not at the idle timeout.
+        why = crate::paths::relay_gone(conn) => {
+            // Closed here (the bridge, unreachable through it, takes it as a
+            // loss): its dead path must not stay the one our next dial uses.
+            conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), b"path lost");
+            ConnEnd::Lost(why)
+        }
         which = term.recv() => {
             info!("{which}: closing the session");
             return Ok(ConnEnd::Stopped(which));

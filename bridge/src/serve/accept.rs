@@ -76,9 +76,13 @@ pub(super) fn spawn_accept(shared: &Arc<Shared>, agent: Arc<Served>) {
     // with it the endpoint and its sockets, for as long as it runs.
     let relay = {
         let (agent_stop, shutdown) = (agent_for_relay.stop.clone(), shared.shutdown.clone());
+        let (ep, relays) = (agent_for_relay.endpoint.clone(), agent_for_relay.relay.relays());
         async move {
+            let rehome = crate::net::keep_a_home_relay(ep, relays);
             tokio::select! {
-                _ = relay_health::watch(agent_for_relay, agent_stop) => {}
+                _ = futures::future::join(relay_health::watch(agent_for_relay, agent_stop.clone()), async {
+                    tokio::select! { _ = rehome => {}, _ = agent_stop.cancelled() => {} }
+                }) => {}
                 _ = shutdown.cancelled() => {}
             }
         }

@@ -34,9 +34,14 @@ pub struct RelayState {
 
 /// Shared between the watcher and whoever reports it.
 #[derive(Debug, Default)]
-pub struct RelayHealth(Mutex<RelayState>);
+pub struct RelayHealth(Mutex<RelayState>, std::sync::OnceLock<crate::net::Relays>);
 
 impl RelayHealth {
+    /// The relays the endpoint is configured with.
+    pub fn relays(&self) -> crate::net::Relays {
+        self.1.get().cloned().unwrap_or(crate::net::Relays::Default)
+    }
+
     pub fn get(&self) -> RelayState {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -47,6 +52,7 @@ impl RelayHealth {
 
     /// The relay the endpoint is set up with, before any is reached.
     pub fn configured(&self, relays: &crate::net::Relays) {
+        let _ = self.1.set(relays.clone());
         let first = relays.urls().first().map(|u| u.to_string());
         self.update(|s| {
             if s.url.is_none() {

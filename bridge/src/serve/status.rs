@@ -115,7 +115,11 @@ impl BridgeHandle {
                     protocol: cfg.protocol.clone(),
                     node_id: id.to_string(),
                     node_id_base32: node_id_base32(&id),
-                    ticket: EndpointTicket::new(a.endpoint.addr()).to_string(),
+                    ticket: EndpointTicket::new(crate::net::ticket_addr(
+                        a.endpoint.addr(),
+                        &a.relay.relays(),
+                    ))
+                    .to_string(),
                     live_sessions: a.live_sessions(),
                     relay: RelayStatus {
                         url: relay.url,
