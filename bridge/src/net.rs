@@ -204,6 +204,17 @@ pub async fn reachable_addr(ep: &Endpoint, net: &NetConfig) -> (EndpointAddr, Op
     (ticket_addr(ep.addr(), &net.relays), problem)
 }
 
+impl Relays {
+    /// The one relay of ours, when exactly one is configured: a browser
+    /// reaches the bridge through it alone (said in the banner).
+    pub fn only_one(&self) -> Option<&RelayUrl> {
+        match self {
+            Relays::Custom(urls) if urls.len() == 1 => urls.first(),
+            _ => None,
+        }
+    }
+}
+
 /// `addr` (an endpoint's own: its home relay and direct addresses) with
 /// every relay of our own it is configured with: a ticket printed while one
 /// relay is home still reaches the bridge through another after that one
@@ -362,6 +373,13 @@ pub fn describe_relay_failure(chain: &str) -> String {
     }
 }
 
+/// `THUNDERBOLT_RELAY_FAILOVER=off`: iroh is left to notice a dead relay by
+/// itself (its periodic re-check; the idle timeout for a connection through
+/// it). For measuring what the failover gains (the bench), not for use.
+pub fn failover_off() -> bool {
+    std::env::var("THUNDERBOLT_RELAY_FAILOVER").is_ok_and(|v| v == "off")
+}
+
 /// How often an endpoint whose home relay is gone is made to look for
 /// another. iroh looks again by itself only at its periodic re-check (every
 /// 20–26 s): for that long nobody reaches the bridge through a relay, a
@@ -377,6 +395,9 @@ pub const REHOME_EVERY: Duration = Duration::from_secs(1);
 /// the endpoint closes.
 pub async fn keep_a_home_relay(ep: Endpoint, relays: Relays) {
     use futures::StreamExt;
+    if failover_off() {
+        return;
+    }
     let Relays::Custom(urls) = &relays else { return };
     if urls.len() < 2 {
         return;

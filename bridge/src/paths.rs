@@ -91,6 +91,9 @@ pub const RELAY_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 /// (through another relay, once the bridge re-homed on it). Never while the
 /// path is direct.
 pub async fn relay_gone(conn: &Connection) -> String {
+    if crate::net::failover_off() {
+        return std::future::pending().await;
+    }
     loop {
         tokio::time::sleep(RELAY_CHECK_EVERY).await;
         let Some((PathKind::Relay, TransportAddr::Relay(url))) = selected(conn) else { continue };

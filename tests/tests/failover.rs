@@ -54,6 +54,9 @@ async fn the_home_relay_killed_mid_stream_the_stream_completes_through_the_other
     let bridge_home = home(&url_a, &url_b);
     let client_home = home(&url_a, &url_b);
     bridge_home.allow(&client_home.node_id("acp").await).await;
+    // Another device, with the ticket printed before the outage.
+    let later_home = home(&url_a, &url_b);
+    bridge_home.allow(&later_home.node_id("acp").await).await;
     let agent = test_agent_bin();
     let bridge = bridge_home.bridge("acp", &[], &[agent.to_str().unwrap(), "cat"]).await;
     // The ticket carries both relays.
@@ -107,10 +110,34 @@ async fn the_home_relay_killed_mid_stream_the_stream_completes_through_the_other
         }
         if let Some((_, url)) = killed {
             eprintln!("relay {url} killed → the longest wait for a message after it: {gap:?}");
+            if gap > Duration::from_secs(2) {
+                eprintln!("slow: connect:\n{}\nbridge:\n{}", log.text(), bridge.log.text());
+            }
             gaps.push(gap);
+            // `status` says which relay is home and which one is not reachable.
+            let relays = loop {
+                let out = bridge_home.run(&["status", "--json"]).await;
+                let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+                let relays = v["bridges"][0]["agents"][0]["relay"]["relays"].clone();
+                let dead =
+                    relays.as_array().and_then(|a| a.iter().find(|r| r["url"] == url.as_str()).cloned());
+                if dead.as_ref().is_some_and(|d| d["reachable"] == false) {
+                    break relays;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            let home = relays.as_array().unwrap().iter().find(|r| r["home"] == true).expect("a home relay");
+            assert_ne!(home["url"], url.as_str(), "{relays}");
+            assert_eq!(home["reachable"], true, "{relays}");
+            bridge.log.wait_for(&format!("relay {url} lost: re-homed on")).await;
             if n == 1100 {
                 // A ticket printed while it was home still reaches the bridge (through the other).
-                one_line(&client_home, &bridge.ticket).await;
+                let t0 = Instant::now();
+                one_line(&later_home, &bridge.ticket).await;
+                eprintln!(
+                    "a new connect with the old ticket during the outage: {:?} to its first answer",
+                    t0.elapsed()
+                );
                 // It comes back, at its address: nothing breaks.
                 let bind = format!("{}:{}", url.host_str().unwrap(), url.port().unwrap());
                 let (c, again) = relay_process(&bind).await;
@@ -129,4 +156,18 @@ async fn the_home_relay_killed_mid_stream_the_stream_completes_through_the_other
         "the same agent (and the one line's): {}",
         bridge.log.text()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_banner_says_when_one_relay_is_all_a_browser_has() {
+    let relay = LocalRelay::start().await;
+    let one = Tb::new(Some(&relay));
+    let agent = test_agent_bin();
+    let b = one.bridge("acp", &[], &[agent.to_str().unwrap(), "cat"]).await;
+    assert!(b.banner.contains("is the only relay"), "{}", b.banner);
+    let (_a, url_a) = relay_process("127.0.0.1:0").await;
+    let two = home(&url_a, &relay.url);
+    let b2 = two.bridge("acp", &[], &[agent.to_str().unwrap(), "cat"]).await;
+    assert!(!b2.banner.contains("is the only relay"), "{}", b2.banner);
+    assert!(b2.banner.contains(url_a.as_str()) && b2.banner.contains(relay.url.as_str()), "{}", b2.banner);
 }

@@ -32,6 +32,8 @@ pub struct Banner<'a> {
     pub keep_warm: Option<std::time::Duration>,
     /// Why the relay was not reached at start, when it was not.
     pub relay_problem: Option<String>,
+    /// The one relay configured, when there is only one.
+    pub only_relay: Option<String>,
     /// What notifies the owner ([`crate::notify::Notifier::describe`]).
     pub notify: String,
 }
@@ -61,6 +63,13 @@ impl Banner<'_> {
             let _ = writeln!(
                 s,
                 "  Relay:   NOT reachable ({why}); browsers cannot reach this bridge until it is"
+            );
+        }
+        if let Some(url) = &self.only_relay {
+            let _ = writeln!(
+                s,
+                "  Relay:   {url} is the only relay: when it is down, no browser reaches this bridge \
+                 (give a second, --relay-url {url},<another>, and either may die)"
             );
         }
         match pairing_url(self.app_url, p) {

@@ -106,6 +106,23 @@ fn render(b: &Status) -> String {
             ),
         };
         let _ = writeln!(s, "    Relay:   {relay}");
+        // With several relays, each of them: the home one, and those it would move to.
+        if r.relays.len() > 1 {
+            for p in &r.relays {
+                let since =
+                    p.since_ms.map(|t| format!(" for {}", ago(now.saturating_sub(t)))).unwrap_or_default();
+                let state = match (p.reachable, p.latency_ms) {
+                    (None, _) => "not probed yet".to_string(),
+                    (Some(true), Some(ms)) => format!("reachable{since}, {ms:.1} ms"),
+                    (Some(true), None) => format!("reachable{since}"),
+                    (Some(false), _) => format!(
+                        "unreachable{since}{}",
+                        p.last_error.as_ref().map(|e| format!(": {e}")).unwrap_or_default()
+                    ),
+                };
+                let _ = writeln!(s, "      {} {}: {state}", if p.home { "home " } else { "     " }, p.url);
+            }
+        }
     }
     if b.sessions.is_empty() {
         let _ = writeln!(s, "  no sessions");

@@ -243,6 +243,7 @@ async fn serve_bridge(home: &Home, protocol: Protocol, args: ServeArgs) -> Resul
         journal: config.journal,
         keep_warm: config.keep_warm,
         relay_problem: started.relay_problem.clone(),
+        only_relay: ctx.net.relays.only_one().map(|u| u.to_string()),
         notify: crate::notify::Notifier::describe(config.notify.as_deref()),
     };
     let serving = Serving::start(home, &config, &banner.render(), "bridge", vec![served]);

@@ -127,6 +127,21 @@ pub struct RelayStatus {
     pub since_ms: Option<u64>,
     pub drops: u64,
     pub last_error: Option<String>,
+    /// Every relay configured (the home one is `url`), as last probed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relays: Vec<RelayProbeStatus>,
+}
+
+/// One configured relay in `status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayProbeStatus {
+    pub url: String,
+    pub home: bool,
+    pub reachable: Option<bool>,
+    pub latency_ms: Option<f64>,
+    pub since_ms: Option<u64>,
+    pub last_error: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -80,9 +80,13 @@ pub(super) fn spawn_accept(shared: &Arc<Shared>, agent: Arc<Served>) {
         async move {
             let rehome = crate::net::keep_a_home_relay(ep, relays);
             tokio::select! {
-                _ = futures::future::join(relay_health::watch(agent_for_relay, agent_stop.clone()), async {
-                    tokio::select! { _ = rehome => {}, _ = agent_stop.cancelled() => {} }
-                }) => {}
+                _ = futures::future::join3(
+                    relay_health::watch(agent_for_relay.clone(), agent_stop.clone()),
+                    relay_health::probe(agent_for_relay, agent_stop.clone()),
+                    async {
+                        tokio::select! { _ = rehome => {}, _ = agent_stop.cancelled() => {} }
+                    },
+                ) => {}
                 _ = shutdown.cancelled() => {}
             }
         }

@@ -30,11 +30,86 @@ pub struct RelayState {
     pub drops: u64,
     /// The most recent failure, in words.
     pub last_error: Option<String>,
+    /// Every relay the endpoint is configured with, as last probed.
+    pub relays: Vec<RelayProbe>,
+}
+
+/// One configured relay, as the last probe found it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayProbe {
+    pub url: String,
+    /// Whether it took a connection at the last probe (`None` before one).
+    pub reachable: Option<bool>,
+    /// How long its TCP handshake took, at the last probe that reached it.
+    pub latency_ms: Option<f64>,
+    /// Since when it is reachable (or not).
+    pub since: Option<SystemTime>,
+    pub last_error: Option<String>,
+}
+
+/// How often every configured relay is probed for `status` (a TCP
+/// handshake each: nothing a relay notices).
+pub const RELAY_PROBE_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A relay that does not take a connection within this is unreachable.
+pub const RELAY_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Probes every relay `agent`'s endpoint is configured with, now and every
+/// [`RELAY_PROBE_EVERY`], until `stop`.
+pub async fn probe(agent: Arc<Served>, stop: CancellationToken) {
+    let urls = agent.relay.relays().urls();
+    if urls.is_empty() {
+        return;
+    }
+    loop {
+        for url in &urls {
+            let t0 = std::time::Instant::now();
+            let (host, port) =
+                (url.host_str().unwrap_or_default().to_string(), url.port_or_known_default().unwrap_or(443));
+            let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+            let r =
+                tokio::time::timeout(RELAY_PROBE_TIMEOUT, tokio::net::TcpStream::connect((host, port))).await;
+            let (ok, error) = match r {
+                Ok(Ok(_)) => (true, None),
+                Ok(Err(e)) => (false, Some(describe(&e.to_string()))),
+                Err(_) => (false, Some(format!("no answer within {RELAY_PROBE_TIMEOUT:?}"))),
+            };
+            let latency = ok.then(|| t0.elapsed().as_secs_f64() * 1e3);
+            agent.relay.update(|s| {
+                let text = url.to_string();
+                let i = match s.relays.iter().position(|r| r.url == text) {
+                    Some(i) => i,
+                    None => {
+                        s.relays.push(RelayProbe { url: text, ..RelayProbe::default() });
+                        s.relays.len() - 1
+                    }
+                };
+                let r = &mut s.relays[i];
+                if r.reachable != Some(ok) {
+                    r.since = Some(SystemTime::now());
+                }
+                r.reachable = Some(ok);
+                if latency.is_some() {
+                    r.latency_ms = latency;
+                }
+                if error.is_some() {
+                    r.last_error = error;
+                }
+            });
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RELAY_PROBE_EVERY) => {}
+            // The home relay was lost: what the others are worth is wanted now.
+            _ = agent.relay.2.notified() => {}
+            _ = stop.cancelled() => return,
+        }
+    }
 }
 
 /// Shared between the watcher and whoever reports it.
 #[derive(Debug, Default)]
-pub struct RelayHealth(Mutex<RelayState>, std::sync::OnceLock<crate::net::Relays>);
+pub struct RelayHealth(Mutex<RelayState>, std::sync::OnceLock<crate::net::Relays>, tokio::sync::Notify);
 
 impl RelayHealth {
     /// The relays the endpoint is configured with.
@@ -96,6 +171,9 @@ pub async fn watch(agent: Arc<Served>, stop: CancellationToken) {
                 s.last_error = error.clone();
             }
         });
+        if before.connected && !connected {
+            agent.relay.2.notify_one();
+        }
         match (before.connected, connected) {
             (false, true) => info!("relay {url}: connected"),
             (true, false) => warn!(

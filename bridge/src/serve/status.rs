@@ -12,7 +12,9 @@ use iroh::endpoint::Connection;
 use thunderbolt_shared::{close, node_id_base32, EndpointTicket};
 
 use crate::{
-    control::api::{AgentStatus, DeviceOnSession, LocalApi, RelayStatus, SessionStatus, Status},
+    control::api::{
+        AgentStatus, DeviceOnSession, LocalApi, RelayProbeStatus, RelayStatus, SessionStatus, Status,
+    },
     paths,
     serve::{
         relay_health::RelayState,
@@ -122,10 +124,22 @@ impl BridgeHandle {
                     .to_string(),
                     live_sessions: a.live_sessions(),
                     relay: RelayStatus {
-                        url: relay.url,
+                        url: relay.url.clone(),
                         connected: relay.connected,
                         since_ms: relay.since.map(ms),
                         drops: relay.drops,
+                        relays: relay
+                            .relays
+                            .iter()
+                            .map(|r| RelayProbeStatus {
+                                home: relay.url.as_deref() == Some(r.url.as_str()),
+                                url: r.url.clone(),
+                                reachable: r.reachable,
+                                latency_ms: r.latency_ms,
+                                since_ms: r.since.map(ms),
+                                last_error: r.last_error.clone(),
+                            })
+                            .collect(),
                         last_error: relay.last_error,
                     },
                 }

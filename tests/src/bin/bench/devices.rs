@@ -81,7 +81,7 @@ async fn controller_p50(
 }
 
 /// A stdout of a process that ended (a placeholder once the real one is taken).
-fn dummy_stdout() -> Result<tokio::process::ChildStdout> {
+pub fn dummy_stdout() -> Result<tokio::process::ChildStdout> {
     let mut c = tokio::process::Command::new("true");
     c.stdout(Stdio::piped());
     let mut child = c.spawn()?;

@@ -36,6 +36,7 @@ use tokio::{
 
 mod devices;
 mod duplex;
+mod failover;
 mod host;
 mod measure;
 mod nat;
@@ -48,6 +49,7 @@ mod sections;
 
 use devices::*;
 use duplex::*;
+use failover::*;
 use host::*;
 use measure::*;
 use nat::*;
@@ -138,6 +140,9 @@ enum Section {
     /// ~1 KiB lines echoed full duplex through `connect`, resumable against plain, with
     /// relays disabled and (in a loopback-only namespace) the default relays unreachable.
     Duplex,
+    /// Two relays of our own, the bridge's home one killed: time to the next message
+    /// with the failover and with iroh unaided; a new dial during the outage (needs root).
+    Failover,
     /// One session on 1, 2 and 4 devices: aggregate throughput, the controller's p50 with
     /// three observers, memory per device and for the history.
     Devices,

@@ -167,6 +167,9 @@ pub async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<(
             if only.has(Section::Duplex) {
                 rows.extend(duplex_rows(&b).await?);
             }
+            if only.has(Section::Failover) {
+                rows.extend(failover_rows().await?);
+            }
             if only.has(Section::Devices) {
                 rows.extend(devices_rows(&b).await?);
             }
