@@ -50,7 +50,15 @@ pub async fn host(home: &Home, args: HostArgs) -> Result<()> {
         }
     }
     let notify = crate::notify::Notifier::describe(config.notify.as_deref());
-    let banner = host::banner(folder.dir(), &started, &loaded, &home.allowlist_path(), &notify);
+    let mut banner = host::banner(folder.dir(), &started, &loaded, &home.allowlist_path(), &notify);
+    if let Some(url) = ctx.net.relays.only_one() {
+        // Before the banner's last line (what scripts wait for).
+        let note = format!(
+            "  Relay:   {url} is the only relay: when it is down, no browser reaches these agents \
+             (give a second, --relay-url {url},<another>, and either may die)\n  Allow a peer:"
+        );
+        banner = banner.replacen("  Allow a peer:", &note, 1);
+    }
     let by_name: HashMap<String, _> =
         started.iter().map(|s| s.name.clone()).zip(served.iter().cloned()).collect();
     let serving = Serving::start(home, &config, &banner, "host", served);
