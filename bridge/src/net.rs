@@ -389,6 +389,10 @@ pub fn failover_off() -> bool {
 /// at the report's own probe timeout).
 pub const REHOME_EVERY: Duration = Duration::from_secs(1);
 
+/// ... doubling while none answers, up to this (offline, iroh's report is not
+/// run every second for as long as it lasts).
+pub const REHOME_MAX: Duration = Duration::from_secs(30);
+
 /// Keeps `ep` homed on a relay that answers, while it has relays of its own
 /// to choose from: when its home relay is lost, iroh is made to choose again
 /// at once, and again every [`REHOME_EVERY`] until one is home. Runs until
@@ -406,6 +410,7 @@ pub async fn keep_a_home_relay(ep: Endpoint, relays: Relays) {
     let mut statuses = ep.home_relay_status().stream();
     // The home relay lost, and when to make iroh look again.
     let mut lost: Option<(RelayUrl, tokio::time::Instant)> = None;
+    let mut gap = REHOME_EVERY;
     loop {
         let retry = lost.as_ref().map(|(_, at)| *at);
         tokio::select! {
@@ -413,6 +418,7 @@ pub async fn keep_a_home_relay(ep: Endpoint, relays: Relays) {
                 let Some(list) = s else { return };
                 match list.first() {
                     Some(home) if home.is_connected() => {
+                        gap = REHOME_EVERY;
                         if let Some((old, _)) = lost.take() {
                             if old != *home.url() {
                                 tracing::info!("relay {old} lost: re-homed on {}", home.url());
@@ -433,7 +439,8 @@ pub async fn keep_a_home_relay(ep: Endpoint, relays: Relays) {
                 if let Some(cfg) = map.get(url) {
                     ep.insert_relay(url.clone(), cfg).await;
                 }
-                *at = tokio::time::Instant::now() + REHOME_EVERY;
+                *at = tokio::time::Instant::now() + gap;
+                gap = (gap * 2).min(REHOME_MAX);
             }
             _ = ep.closed() => return,
         }

@@ -245,10 +245,13 @@ test("errors are typed: bad input, wrong protocol, bad frames, dial timeout", as
     // A NodeId nobody serves: the dial is bounded by its timeout.
     const ghost = (await window.thunderbolt.IrohClient.create(undefined, new URLSearchParams(location.search).get("relay"))).nodeId();
     try { await client.connectProtocol(ghost, "acp", 1500); } catch (e) { out.timeout = e.kind; out.retryable = e.retryable; }
-    // The CLI's words: a damaged ticket, and a relay this page never reached.
+    // The CLI's words: a damaged ticket, and a relay this page never reached
+    // (dialing a NodeId, which names no relay of its own).
     try { await client.connectProtocol(ticket.slice(0, 52), "acp"); } catch (e) { out.damaged = [e.kind, e.message]; }
     const stranded = await window.thunderbolt.IrohClient.create(undefined, "http://127.0.0.1:9/");
-    try { await stranded.connectProtocol(ticket, "acp", 1500); } catch (e) { out.noRelay = [e.kind, e.message]; }
+    try { await stranded.connectProtocol(window.thunderbolt.nodeOf(ticket), "acp", 1500); } catch (e) { out.noRelay = [e.kind, e.message]; }
+    // A ticket names the bridge's relay: this client reaches the bridge through it (which does not allow it).
+    try { out.viaTicket = (await (await stranded.connectProtocol(ticket, "acp")).closed()).reason; } catch (e) { out.viaTicket = e.reason; }
     await stranded.shutdown();
     return out;
   }, bridge.ticket);
@@ -257,6 +260,7 @@ test("errors are typed: bad input, wrong protocol, bad frames, dial timeout", as
     timeout: "timeout", retryable: true,
     damaged: ["input", "this ticket is damaged: copy it again, whole (from the bridge's banner, or `thunderbolt iroh id` on its machine)"],
     noRelay: ["timeout", "could not reach the relay http://127.0.0.1:9/: is it running, and does this device trust its certificate? (opening http://127.0.0.1:9/ in a browser shows why)"],
+    viaTicket: "not allowlisted",
   });
 });
 
@@ -1372,4 +1376,103 @@ test("the relay killed and restarted mid-session: the page's session resumes by 
   await page.waitForFunction(() => document.querySelector("#reply").dataset.stopReason === "end_turn", null, { timeout: WAIT_MS });
   assert.equal(await page.textContent("#reply"), "You said: after the outage");
   await page.evaluate(() => { window.rConn.close(); window.bConn.close(); });
+});
+
+/// `p`, or an error after `ms`.
+function within(p, ms, what) {
+  let timer;
+  const late = new Promise((_, rej) => (timer = setTimeout(() => rej(new Error(`timed out waiting for ${what}`)), ms)));
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}
+
+test("a bridge with two relays, its home relay killed mid-stream: the page's stream completes once and in order through the other (the same agent); a new page with the old ticket reaches the bridge", async () => {
+  const startRelay = async () => {
+    const r = run(join(BIN, "thunderbolt-relay"), ["--dev", "--bind", "127.0.0.1:0"]);
+    const line = await waitFor(() => r.out.find((l) => l.startsWith("relay listening on ")), "a relay");
+    return Object.assign(r, { url: line.split(" ").pop() });
+  };
+  const relays = [await startRelay(), await startRelay()];
+  const both = relays.map((r) => r.url).join(",");
+  const cat = await startBridge([join(BIN, "test-agent"), "cat"], [], { THUNDERBOLT_IROH_RELAY_URL: both });
+  const same = (a, b) => a.replace(/\/$/, "") === b.replace(/\/$/, "");
+  /// The relay the bridge is homed on (iroh picks the nearest), as `thunderbolt status` says.
+  const homeRelay = () => {
+    const v = JSON.parse(tb(cat.home, both, ["status", "--json"]));
+    const url = v.bridges?.[0]?.agents?.[0]?.relay?.url;
+    return url && relays.find((r) => same(r.url, url));
+  };
+  const home = await waitFor(homeRelay, "the bridge's home relay");
+  const other = relays.find((r) => r !== home);
+  // The page is told the bridge's home relay (its own home then); the ticket names both.
+  const tab = await browser.newPage();
+  await tab.goto(`${baseUrl}/www/?${new URLSearchParams({ relay: home.url, ticket: cat.ticket })}`);
+  await tab.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+  allow(cat, await tab.textContent("#node-id"));
+  const TOTAL = 3000, KILL_AT = 1000;
+  const streaming = tab.evaluate(async ([ticket, total, killAt]) => {
+    const fo = (window.fo = { events: [], got: 0, paused: null });
+    const conn = await window.thunderbolt.state.client.connectProtocol(ticket, "acp", undefined, undefined, {
+      onEvent: (e) => fo.events.push([e.type, Date.now()]),
+    });
+    fo.conn = conn;
+    const reader = conn.messages().getReader();
+    const arrivals = [];
+    for (let n = 0; n < total; n += 100) {
+      // Mid-stream: the next 100 go out once the relay is dead.
+      if (n === killAt) await new Promise((r) => (fo.paused = r));
+      for (let k = n; k < n + 100; k++) conn.send({ jsonrpc: "2.0", method: "n", params: { n: k } });
+      for (let k = n; k < n + 100; k++) {
+        const { value, done } = await reader.read();
+        if (done) throw new Error(`the stream ended at ${k}`);
+        if (value.params.n !== k) throw new Error(`expected ${k}, got ${value.params.n}`);
+        fo.got = k + 1;
+        if (k >= killAt && arrivals.length < 100) arrivals.push(Date.now());
+      }
+    }
+    return { got: fo.got, events: fo.events, arrivals, killedAt: fo.killedAt };
+  }, [cat.ticket, TOTAL, KILL_AT]);
+  await tab.waitForFunction(() => window.fo && window.fo.paused, null, { timeout: WAIT_MS });
+  const agents = agentPids(cat).filter(alive);
+  assert.equal(agents.length, 1);
+  const homeNow = homeRelay();
+  home.child.kill("SIGKILL");
+  await new Promise((r) => home.child.once("exit", r));
+  const killedAt = Date.now();
+  await tab.evaluate((t) => { window.fo.killedAt = t; window.fo.paused(); }, killedAt);
+  const r = await within(streaming, WAIT_MS, "the stream");
+  assert.equal(r.got, TOTAL, "every message once and in order");
+  const first = r.arrivals[0] - r.killedAt;
+  const gap = Math.max(first, ...r.arrivals.slice(1).map((t, i) => t - r.arrivals[i]));
+  const events = r.events.map(([type, at]) => `${type} +${at - r.killedAt} ms`).join(", ");
+  console.log(`relay ${home.url} killed (the bridge's home ${homeNow === home ? "still" : `no longer: ${homeNow?.url}`}) → ` +
+    `the next message ${first} ms later (longest wait ${gap} ms); events: ${events}`);
+  if (first >= 5000) {
+    for (const x of relays) console.log(`relay ${x.url}:\n${x.err}`);
+    console.log(`bridge:\n${cat.err.split("\n").filter((l) => /relay|home|path/i.test(l)).join("\n")}`);
+  }
+  assert.ok(first < 5000, `the next message came ${first} ms after the kill (not at the idle timeout)`);
+  assert.deepEqual(agentPids(cat).filter(alive), agents, "the same agent served the stream");
+  await tab.evaluate(() => window.fo.conn.close());
+  await waitFor(() => homeRelay() === other, "the bridge homed on the other relay");
+  await tab.close();
+
+  // A new page, still told the dead relay, with the ticket printed before the kill.
+  const late = await browser.newPage();
+  await late.goto(`${baseUrl}/www/?${new URLSearchParams({ relay: home.url, ticket: cat.ticket })}`);
+  await late.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+  allow(cat, await late.textContent("#node-id"));
+  const t0 = Date.now();
+  const echo = await within(late.evaluate(async (ticket) => {
+    const conn = await window.thunderbolt.state.client.connectProtocol(ticket, "acp");
+    const reader = conn.messages().getReader();
+    await conn.send({ jsonrpc: "2.0", method: "one", params: { one: 1 } });
+    const { value } = await reader.read();
+    conn.close();
+    return value;
+  }, cat.ticket), WAIT_MS, "the new page's answer");
+  console.log(`a new page told the dead relay, with the old ticket: its first answer ${Date.now() - t0} ms after it dialed`);
+  assert.deepEqual(echo, { jsonrpc: "2.0", method: "one", params: { one: 1 } });
+  await late.close();
+  cat.child.kill("SIGTERM");
+  other.child.kill("SIGTERM");
 });

@@ -49,6 +49,8 @@ mod batching;
 #[cfg(any(target_arch = "wasm32", test))]
 mod crypto;
 #[cfg(target_arch = "wasm32")]
+mod relays;
+#[cfg(target_arch = "wasm32")]
 mod resumable;
 #[cfg(target_arch = "wasm32")]
 mod wasm;

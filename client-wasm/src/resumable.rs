@@ -40,7 +40,10 @@ const REDIAL_MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// One redial attempt's limit (a relay handshake with a retransmission or two).
 const REDIAL_ATTEMPT: Duration = Duration::from_secs(10);
 /// The first redial attempt's limit; doubled per attempt up to [`REDIAL_ATTEMPT`].
-const REDIAL_FIRST_ATTEMPT: Duration = Duration::from_secs(1);
+/// Short: after a relay was lost the bridge is homed on another within a few
+/// hundred ms, and a handshake started before that waits for QUIC's
+/// retransmission (~1 s).
+const REDIAL_FIRST_ATTEMPT: Duration = Duration::from_millis(500);
 /// How long a resumable connection may be silent before it is taken for lost
 /// (and redialed), unless `options.idleTimeoutMs` says otherwise: as the bridge.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -397,7 +400,7 @@ impl Resumable {
         let mut resumed = false;
         loop {
             self.st.borrow_mut().conn = Some(conn.clone());
-            let lost = self.carry(&conn, &mut out_rx, &mut poke_rx, resumed).await;
+            let lost = self.carry(&client.ep, &conn, &mut out_rx, &mut poke_rx, resumed).await;
             let why = match lost {
                 Ok(why) => why,
                 Err((how, err)) => return self.end(how, err),
@@ -430,6 +433,7 @@ impl Resumable {
     /// Carries the session over `conn`. `Ok(why)`: lost, redial; `Err`: ended.
     async fn carry(
         &self,
+        ep: &iroh::Endpoint,
         conn: &Connection,
         out_rx: &mut mpsc::UnboundedReceiver<Outgoing>,
         poke_rx: &mut mpsc::UnboundedReceiver<()>,
@@ -643,11 +647,18 @@ impl Resumable {
                 }
             }
         };
-        futures::pin_mut!(upload, download);
         let closed = conn.closed();
-        futures::pin_mut!(closed);
+        let relay_lost = crate::relays::path_lost(ep, conn);
+        futures::pin_mut!(upload, download, closed, relay_lost);
         // Whichever stops first: the connection is over either way.
-        let _ = futures::future::select(upload, futures::future::select(download, closed)).await;
+        let over = futures::future::select(upload, futures::future::select(download, closed));
+        if let futures::future::Either::Right((why, _)) = futures::future::select(over, relay_lost).await {
+            // Its relay is gone, and the path with it: redial now (through
+            // another relay), not at the idle timeout. Not `client closed`:
+            // should the bridge hear it, it takes it for a loss.
+            conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), b"path lost");
+            return Ok(why);
+        }
         self.conn_end(conn.closed().await)
     }
 

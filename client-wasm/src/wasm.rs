@@ -6,7 +6,7 @@ use std::{cell::RefCell, rc::Rc, time::Duration};
 use futures::{lock::Mutex as AsyncMutex, StreamExt};
 use iroh::{
     endpoint::{presets, Connection, ConnectionError, RecvStream, SendStream, VarInt},
-    Endpoint, RelayMode, RelayUrl, SecretKey, TransportAddr,
+    Endpoint, RelayMap, RelayMode, RelayUrl, SecretKey, TransportAddr,
 };
 use js_sys::{Error as JsError, Object, Promise, Reflect, Uint8Array};
 use thunderbolt_shared::{
@@ -110,6 +110,10 @@ pub(crate) struct ClientInner {
     pub(crate) ep: Endpoint,
     secret: SecretKey,
     relay: Option<RelayUrl>,
+    /// The endpoint's relay map (the very one: a `RelayMap`'s clones share
+    /// their contents): the relay given (or n0's) and every relay a dialed
+    /// ticket named.
+    pub(crate) relays: RelayMap,
 }
 
 /// One iroh endpoint (one NodeId), shared by all its connections.
@@ -122,7 +126,9 @@ pub struct IrohClient {
 impl IrohClient {
     /// Creates the client. `secretHex`: 64 hex chars to keep a stable NodeId
     /// (store `secretKeyHex()` and pass it back); omitted → a new identity.
-    /// `relayUrl`: the relay to use; omitted → n0's public relays.
+    /// `relayUrl`: the relay to use; omitted → n0's public relays. The relays a
+    /// dialed ticket names are added to it (the endpoint homes on the nearest
+    /// that answers, and on another when its own is lost).
     pub async fn create(
         secret_hex: Option<String>,
         relay_url: Option<String>,
@@ -142,19 +148,21 @@ impl IrohClient {
             Some(u) => Some(u.parse().map_err(|e| input_error(format!("invalid relayUrl '{u}': {e}")))?),
             None => None,
         };
-        let mode = match &relay {
-            Some(u) => RelayMode::custom([u.clone()]),
-            None => iroh::endpoint::default_relay_mode(),
+        let relays = match &relay {
+            Some(u) => RelayMap::from(u.clone()),
+            None => iroh::endpoint::default_relay_mode().relay_map(),
         };
         let ep = Endpoint::builder(presets::Minimal)
             .crypto_provider(crate::crypto::browser_crypto())
             .add_custom_transport(std::sync::Arc::new(crate::batching::Batching))
             .secret_key(secret.clone())
-            .relay_mode(mode)
+            .relay_mode(RelayMode::Custom(relays.clone()))
             .bind()
             .await
             .map_err(|e| js_error(&ErrorKind::Network, &format!("cannot start the iroh endpoint: {e}")))?;
-        Ok(IrohClient { inner: Rc::new(ClientInner { ep, secret, relay }) })
+        let inner = Rc::new(ClientInner { ep, secret, relay, relays });
+        crate::relays::keep_a_home_relay(&inner);
+        Ok(IrohClient { inner })
     }
 
     /// This client's NodeId (64 hex chars): what the bridge must allow.
@@ -436,6 +444,7 @@ async fn dial_conn(
             addr = addr.with_addrs([TransportAddr::Relay(r.clone())]);
         }
     }
+    client.add_relays(&addr);
     let ms = timeout_ms.unwrap_or(DEFAULT_DIAL_TIMEOUT_MS);
     // Whether the relay was reached: a dial that never got that far says so.
     let online = std::cell::Cell::new(false);
