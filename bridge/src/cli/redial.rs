@@ -92,6 +92,10 @@ struct State {
     token: Option<String>,
     /// The hello that joins another device's session (until it is joined).
     join: Option<Control>,
+    /// The ticket names several relays of the bridge's: the one our path goes
+    /// through is watched, to move to another at once when it dies (with one,
+    /// or n0's, there is nowhere to move to faster than the idle timeout).
+    relay_checks: bool,
     grace: Duration,
     /// Our input ended after this many frames.
     eof_at: Option<u64>,
@@ -121,7 +125,8 @@ pub async fn run(
     let mut input = LocalInput { r: local_in, buf: BytesMut::new(), done: false, held: None };
     let mut output = local_out;
     let alpn = resume::resume_alpn(protocol);
-    let st = RefCell::new(State { join, ..State::default() });
+    let relay_checks = target.endpoint_addr().relay_urls().count() > 1;
+    let st = RefCell::new(State { join, relay_checks, ..State::default() });
     let mut conn = first;
     let mut attached_before = false;
     let result = loop {
@@ -341,7 +346,7 @@ async fn carry(
         },
         // A relay that died takes the path through it along: redial now
         // (through another relay), not at the idle timeout.
-        why = crate::paths::relay_gone(conn) => {
+        why = crate::paths::relay_gone(conn), if st.borrow().relay_checks => {
             // Closed here (the bridge, unreachable through it, takes it as a
             // loss): its dead path must not stay the one our next dial uses.
             conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), b"path lost");
