@@ -382,3 +382,26 @@ async fn the_controller_whose_input_ends_leaves_and_control_passes_to_the_device
     p.send(note(51)).await;
     p.until(is_note(51)).await;
 }
+
+/// `kick <device name>` detaches that device from the sessions it joined;
+/// the device that started each goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kicking_a_device_by_name_detaches_it_from_the_sessions_it_joined() {
+    let Rig { _relay, home, bridge, laptop, phone } = rig("cat").await;
+    let ticket = bridge.ticket.as_str();
+    let mut l = Device::start(&laptop, &[ticket]);
+    l.send(note(0)).await;
+    l.until(is_note(0)).await;
+    let id = sessions(&phone, ticket).await[0]["id"].as_str().unwrap().to_string();
+    let mut p = Device::start(&phone, &["--attach", &id, "--observe", ticket]);
+    p.until(|v| role_of(v).is_some()).await;
+    let out = home.run(&["kick", "phone"]).await;
+    assert!(out.status.success(), "kick: {}", String::from_utf8_lossy(&out.stderr));
+    let gone = tokio::time::timeout(WAIT, p.child.wait()).await.expect("kicked device exits").unwrap();
+    assert!(!gone.success());
+    p.log.wait_for("ended by the host").await;
+    l.send(note(1)).await;
+    l.until(is_note(1)).await;
+    let st = status(&home).await;
+    assert_eq!(st["bridges"][0]["sessions"].as_array().unwrap().len(), 1, "{st}");
+}

@@ -74,7 +74,8 @@ pub enum Command {
     /// The peer is closed with code 1 `ended by the host`, its agent ended and its slot freed;
     /// a resumable session cannot be resumed after. A device's id on a shared session
     /// (`<session>.<n>`, as `status` lists it) ends that device's attachment only; the others
-    /// go on. Exit code 1 when nothing matched, 3 when no bridge runs.
+    /// go on (a NodeId or device name also detaches that device from the sessions it joined).
+    /// Exit code 1 when nothing matched, 3 when no bridge runs.
     Kick(KickArgs),
     /// The sessions of a bridge's agent this device may join (from a device, like `connect`).
     ///

@@ -223,6 +223,14 @@ impl BridgeHandle {
                 }
                 continue;
             }
+            // A device named by NodeId or name leaves the sessions it joined too.
+            if let Some(p) = peer {
+                for g in hub.guests().into_iter().filter(|g| g.owner() == p) {
+                    tracing::info!(peer = %p.fmt_short(), session = hub.short(), "detaching a device from the session: {}", close::REASON_KICKED);
+                    hub.drop_member(&g, close::REASON_KICKED);
+                    n += 1;
+                }
+            }
             if matches(hub.info()) && !hub.view().gone {
                 tracing::info!(peer = %hub.info().peer.fmt_short(), session = hub.short(), "ending the session: {}", close::REASON_KICKED);
                 hub.kick(close::REASON_KICKED);
