@@ -88,22 +88,14 @@ pub async fn sessions(home: &Home, args: crate::cli::args::SessionsArgs) -> Resu
 
 /// Asks the bridge for its listing.
 async fn list_sessions(d: Dial<'_>, dial_timeout: u64) -> Result<thunderbolt_shared::devices::Listing> {
-    let Dial { ep, target, protocol, .. } = d;
-    let alpn = resume::resume_alpn(protocol);
-    let dial = tokio::time::timeout(
-        Duration::from_secs(dial_timeout),
-        relay_or_bust(ep, target, async {
-            ep.connect(target.endpoint_addr(), &alpn).await.map_err(anyhow::Error::from)
-        }),
-    );
-    let conn = match dial.await {
-        Err(_) => return Err(unreachable(d, dial_timeout, None).await),
-        Ok(Err(e)) if is_alpn_refusal(&format!("{e:#}")) => {
-            bail!("{} offers no resumable sessions (it runs with --no-resume, or predates them): nothing to join", target.id())
-        }
-        Ok(Err(e)) => return Err(unreachable(d, dial_timeout, Some(format!("{e:#}"))).await),
-        Ok(Ok(c)) => c,
-    };
+    let Dial { target, protocol, .. } = d;
+    let conn = dial_one(d, &resume::resume_alpn(protocol), dial_timeout, || {
+        anyhow!(
+            "{} offers no resumable sessions (it runs with --no-resume, or predates them): nothing to join",
+            target.id()
+        )
+    })
+    .await?;
     let exchange = async {
         let (mut send, mut recv) = conn.open_bi().await?;
         send.write_all(&resume::Control::List.encode()).await?;
@@ -307,6 +299,30 @@ async fn unreachable(d: Dial<'_>, secs: u64, err: Option<String>) -> anyhow::Err
     anyhow!("could not connect to {id}: {text}{relay}")
 }
 
+/// One connection with `alpn` for a one-off exchange (a pairing, a listing),
+/// within `dial_timeout` seconds; a bridge that refuses the ALPN gets
+/// `refused`'s words, any other failure [`unreachable`]'s.
+async fn dial_one(
+    d: Dial<'_>,
+    alpn: &[u8],
+    dial_timeout: u64,
+    refused: impl FnOnce() -> anyhow::Error,
+) -> Result<Connection> {
+    let Dial { ep, target, .. } = d;
+    let dial = tokio::time::timeout(
+        Duration::from_secs(dial_timeout),
+        relay_or_bust(ep, target, async {
+            ep.connect(target.endpoint_addr(), alpn).await.map_err(anyhow::Error::from)
+        }),
+    );
+    match dial.await {
+        Err(_) => Err(unreachable(d, dial_timeout, None).await),
+        Ok(Err(e)) if is_alpn_refusal(&format!("{e:#}")) => Err(refused()),
+        Ok(Err(e)) => Err(unreachable(d, dial_timeout, Some(format!("{e:#}"))).await),
+        Ok(Ok(c)) => Ok(c),
+    }
+}
+
 /// How long the bridge may take to answer a pairing request once connected
 /// (it writes two small files).
 const PAIR_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -314,24 +330,15 @@ const PAIR_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pairs this device with the bridge using a one-time code
 /// ([`thunderbolt_shared::pairing`]), before connecting as usual.
 async fn pair_first(d: Dial<'_>, code: &str, name: &str, dial_timeout: u64) -> Result<()> {
-    let Dial { ep, target, protocol, .. } = d;
-    let alpn = pairing_wire::pair_alpn(protocol);
-    let dial = tokio::time::timeout(
-        Duration::from_secs(dial_timeout),
-        relay_or_bust(ep, target, async {
-            ep.connect(target.endpoint_addr(), &alpn).await.map_err(anyhow::Error::from)
-        }),
-    );
-    let conn = match dial.await {
-        Err(_) => return Err(unreachable(d, dial_timeout, None).await),
-        Ok(Err(e)) if is_alpn_refusal(&format!("{e:#}")) => bail!(
+    let Dial { target, protocol, .. } = d;
+    let conn = dial_one(d, &pairing_wire::pair_alpn(protocol), dial_timeout, || {
+        anyhow!(
             "{} does not take pairing codes (it predates `iroh pair`, or is not a {protocol} bridge): \
              run `thunderbolt iroh id` here and `thunderbolt iroh allow <that-nodeid>` there instead",
             target.id()
-        ),
-        Ok(Err(e)) => return Err(unreachable(d, dial_timeout, Some(format!("{e:#}"))).await),
-        Ok(Ok(c)) => c,
-    };
+        )
+    })
+    .await?;
     let exchange = async {
         let (mut send, mut recv) = conn.open_bi().await?;
         send.write_all(&pairing_wire::request(code, name)).await?;
