@@ -21,6 +21,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::jsonrpc::json_line;
+
 /// A device's part in a session it shares with others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -141,16 +143,15 @@ pub struct Listing {
     pub sessions: Vec<Listed>,
 }
 
-fn line(v: Value) -> Vec<u8> {
-    let mut line = serde_json::to_vec(&v).expect("a JSON value serializes");
-    line.push(b'\n');
-    line
+/// A request id given as its JSON text, as a value (`null` if it is not JSON).
+fn id_value(id: &[u8]) -> Value {
+    serde_json::from_slice(id).unwrap_or(Value::Null)
 }
 
 /// The [`METHOD_ROLE`] line: `role` is this device's; `controller` the device
 /// in control now.
 pub fn role_line(role: Role, controller: &Device) -> Vec<u8> {
-    line(json!({
+    json_line(&json!({
         "jsonrpc": "2.0",
         "method": METHOD_ROLE,
         "params": { "role": role, "controller": controller },
@@ -159,20 +160,18 @@ pub fn role_line(role: Role, controller: &Device) -> Vec<u8> {
 
 /// The [`METHOD_ANSWERED`] line: request `id` (its JSON text) was answered by `by`.
 pub fn answered_line(id: &[u8], by: &Device) -> Vec<u8> {
-    let id: Value = serde_json::from_slice(id).unwrap_or(Value::Null);
-    line(json!({
+    json_line(&json!({
         "jsonrpc": "2.0",
         "method": METHOD_ANSWERED,
-        "params": { "id": id, "by": by },
+        "params": { "id": id_value(id), "by": by },
     }))
 }
 
 /// The error an observer's request is answered with (`id` its JSON text).
 pub fn observer_refused(id: &[u8], controller: &Device) -> Vec<u8> {
-    let id: Value = serde_json::from_slice(id).unwrap_or(Value::Null);
-    line(json!({
+    json_line(&json!({
         "jsonrpc": "2.0",
-        "id": id,
+        "id": id_value(id),
         "error": {
             "code": OBSERVER_REFUSED_CODE,
             "message": format!(

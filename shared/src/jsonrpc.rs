@@ -269,6 +269,13 @@ impl<'a> Scan<'a> {
     }
 }
 
+/// `v` as one line (with its `\n`): the bridge's own messages built as JSON values.
+pub fn json_line(v: &serde_json::Value) -> Vec<u8> {
+    let mut line = serde_json::to_vec(v).expect("a JSON value serializes");
+    line.push(b'\n');
+    line
+}
+
 /// An error response line (with its `\n`): `id` is raw JSON text, `None` for `null`.
 pub fn error_line(id: Option<&str>, code: i64, message: &str, limit: usize) -> Vec<u8> {
     let msg = serde_json::to_string(message).unwrap_or_else(|_| "\"error\"".into());

@@ -25,6 +25,8 @@
 
 use serde_json::{json, Value};
 
+use crate::jsonrpc::json_line;
+
 /// The notification that tells a client its session was taken back.
 pub const METHOD_RESTORED: &str = "_thunderbolt/restored";
 
@@ -37,14 +39,11 @@ pub const TURN_ABORTED_CODE: i64 = -32000;
 
 /// The error line for the request whose id is `id` (a JSON value).
 pub fn turn_aborted(id: &Value) -> Vec<u8> {
-    let mut line = serde_json::to_vec(&json!({
+    json_line(&json!({
         "jsonrpc": "2.0",
         "id": id,
         "error": { "code": TURN_ABORTED_CODE, "message": TURN_ABORTED },
     }))
-    .expect("a JSON value serializes");
-    line.push(b'\n');
-    line
 }
 
 /// How one ACP session was taken back.
@@ -69,11 +68,7 @@ pub fn restored(sessions: &[(Value, Taken)], aborted: &[Value], failed: Option<&
     if let Some(f) = failed {
         params["failed"] = json!(f);
     }
-    let mut line =
-        serde_json::to_vec(&json!({ "jsonrpc": "2.0", "method": METHOD_RESTORED, "params": params }))
-            .expect("a JSON value serializes");
-    line.push(b'\n');
-    line
+    json_line(&json!({ "jsonrpc": "2.0", "method": METHOD_RESTORED, "params": params }))
 }
 
 #[cfg(test)]
