@@ -99,6 +99,17 @@ async fn status(home: &Tb) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The laptop starts a session (one line there and back); the phone finds its id.
+async fn laptop_session(laptop: &Tb, phone: &Tb, ticket: &str, flags: &[&str]) -> (Device, String) {
+    let mut args = flags.to_vec();
+    args.push(ticket);
+    let mut l = Device::start(laptop, &args);
+    l.send(note(0)).await;
+    l.until(is_note(0)).await;
+    let id = sessions(phone, ticket).await[0]["id"].as_str().unwrap().to_string();
+    (l, id)
+}
+
 struct Rig {
     _relay: LocalRelay,
     home: Tb,
@@ -259,10 +270,7 @@ async fn another_accounts_device_sees_and_joins_nothing_of_the_owners_and_revoca
     // A friend's device, let in with `iroh allow` (not one of the owner's own).
     let friend = Tb::new(None).with_env("THUNDERBOLT_IROH_RELAY_URL", _relay.url.to_string());
     home.allow(&friend.node_id("acp").await).await;
-    let mut l = Device::start(&laptop, &[ticket]);
-    l.send(note(0)).await;
-    l.until(is_note(0)).await;
-    let id = sessions(&phone, ticket).await[0]["id"].as_str().unwrap().to_string();
+    let (mut l, id) = laptop_session(&laptop, &phone, ticket, &[]).await;
     assert_eq!(
         sessions(&friend, ticket).await,
         Vec::<Value>::new(),
@@ -309,10 +317,7 @@ async fn every_device_gets_every_frame_once_in_order_across_one_devices_outage()
     const FRAMES: u64 = 2000;
     let Rig { _relay, home: _home, bridge, laptop, phone } = rig_with("cat", &["--idle-timeout", "1"]).await;
     let ticket = bridge.ticket.as_str();
-    let mut l = Device::start(&laptop, &["--idle-timeout", "1", ticket]);
-    l.send(note(0)).await;
-    l.until(is_note(0)).await;
-    let id = sessions(&phone, ticket).await[0]["id"].as_str().unwrap().to_string();
+    let (mut l, id) = laptop_session(&laptop, &phone, ticket, &["--idle-timeout", "1"]).await;
     let mut p = Device::start(
         &phone,
         &["--attach", &id, "--observe", "--history", "now", "--idle-timeout", "1", ticket],
@@ -363,10 +368,7 @@ async fn every_device_gets_every_frame_once_in_order_across_one_devices_outage()
 async fn the_controller_whose_input_ends_leaves_and_control_passes_to_the_device_still_there() {
     let Rig { _relay, home: _home, bridge, laptop, phone } = rig("cat").await;
     let ticket = bridge.ticket.as_str();
-    let mut l = Device::start(&laptop, &[ticket]);
-    l.send(note(0)).await;
-    l.until(is_note(0)).await;
-    let id = sessions(&phone, ticket).await[0]["id"].as_str().unwrap().to_string();
+    let (mut l, id) = laptop_session(&laptop, &phone, ticket, &[]).await;
     let mut p = Device::start(&phone, &["--attach", &id, "--observe", "--history", "now", ticket]);
     p.until(|v| role_of(v).is_some()).await;
     for n in 1..=50 {
@@ -389,10 +391,7 @@ async fn the_controller_whose_input_ends_leaves_and_control_passes_to_the_device
 async fn kicking_a_device_by_name_detaches_it_from_the_sessions_it_joined() {
     let Rig { _relay, home, bridge, laptop, phone } = rig("cat").await;
     let ticket = bridge.ticket.as_str();
-    let mut l = Device::start(&laptop, &[ticket]);
-    l.send(note(0)).await;
-    l.until(is_note(0)).await;
-    let id = sessions(&phone, ticket).await[0]["id"].as_str().unwrap().to_string();
+    let (mut l, id) = laptop_session(&laptop, &phone, ticket, &[]).await;
     let mut p = Device::start(&phone, &["--attach", &id, "--observe", ticket]);
     p.until(|v| role_of(v).is_some()).await;
     let out = home.run(&["kick", "phone"]).await;
