@@ -587,3 +587,71 @@ pub fn private_ca(dir: &Path, names: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
     std::fs::write(&k, key.serialize_pem()).expect("write key");
     (ca, crt, k)
 }
+
+/// One `thunderbolt acp connect`'s stdio as JSON lines: what a local client
+/// sends and reads. Every line read is kept in `seen`, in order.
+pub struct JsonConnect {
+    pub child: Child,
+    /// `None` once its input was ended.
+    pub stdin: Option<tokio::process::ChildStdin>,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    pub log: Log,
+    pub seen: Vec<serde_json::Value>,
+}
+
+impl JsonConnect {
+    /// `connect <args…>` as `home`'s device.
+    pub fn start(home: &Tb, args: &[&str]) -> Self {
+        let (mut child, log) = home.connect(args);
+        let stdin = child.stdin.take();
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        Self { child, stdin, lines, log, seen: Vec::new() }
+    }
+
+    pub async fn send(&mut self, v: serde_json::Value) {
+        use tokio::io::AsyncWriteExt;
+        let mut line = serde_json::to_vec(&v).expect("JSON");
+        line.push(b'\n');
+        self.stdin.as_mut().expect("input open").write_all(&line).await.expect("connect reads its input");
+    }
+
+    /// The next line, within [`WAIT`].
+    pub async fn next(&mut self) -> serde_json::Value {
+        let line = tokio::time::timeout(WAIT, self.lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("no line from connect in time; its log:\n{}", self.log.text()))
+            .expect("read connect's output")
+            .unwrap_or_else(|| panic!("connect's output ended; its log:\n{}", self.log.text()));
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        self.seen.push(v.clone());
+        v
+    }
+
+    /// Reads until a line `pick` accepts, returning it.
+    pub async fn until(&mut self, pick: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        loop {
+            let v = self.next().await;
+            if pick(&v) {
+                return v;
+            }
+        }
+    }
+
+    /// Reads until the response to `id`, returning it.
+    pub async fn response(&mut self, id: &serde_json::Value) -> serde_json::Value {
+        self.until(|v| v.get("id") == Some(id) && v.get("method").is_none()).await
+    }
+
+    /// Sends a request and reads until its response.
+    pub async fn request(&mut self, id: u64, method: &str, params: serde_json::Value) -> serde_json::Value {
+        self.send(serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await;
+        self.response(&serde_json::json!(id)).await
+    }
+
+    /// Ends its input and waits for it to exit.
+    pub async fn close(mut self) -> std::process::ExitStatus {
+        drop(self.stdin.take());
+        tokio::time::timeout(WAIT, self.child.wait()).await.expect("connect exits").expect("wait")
+    }
+}

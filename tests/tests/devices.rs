@@ -6,58 +6,9 @@
 use serde_json::{json, Value};
 use thunderbolt_shared::devices::{METHOD_ANSWERED, METHOD_ROLE, OBSERVER_REFUSED_CODE};
 use thunderbolt_tests::*;
-use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines},
-    process::{Child, ChildStdin, ChildStdout},
-};
 
 /// One device's `connect`: JSON lines in and out.
-struct Device {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Lines<BufReader<ChildStdout>>,
-    log: Log,
-}
-
-impl Device {
-    fn start(home: &Tb, args: &[&str]) -> Self {
-        let (mut child, log) = home.connect(args);
-        let stdin = child.stdin.take();
-        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        Self { child, stdin, lines, log }
-    }
-
-    async fn send(&mut self, v: Value) {
-        let mut line = serde_json::to_vec(&v).unwrap();
-        line.push(b'\n');
-        self.stdin.as_mut().expect("input open").write_all(&line).await.unwrap();
-    }
-
-    async fn next(&mut self) -> Value {
-        let line = tokio::time::timeout(WAIT, self.lines.next_line())
-            .await
-            .unwrap_or_else(|_| panic!("no line in time; connect's log:\n{}", self.log.text()))
-            .unwrap()
-            .unwrap_or_else(|| panic!("connect's output ended; its log:\n{}", self.log.text()));
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
-    }
-
-    /// Reads until a line `pick` accepts, returning it.
-    async fn until(&mut self, pick: impl Fn(&Value) -> bool) -> Value {
-        loop {
-            let v = self.next().await;
-            if pick(&v) {
-                return v;
-            }
-        }
-    }
-
-    /// Ends its input and waits for it to exit.
-    async fn close(mut self) -> std::process::ExitStatus {
-        drop(self.stdin.take());
-        tokio::time::timeout(WAIT, self.child.wait()).await.expect("connect exits").unwrap()
-    }
-}
+type Device = JsonConnect;
 
 fn note(n: u64) -> Value {
     json!({"jsonrpc": "2.0", "method": "note", "params": {"sessionId": "s-1", "n": n}})

@@ -11,10 +11,7 @@ use std::{path::PathBuf, process::Stdio};
 use serde_json::{json, Value};
 use thunderbolt_shared::restart;
 use thunderbolt_tests::*;
-use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines},
-    process::{Child, ChildStdin, ChildStdout},
-};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// The SDK agent, or `None` (and a note) where its npm packages are not installed.
 fn sdk_agent() -> Option<PathBuf> {
@@ -29,67 +26,20 @@ fn sdk_agent() -> Option<PathBuf> {
     Some(root.join("restart-agent.mjs"))
 }
 
-/// One `connect`'s stdio: JSON-RPC lines in and out.
-struct Client {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Lines<BufReader<ChildStdout>>,
-    log: Log,
-    /// Every line read, in order.
-    seen: Vec<Value>,
+/// One `connect`'s stdio (the harness's [`JsonConnect`]), with the ACP prompt.
+type Client = JsonConnect;
+
+/// A prompt and what the agent said while answering it.
+async fn prompt(c: &mut Client, id: u64, session: &str, text: &str) -> (Value, String) {
+    let start = c.seen.len();
+    let params = json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]});
+    let r = c.request(id, "session/prompt", params).await;
+    (r, said_since(c, start))
 }
 
-impl Client {
-    fn start(dev: &Tb, ticket: &str) -> Self {
-        let (mut child, log) = dev.connect(&[ticket]);
-        let stdin = child.stdin.take().unwrap();
-        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        Self { child, stdin, lines, log, seen: Vec::new() }
-    }
-
-    async fn send(&mut self, v: Value) {
-        let mut line = serde_json::to_vec(&v).unwrap();
-        line.push(b'\n');
-        self.stdin.write_all(&line).await.unwrap();
-    }
-
-    async fn next(&mut self) -> Value {
-        let line = tokio::time::timeout(WAIT, self.lines.next_line())
-            .await
-            .unwrap_or_else(|_| panic!("no line from connect in time; its log:\n{}", self.log.text()))
-            .unwrap()
-            .unwrap_or_else(|| panic!("connect's output ended; its log:\n{}", self.log.text()));
-        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-        self.seen.push(v.clone());
-        v
-    }
-
-    /// Reads until the response to `id`, returning it.
-    async fn response(&mut self, id: &Value) -> Value {
-        loop {
-            let v = self.next().await;
-            if v.get("id") == Some(id) && v.get("method").is_none() {
-                return v;
-            }
-        }
-    }
-
-    async fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
-        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await;
-        self.response(&json!(id)).await
-    }
-
-    async fn prompt(&mut self, id: u64, session: &str, text: &str) -> (Value, String) {
-        let start = self.seen.len();
-        let params = json!({"sessionId": session, "prompt": [{"type": "text", "text": text}]});
-        let r = self.request(id, "session/prompt", params).await;
-        (r, self.said_since(start))
-    }
-
-    /// The agent's message chunks among the lines seen from `start` on.
-    fn said_since(&self, start: usize) -> String {
-        self.seen[start..].iter().filter_map(chunk_text).collect()
-    }
+/// The agent's message chunks among the lines seen from `start` on.
+fn said_since(c: &Client, start: usize) -> String {
+    c.seen[start..].iter().filter_map(chunk_text).collect()
 }
 
 fn chunk_text(v: &Value) -> Option<&str> {
@@ -152,10 +102,10 @@ async fn converse(c: &mut Client) -> String {
     assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
     let new = c.request(1, "session/new", json!({"cwd": "/tmp", "mcpServers": []})).await;
     let sid = new["result"]["sessionId"].as_str().expect("a session id").to_string();
-    let (r, said) = c.prompt(2, &sid, "first").await;
+    let (r, said) = prompt(c, 2, &sid, "first").await;
     assert_eq!(r["result"]["stopReason"], "end_turn");
     assert_eq!(said, "turn 1: first (history: none)");
-    let (_, said) = c.prompt(3, &sid, "second").await;
+    let (_, said) = prompt(c, 3, &sid, "second").await;
     assert_eq!(said, "turn 2: second (history: first)");
     sid
 }
@@ -207,7 +157,7 @@ async fn a_session_survives_sigterm_of_the_bridge_and_resumes_its_acp_session() 
         "{}",
         bridge.banner
     );
-    let mut c = Client::start(&rig.dev, &bridge.ticket);
+    let mut c = Client::start(&rig.dev, &[&bridge.ticket]);
     let sid = converse(&mut c).await;
     stream_until(&mut c, &sid, 10).await;
     assert_eq!(rig.journals().len(), 1, "a resumable session is journaled");
@@ -226,7 +176,7 @@ async fn a_session_survives_sigterm_of_the_bridge_and_resumes_its_acp_session() 
     assert!(bridge.log.contains("(session/resume)"), "{}", bridge.log.text());
 
     // The same ACP session, its history intact (the cut turn was never saved).
-    let (r, said) = c.prompt(5, &sid, "fourth").await;
+    let (r, said) = prompt(&mut c, 5, &sid, "fourth").await;
     assert_eq!(r["result"]["stopReason"], "end_turn", "{r}");
     assert_eq!(said, "turn 3: fourth (history: first|second)");
     // An answer to something the old agent asked never reaches the new one.
@@ -246,7 +196,7 @@ async fn a_session_survives_sigterm_of_the_bridge_and_resumes_its_acp_session() 
     assert!(status.to_string().contains("\"restored\":true"), "{status}");
 
     // The session ends as any other: its journal goes with it.
-    drop(c.stdin);
+    drop(c.stdin.take());
     let exit = tokio::time::timeout(WAIT, c.child.wait()).await.unwrap().unwrap();
     assert!(exit.success(), "connect: {exit:?}\n{}", c.log.text());
     bridge.log.wait_for("session ended").await;
@@ -259,7 +209,7 @@ async fn a_session_survives_sigterm_of_the_bridge_and_resumes_its_acp_session() 
 async fn a_session_survives_sigkill_of_the_bridge_and_loads_its_acp_session() {
     let Some(rig) = Rig::new("load").await else { return };
     let mut bridge = rig.bridge().await;
-    let mut c = Client::start(&rig.dev, &bridge.ticket);
+    let mut c = Client::start(&rig.dev, &[&bridge.ticket]);
     let sid = converse(&mut c).await;
     stream_until(&mut c, &sid, 10).await;
 
@@ -273,7 +223,7 @@ async fn a_session_survives_sigkill_of_the_bridge_and_loads_its_acp_session() {
     let bridge = rig.bridge().await;
     let note = taken_back(&mut c).await;
     assert_eq!(note["params"]["sessions"], json!([{"sessionId": sid, "how": "load"}]), "{note}");
-    let (_, said) = c.prompt(5, &sid, "fourth").await;
+    let (_, said) = prompt(&mut c, 5, &sid, "fourth").await;
     assert_eq!(said, "turn 3: fourth (history: first|second)");
     assert!(rig.calls().contains(&format!("load {sid}")), "{}", rig.calls());
     bridge.log.wait_for("history update(s) not shown again").await;
@@ -281,7 +231,7 @@ async fn a_session_survives_sigkill_of_the_bridge_and_loads_its_acp_session() {
     // the client held frames the killed bridge had not written, and the new
     // agent's were numbered after them (no gap, no repeat: taken_back).
     assert!(bridge.log.contains("past what the journal kept"), "{}", bridge.log.text());
-    drop(c.stdin);
+    drop(c.stdin.take());
     let _ = tokio::time::timeout(WAIT, c.child.wait()).await;
     bridge.stop().await;
     rig.relay.stop().await;
@@ -291,7 +241,7 @@ async fn a_session_survives_sigkill_of_the_bridge_and_loads_its_acp_session() {
 async fn an_agent_that_cannot_reload_ends_the_session_with_a_reason_of_its_own() {
     let Some(rig) = Rig::new("none").await else { return };
     let mut bridge = rig.bridge().await;
-    let mut c = Client::start(&rig.dev, &bridge.ticket);
+    let mut c = Client::start(&rig.dev, &[&bridge.ticket]);
     let sid = converse(&mut c).await;
     stream_until(&mut c, &sid, 10).await;
     bridge.terminate().await;
@@ -315,7 +265,7 @@ async fn an_agent_that_cannot_reload_ends_the_session_with_a_reason_of_its_own()
 async fn bad_journals_are_set_aside_and_a_token_is_not_enough_to_take_another_owners_session() {
     let Some(rig) = Rig::new("resume").await else { return };
     let mut bridge = rig.bridge().await;
-    let mut c = Client::start(&rig.dev, &bridge.ticket);
+    let mut c = Client::start(&rig.dev, &[&bridge.ticket]);
     converse(&mut c).await;
     bridge.terminate().await;
     let names = rig.journals();
@@ -360,7 +310,7 @@ async fn bad_journals_are_set_aside_and_a_token_is_not_enough_to_take_another_ow
     assert_eq!(left, [names[0].clone()], "the other owner's journal waits for its owner");
 
     // The bridge still serves.
-    let mut c2 = Client::start(&rig.dev, &bridge.ticket);
+    let mut c2 = Client::start(&rig.dev, &[&bridge.ticket]);
     converse(&mut c2).await;
     drop(c2.stdin);
     let _ = tokio::time::timeout(WAIT, c2.child.wait()).await;
@@ -410,7 +360,7 @@ async fn the_user_services_restart_keeps_the_session() {
     };
     let (mut host, banner, log) = start_with_banner(service()).await;
     let ticket = ticket_of(&banner);
-    let mut c = Client::start(&rig.dev, &ticket);
+    let mut c = Client::start(&rig.dev, &[&ticket]);
     let sid = converse(&mut c).await;
     stream_until(&mut c, &sid, 10).await;
     signal(host.id().unwrap(), libc::SIGTERM);
@@ -421,7 +371,7 @@ async fn the_user_services_restart_keeps_the_session() {
     assert_eq!(ticket_of(&banner), ticket, "the same identity and port, the same ticket");
     let note = taken_back(&mut c).await;
     assert_eq!(note["params"]["sessions"], json!([{"sessionId": sid, "how": "resume"}]), "{note}");
-    let (_, said) = c.prompt(5, &sid, "fourth").await;
+    let (_, said) = prompt(&mut c, 5, &sid, "fourth").await;
     assert_eq!(said, "turn 3: fourth (history: first|second)");
     log.wait_for("session taken back after the restart").await;
     assert!(log.contains("agent{name=sdk}"), "the host's log names the agent:\n{}", log.text());
@@ -510,7 +460,7 @@ async fn a_restarted_bridge_keeps_its_port_so_the_old_ticket_reaches_it_without_
     let agent = [test_agent_bin().display().to_string(), "cat".into()];
     let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
     let mut bridge = tb.bridge("acp", &[], &agent).await;
-    let mut c = Client::start(&dev, &bridge.ticket);
+    let mut c = Client::start(&dev, &[&bridge.ticket]);
     c.send(json!({"jsonrpc": "2.0", "method": "n", "params": {"n": 1}})).await;
     assert_eq!(c.next().await["params"]["n"], 1);
     bridge.terminate().await;
@@ -519,7 +469,7 @@ async fn a_restarted_bridge_keeps_its_port_so_the_old_ticket_reaches_it_without_
     c.send(json!({"jsonrpc": "2.0", "method": "n", "params": {"n": 2}})).await;
     assert_eq!(c.next().await["method"], restart::METHOD_RESTORED);
     assert_eq!(c.next().await["params"]["n"], 2, "the same session, through the old ticket's direct address");
-    drop(c.stdin);
+    drop(c.stdin.take());
     assert!(tokio::time::timeout(WAIT, c.child.wait()).await.unwrap().unwrap().success());
     again.stop().await;
 }
