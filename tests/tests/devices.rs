@@ -355,3 +355,30 @@ async fn kicking_a_device_by_name_detaches_it_from_the_sessions_it_joined() {
     let st = status(&home).await;
     assert_eq!(st["bridges"][0]["sessions"].as_array().unwrap().len(), 1, "{st}");
 }
+
+/// What one device can cost is bounded: a session takes at most
+/// `MAX_DEVICES_PER_SESSION` devices; the one past it is refused with a
+/// reason, and the session goes on for those on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_joins_again_and_again_is_refused_past_the_cap() {
+    let Rig { _relay, home: _home, bridge, laptop, phone } = rig("cat").await;
+    let ticket = bridge.ticket.as_str();
+    let (mut l, id) = laptop_session(&laptop, &phone, ticket, &[]).await;
+    let mut joined = Vec::new();
+    // The bridge's `MAX_DEVICES_PER_SESSION`: the laptop and seven more.
+    for _ in 1..8 {
+        let mut p = Device::start(&phone, &["--attach", &id, "--observe", "--history", "now", ticket]);
+        p.until(|v| role_of(v).is_some()).await;
+        joined.push(p);
+    }
+    let over = Device::start(&phone, &["--attach", &id, "--observe", ticket]);
+    let log = over.log.clone();
+    assert!(!over.close().await.success());
+    log.wait_for("too many devices").await;
+    bridge.log.wait_for("devices are on this session already").await;
+    l.send(note(1)).await;
+    l.until(is_note(1)).await;
+    for p in joined.iter_mut() {
+        p.until(is_note(1)).await;
+    }
+}
