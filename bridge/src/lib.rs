@@ -36,6 +36,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod devices;
+pub mod dns;
 pub mod home;
 pub mod host;
 pub mod identity;

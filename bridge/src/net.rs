@@ -5,7 +5,7 @@
 //! wait on the network is bounded so an offline machine still starts and still
 //! prints a ticket with direct addresses.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use anyhow::{bail, Context, Result};
 use iroh::{
@@ -130,10 +130,18 @@ impl NetConfig {
             OnOff::On => PortmapperConfig::default(),
             OnOff::Off => PortmapperConfig::Disabled,
         });
+        let ca = iroh::tls::CaTlsConfig::default().with_extra_roots(self.relay_ca.iter().cloned());
+        // iroh's own resolver (the system's nameservers, the public ones
+        // behind them, DNS-over-HTTPS with the relays' roots), quiet while
+        // nothing answers: see `dns`.
+        let doh = ca
+            .client_config(Arc::new(rustls::crypto::ring::default_provider()))
+            .context("cannot set up TLS for DNS-over-HTTPS")?;
+        let resolver =
+            iroh::dns::DnsResolver::builder().with_system_defaults().tls_client_config(doh).build();
+        b = b.dns_resolver(crate::dns::QuietResolver::wrap(resolver));
         if !self.relay_ca.is_empty() {
-            b = b.ca_tls_config(
-                iroh::tls::CaTlsConfig::default().with_extra_roots(self.relay_ca.iter().cloned()),
-            );
+            b = b.ca_tls_config(ca);
         }
         if let Some(addr) = self.bind {
             b = b
