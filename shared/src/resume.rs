@@ -375,15 +375,27 @@ impl ReplayLog {
 
     /// Everything from frame `n` on, as runs to write in order.
     pub fn since(&self, n: u64) -> Result<Vec<Bytes>, BadPosition> {
-        self.check(n)?;
+        self.range(n, self.total)
+    }
+
+    /// Frames `from..to` (`to` at the end of a run pushed, or the end), as runs to write in order.
+    pub fn range(&self, from: u64, to: u64) -> Result<Vec<Bytes>, BadPosition> {
+        self.check(from)?;
+        self.check(to)?;
         let mut at = self.base;
         let mut out = Vec::new();
         for (run, lines) in &self.chunks {
-            if at + lines <= n {
+            if at >= to {
+                break;
+            }
+            if at + lines <= from {
                 at += lines;
                 continue;
             }
-            out.push(if at < n { skip_lines(run, n - at) } else { run.clone() });
+            let run = if at < from { skip_lines(run, from - at) } else { run.clone() };
+            // A run that goes past `to` is cut at it.
+            let run = if at + lines > to { keep_lines(&run, to - at.max(from)) } else { run };
+            out.push(run);
             at += lines;
         }
         Ok(out)
@@ -395,6 +407,15 @@ impl ReplayLog {
         }
         Ok(())
     }
+}
+
+/// The first `n` lines of `run`.
+fn keep_lines(run: &Bytes, n: u64) -> Bytes {
+    if n == 0 {
+        return Bytes::new();
+    }
+    let cut = memchr::memchr_iter(b'\n', run).nth(n as usize - 1).map_or(run.len(), |i| i + 1);
+    run.slice(..cut)
 }
 
 /// `run` without its first `n` lines.
@@ -726,6 +747,23 @@ mod tests {
         assert!(log.ack(7).is_err(), "never sent");
         log.ack(6).unwrap();
         assert_eq!(log.bytes(), 0);
+    }
+
+    #[test]
+    fn a_range_of_the_log_is_cut_at_both_ends() {
+        let mut log = ReplayLog::new();
+        log.push(Bytes::from_static(b"0\n1\n2\n"));
+        log.push(Bytes::from_static(b"3\n"));
+        log.push(Bytes::from_static(b"4\n5\n"));
+        assert_eq!(log.range(0, 6).unwrap().concat(), b"0\n1\n2\n3\n4\n5\n");
+        assert_eq!(log.range(1, 2).unwrap().concat(), b"1\n");
+        assert_eq!(log.range(2, 5).unwrap().concat(), b"2\n3\n4\n");
+        assert_eq!(log.range(0, 4).unwrap().concat(), b"0\n1\n2\n3\n");
+        assert_eq!(log.range(3, 3).unwrap(), Vec::<Bytes>::new());
+        assert!(log.range(0, 7).is_err(), "never sent");
+        log.ack(2).unwrap();
+        assert_eq!(log.range(2, 4).unwrap().concat(), b"2\n3\n");
+        assert!(log.range(1, 4).is_err(), "acked frames are gone");
     }
 
     #[test]

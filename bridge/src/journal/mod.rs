@@ -7,9 +7,10 @@
 //! agent's output the client has not acknowledged. The format is in
 //! [`record`].
 //!
-//! Write-ahead, no fsync on the way: each run of the agent's output is written
-//! before the client can see it, each run of the client's frames before the
-//! agent can, one `write` each. A process that dies (SIGKILL, a crash) loses
+//! Write-ahead, no fsync on the way: each run of the client's frames is written
+//! before the agent can see it, one `write` each; the agent's output before the
+//! client can while none is attached, else behind the client's acknowledgements
+//! ([`behind`]: only what is [`WRITE_BEHIND`] old and still unacknowledged). A process that dies (SIGKILL, a crash) loses
 //! nothing it wrote: the kernel holds it. The file is synced at a graceful
 //! stop and when its client goes away (the moment a restart matters most), so
 //! a power loss loses at most what was written since the last of those, or
@@ -19,6 +20,7 @@
 //! unacknowledged) once it is larger than [`COMPACT_ABOVE`] and twice what it
 //! must hold: the file stays within about twice the resume buffer.
 
+pub mod behind;
 pub mod ledger;
 pub mod record;
 
@@ -35,6 +37,7 @@ use sha2::{Digest, Sha256};
 use tracing::warn;
 
 use crate::home::{Home, DIR_MODE, FILE_MODE};
+pub use behind::WriteBehind;
 pub use ledger::{AcpSession, ClientLines, Ledger, Pending};
 pub use record::{BadJournal, Folded, Header, Snapshot, JOURNAL_VERSION};
 
@@ -53,7 +56,7 @@ pub const MAX_JOURNAL_READ: u64 = 1 << 30;
 /// needs writing, which is what keeps journaling off a bulk transfer's cost
 /// (written through, it cost a fifth of the throughput: `bench --only
 /// restart`). A crash loses output younger than this that had not reached the
-/// client; what had reached it is kept by the client.
+/// client (to within [`behind::AGE_GRAIN`]); what had reached it is kept by the client.
 pub const WRITE_BEHIND: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What a journal's file name ends with; others in the folder are not read.

@@ -199,9 +199,11 @@ pub(super) struct State {
     /// its new agent made and its client has not answered. The client's
     /// answers to any other (the old agent's) are dropped.
     pub(super) asked: Option<HashSet<String>>,
-    /// When the agent's output not yet in the journal is written, at the
-    /// latest (a client is attached: see [`Hub::journal_output`]).
+    /// When the agent's output not yet in the journal is next looked at
+    /// (a client is attached: see [`Hub::journal_output`]).
     pub(super) journal_due: Option<Instant>,
+    /// The agent's output by age while a client is attached.
+    pub(super) journal_behind: journal::WriteBehind,
     /// A session taken back after a restart, until its client first
     /// attaches: the agent's frames the journal held (the new agent's are
     /// numbered after them, or after what the client holds if that is more).
@@ -359,6 +361,7 @@ impl Hub {
             close_as: None,
             asked: None,
             journal_due: None,
+            journal_behind: journal::WriteBehind::default(),
             restored_at: None,
             resumable: false,
             input_ended: None,
@@ -477,15 +480,30 @@ impl Hub {
     /// A run of the agent's output just taken into the replay log. What
     /// matters of it to a restart is journaled at
     /// once; the frames themselves are written at once only while no client
-    /// is attached, else behind by [`journal::WRITE_BEHIND`] (most are
-    /// acknowledged before, and never written: see [`crate::journal`]).
+    /// is attached, else once they are [`journal::WRITE_BEHIND`] old and
+    /// still unacknowledged (most are acknowledged before, and never
+    /// written: see [`crate::journal`]).
     pub(super) fn journal_output(&self, st: &mut State, run: &[u8]) {
         let Some(j) = st.journal.as_mut() else { return };
         j.saw_output(run);
         if st.attached.is_none() {
             self.flush_journal(st);
-        } else if st.journal_due.is_none() {
-            st.journal_due = Some(Instant::now() + journal::WRITE_BEHIND);
+            return;
+        }
+        st.journal_behind.output(Instant::now(), st.out.total());
+        if st.journal_due.is_none() {
+            st.journal_due = st.journal_behind.due();
+        }
+    }
+
+    /// The write-behind's turn (at `journal_due`): the agent's frames that
+    /// are [`journal::WRITE_BEHIND`] old and still unacknowledged are
+    /// written; younger ones wait for their own turn ([`journal::WriteBehind`]).
+    pub(super) fn journal_turn(&self, st: &mut State) {
+        let upto = st.journal_behind.turn(Instant::now());
+        st.journal_due = st.journal_behind.due();
+        if let Some(n) = upto {
+            self.write_journal_to(st, n);
         }
     }
 
@@ -493,15 +511,28 @@ impl Hub {
     /// acknowledged (those it has are skipped in one record).
     pub(super) fn flush_journal(&self, st: &mut State) {
         st.journal_due = None;
+        st.journal_behind.clear();
+        let total = st.out.total();
+        self.write_journal_to(st, total);
+    }
+
+    /// Writes the agent's frames before `upto` that the journal lacks and the
+    /// client has not acknowledged.
+    fn write_journal_to(&self, st: &mut State, upto: u64) {
         let st = &mut *st;
         let Some(j) = st.journal.as_mut() else { return };
-        let total = st.out.total();
-        if j.written_to() >= total {
+        let upto = upto.min(st.out.total());
+        if j.written_to() >= upto {
             return;
         }
         let from = j.written_to().max(st.out.acked());
-        let runs = st.out.since(from).unwrap_or_default();
-        j.write_output(from, &runs, total);
+        if from < upto {
+            let runs = st.out.range(from, upto).unwrap_or_default();
+            j.write_output(from, &runs, upto);
+        } else {
+            // All acknowledged: the journal skips them in one record.
+            j.write_output(from, &[], from);
+        }
         self.compact_journal(st);
     }
 

@@ -192,7 +192,7 @@ impl Hub {
                     }
                     // Output the client has not acknowledged in time goes to the journal.
                     if st.journal_due.is_some_and(|at| Instant::now() >= at) {
-                        self.flush_journal(st);
+                        self.journal_turn(st);
                     }
                     let now = Instant::now();
                     let batch = cursor < st.out.total()
