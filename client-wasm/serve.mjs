@@ -2,12 +2,18 @@
 // Tiny static server for the demo page: serves client-wasm/ (www/ and pkg/) on
 // loopback with the right MIME types (.wasm must be application/wasm).
 //   node client-wasm/serve.mjs [port]      then open http://127.0.0.1:<port>/www/
+// Also, read-only under /reference/app-client/, the Thunderbolt app's shipped
+// client (measure.mjs compares against it), from TB_REFERENCE_DIR (default
+// <project root>/../shared/reference/thunderbolt-app-client): served from
+// where it is, never copied into the project.
 import { createServer } from "node:http";
 import { readFile, stat } from "node:fs/promises";
 import { extname, join, normalize, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const ROOT = dirname(fileURLToPath(import.meta.url));
+const REFERENCE_PREFIX = "/reference/app-client/";
+const REFERENCE_DIR = process.env.TB_REFERENCE_DIR || join(ROOT, "../../shared/reference/thunderbolt-app-client");
 const TYPES = {
   ".html": "text/html; charset=utf-8",
   ".js": "text/javascript; charset=utf-8",
@@ -31,7 +37,7 @@ export function startServer(port = 0, host = "127.0.0.1") {
         return res.end();
       }
       if (path.includes("..")) throw Object.assign(new Error("bad path"), { code: "ENOENT" });
-      let file = join(ROOT, path);
+      let file = path.startsWith(REFERENCE_PREFIX) ? join(REFERENCE_DIR, path.slice(REFERENCE_PREFIX.length)) : join(ROOT, path);
       if ((await stat(file)).isDirectory()) file = join(file, "index.html");
       const body = await readFile(file);
       res.writeHead(200, { "content-type": TYPES[extname(file)] || "application/octet-stream", "cache-control": "no-store" });

@@ -5,6 +5,9 @@
 // all (test-agent count); `download`, what an agent streams (test-agent
 // stream), from its first byte to the last; `rtt`, `total` round trips of a
 // ~200 B request through a cat agent, their p50 in microseconds.
+// `client` is anything with this client's connect(ticket, alpn, timeout,
+// {resume}) → {send, readable, close}: ours, the app's (which takes the first
+// two arguments only), or ws-client.mjs's plain WebSocket.
 function block() {
   const line = new Uint8Array(16 * 1024).fill(97); line[0] = 34; line[line.length - 2] = 34; line[line.length - 1] = 10;
   const b = new Uint8Array(line.length * 64);

@@ -8,14 +8,44 @@
 //   - each direction alone in the driverless page (upload to a counting agent,
 //     download from a streaming one), each next to the native client;
 //   - ~200 B round trips through the cat agent, browser and native.
+// Then one comparison table, a row per figure (bulk echo, upload, download,
+// round trip), each in the driverless page (e2e/bulk.html), through:
+//   - ours: this client (pkg/), resumable (`thunderbolt/acp/r1`, the default);
+//   - ours, plain: the same client offering `thunderbolt/acp/0` only;
+//   - the app's client: the Thunderbolt app's shipped client, loaded from
+//     TB_REFERENCE_DIR (default ../shared/reference/thunderbolt-app-client,
+//     served by serve.mjs under /reference/app-client/, never copied), plain
+//     `thunderbolt/acp/0` (the only protocol it speaks); a failure is printed;
+//   - WS ceiling: the same page and bytes through a plain WebSocket to a
+//     minimal echo/count/stream server (e2e/ws-ceiling.mjs) on the same host,
+//     loopback, plain ws:// like the dev relay: what the browser itself can
+//     move. The page sends bulk.mjs's 1 MiB blocks as one message each (the
+//     echo returns them so); downloads come in TB_WS_CHUNK-byte messages
+//     (default 14556: the largest WebSocket message the relay sends the page,
+//     a frame of 10 QUIC datagrams of 1452 B and its 36 B header, as counted
+//     with TB_WS_STATS=1; the mean is lower, ~10 KB, as not every batch is full);
+//   - WS, relay-sized: the same with every message that size both ways (the
+//     per-message cost the relay path pays);
+//   - native: `bench relay-bulk` through the same relay;
+//   and the ratios ours / WS ceiling and ours / app (MB/s: higher is better
+//   for ours; round trips are µs: lower is better for ours). The echo
+//   server's own speed, measured with a Node client, is printed under it.
+//   Round trips move in 100 µs steps: the page's clock has that grain, as in
+//   any page that is not cross-origin isolated. Isolating bulk.html would
+//   sharpen it, but noq bounds its receive loop by time (50 µs) read from the
+//   same clock, so the client measured could behave unlike the app's page.
 // Usage (release binaries recommended):
 //   cargo build --release --workspace --bins && client-wasm/build.sh
 //   TB_BIN_DIR=target/release node client-wasm/e2e/measure.mjs [MiB] [reps]
-//   TB_PROFILE=1 …   also: Chrome's CPU profile of the driverless bulk transfers, the
+//   TB_PROFILE=1 …   also: Chrome's CPU profile of each driverless run (labelled), the
 //                    page's self time grouped by where it is spent (wasm, WebSocket, …);
 //                    build with `TB_WASM_NAMES=1 client-wasm/build.sh` to see wasm names
-//   TB_RESUME=0 …    plain thunderbolt/acp/0 connections in the browser too (native is always plain)
+//   TB_RESUME=0 …    plain thunderbolt/acp/0 connections in the browser too (native is always plain;
+//                    the table's "ours" column is then plain as well)
 //   TB_MEASURE_LOGS=DIR TB_RUST_LOG=info …   keep the relay's and bridges' stderr in DIR
+//   TB_WS_STATS=1 …  the comparison rows also count the page's WebSocket messages
+//                    (mean size each way; costs a listener per message)
+//   TB_WS_CHUNK=N …  the WebSocket ceiling's message size (bytes, default 14556)
 // Two browser rows: one driven by Playwright (as the e2e tests), one in a plain
 // Chromium no driver is attached to: Playwright keeps Chrome's Network domain
 // on, which copies every WebSocket frame to the driver and halves the page's
@@ -30,6 +60,7 @@ import { fileURLToPath } from "node:url";
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
 import { startServer } from "../serve.mjs";
+import { CHUNK as WS_CHUNK } from "./ws-ceiling.mjs";
 
 // The profile speaks CDP over a WebSocket: Node 20 has one behind a flag.
 if (process.env.TB_PROFILE && typeof WebSocket === "undefined") {
@@ -140,11 +171,16 @@ const plain = await plainBrowserBulk(cat.ticket, bytes);
 const plainMBs = plain.mbs;
 // The same with the client in a Web Worker: throughput, and how the page's own
 // thread fares meanwhile.
-const worker = await plainBrowserBulk(cat.ticket, bytes, "bulk", true);
+const worker = await plainBrowserBulk(cat.ticket, bytes, "bulk", { worker: true });
 // Small round trips through the same cat agent, browser (driverless) and native.
 // (bulk.html posts every mode's figures as `mbs`: here p50s in µs.)
 const rttBrowser = (await plainBrowserBulk(cat.ticket, RTTS, "rtt")).mbs;
 const rttNative = await nativeRuns("rtt", cat.ticket, RTTS);
+// The comparison table's other clients, through the same bridges.
+const cmp = { bulk: {}, upload: {}, download: {}, rtt: {} };
+cmp.bulk.ours = plain; cmp.rtt.ours = { mbs: rttBrowser };
+await others(cat.ticket, bytes, "bulk");
+await others(cat.ticket, RTTS, "rtt");
 // Each direction alone, in the same driverless page: an agent that streams
 // (download) and one that only counts what it gets (upload).
 cat.child.kill("SIGTERM");
@@ -152,11 +188,29 @@ await new Promise((r) => (cat.child.exitCode !== null ? r() : cat.child.once("ex
 const streamer = await startBridge([join(BIN, "test-agent"), "stream", String(bytes + 1024 * 1024)]);
 const [downMBs, downDrops] = await withDrops(async () => (await plainBrowserBulk(streamer.ticket, bytes, "download")).mbs);
 const [downNative, downNativeDrops] = await withDrops(() => nativeRuns("download", streamer.ticket, bytes));
+cmp.download.ours = { mbs: downMBs };
+await others(streamer.ticket, bytes, "download");
 streamer.child.kill("SIGTERM");
 await new Promise((r) => (streamer.child.exitCode !== null ? r() : streamer.child.once("exit", r)));
 const counter = await startBridge([join(BIN, "test-agent"), "count", String(bytes)]);
 const [upMBs, upDrops] = await withDrops(async () => (await plainBrowserBulk(counter.ticket, bytes, "upload")).mbs);
 const [upNative, upNativeDrops] = await withDrops(() => nativeRuns("upload", counter.ticket, bytes));
+cmp.upload.ours = { mbs: upMBs };
+await others(counter.ticket, bytes, "upload");
+counter.child.kill("SIGTERM");
+// The browser's ceiling: the same page, a plain WebSocket (ws-ceiling.mjs,
+// its own process, on 127.0.0.1 like the relay).
+const wsServer = run(process.execPath, [join(ROOT, "client-wasm/e2e/ws-ceiling.mjs")]);
+const wsBase = `ws://127.0.0.1:${(await until(() => wsServer.out.find((l) => l.startsWith("ws ceiling listening on ")))).split(" ").pop()}`;
+const wsUrl = { bulk: () => `${wsBase}/echo`, rtt: () => `${wsBase}/echo`,
+  upload: (n) => `${wsBase}/upload?expect=${n}`, download: (n) => `${wsBase}/download?bytes=${n + 1024 * 1024}&chunk=${WS_CHUNK}` };
+for (const [mode, amount] of [["bulk", bytes], ["upload", bytes], ["download", bytes], ["rtt", RTTS]]) {
+  cmp[mode].ws = await plainBrowserBulk(wsUrl[mode](amount), amount, mode, { client: "ws" });
+  cmp[mode].wsSplit = await plainBrowserBulk(wsUrl[mode](amount), amount, mode, { client: "ws", split: WS_CHUNK });
+}
+// Is the echo server itself the limit? Its speed with a Node client (3 runs).
+const wsCheck = [];
+for (let i = 0; i < 3; i++) wsCheck.push(JSON.parse((await execFileAsync(process.execPath, [join(ROOT, "client-wasm/e2e/ws-ceiling.mjs"), "--check", wsBase, String(Math.max(MIB, 32))])).stdout));
 
 const gz = execFileSync("sh", ["-c", `gzip -9 -c ${join(ROOT, "client-wasm/pkg/thunderbolt_client_wasm_bg.wasm")} | wc -c`]).toString().trim();
 const raw = execFileSync("sh", ["-c", `wc -c < ${join(ROOT, "client-wasm/pkg/thunderbolt_client_wasm_bg.wasm")}`]).toString().trim();
@@ -184,10 +238,43 @@ console.log(`| datagrams the relay dropped: upload browser ${upDrops}, native ${
 console.log(`| ~200 B round trip p50 (${RTTS} each), browser, no driver attached | ${spread(rttBrowser, 0)} µs |`);
 console.log(`| ~200 B round trip p50 (${RTTS} each), native (same relay) | ${spread(rttNative, 0)} µs |`);
 console.log(`| round trip browser / native | ${(median(rttBrowser) / median(rttNative)).toFixed(2)}× |`);
+
+// The comparison table.
+const cell = (r, d = 1) => (!r ? "—" : r.error ? "failed (below)" : spread(r.mbs, d));
+const ratio = (a, b) => (a && b && !a.error && !b.error ? `${(median(a.mbs) / median(b.mbs)).toFixed(2)}×` : "—");
+const natives = { bulk: nativeMBs, upload: upNative, download: downNative, rtt: rttNative };
+const label = { bulk: `bulk echo ${MIB} MiB, MB/s`, upload: `upload ${MIB} MiB, MB/s`, download: `download ${MIB} MiB, MB/s`, rtt: `~200 B round trip p50 (${RTTS} each), µs` };
+console.log("");
+console.log(`| figure (driverless page) | ours (resumable) | ours, plain | app's client | WS ceiling | WS, ${WS_CHUNK} B messages | native (same relay) | ours / WS ceiling | ours / app |`);
+console.log(`|---|---|---|---|---|---|---|---|---|`);
+for (const m of ["bulk", "upload", "download", "rtt"]) {
+  const c = cmp[m];
+  const d = m === "rtt" ? 0 : 1;
+  console.log(`| ${label[m]} | ${cell(c.ours, d)} | ${cell(c.plain, d)} | ${cell(c.app, d)} | ${cell(c.ws, d)} | ${cell(c.wsSplit, d)} | ${spread(natives[m], d)} | ${ratio(c.ours, c.ws)} | ${ratio(c.ours, c.app)} |`);
+}
+const mbsOf = (k) => spread(wsCheck.map((r) => r[k]), 0);
+console.log(`WS ceiling server alone (Node client, ${Math.max(MIB, 32)} MiB, 3 runs): echo ${mbsOf("echo")} MB/s, upload ${mbsOf("upload")} MB/s, download ${mbsOf("download")} MB/s`);
+if (process.env.TB_WS_STATS === "1") {
+  console.log("WebSocket messages, mean size page → server / server → page (all reps, handshakes included):");
+  const mean = (s) => (s.n ? `${Math.round(s.bytes / s.n)} B (max ${s.max}) × ${s.n}` : "none");
+  for (const m of ["bulk", "upload", "download", "rtt"]) for (const [k, r] of Object.entries(cmp[m])) if (r && r.ws) console.log(`  ${m} ${k}: ${mean(r.ws.sent)} / ${mean(r.ws.recv)}`);
+}
+for (const m of ["bulk", "upload", "download", "rtt"]) for (const [k, r] of Object.entries(cmp[m])) if (r && r.error) console.log(`${m}, ${k}: FAILED: ${r.error}`);
 for (const f of nativeFailures) console.log(`native run failed and was repeated: ${f}`);
 await browser.close();
 server.close();
 for (const p of procs) p.child.kill("SIGTERM");
+
+/// The comparison table's other browser clients for MODE through TICKET's
+/// bridge: ours plain, and the app's (whose failure is kept, not thrown).
+async function others(ticket, amount, mode) {
+  cmp[mode].plain = await plainBrowserBulk(ticket, amount, mode, { resume: false });
+  try {
+    cmp[mode].app = await plainBrowserBulk(ticket, amount, mode, { client: "app" });
+  } catch (e) {
+    cmp[mode].app = { error: String(e.message || e) };
+  }
+}
 
 /// REPS runs of [`native`], one after the other.
 async function nativeRuns(mode, ticket, amount) {
@@ -218,10 +305,13 @@ function allowedSecret() {
   return readFileSync(id.identityPath, "utf8").trim();
 }
 
-/// Runs e2e/bulk.html in a Chromium started without a driver and returns the
-/// MB/s it posts back.
-async function plainBrowserBulk(ticket, total, mode = "bulk", inWorker = false) {
-  const secretHex = allowedSecret();
+/// Runs e2e/bulk.html in a Chromium started without a driver and returns what
+/// it posts back ({mbs, lag, ws}). `opts`: worker (the client in a Web Worker),
+/// client (ours, app, ws; for ws TICKET is the ws:// URL), resume (ours;
+/// default: TB_RESUME), split (ws: bytes per message).
+async function plainBrowserBulk(ticket, total, mode = "bulk", opts = {}) {
+  const { worker: inWorker = false, client = "ours", resume = process.env.TB_RESUME !== "0", split = 0 } = opts;
+  const secretHex = client === "ws" ? "" : allowedSecret();
   let deliver;
   const result = new Promise((r) => { deliver = r; });
   const sink = createServer((req, res) => {
@@ -231,7 +321,8 @@ async function plainBrowserBulk(ticket, total, mode = "bulk", inWorker = false) 
   });
   await new Promise((r) => sink.listen(0, "127.0.0.1", r));
   const q = new URLSearchParams({ relay: relayUrl, ticket, secret: secretHex, bytes: String(total), reps: String(REPS), mode, worker: inWorker ? "1" : "0",
-    resume: process.env.TB_RESUME === "0" ? "0" : "1", report: `http://127.0.0.1:${sink.address().port}/` });
+    resume: resume ? "1" : "0", client, split: String(split), report: `http://127.0.0.1:${sink.address().port}/` });
+  if (process.env.TB_WS_STATS === "1") q.set("wsstats", "1");
   const profile = Boolean(process.env.TB_PROFILE);
   if (profile) q.set("wait", "1");
   const chrome = spawn(CHROMIUM, ["--headless", ...CHROME_FLAGS,
@@ -243,7 +334,7 @@ async function plainBrowserBulk(ticket, total, mode = "bulk", inWorker = false) 
   try {
     const cdp = profile ? await attachProfiler(await devtools) : null;
     const r = await Promise.race([result, timeout]);
-    if (cdp) { printProfile((await cdp.call("Profiler.stop")).profile); cdp.close(); }
+    if (cdp) { printProfile((await cdp.call("Profiler.stop")).profile, `${mode}, ${client}${client === "ours" ? (resume ? " resumable" : " plain") : ""}${inWorker ? ", in a Web Worker" : ""}`); cdp.close(); }
     if (r.error) throw new Error(`bulk.html: ${r.error}`);
     return r;
   } finally {
@@ -268,7 +359,8 @@ async function attachProfiler(browserWs) {
   const call = (method, params = {}) => new Promise((r) => { const id = next++; waiting.set(id, r); ws.send(JSON.stringify({ id, method, params })); });
   await call("Profiler.enable");
   await call("Profiler.setSamplingInterval", { interval: 200 });
-  await until(async () => (await call("Runtime.evaluate", { expression: "typeof window.go === 'function'", returnByValue: true })).result.value);
+  // (An answer without a result: the page was not ready to evaluate yet.)
+  await until(async () => (await call("Runtime.evaluate", { expression: "typeof window.go === 'function'", returnByValue: true }))?.result?.value);
   await call("Profiler.start");
   await call("Runtime.evaluate", { expression: "window.go()" });
   return { call, close: () => ws.close() };
@@ -278,7 +370,7 @@ async function attachProfiler(browserWs) {
 /// the wasm module (function names need a `TB_WASM_NAMES=1` build), the
 /// browser's WebSocket and copies across the wasm/JS boundary, wasm-bindgen's
 /// JS glue, timers, garbage collection, idle.
-function printProfile(profile) {
+function printProfile(profile, what) {
   const hits = new Map();
   const total = profile.samples.length;
   const byId = new Map(profile.nodes.map((n) => [n.id, n]));
@@ -286,11 +378,13 @@ function printProfile(profile) {
   for (const id of profile.samples) count.set(id, (count.get(id) || 0) + 1);
   for (const [id, c] of count) {
     const f = byId.get(id).callFrame;
-    const name = `${f.functionName || "(anonymous)"} ${f.url.split("/").pop()}`;
+    // An anonymous function in a script: where it is (the glue's closures and imports).
+    const where = !f.functionName && f.url && !f.url.endsWith(".wasm") ? `:${f.lineNumber + 1}` : "";
+    const name = `${f.functionName || "(anonymous)"} ${f.url.split("/").pop().split("?")[0]}${where}`;
     hits.set(name, (hits.get(name) || 0) + c);
   }
   const rows = [...hits].sort((a, b) => b[1] - a[1]);
-  console.log(`\nCPU profile of the driverless bulk transfers (${total} samples, self time):`);
+  console.log(`\nCPU profile of the driverless ${what} transfers (${total} samples, self time):`);
   for (const [name, c] of rows.slice(0, 25)) console.log(`  ${((100 * c) / total).toFixed(1).padStart(5)} %  ${name}`);
   const groups = {};
   for (const [name, c] of rows) {
@@ -301,7 +395,7 @@ function printProfile(profile) {
       : inWasm ? "wasm: QUIC, iroh, ours"
       : /^(setTimeout|clearTimeout|queueMicrotask|now|__wbg_now_\w+) /.test(name) ? "timers and microtasks"
       : /^(send|__wbg_new_from_slice|__wbg_data|wasm-to-js|js-to-wasm)/.test(name) ? "WebSocket and JS copies"
-      : name.endsWith("thunderbolt_client_wasm.js") ? "wasm-bindgen JS glue (closures, callbacks)" : "other JS";
+      : /(thunderbolt_client_wasm|thunderbolt_acp_client)\.js(:\d+)?$/.test(name) ? "wasm-bindgen JS glue (closures, callbacks)" : "other JS";
     groups[g] = (groups[g] || 0) + c;
   }
   for (const [g, c] of Object.entries(groups).sort((a, b) => b[1] - a[1])) console.log(`  ${((100 * c) / total).toFixed(1).padStart(5)} %  [${g}]`);
