@@ -589,6 +589,8 @@ impl Resumable {
         };
         let download = async {
             let mut events = Vec::new();
+            // Everything the stream holds per wake-up (see `READ_CHUNK`).
+            let mut buf = vec![0u8; crate::wasm::READ_CHUNK];
             loop {
                 rx.drain(&mut events);
                 for ev in events.drain(..) {
@@ -641,8 +643,8 @@ impl Resumable {
                         _ => {}
                     }
                 }
-                match recv.read_chunk(256 * 1024).await {
-                    Ok(Some(c)) => rx.push(&c),
+                match recv.read(&mut buf).await {
+                    Ok(Some(n)) => rx.push(&buf[..n]),
                     _ => return,
                 }
             }

@@ -23,9 +23,11 @@ use wasm_bindgen_futures::future_to_promise;
 
 use crate::errors::{classify_text, client_closed, Ending, ErrorKind, DEFAULT_DIAL_TIMEOUT_MS};
 
-/// Bytes asked for per read: large enough for bulk transfers, small enough to
-/// keep each JS chunk cheap.
-const READ_CHUNK: usize = 256 * 1024;
+/// Most bytes per read: large enough for bulk transfers, small enough to
+/// keep each JS chunk cheap. A read takes everything the stream holds up to
+/// this (`RecvStream::read`), not one QUIC frame (`read_chunk`, ~1.2 KB
+/// through a relay): one JS chunk per wake-up, not one per packet.
+pub(crate) const READ_CHUNK: usize = 256 * 1024;
 
 /// How long the bridge may take to answer a listing.
 const LISTING_TIMEOUT: Duration = Duration::from_secs(15);
@@ -498,10 +500,11 @@ impl ConnInner {
     fn chunks(self: &Rc<Self>) -> Result<impl futures::Stream<Item = Result<Vec<u8>, JsValue>>, JsValue> {
         let recv = self.take_recv()?;
         let me = self.clone();
-        Ok(futures::stream::unfold(Some((recv, me)), |state| async move {
-            let (mut recv, me) = state?;
-            match recv.read_chunk(READ_CHUNK).await {
-                Ok(Some(chunk)) => Some((Ok(chunk.to_vec()), Some((recv, me)))),
+        let buf = vec![0u8; READ_CHUNK];
+        Ok(futures::stream::unfold(Some((recv, me, buf)), |state| async move {
+            let (mut recv, me, mut buf) = state?;
+            match recv.read(&mut buf).await {
+                Ok(Some(n)) => Some((Ok(buf[..n].to_vec()), Some((recv, me, buf)))),
                 Ok(None) => me.agent_failure().await.map(|e| (Err(e), None)),
                 Err(e) => match me.conn.close_reason().map(|c| ending(&c)) {
                     // The agent's end was announced: what came before it was everything.
