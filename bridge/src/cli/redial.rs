@@ -572,7 +572,13 @@ async fn download(
             }
         }
         let buf = rx.buf_mut();
-        room_for_read(buf, limits::READ_CHUNK);
+        // A whole chunk of room for every read (the bridge keeps a quarter
+        // chunk, for its many small sessions: `room_for_read`): a backlog
+        // comes in reads as large as the plain path's and goes to our output
+        // in as few writes (with a quarter, 14 against 21 KB a write).
+        if buf.capacity() - buf.len() < limits::READ_CHUNK {
+            buf.reserve(limits::READ_CHUNK);
+        }
         let read = tokio::select! {
             r = recv.read_buf(buf) => r,
             _ = stop.cancelled() => return Err(Down::Lost("stopped".into())),
