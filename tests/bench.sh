@@ -6,6 +6,7 @@
 #   tests/bench.sh --quick                 # about a minute
 #   tests/bench.sh --json bench.json       # full run, also machine-readable
 #   tests/bench.sh --quick --only small    # sections: setup bulk dumbpipe small many memory flood check stall resume connect
+#                                          nat pressure host duplex failover devices restart
 #
 # The dumbpipe row needs `cargo install dumbpipe` (or DUMBPIPE=/path/to/dumbpipe)
 # and the namespace: dumbpipe always talks to public relays and DNS otherwise, so
