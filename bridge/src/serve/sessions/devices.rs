@@ -523,7 +523,6 @@ impl Hub {
         if seat == 0 {
             st.members.left = true;
             st.out = ReplayLog::starting_at(st.out.total());
-            st.journal_due = None;
             st.journal_behind.clear();
             // Its journal goes (dropped: deleted); the others' are not journaled.
             drop(st.journal.take());

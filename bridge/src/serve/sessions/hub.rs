@@ -199,10 +199,8 @@ pub(super) struct State {
     /// its new agent made and its client has not answered. The client's
     /// answers to any other (the old agent's) are dropped.
     pub(super) asked: Option<HashSet<String>>,
-    /// When the agent's output not yet in the journal is next looked at
-    /// (a client is attached: see [`Hub::journal_output`]).
-    pub(super) journal_due: Option<Instant>,
-    /// The agent's output by age while a client is attached.
+    /// The agent's output by age while a client is attached (its `due()`:
+    /// when the journal is next looked at, see [`Hub::journal_output`]).
     pub(super) journal_behind: journal::WriteBehind,
     /// A session taken back after a restart, until its client first
     /// attaches: the agent's frames the journal held (the new agent's are
@@ -360,7 +358,6 @@ impl Hub {
             restoring: None,
             close_as: None,
             asked: None,
-            journal_due: None,
             journal_behind: journal::WriteBehind::default(),
             restored_at: None,
             resumable: false,
@@ -491,17 +488,13 @@ impl Hub {
             return;
         }
         st.journal_behind.output(Instant::now(), st.out.total());
-        if st.journal_due.is_none() {
-            st.journal_due = st.journal_behind.due();
-        }
     }
 
-    /// The write-behind's turn (at `journal_due`): the agent's frames that
+    /// The write-behind's turn (at `journal_behind.due()`): the agent's frames that
     /// are [`journal::WRITE_BEHIND`] old and still unacknowledged are
     /// written; younger ones wait for their own turn ([`journal::WriteBehind`]).
     pub(super) fn journal_turn(&self, st: &mut State) {
         let upto = st.journal_behind.turn(Instant::now());
-        st.journal_due = st.journal_behind.due();
         if let Some(n) = upto {
             self.write_journal_to(st, n);
         }
@@ -510,7 +503,6 @@ impl Hub {
     /// Writes the agent's frames the journal lacks and the client has not
     /// acknowledged (those it has are skipped in one record).
     pub(super) fn flush_journal(&self, st: &mut State) {
-        st.journal_due = None;
         st.journal_behind.clear();
         let total = st.out.total();
         self.write_journal_to(st, total);

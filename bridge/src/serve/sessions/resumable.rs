@@ -191,7 +191,7 @@ impl Hub {
                         return Step::Ready(Ok(None));
                     }
                     // Output the client has not acknowledged in time goes to the journal.
-                    if st.journal_due.is_some_and(|at| Instant::now() >= at) {
+                    if st.journal_behind.due().is_some_and(|at| Instant::now() >= at) {
                         self.journal_turn(st);
                     }
                     let now = Instant::now();
@@ -203,7 +203,8 @@ impl Hub {
                     if batch {
                         let due = *waiting_since.get_or_insert(now) + OBSERVER_BATCH;
                         if now < due {
-                            let wake = [Some(due), st.ack_at, st.journal_due].into_iter().flatten().min();
+                            let wake =
+                                [Some(due), st.ack_at, st.journal_behind.due()].into_iter().flatten().min();
                             return Step::Wait(wake);
                         }
                     }
@@ -242,7 +243,7 @@ impl Hub {
                         if done {
                             return Step::Ready(Ok(Some(Vec::new())));
                         }
-                        let wake = [st.ack_at, until, st.journal_due].into_iter().flatten().min();
+                        let wake = [st.ack_at, until, st.journal_behind.due()].into_iter().flatten().min();
                         Step::Wait(wake)
                     } else {
                         Step::Ready(Ok(Some(runs)))
