@@ -158,36 +158,37 @@ fn v6(addrs: impl Iterator<Item = IpAddr>) -> Vec<Ipv6Addr> {
         .collect()
 }
 
-impl Resolver for QuietResolver {
-    fn lookup_ipv4(&self, host: String) -> BoxFuture<Result<BoxIter<Ipv4Addr>, DnsError>> {
+impl QuietResolver {
+    /// One lookup of `kind` for `host` by `lookup` (given the inner resolver), quiet as [`Self::quiet`] says.
+    fn ask<T, Fut>(
+        &self,
+        kind: Kind,
+        host: String,
+        lookup: impl FnOnce(DnsResolver, String) -> Fut + Send + 'static,
+    ) -> BoxFuture<Result<BoxIter<T>, DnsError>>
+    where
+        T: Send + 'static,
+        Fut: Future<Output = Result<Vec<T>, DnsError>> + Send + 'static,
+    {
         let this = self.clone();
         Box::pin(async move {
-            let inner = this.inner.clone();
-            let lookup = async { Ok(v4(inner.lookup_ipv4(host.clone(), INNER_TIMEOUT).await?)) };
-            let list = this.quiet(Kind::Ipv4, host.clone(), lookup).await?;
-            Ok(Box::new(list.into_iter()) as BoxIter<_>)
+            let list = this.quiet(kind, host.clone(), lookup(this.inner.clone(), host)).await?;
+            Ok(Box::new(list.into_iter()) as BoxIter<T>)
         })
+    }
+}
+
+impl Resolver for QuietResolver {
+    fn lookup_ipv4(&self, host: String) -> BoxFuture<Result<BoxIter<Ipv4Addr>, DnsError>> {
+        self.ask(Kind::Ipv4, host, |r, h| async move { Ok(v4(r.lookup_ipv4(h, INNER_TIMEOUT).await?)) })
     }
 
     fn lookup_ipv6(&self, host: String) -> BoxFuture<Result<BoxIter<Ipv6Addr>, DnsError>> {
-        let this = self.clone();
-        Box::pin(async move {
-            let inner = this.inner.clone();
-            let lookup = async { Ok(v6(inner.lookup_ipv6(host.clone(), INNER_TIMEOUT).await?)) };
-            let list = this.quiet(Kind::Ipv6, host.clone(), lookup).await?;
-            Ok(Box::new(list.into_iter()) as BoxIter<_>)
-        })
+        self.ask(Kind::Ipv6, host, |r, h| async move { Ok(v6(r.lookup_ipv6(h, INNER_TIMEOUT).await?)) })
     }
 
     fn lookup_txt(&self, host: String) -> BoxFuture<Result<BoxIter<TxtRecordData>, DnsError>> {
-        let this = self.clone();
-        Box::pin(async move {
-            let inner = this.inner.clone();
-            let lookup =
-                async { Ok(inner.lookup_txt(host.clone(), INNER_TIMEOUT).await?.collect::<Vec<_>>()) };
-            let list = this.quiet(Kind::Txt, host.clone(), lookup).await?;
-            Ok(Box::new(list.into_iter()) as BoxIter<_>)
-        })
+        self.ask(Kind::Txt, host, |r, h| async move { Ok(r.lookup_txt(h, INNER_TIMEOUT).await?.collect()) })
     }
 
     fn clear_cache(&self) {
