@@ -50,6 +50,15 @@ async fn status(home: &Tb) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `thunderbolt kick <what>` on the host; `device`'s connect exits unsuccessfully, saying why.
+async fn kick_and_see_it_end(home: &Tb, what: &str, device: &mut Device) {
+    let out = home.run(&["kick", what]).await;
+    assert!(out.status.success(), "kick: {}", String::from_utf8_lossy(&out.stderr));
+    let gone = tokio::time::timeout(WAIT, device.child.wait()).await.expect("kicked device exits").unwrap();
+    assert!(!gone.success());
+    device.log.wait_for("ended by the host").await;
+}
+
 /// The laptop starts a session (one line there and back); the phone finds its id.
 async fn laptop_session(laptop: &Tb, phone: &Tb, ticket: &str, flags: &[&str]) -> (Device, String) {
     let mut args = flags.to_vec();
@@ -153,11 +162,7 @@ async fn the_laptops_session_is_picked_up_on_the_phone_and_control_moves_between
         "{st}"
     );
     let observer_id = devices[1]["id"].as_str().unwrap().to_string();
-    let out = home.run(&["kick", &observer_id]).await;
-    assert!(out.status.success(), "kick: {}", String::from_utf8_lossy(&out.stderr));
-    let gone = tokio::time::timeout(WAIT, p.child.wait()).await.expect("kicked device exits").unwrap();
-    assert!(!gone.success());
-    p.log.wait_for("ended by the host").await;
+    kick_and_see_it_end(&home, &observer_id, &mut p).await;
     pc.send(note(3)).await;
     l.until(is_note(3)).await;
     pc.until(is_note(3)).await;
@@ -345,11 +350,7 @@ async fn kicking_a_device_by_name_detaches_it_from_the_sessions_it_joined() {
     let (mut l, id) = laptop_session(&laptop, &phone, ticket, &[]).await;
     let mut p = Device::start(&phone, &["--attach", &id, "--observe", ticket]);
     p.until(|v| role_of(v).is_some()).await;
-    let out = home.run(&["kick", "phone"]).await;
-    assert!(out.status.success(), "kick: {}", String::from_utf8_lossy(&out.stderr));
-    let gone = tokio::time::timeout(WAIT, p.child.wait()).await.expect("kicked device exits").unwrap();
-    assert!(!gone.success());
-    p.log.wait_for("ended by the host").await;
+    kick_and_see_it_end(&home, "phone", &mut p).await;
     l.send(note(1)).await;
     l.until(is_note(1)).await;
     let st = status(&home).await;
