@@ -292,6 +292,8 @@ pub struct ReplayLog {
     /// Frames pushed over the session.
     total: u64,
     bytes: usize,
+    /// Bytes pushed over the session (a sender's mark of how far it wrote).
+    pushed: u64,
 }
 
 /// An acknowledgement or resume point outside what was sent.
@@ -323,6 +325,7 @@ impl ReplayLog {
         }
         self.total += n;
         self.bytes += run.len();
+        self.pushed += run.len() as u64;
         self.chunks.push_back((run, n));
         n
     }
@@ -340,6 +343,12 @@ impl ReplayLog {
     /// Bytes held for a possible resend.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Bytes pushed over the session: what was written up to a point is
+    /// this less what [`Self::since`] that point holds.
+    pub fn pushed_bytes(&self) -> u64 {
+        self.pushed
     }
 
     /// Drops everything before frame `n`.
@@ -376,6 +385,31 @@ impl ReplayLog {
     /// Everything from frame `n` on, as runs to write in order.
     pub fn since(&self, n: u64) -> Result<Vec<Bytes>, BadPosition> {
         self.range(n, self.total)
+    }
+
+    /// Frames from `from` on, whole runs, until they hold `max_bytes` (at
+    /// least one run): what a sender writes in one turn, so an ack it puts
+    /// between turns waits behind at most this much. Returns the runs and the
+    /// frame they end at (the next turn's `from`).
+    pub fn next_runs(&self, from: u64, max_bytes: usize) -> Result<(Vec<Bytes>, u64), BadPosition> {
+        self.check(from)?;
+        let mut at = self.base;
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for (run, lines) in &self.chunks {
+            if at + lines <= from {
+                at += lines;
+                continue;
+            }
+            let run = if at < from { skip_lines(run, from - at) } else { run.clone() };
+            bytes += run.len();
+            out.push(run);
+            at += lines;
+            if bytes >= max_bytes {
+                break;
+            }
+        }
+        Ok((out, at.max(from)))
     }
 
     /// Frames `from..to` (`to` at the end of a run pushed, or the end), as runs to write in order.
@@ -764,6 +798,25 @@ mod tests {
         log.ack(2).unwrap();
         assert_eq!(log.range(2, 4).unwrap().concat(), b"2\n3\n");
         assert!(log.range(1, 4).is_err(), "acked frames are gone");
+    }
+
+    #[test]
+    fn a_turn_takes_whole_runs_up_to_its_bytes() {
+        let mut log = ReplayLog::new();
+        log.push(Bytes::from_static(b"0\n1\n2\n"));
+        log.push(Bytes::from_static(b"3\n"));
+        log.push(Bytes::from_static(b"4\n5\n"));
+        let (runs, next) = log.next_runs(0, 1).unwrap();
+        assert_eq!((runs.concat(), next), (b"0\n1\n2\n".to_vec(), 3), "at least one run");
+        let (runs, next) = log.next_runs(1, 5).unwrap();
+        assert_eq!((runs.concat(), next), (b"1\n2\n3\n".to_vec(), 4), "from mid-run, until the bytes");
+        let (runs, next) = log.next_runs(4, 100).unwrap();
+        assert_eq!((runs.concat(), next), (b"4\n5\n".to_vec(), 6));
+        let (runs, next) = log.next_runs(6, 100).unwrap();
+        assert_eq!((runs, next), (Vec::new(), 6), "nothing after the end");
+        log.ack(5).unwrap();
+        assert_eq!(log.next_runs(5, 1).unwrap().0.concat(), b"5\n");
+        assert!(log.next_runs(4, 1).is_err(), "acked frames are gone");
     }
 
     #[test]

@@ -190,6 +190,64 @@ async fn output_past_the_buffer_while_away_holds_the_agent_until_the_client_is_b
     assert!(!text.contains("session ended"), "{text}");
 }
 
+/// A client that is there but reads slower than its agent writes slows the
+/// agent, as the plain path's flow control does: the resume buffer is for a
+/// client that is away, not a queue ahead of one that is attached.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_attached_client_that_reads_nothing_holds_its_agent_not_the_resume_buffer() {
+    let work = tempfile::tempdir().unwrap();
+    let pid_file = work.path().join("agent.pid").display().to_string();
+    let s =
+        Setup::new(&["--resume-grace", "60"], &agent(&["--pid-file", &pid_file, "respond", "65536"])).await;
+    let ep = s.endpoint(&s.client_home).await;
+    let conn = s.bridge.dial(&ep, &resume_alpn(&Protocol::acp())).await;
+    let (mut send, recv, welcome) = hello(&conn, None, 0).await;
+    let (token, _) = welcome.expect("welcomed");
+    // 200 replies of 64 KiB: 12.5 MiB, well inside the default 32 MiB resume buffer.
+    const REPLIES: u64 = 200;
+    let mut reqs = String::new();
+    for i in 0..REPLIES {
+        reqs.push_str(&format!("{{\"jsonrpc\":\"2.0\",\"id\":{i},\"method\":\"big\"}}\n"));
+    }
+    send.write_all(reqs.as_bytes()).await.unwrap();
+    let pid = agent_pid(&pid_file).await;
+    // Nothing is read: the agent ends up waiting on its output, and stays there
+    // (had the bridge taken it all, the agent would be done and wait on its input).
+    let stuck = tokio::time::timeout(WAIT, async {
+        let mut in_a_row = 0;
+        while in_a_row < 20 {
+            let wchan = std::fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+            in_a_row = if wchan.contains("pipe_write") { in_a_row + 1 } else { 0 };
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(stuck.is_ok(), "the agent never waited on its output: the bridge queued it all");
+    drop(recv);
+    lose(&conn);
+    s.bridge.log.wait_for("byte(s) of output held").await;
+    let text = s.bridge.log.text();
+    let held: u64 = text
+        .split("byte(s) of output held")
+        .next()
+        .and_then(|before| before.rsplit('(').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no held count in {text}"));
+    // What the connection had not taken (1 MiB) and what its QUIC window and
+    // the agent's pipe held: a few MiB, against the 12.5 MiB written unbounded.
+    assert!(held <= 4 << 20, "{held} bytes of output held for an attached client that read nothing");
+    // Nothing was lost: every reply arrives after the resume, in order, once.
+    let conn = s.bridge.dial(&ep, &resume_alpn(&Protocol::acp())).await;
+    let (mut send, mut recv, welcome) = hello(&conn, Some(&token), 0).await;
+    assert_eq!(welcome.expect("resumed").0, token);
+    let mut buf = Vec::new();
+    for i in 0..REPLIES {
+        let v: Value = serde_json::from_slice(&next_frame(&mut recv, &mut buf).await).unwrap();
+        assert_eq!(v["id"], i, "reply {i} in order, once");
+        send.write_all(&Control::Ack(i + 1).encode()).await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_revoked_peers_detached_session_ends_at_the_next_heartbeat() {
     let work = tempfile::tempdir().unwrap();

@@ -207,9 +207,13 @@ impl AsyncWrite for Outbox {
                 return Poll::Ready(Ok(buf.len()));
             }
         }
-        // Every device's log: the agent waits for the slowest.
+        // Every device's log: the agent waits for the slowest. And for the
+        // attached connection to take what it was given (`UNSENT_MAX`).
         let held = hub.held(&st);
-        if held > 0 && held + buf.len() > hub.cfg.buffer {
+        let unsent = st.sent_mark.map_or(0, |m| st.out.pushed_bytes() - m);
+        if (held > 0 && held + buf.len() > hub.cfg.buffer)
+            || (unsent > 0 && unsent + buf.len() as u64 > super::hub::UNSENT_MAX)
+        {
             st.writer = Some(cx.waker().clone());
             if st.attached.is_none() && hub.kind == HubKind::Resumable {
                 debug!(

@@ -27,6 +27,16 @@ use crate::limits::READ_CHUNK;
 /// controller's small messages, not one each.
 pub const OBSERVER_BATCH: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// Most of the agent's output written to a connection in one turn. The
+/// acks of the client's frames go between turns, and the client sends
+/// nothing new past [`thunderbolt_shared::resume::CLIENT_SEND_BUFFER`]
+/// unacknowledged: an ack queued behind a backlog of output (megabytes, when
+/// the agent writes faster than the path drains) would stall the client's
+/// upload for as long as the backlog takes, and full-duplex sessions would
+/// move in bursts. 128 KiB is a millisecond at the speeds a path reaches
+/// here, and a handful of frames to the write call.
+pub const WRITE_TURN: usize = 128 * 1024;
+
 impl Hub {
     /// Attaches a connection whose client holds the first `received` frames of
     /// the agent's output; `leftover` is what it sent after its hello. A
@@ -209,15 +219,7 @@ impl Hub {
                         }
                     }
                     waiting_since = None;
-                    let mut runs = if cursor < st.out.total() {
-                        match st.out.since(cursor) {
-                            Ok(r) => r,
-                            Err(e) => return Step::Ready(Err(format!("{REASON_PROTOCOL}: {e}"))),
-                        }
-                    } else {
-                        Vec::new()
-                    };
-                    cursor = st.out.total();
+                    let mut runs = Vec::new();
                     // Acks go by count or bytes, else after a short delay: never one
                     // per message (a request/response session would pay for it twice).
                     if st.ack_at.is_some_and(|at| Instant::now() >= at) {
@@ -226,7 +228,29 @@ impl Hub {
                     if st.ack_due {
                         st.ack_due = false;
                         st.ack_at = None;
+                        // Ahead of the output: the client's sending waits on it.
                         runs.extend(st.ack.ack().map(|a| a.encode()));
+                    }
+                    if st.sent_mark.is_none() {
+                        // This connection's first turn: what it resends is not sent yet.
+                        let unsent =
+                            st.out.since(cursor).map_or(0, |r| r.iter().map(Bytes::len).sum::<usize>());
+                        st.sent_mark = Some(st.out.pushed_bytes() - unsent as u64);
+                    }
+                    if cursor < st.out.total() {
+                        match st.out.next_runs(cursor, WRITE_TURN) {
+                            Ok((r, next)) => {
+                                let taken: usize = r.iter().map(Bytes::len).sum();
+                                st.sent_mark = st.sent_mark.map(|m| m + taken as u64);
+                                runs.extend(r);
+                                cursor = next;
+                                // The agent may wait for this room (`UNSENT_MAX`).
+                                if let Some(w) = st.writer.take() {
+                                    w.wake();
+                                }
+                            }
+                            Err(e) => return Step::Ready(Err(format!("{REASON_PROTOCOL}: {e}"))),
+                        }
                     }
                     if let Some((n, _)) = st.end_at.filter(|(n, _)| *n == cursor && !sent_end) {
                         sent_end = true;
