@@ -553,6 +553,61 @@ async fn ctrl_c_or_sigterm_on_connect_closes_the_session_cleanly_and_exits_like_
 
 /// Runs `acp connect` as the client home, writes `input`, closes stdin, and
 /// returns its output.
+/// The pipes a client gives `connect` are read and written without blocking
+/// while it runs and are blocking again once it is done (a parent that shares
+/// one is left as it was); an output shared with the log (`2>&1`) loses
+/// nothing of either.
+#[tokio::test(flavor = "multi_thread")]
+async fn connect_on_pipes_puts_them_back_as_they_were_and_shares_its_output_with_its_log() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let (in_r, mut in_w) = std::io::pipe().unwrap();
+    let (mut out_r, out_w) = std::io::pipe().unwrap();
+    // The same description as the child's stdin: what its flags are, we see.
+    let in_shared = in_r.try_clone().unwrap();
+    let nonblocking = || unsafe { libc::fcntl(in_shared.as_raw_fd(), libc::F_GETFL) } & libc::O_NONBLOCK != 0;
+    let mut c = s.client_home.cmd();
+    c.args(["acp", "connect", &s.bridge.ticket]).stdin(in_r).stdout(out_w.try_clone().unwrap()).stderr(out_w);
+    let mut child = c.spawn().unwrap();
+    drop(c);
+    let output = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        out_r.read_to_end(&mut all).unwrap();
+        all
+    });
+    tokio::time::timeout(WAIT, async {
+        while !nonblocking() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("connect reads its stdin pipe without blocking");
+    let mut input = Vec::new();
+    for i in 0..2000 {
+        input.extend_from_slice(
+            format!("{{\"jsonrpc\":\"2.0\",\"method\":\"x\",\"params\":{{\"i\":{i}}}}}\n").as_bytes(),
+        );
+    }
+    input.extend_from_slice(format!("{{\"big\":\"{}\"}}\n", "y".repeat(1 << 20)).as_bytes());
+    let writer = std::thread::spawn(move || {
+        in_w.write_all(&input).unwrap();
+        input
+    });
+    let status = tokio::time::timeout(WAIT, child.wait()).await.expect("connect ends").unwrap();
+    let input = writer.join().unwrap();
+    let all = output.join().unwrap();
+    let text = String::from_utf8_lossy(&all);
+    assert!(status.success(), "{text}");
+    assert!(
+        all.windows(input.len()).any(|w| w == input),
+        "the echo is whole and in order within the shared output: {}",
+        &text[..text.len().min(2000)]
+    );
+    assert!(text.contains("connected"), "the log went to the same pipe: {}", &text[..text.len().min(2000)]);
+    assert!(!nonblocking(), "the pipe is blocking again once connect is done");
+}
+
 async fn connect_with(s: &Setup, input: &[u8]) -> std::process::Output {
     connect_to(s, &s.bridge.ticket, input).await
 }

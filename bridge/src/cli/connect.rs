@@ -476,7 +476,7 @@ async fn pipe(
         Box<dyn AsyncWrite + Unpin + Send>,
         Option<tokio::process::Child>,
     ) = if command.is_empty() {
-        (Box::new(tokio::io::stdin()), Box::new(super::output::Stdout::new()), None)
+        (super::stdio::stdin(), super::stdio::stdout(), None)
     } else {
         let mut c = tokio::process::Command::new(&command[0]);
         c.args(&command[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).kill_on_drop(true);

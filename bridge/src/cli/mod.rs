@@ -9,6 +9,7 @@ pub mod control_cmd;
 pub mod iroh_cmd;
 pub mod output;
 pub mod redial;
+pub mod stdio;
 
 use std::{ffi::OsString, sync::Arc, time::Duration};
 

@@ -13,9 +13,11 @@
 //! in (the MCP SDK's progress notifications, docs/protocol.md) sees through
 //! us what it sees from the agent directly.
 //!
-//! Our standard output is written by a thread of its own ([`Stdout`]): tokio's
-//! stdout hands every write to its blocking pool, so a write per ~1 KiB
-//! message would cost a hand-off each; the thread costs one `write(2)` each.
+//! A standard output that is a pipe or socket is written by the runtime
+//! itself ([`super::stdio`]); any other (a terminal, a file, a pipe shared with
+//! our log) by a thread of its own ([`Stdout`]): tokio's stdout hands every
+//! write to its blocking pool, so a write per ~1 KiB message would cost a
+//! hand-off each; the thread costs one `write(2)` each.
 
 use std::{
     io::{self, Write},

@@ -13,6 +13,38 @@ pub const SESSIONS: usize = 16;
 /// A ~200-byte JSON-RPC request, as a small ACP message would be.
 pub const SMALL_REQUEST: &[u8] = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/prompt\",\"params\":{\"sessionId\":\"sess-1\",\"prompt\":[{\"type\":\"text\",\"text\":\"What does this function do? Please explain briefly, with an example.\"}]}}\n";
 
+/// The whole machine's CPU time since boot, from `/proc/stat` (every core,
+/// every process, the kernel's work for them included): what a transfer
+/// costs all its processes together, and how much the hypervisor took.
+#[derive(Clone, Copy)]
+pub struct MachineCpu {
+    busy: u64,
+    steal: u64,
+    total: u64,
+}
+
+impl MachineCpu {
+    pub fn now() -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+        let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+        // user nice system idle iowait irq softirq steal ...
+        let (busy, steal) = (v.first()? + v.get(1)? + v.get(2)? + v.get(5)? + v.get(6)?, *v.get(7)?);
+        Some(Self { busy, steal, total: v.iter().take(8).sum() })
+    }
+
+    /// Busy CPU milliseconds per MB carried since `start`, and the share of
+    /// the machine's time the hypervisor stole meanwhile.
+    pub fn per_mb_since(start: Option<Self>, mb: f64) -> Option<(f64, f64)> {
+        let (a, b) = (start?, Self::now()?);
+        // SAFETY: sysconf has no preconditions.
+        let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        let busy_ms = (b.busy - a.busy) as f64 * 1000.0 / tick;
+        let steal = (b.steal - a.steal) as f64 / (b.total - a.total).max(1) as f64;
+        Some((busy_ms / mb, steal))
+    }
+}
+
 /// Dial → open stream → send one request line → first byte of the answer.
 pub async fn first_response(
     ep: &Endpoint,

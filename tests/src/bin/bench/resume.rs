@@ -252,8 +252,17 @@ pub async fn connect_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
     // loopback-only namespace: dumbpipe cannot be kept off its public relays).
     let dumbpipe = dumbpipe_bin().filter(|_| loopback_only());
     let (mut stdio, mut local, mut inproc, mut dp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // The machine's busy CPU per MB (every process) for the stdio and in-process runs.
+    let (mut stdio_cpu, mut inproc_cpu, mut steal) = (Vec::new(), Vec::new(), 0f64);
+    let mb = total as f64 / 1e6;
     for _ in 0..b.plan.bulk_reps {
-        stdio.push(ConnectProc::start(&client, &cat.ticket, &["--no-resume"]).await?.bulk(total).await?);
+        let proc = ConnectProc::start(&client, &cat.ticket, &["--no-resume"]).await?;
+        let cpu0 = MachineCpu::now();
+        stdio.push(proc.bulk(total).await?);
+        if let Some((ms, st)) = MachineCpu::per_mb_since(cpu0, mb) {
+            stdio_cpu.push(ms);
+            steal = steal.max(st);
+        }
 
         let t0 = Instant::now();
         let mut c = client.cmd();
@@ -267,7 +276,12 @@ pub async fn connect_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
         local.push(total as f64 / t0.elapsed().as_secs_f64() / 1e6);
 
         let conn = p.ep.connect(p.addr_of(&cat)?, &Protocol::acp().alpn()).await?;
+        let cpu0 = MachineCpu::now();
         inproc.push(bulk(&conn, total).await?);
+        if let Some((ms, st)) = MachineCpu::per_mb_since(cpu0, mb) {
+            inproc_cpu.push(ms);
+            steal = steal.max(st);
+        }
         conn.close(0u32.into(), b"client closed");
 
         if let Some(bin) = &dumbpipe {
@@ -281,6 +295,23 @@ pub async fn connect_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
         row(&name, "MB/s", stdio.clone(), "the bench's in-process client, same bridge", inproc.clone(), true),
         row(&lname, "MB/s", local, "the bench's in-process client, same bridge", inproc.clone(), true),
     ];
+    if !stdio_cpu.is_empty() && !inproc_cpu.is_empty() {
+        // Why the hop costs what it does on a machine whose cores are all busy:
+        // the same bytes take this much more CPU, all processes together.
+        let cname = format!(
+            "CPU ms per MB, every process: bulk {} MiB through connect's stdio (hypervisor took up to {:.0} %)",
+            total >> 20,
+            steal * 100.0
+        );
+        rows.push(row(
+            &cname,
+            "ms/MB",
+            stdio_cpu,
+            "the bench's in-process client, same bridge",
+            inproc_cpu,
+            false,
+        ));
+    }
     if dumbpipe.is_some() {
         const DP: &str = "dumbpipe connect ⇄ dumbpipe listen, same agent";
         rows.push(row(&name, "MB/s", stdio, DP, dp.clone(), true));
