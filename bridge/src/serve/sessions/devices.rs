@@ -523,6 +523,7 @@ impl Hub {
         if seat == 0 {
             st.members.left = true;
             st.out = ReplayLog::starting_at(st.out.total());
+            st.sent_mark = None;
             st.journal_behind.clear();
             // Its journal goes (dropped: deleted); the others' are not journaled.
             drop(st.journal.take());

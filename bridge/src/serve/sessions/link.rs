@@ -210,7 +210,7 @@ impl AsyncWrite for Outbox {
         // Every device's log: the agent waits for the slowest. And for the
         // attached connection to take what it was given (`UNSENT_MAX`).
         let held = hub.held(&st);
-        let unsent = st.sent_mark.map_or(0, |m| st.out.pushed_bytes() - m);
+        let unsent = st.sent_mark.map_or(0, |m| st.out.pushed_bytes().saturating_sub(m));
         if (held > 0 && held + buf.len() > hub.cfg.buffer)
             || (unsent > 0 && unsent + buf.len() as u64 > super::hub::UNSENT_MAX)
         {

@@ -31,6 +31,7 @@ impl Hub {
         st.token = ids::token();
         st.token_hash = crate::journal::token_hash(&st.token);
         st.out = ReplayLog::new();
+        st.sent_mark = None;
         st.ack = AckPolicy::at(0);
         st.ack_due = false;
         st.ack_at = None;
