@@ -345,8 +345,7 @@ impl ReplayLog {
         self.bytes
     }
 
-    /// Bytes pushed over the session: what was written up to a point is
-    /// this less what [`Self::since`] that point holds.
+    /// Bytes pushed over the session (see [`Self::pushed_before`]).
     pub fn pushed_bytes(&self) -> u64 {
         self.pushed
     }
@@ -393,46 +392,48 @@ impl ReplayLog {
     /// frame they end at (the next turn's `from`).
     pub fn next_runs(&self, from: u64, max_bytes: usize) -> Result<(Vec<Bytes>, u64), BadPosition> {
         self.check(from)?;
-        let mut at = self.base;
-        let mut out = Vec::new();
-        let mut bytes = 0;
-        for (run, lines) in &self.chunks {
-            if at + lines <= from {
-                at += lines;
-                continue;
-            }
-            let run = if at < from { skip_lines(run, from - at) } else { run.clone() };
+        let (mut out, mut next, mut bytes) = (Vec::new(), from, 0);
+        for (_, end, run) in self.runs_from(from) {
             bytes += run.len();
             out.push(run);
-            at += lines;
+            next = end;
             if bytes >= max_bytes {
                 break;
             }
         }
-        Ok((out, at.max(from)))
+        Ok((out, next))
     }
 
     /// Frames `from..to` (`to` at the end of a run pushed, or the end), as runs to write in order.
     pub fn range(&self, from: u64, to: u64) -> Result<Vec<Bytes>, BadPosition> {
         self.check(from)?;
         self.check(to)?;
+        let runs = self.runs_from(from).take_while(|(start, _, _)| *start < to);
+        // A run that goes past `to` is cut at it.
+        Ok(runs.map(|(start, end, run)| if end > to { keep_lines(&run, to - start) } else { run }).collect())
+    }
+
+    /// Bytes pushed before frame `n` (a sender that has written up to `n`
+    /// has written this much of [`Self::pushed_bytes`]).
+    pub fn pushed_before(&self, n: u64) -> Result<u64, BadPosition> {
+        self.check(n)?;
+        let after: usize = self.runs_from(n).map(|(_, _, run)| run.len()).sum();
+        Ok(self.pushed - after as u64)
+    }
+
+    /// The runs held from frame `from` on (`from` checked), the first cut to
+    /// start there, each with the frames it starts and ends at.
+    fn runs_from(&self, from: u64) -> impl Iterator<Item = (u64, u64, Bytes)> + '_ {
         let mut at = self.base;
-        let mut out = Vec::new();
-        for (run, lines) in &self.chunks {
-            if at >= to {
-                break;
-            }
-            if at + lines <= from {
-                at += lines;
-                continue;
-            }
-            let run = if at < from { skip_lines(run, from - at) } else { run.clone() };
-            // A run that goes past `to` is cut at it.
-            let run = if at + lines > to { keep_lines(&run, to - at.max(from)) } else { run };
-            out.push(run);
+        self.chunks.iter().filter_map(move |(run, lines)| {
+            let start = at;
             at += lines;
-        }
-        Ok(out)
+            if at <= from {
+                return None;
+            }
+            let run = if start < from { skip_lines(run, from - start) } else { run.clone() };
+            Some((start.max(from), at, run))
+        })
     }
 
     fn check(&self, n: u64) -> Result<(), BadPosition> {
@@ -817,6 +818,11 @@ mod tests {
         log.ack(5).unwrap();
         assert_eq!(log.next_runs(5, 1).unwrap().0.concat(), b"5\n");
         assert!(log.next_runs(4, 1).is_err(), "acked frames are gone");
+        // Bytes pushed before a frame: 12 pushed in all, "5\n" after frame 5.
+        assert_eq!(
+            (log.pushed_bytes(), log.pushed_before(5).unwrap(), log.pushed_before(6).unwrap()),
+            (12, 10, 12)
+        );
     }
 
     #[test]

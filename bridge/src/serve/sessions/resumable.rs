@@ -233,9 +233,7 @@ impl Hub {
                     }
                     if st.sent_mark.is_none() {
                         // This connection's first turn: what it resends is not sent yet.
-                        let unsent =
-                            st.out.since(cursor).map_or(0, |r| r.iter().map(Bytes::len).sum::<usize>());
-                        st.sent_mark = Some(st.out.pushed_bytes() - unsent as u64);
+                        st.sent_mark = Some(st.out.pushed_before(cursor).unwrap_or(st.out.pushed_bytes()));
                     }
                     if cursor < st.out.total() {
                         match st.out.next_runs(cursor, WRITE_TURN) {

@@ -73,7 +73,7 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
         let (mut r1, mut plain) = (Vec::new(), Vec::new());
         // The machine's busy CPU per MB (every process): what each path costs,
         // apart from how the two cores happened to be shared in one run.
-        let (mut r1_cpu, mut plain_cpu, mut steal) = (Vec::new(), Vec::new(), 0f64);
+        let (mut r1_cpu, mut plain_cpu) = (CpuPerMb::default(), CpuPerMb::default());
         for _ in 0..DUPLEX_REPS {
             for (resume, out, cpu) in [(true, &mut r1, &mut r1_cpu), (false, &mut plain, &mut plain_cpu)] {
                 let extra: &[&str] = if resume { &[] } else { &["--no-resume"] };
@@ -83,23 +83,14 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
                 let cpu0 = MachineCpu::now();
                 let mbs = transfer_block(&mut p.stdin, &mut p.stdout, &block, total).await?;
                 p.finish().await?;
-                if let Some((ms, st)) = MachineCpu::per_mb_since(cpu0, total as f64 / 1e6) {
-                    cpu.push(ms);
-                    steal = steal.max(st);
-                }
+                cpu.add(cpu0, total as f64 / 1e6);
                 out.push(mbs);
             }
         }
         let name = format!("~1 KiB lines echoed full duplex through connect, resumable ({})", relays.name());
         rows.push(row(&name, "MB/s", r1, "connect --no-resume (plain ALPN)", plain, true));
-        if !r1_cpu.is_empty() && !plain_cpu.is_empty() {
-            let name = format!(
-                "CPU ms per MB, every process: the same, resumable ({}; hypervisor took up to {:.0} %)",
-                relays.name(),
-                steal * 100.0
-            );
-            rows.push(row(&name, "ms/MB", r1_cpu, "connect --no-resume (plain ALPN)", plain_cpu, false));
-        }
+        let what = format!("the same, resumable, {}", relays.name());
+        rows.extend(r1_cpu.row(&what, "connect --no-resume (plain ALPN)", plain_cpu));
         let _ = cat.stop().await;
     }
     Ok(rows)

@@ -45,6 +45,35 @@ impl MachineCpu {
     }
 }
 
+/// Busy CPU per MB of repeated transfers of one kind, and the most the
+/// hypervisor stole during any of them.
+#[derive(Default)]
+pub struct CpuPerMb {
+    pub ms: Vec<f64>,
+    pub steal: f64,
+}
+
+impl CpuPerMb {
+    /// One transfer of `mb` that started at `start`.
+    pub fn add(&mut self, start: Option<MachineCpu>, mb: f64) {
+        if let Some((ms, steal)) = MachineCpu::per_mb_since(start, mb) {
+            self.ms.push(ms);
+            self.steal = self.steal.max(steal);
+        }
+    }
+
+    /// A row of `self` against `baseline` (lower is better), named `what`
+    /// with the steal both saw; `None` when either has no figure.
+    pub fn row(self, what: &str, baseline_name: &str, baseline: CpuPerMb) -> Option<Row> {
+        if self.ms.is_empty() || baseline.ms.is_empty() {
+            return None;
+        }
+        let steal = self.steal.max(baseline.steal) * 100.0;
+        let name = format!("CPU ms per MB, every process: {what} (hypervisor took up to {steal:.0} %)");
+        Some(row(&name, "ms/MB", self.ms, baseline_name, baseline.ms, false))
+    }
+}
+
 /// Dial → open stream → send one request line → first byte of the answer.
 pub async fn first_response(
     ep: &Endpoint,

@@ -253,16 +253,13 @@ pub async fn connect_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
     let dumbpipe = dumbpipe_bin().filter(|_| loopback_only());
     let (mut stdio, mut local, mut inproc, mut dp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // The machine's busy CPU per MB (every process) for the stdio and in-process runs.
-    let (mut stdio_cpu, mut inproc_cpu, mut steal) = (Vec::new(), Vec::new(), 0f64);
+    let (mut stdio_cpu, mut inproc_cpu) = (CpuPerMb::default(), CpuPerMb::default());
     let mb = total as f64 / 1e6;
     for _ in 0..b.plan.bulk_reps {
         let proc = ConnectProc::start(&client, &cat.ticket, &["--no-resume"]).await?;
         let cpu0 = MachineCpu::now();
         stdio.push(proc.bulk(total).await?);
-        if let Some((ms, st)) = MachineCpu::per_mb_since(cpu0, mb) {
-            stdio_cpu.push(ms);
-            steal = steal.max(st);
-        }
+        stdio_cpu.add(cpu0, mb);
 
         let t0 = Instant::now();
         let mut c = client.cmd();
@@ -278,10 +275,7 @@ pub async fn connect_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
         let conn = p.ep.connect(p.addr_of(&cat)?, &Protocol::acp().alpn()).await?;
         let cpu0 = MachineCpu::now();
         inproc.push(bulk(&conn, total).await?);
-        if let Some((ms, st)) = MachineCpu::per_mb_since(cpu0, mb) {
-            inproc_cpu.push(ms);
-            steal = steal.max(st);
-        }
+        inproc_cpu.add(cpu0, mb);
         conn.close(0u32.into(), b"client closed");
 
         if let Some(bin) = &dumbpipe {
@@ -295,23 +289,10 @@ pub async fn connect_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
         row(&name, "MB/s", stdio.clone(), "the bench's in-process client, same bridge", inproc.clone(), true),
         row(&lname, "MB/s", local, "the bench's in-process client, same bridge", inproc.clone(), true),
     ];
-    if !stdio_cpu.is_empty() && !inproc_cpu.is_empty() {
-        // Why the hop costs what it does on a machine whose cores are all busy:
-        // the same bytes take this much more CPU, all processes together.
-        let cname = format!(
-            "CPU ms per MB, every process: bulk {} MiB through connect's stdio (hypervisor took up to {:.0} %)",
-            total >> 20,
-            steal * 100.0
-        );
-        rows.push(row(
-            &cname,
-            "ms/MB",
-            stdio_cpu,
-            "the bench's in-process client, same bridge",
-            inproc_cpu,
-            false,
-        ));
-    }
+    // Why the hop costs what it does on a machine whose cores are all busy:
+    // the same bytes take this much more CPU, all processes together.
+    let what = format!("bulk {} MiB through connect's stdio", total >> 20);
+    rows.extend(stdio_cpu.row(&what, "the bench's in-process client, same bridge", inproc_cpu));
     if dumbpipe.is_some() {
         const DP: &str = "dumbpipe connect ⇄ dumbpipe listen, same agent";
         rows.push(row(&name, "MB/s", stdio, DP, dp.clone(), true));
