@@ -10,7 +10,7 @@ use std::{sync::Arc, time::Duration};
 use anyhow::{bail, Context, Result};
 use iroh::{
     address_lookup::{DnsAddressLookup, PkarrPublisher, PkarrResolver},
-    endpoint::{presets, PortmapperConfig, QuicTransportConfig},
+    endpoint::{presets, AckFrequencyConfig, PortmapperConfig, QuicTransportConfig},
     Endpoint, EndpointAddr, RelayMode, RelayUrl, SecretKey, TransportAddr, Watcher,
 };
 use tracing::{debug, warn};
@@ -163,13 +163,16 @@ impl NetConfig {
 /// A peer that vanishes without a close (killed, path gone) is noticed after
 /// `idle` of silence: both sides send keep-alives every
 /// [`limits::KEEP_ALIVE_INTERVAL`] (or a third of `idle` when that is
-/// shorter), so a live peer is never idle that long.
+/// shorter), so a live peer is never idle that long. Each side asks the
+/// other to acknowledge within [`limits::ACK_DELAY_ASKED`].
 pub fn bridge_transport(idle: Duration) -> Result<QuicTransportConfig> {
     if idle < limits::MIN_IDLE_TIMEOUT {
         anyhow::bail!("an idle timeout of {idle:?} is below the {:?} minimum", limits::MIN_IDLE_TIMEOUT);
     }
     let keep_alive = keep_alive(idle);
     let idle = idle.try_into().with_context(|| format!("--idle-timeout {idle:?} is too long"))?;
+    let mut acks = AckFrequencyConfig::default();
+    acks.max_ack_delay(Some(limits::ACK_DELAY_ASKED));
     Ok(QuicTransportConfig::builder()
         .max_concurrent_bidi_streams(1u32.into())
         .max_concurrent_uni_streams(0u32.into())
@@ -178,6 +181,7 @@ pub fn bridge_transport(idle: Duration) -> Result<QuicTransportConfig> {
         .datagram_receive_buffer_size(None)
         .keep_alive_interval(keep_alive)
         .max_idle_timeout(Some(idle))
+        .ack_frequency_config(Some(acks))
         .build())
 }
 

@@ -252,6 +252,34 @@ async fn agent_exit_delivers_the_final_line() {
     assert_eq!(closed_with(&conn).await, (2, "agent exited (code 0)".to_string()));
 }
 
+/// The bridge asks its peer to acknowledge within 1 ms (QUIC's ACK frequency
+/// extension): with QUIC's own 25 ms a full-duplex transfer through
+/// `connect` stopped for an acknowledgement several times a second
+/// (`limits::ACK_DELAY_ASKED`). The ask is an ACK_FREQUENCY frame, sent once
+/// the handshake is done.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_bridge_asks_its_peer_to_acknowledge_promptly() {
+    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let ep = s.client(false).await;
+    let line = b"{\"jsonrpc\":\"2.0\",\"method\":\"n\"}\n";
+    let (conn, mut send, mut recv) = s.open_session(&ep, line).await;
+    let mut buf = Vec::new();
+    // Echoes go both ways until the frame has arrived (bounded: it comes with
+    // the bridge's first packets after the handshake).
+    let mut asked = conn.stats().frame_rx.ack_frequency;
+    for _ in 0..50 {
+        if asked > 0 {
+            break;
+        }
+        let echoed = read_until(&mut recv, &mut buf, |v| v["method"] == "n").await;
+        assert_eq!(echoed.len(), 1, "the cat agent echoes the line");
+        write_all(&mut send, line).await;
+        asked = conn.stats().frame_rx.ack_frequency;
+    }
+    assert!(asked > 0, "the bridge never asked for prompt acknowledgements: {:?}", conn.stats().frame_rx);
+    conn.close(0u32.into(), b"done");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn client_close_kills_the_agent() {
     let mut s = Setup::new("acp", &[], &[], true).await;
