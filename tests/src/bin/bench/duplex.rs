@@ -71,26 +71,36 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
         c.args(["--", &b.agent, "cat"]);
         let cat = RunningBridge::start(c).await;
         let (mut r1, mut plain) = (Vec::new(), Vec::new());
+        let (mut r1_wait, mut plain_wait) = (Vec::new(), Vec::new());
         // The machine's busy CPU per MB (every process): what each path costs,
         // apart from how the two cores happened to be shared in one run.
         let (mut r1_cpu, mut plain_cpu) = (CpuPerMb::default(), CpuPerMb::default());
         for _ in 0..DUPLEX_REPS {
-            for (resume, out, cpu) in [(true, &mut r1, &mut r1_cpu), (false, &mut plain, &mut plain_cpu)] {
+            let runs = [
+                (true, &mut r1, &mut r1_cpu, &mut r1_wait),
+                (false, &mut plain, &mut plain_cpu, &mut plain_wait),
+            ];
+            for (resume, out, cpu, wait) in runs {
                 let extra: &[&str] = if resume { &[] } else { &["--no-resume"] };
                 let mut cmd = ConnectProc::command(&client, &cat.ticket, extra);
                 relays.apply(&mut cmd);
                 let mut p = ConnectProc::spawn(cmd)?;
                 let cpu0 = MachineCpu::now();
-                let mbs = transfer_block(&mut p.stdin, &mut p.stdout, &block, total).await?;
+                let (mbs, longest) = transfer_block_timed(&mut p.stdin, &mut p.stdout, &block, total).await?;
                 p.finish().await?;
                 cpu.add(cpu0, total as f64 / 1e6);
                 out.push(mbs);
+                wait.push(longest.as_secs_f64() * 1e3);
             }
         }
         let name = format!("~1 KiB lines echoed full duplex through connect, resumable ({})", relays.name());
         rows.push(row(&name, "MB/s", r1, "connect --no-resume (plain ALPN)", plain, true));
         let what = format!("the same, resumable, {}", relays.name());
         rows.extend(r1_cpu.row(&what, "connect --no-resume (plain ALPN)", plain_cpu));
+        // A stall anywhere (an acknowledgement QUIC delays, a full buffer)
+        // shows as the reader's longest wait; it is what spreads the runs.
+        let name = format!("the same, resumable, {}: the reader's longest wait in a transfer", relays.name());
+        rows.push(row(&name, "ms", r1_wait, "connect --no-resume (plain ALPN)", plain_wait, false));
         let _ = cat.stop().await;
     }
     Ok(rows)

@@ -112,7 +112,22 @@ where
 }
 
 /// [`transfer`] of `block` (whole ndjson lines) over and over.
-pub async fn transfer_block<W, R>(mut w: W, mut r: R, block: &[u8], total: usize) -> Result<f64>
+pub async fn transfer_block<W, R>(w: W, r: R, block: &[u8], total: usize) -> Result<f64>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+    R: tokio::io::AsyncRead + Unpin,
+{
+    Ok(transfer_block_timed(w, r, block, total).await?.0)
+}
+
+/// [`transfer_block`], and the longest the reader waited for its next bytes
+/// once the first had come (a stall anywhere on the way shows there).
+pub async fn transfer_block_timed<W, R>(
+    mut w: W,
+    mut r: R,
+    block: &[u8],
+    total: usize,
+) -> Result<(f64, Duration)>
 where
     W: tokio::io::AsyncWrite + Unpin,
     R: tokio::io::AsyncRead + Unpin,
@@ -127,17 +142,23 @@ where
     let reader = async {
         let mut got = 0usize;
         let mut buf = vec![0u8; 256 * 1024];
+        let (mut last, mut longest) = (None::<Instant>, Duration::ZERO);
         while got < total {
             let n = r.read(&mut buf).await?;
             if n == 0 {
                 bail!("stream ended after {got} of {total} bytes");
             }
             got += n;
+            let now = Instant::now();
+            if let Some(last) = last {
+                longest = longest.max(now - last);
+            }
+            last = Some(now);
         }
-        anyhow::Ok(())
+        anyhow::Ok(longest)
     };
-    tokio::try_join!(writer, reader)?;
-    Ok(total as f64 / t0.elapsed().as_secs_f64() / 1e6)
+    let ((), longest) = tokio::try_join!(writer, reader)?;
+    Ok((total as f64 / t0.elapsed().as_secs_f64() / 1e6, longest))
 }
 
 /// Bulk ndjson over a new stream of `conn`.
