@@ -3,18 +3,23 @@
 //! connect`, resumable (the default) against `--no-resume`, taking turns in
 //! one run; with relays disabled, and with the default relays configured but
 //! unreachable (a laptop offline, a network that blocks them), each repeated
-//! to show the spread. The unreachable case runs only in a loopback-only
-//! namespace, where the public relays cannot be reached (nothing leaves).
+//! to show the spread; and the plain path against a second series of itself,
+//! which says how much of a ratio between series is this machine's noise.
+//! The unreachable case runs only in a loopback-only namespace, where the
+//! public relays cannot be reached (nothing leaves).
 
 use super::*;
 
 /// Each line's size: a typical agent message, not a bulk block.
 const DUPLEX_LINE: usize = 1024;
 
-/// Bytes echoed per transfer (capped: the spread, not the size, is the point).
-const DUPLEX_BYTES: usize = 64 << 20;
-
-/// Transfers per client and relay setting (the minimum is what the budget is on).
+/// Transfers per client and relay setting (the minimum is what the budget is
+/// on). Each moves the plan's `duplex_bytes`: at 64 MiB a transfer lasted a
+/// fifth of a second, and how the two cores were shared in that moment swung
+/// it by a third either way, for the plain path against itself as much as
+/// for the two paths (its minimum ratio 0.93–1.36 in three runs). Longer
+/// transfers narrow it: 0.85–1.09 at 256 MiB (`--quick`, two runs), 0.97–1.03
+/// at 512 MiB (the full plan, two runs).
 const DUPLEX_REPS: usize = 5;
 
 /// `DUPLEX_LINE`-byte ndjson lines, 64 of them.
@@ -24,6 +29,15 @@ fn duplex_block() -> Vec<u8> {
     line[DUPLEX_LINE - 2] = b'"';
     line[DUPLEX_LINE - 1] = b'\n';
     line.iter().copied().cycle().take(DUPLEX_LINE * 64).collect()
+}
+
+/// One series of transfers in a repetition.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Series {
+    Resumable,
+    Plain,
+    /// The plain path again: the spread two identical series show.
+    PlainAgain,
 }
 
 /// How the relays are set for the bridge and the client.
@@ -53,7 +67,7 @@ impl Relays {
 pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
     let client = Tb::new(None);
     b.tb.allow(&client.node_id("acp").await).await;
-    let total = DUPLEX_BYTES.min(b.plan.bulk_bytes);
+    let total = b.plan.duplex_bytes;
     let block = duplex_block();
     let mut rows = Vec::new();
     let mut settings = vec![Relays::Disabled];
@@ -70,31 +84,46 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
         c.env("RUST_LOG", "warn").args(["acp", "--transport", "iroh", "--per-remote-max", "1000000"]);
         c.args(["--", &b.agent, "cat"]);
         let cat = RunningBridge::start(c).await;
-        let (mut r1, mut plain) = (Vec::new(), Vec::new());
+        let (mut r1, mut plain, mut plain_again) = (Vec::new(), Vec::new(), Vec::new());
         let (mut r1_wait, mut plain_wait) = (Vec::new(), Vec::new());
         // The machine's busy CPU per MB (every process): what each path costs,
         // apart from how the two cores happened to be shared in one run.
         let (mut r1_cpu, mut plain_cpu) = (CpuPerMb::default(), CpuPerMb::default());
-        for _ in 0..DUPLEX_REPS {
-            let runs = [
-                (true, &mut r1, &mut r1_cpu, &mut r1_wait),
-                (false, &mut plain, &mut plain_cpu, &mut plain_wait),
-            ];
-            for (resume, out, cpu, wait) in runs {
-                let extra: &[&str] = if resume { &[] } else { &["--no-resume"] };
+        for rep in 0..DUPLEX_REPS {
+            // The plain path twice: how far two series of the very same path
+            // fall apart here is the floor under any budget on these rows.
+            // The order turns each repetition, so no series always goes first.
+            let mut series = [Series::Resumable, Series::Plain, Series::PlainAgain];
+            series.rotate_left(rep % 3);
+            for s in series {
+                let extra: &[&str] = if s == Series::Resumable { &[] } else { &["--no-resume"] };
                 let mut cmd = ConnectProc::command(&client, &cat.ticket, extra);
                 relays.apply(&mut cmd);
                 let mut p = ConnectProc::spawn(cmd)?;
                 let cpu0 = MachineCpu::now();
                 let (mbs, longest) = transfer_block_timed(&mut p.stdin, &mut p.stdout, &block, total).await?;
                 p.finish().await?;
-                cpu.add(cpu0, total as f64 / 1e6);
+                let (out, cpu, wait) = match s {
+                    Series::Resumable => (&mut r1, Some(&mut r1_cpu), Some(&mut r1_wait)),
+                    Series::Plain => (&mut plain, Some(&mut plain_cpu), Some(&mut plain_wait)),
+                    Series::PlainAgain => (&mut plain_again, None, None),
+                };
+                if let Some(cpu) = cpu {
+                    cpu.add(cpu0, total as f64 / 1e6);
+                }
+                if let Some(wait) = wait {
+                    wait.push(longest.as_secs_f64() * 1e3);
+                }
                 out.push(mbs);
-                wait.push(longest.as_secs_f64() * 1e3);
             }
         }
         let name = format!("~1 KiB lines echoed full duplex through connect, resumable ({})", relays.name());
-        rows.push(row(&name, "MB/s", r1, "connect --no-resume (plain ALPN)", plain, true));
+        rows.push(row(&name, "MB/s", r1, "connect --no-resume (plain ALPN)", plain.clone(), true));
+        let name = format!(
+            "the plain path against itself ({}): a second series of connect --no-resume, the comparison's own spread",
+            relays.name()
+        );
+        rows.push(row(&name, "MB/s", plain_again, "connect --no-resume (plain ALPN)", plain, true));
         let what = format!("the same, resumable, {}", relays.name());
         rows.extend(r1_cpu.row(&what, "connect --no-resume (plain ALPN)", plain_cpu));
         // A stall anywhere (an acknowledgement QUIC delays, a full buffer)

@@ -72,6 +72,8 @@ pub struct Plan {
     per_session_bytes: usize,
     /// Requests in the pipelined pressure measure.
     pub pipelined: usize,
+    /// Bytes per full-duplex transfer through `connect` (the `duplex` section).
+    pub duplex_bytes: usize,
 }
 
 /// `--quick`: about a minute on two cores.
@@ -82,6 +84,7 @@ const QUICK: Plan = Plan {
     rtts: 2000,
     per_session_bytes: 4 << 20,
     pipelined: 1000,
+    duplex_bytes: 256 << 20,
 };
 
 /// Tiny sizes, for the test that keeps the harness itself working (not a measurement).
@@ -92,6 +95,7 @@ const SMOKE: Plan = Plan {
     rtts: 200,
     per_session_bytes: 256 << 10,
     pipelined: 50,
+    duplex_bytes: 1 << 20,
 };
 
 /// The default: the figures docs/performance.md quotes (about two and a half minutes).
@@ -102,6 +106,7 @@ const FULL: Plan = Plan {
     rtts: 10_000,
     per_session_bytes: 16 << 20,
     pipelined: 1000,
+    duplex_bytes: 512 << 20,
 };
 
 /// The parts of a run, in the order they run.
