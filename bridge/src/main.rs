@@ -28,8 +28,15 @@ use thunderbolt::{
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// Default log filter: our own info lines, only warnings from the network stack.
+/// iroh's relay transport (the module, not its relay actor, which reports
+/// what relay servers say) is silenced: at every exit of a process that had a
+/// relay configured but never reached it (a laptop offline, a network that
+/// blocks relays), it logged "ERROR relay_recv_channel closed", a race in its
+/// own shutdown that says nothing was lost. Its other lines are per-datagram
+/// drops, for RUST_LOG when debugging.
 const DEFAULT_LOG_FILTER: &str =
-    "info,iroh=warn,noq=warn,noq_proto=warn,iroh_relay=warn,portmapper=warn,netwatch=warn";
+    "info,iroh=warn,noq=warn,noq_proto=warn,iroh_relay=warn,portmapper=warn,netwatch=warn,\
+     iroh::socket::transports::relay=off,iroh::socket::transports::relay::actor=warn";
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
