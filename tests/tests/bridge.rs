@@ -650,13 +650,8 @@ async fn connect_with_an_unreachable_relay_ends_without_an_error_line() {
         let mut c = s.client_home.cmd();
         // Nothing listens there: the relay is configured and never reached.
         c.env("THUNDERBOLT_IROH_RELAY_URL", "http://127.0.0.1:1").env_remove("RUST_LOG");
-        c.args(["acp", "connect", &s.bridge.ticket]).stdin(Stdio::piped()).stdout(Stdio::piped());
-        c.stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(line).await.unwrap();
-        drop(stdin);
-        let out = tokio::time::timeout(WAIT, child.wait_with_output()).await.expect("connect ends").unwrap();
+        c.args(["acp", "connect", &s.bridge.ticket]);
+        let out = run_with_input(c, line).await;
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{err}");
         assert_eq!(out.stdout, line, "the echo arrived; log: {err}");
@@ -677,7 +672,13 @@ async fn connect_to(s: &Setup, target: &str, input: &[u8]) -> std::process::Outp
 /// `connect TARGET` as `home`, `input` on its stdin, until it exits.
 async fn connect_from(home: &Tb, target: &str, input: &[u8]) -> std::process::Output {
     let mut c = home.cmd();
-    c.args(["acp", "connect", target]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.args(["acp", "connect", target]);
+    run_with_input(c, input).await
+}
+
+/// Runs `c` with `input` on its stdin (then closed), until it exits.
+async fn run_with_input(mut c: tokio::process::Command, input: &[u8]) -> std::process::Output {
+    c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = c.spawn().unwrap();
     let mut stdin = child.stdin.take().unwrap();
     stdin.write_all(input).await.unwrap();

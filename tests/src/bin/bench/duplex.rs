@@ -18,8 +18,8 @@ const DUPLEX_LINE: usize = 1024;
 /// fifth of a second, and how the two cores were shared in that moment swung
 /// it by a third either way, for the plain path against itself as much as
 /// for the two paths (its minimum ratio 0.93–1.36 in three runs). Longer
-/// transfers narrow it: 0.85–1.09 at 256 MiB (`--quick`, two runs), 0.97–1.03
-/// at 512 MiB (the full plan, two runs).
+/// transfers narrow it: 0.85–1.09 at 256 MiB (`--quick`, two runs), 0.97–1.09
+/// at 512 MiB (the full plan, five runs).
 const DUPLEX_REPS: usize = 5;
 
 /// `DUPLEX_LINE`-byte ndjson lines, 64 of them.
