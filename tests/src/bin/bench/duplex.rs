@@ -7,6 +7,12 @@
 //! which says how much of a ratio between series is this machine's noise.
 //! The unreachable case runs only in a loopback-only namespace, where the
 //! public relays cannot be reached (nothing leaves).
+//!
+//! The lines are JSON strings (the path's own cost: the bridge reads nothing
+//! of a string but its end), and once more, relays disabled, ACP
+//! `session/update` notifications of the same size (what a session carries:
+//! the bridge reads each message's head, and the resumable path its ACP
+//! session and requests too).
 
 use super::*;
 
@@ -22,13 +28,34 @@ const DUPLEX_LINE: usize = 1024;
 /// at 512 MiB (the full plan, five runs).
 const DUPLEX_REPS: usize = 5;
 
-/// `DUPLEX_LINE`-byte ndjson lines, 64 of them.
-fn duplex_block() -> Vec<u8> {
-    let mut line = vec![b'a'; DUPLEX_LINE];
-    line[0] = b'"';
-    line[DUPLEX_LINE - 2] = b'"';
-    line[DUPLEX_LINE - 1] = b'\n';
-    line.iter().copied().cycle().take(DUPLEX_LINE * 64).collect()
+/// What the lines are.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// JSON strings.
+    Strings,
+    /// ACP `session/update` notifications (an agent's streamed reply).
+    AcpUpdates,
+}
+
+/// `DUPLEX_LINE`-byte ndjson lines of `shape`, 64 of them.
+fn duplex_block(shape: Shape) -> Vec<u8> {
+    let line = match shape {
+        Shape::Strings => {
+            let mut line = vec![b'a'; DUPLEX_LINE - 1];
+            line[0] = b'"';
+            line[DUPLEX_LINE - 2] = b'"';
+            line
+        }
+        Shape::AcpUpdates => {
+            let head = br#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"sess_9f2c4e1a","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":""#;
+            let tail = br#""}}}}"#;
+            let text = DUPLEX_LINE - 1 - head.len() - tail.len();
+            let words = b"the quick brown fox jumps over the lazy dog ".iter().cycle().take(text);
+            head.iter().copied().chain(words.copied()).chain(tail.iter().copied()).collect()
+        }
+    };
+    assert_eq!(line.len(), DUPLEX_LINE - 1, "a line and its newline are DUPLEX_LINE bytes");
+    line.iter().copied().chain([b'\n']).cycle().take(DUPLEX_LINE * 64).collect()
 }
 
 /// One series of transfers in a repetition.
@@ -68,17 +95,26 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
     let client = Tb::new(None);
     b.tb.allow(&client.node_id("acp").await).await;
     let total = b.plan.duplex_bytes;
-    let block = duplex_block();
     let mut rows = Vec::new();
-    let mut settings = vec![Relays::Disabled];
+    let mut settings = vec![(Relays::Disabled, Shape::Strings)];
     if loopback_only() {
-        settings.push(Relays::Unreachable);
+        settings.push((Relays::Unreachable, Shape::Strings));
     } else {
         eprintln!(
             "bench: duplex with unreachable default relays needs a loopback-only namespace (tests/bench.sh)"
         );
     }
-    for relays in settings {
+    settings.push((Relays::Disabled, Shape::AcpUpdates));
+    for (relays, shape) in settings {
+        let block = duplex_block(shape);
+        // The rows of JSON strings keep the names earlier runs were recorded under.
+        let (lines, case) = match shape {
+            Shape::Strings => ("~1 KiB lines", relays.name().to_string()),
+            Shape::AcpUpdates => (
+                "~1 KiB ACP session/update messages",
+                format!("{}, ACP session/update messages", relays.name()),
+            ),
+        };
         let mut c = b.tb.cmd();
         relays.apply(&mut c);
         c.env("RUST_LOG", "warn").args(["acp", "--transport", "iroh", "--per-remote-max", "1000000"]);
@@ -117,18 +153,17 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
                 out.push(mbs);
             }
         }
-        let name = format!("~1 KiB lines echoed full duplex through connect, resumable ({})", relays.name());
+        let name = format!("{lines} echoed full duplex through connect, resumable ({})", relays.name());
         rows.push(row(&name, "MB/s", r1, "connect --no-resume (plain ALPN)", plain.clone(), true));
         let name = format!(
-            "the plain path against itself ({}): a second series of connect --no-resume, the comparison's own spread",
-            relays.name()
+            "the plain path against itself ({case}): a second series of connect --no-resume, the comparison's own spread"
         );
         rows.push(row(&name, "MB/s", plain_again, "connect --no-resume (plain ALPN)", plain, true));
-        let what = format!("the same, resumable, {}", relays.name());
+        let what = format!("the same, resumable, {case}");
         rows.extend(r1_cpu.row(&what, "connect --no-resume (plain ALPN)", plain_cpu));
         // A stall anywhere (an acknowledgement QUIC delays, a full buffer)
         // shows as the reader's longest wait; it is what spreads the runs.
-        let name = format!("the same, resumable, {}: the reader's longest wait in a transfer", relays.name());
+        let name = format!("the same, resumable, {case}: the reader's longest wait in a transfer");
         rows.push(row(&name, "ms", r1_wait, "connect --no-resume (plain ALPN)", plain_wait, false));
         let _ = cat.stop().await;
     }

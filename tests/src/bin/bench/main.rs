@@ -143,7 +143,8 @@ enum Section {
     /// `thunderbolt host`: idle RSS with 1, 5 and 20 agents, the 20th agent's setup, a flood at another.
     Host,
     /// ~1 KiB lines echoed full duplex through `connect`, resumable against plain, with
-    /// relays disabled and (in a loopback-only namespace) the default relays unreachable.
+    /// relays disabled and (in a loopback-only namespace) the default relays unreachable;
+    /// and ACP `session/update` messages of the same size, relays disabled.
     Duplex,
     /// Two relays of our own, the bridge's home one killed: time to the next message
     /// with the failover and with iroh unaided; a new dial during the outage (needs root).

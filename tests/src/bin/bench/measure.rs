@@ -120,6 +120,12 @@ where
     Ok(transfer_block_timed(w, r, block, total).await?.0)
 }
 
+/// Longest a transfer's reader waits for its next bytes before the transfer
+/// fails: the longest wait a healthy one shows here is tens of milliseconds,
+/// and a path that lost the data (a line the bridge refused, a hung peer)
+/// would otherwise hang the whole bench.
+const TRANSFER_STALL: Duration = Duration::from_secs(60);
+
 /// [`transfer_block`], and the longest the reader waited for its next bytes
 /// once the first had come (a stall anywhere on the way shows there).
 pub async fn transfer_block_timed<W, R>(
@@ -144,7 +150,10 @@ where
         let mut buf = vec![0u8; 256 * 1024];
         let (mut last, mut longest) = (None::<Instant>, Duration::ZERO);
         while got < total {
-            let n = r.read(&mut buf).await?;
+            let Ok(n) = tokio::time::timeout(TRANSFER_STALL, r.read(&mut buf)).await else {
+                bail!("nothing came back for {TRANSFER_STALL:?} after {got} of {total} bytes");
+            };
+            let n = n?;
             if n == 0 {
                 bail!("stream ended after {got} of {total} bytes");
             }
