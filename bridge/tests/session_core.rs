@@ -69,6 +69,8 @@ impl Link for FakeLink {
 /// reads end of stream).
 struct PeerOut(Option<DuplexStream>);
 
+impl thunderbolt::serve::pump::RunSink for PeerOut {}
+
 impl AsyncWrite for PeerOut {
     fn poll_write(
         mut self: Pin<&mut Self>,

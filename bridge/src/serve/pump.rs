@@ -115,6 +115,20 @@ impl Source for QueueReader {
     }
 }
 
+/// Where the agent's output goes, a run of whole lines at a time. The run is
+/// already a `Bytes` (a slice of the pump's read buffer): a sink that keeps
+/// what it is given (a resumable session's replay log) takes it as it is
+/// instead of copying it; a stream copies it into its own buffers.
+pub trait RunSink: AsyncWrite + Unpin + Send {
+    fn write_run(&mut self, run: Bytes) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
+        async move { self.write_all(&run).await }
+    }
+}
+
+impl RunSink for iroh::endpoint::SendStream {}
+impl RunSink for Vec<u8> {}
+impl RunSink for &mut Vec<u8> {}
+
 /// Why a pump direction stopped early.
 #[derive(Debug, thiserror::Error)]
 pub enum PumpError {
@@ -280,7 +294,7 @@ pub async fn agent_to_peer<R, W>(
 ) -> Result<W, PumpError>
 where
     R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
+    W: RunSink,
 {
     let mut split = LineSplitter::new(max_frame);
     let mut replies_open = true;
@@ -307,7 +321,7 @@ where
             match piece {
                 Piece::Run(run) => {
                     observers.from_agent(&run);
-                    peer.write_all(&run).await.map_err(write_err)?
+                    peer.write_run(run).await.map_err(write_err)?
                 }
                 Piece::Rejected => dropped += 1,
                 Piece::Oversized(head) => {

@@ -50,7 +50,7 @@ pub fn refuse(conn: &Connection, reason: &str) {
 /// ([`crate::serve::hub`]).
 pub trait Link: Send + Sync {
     /// Where the agent's output goes.
-    type Out: AsyncWrite + Unpin + Send + 'static;
+    type Out: pump::RunSink + 'static;
     /// Resolves when the peer is gone for good, with why.
     fn gone(&self) -> impl Future<Output = String> + Send;
     /// Why the peer went away, once it did and said so.

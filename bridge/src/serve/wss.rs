@@ -481,6 +481,8 @@ pub struct WsOut {
     sending: Option<Handing>,
 }
 
+impl crate::serve::pump::RunSink for WsOut {}
+
 impl AsyncWrite for WsOut {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         // Finish handing over what an earlier write split off before taking more.

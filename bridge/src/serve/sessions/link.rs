@@ -180,9 +180,26 @@ pub struct Outbox {
     pub(super) hub: Arc<Hub>,
 }
 
-impl AsyncWrite for Outbox {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let hub = &self.hub;
+impl crate::serve::pump::RunSink for Outbox {
+    /// The run goes into the log as it is, sharing the pump's read buffer:
+    /// the agent's output is not copied once more on its way (the buffer is
+    /// shared by the runs read into it, so what the log pins is about what it
+    /// counts; see `thunderbolt_shared::ndjson::READ_ROOM_DIVISOR`).
+    fn write_run(&mut self, run: Bytes) -> impl Future<Output = io::Result<()>> + Send {
+        let hub = self.hub.clone();
+        std::future::poll_fn(move |cx| Outbox::push(&hub, cx, &run, Some(&run)).map_ok(|_| ()))
+    }
+}
+
+impl Outbox {
+    /// Puts one run of whole lines into the log, once there is room; `owned`
+    /// is `buf` as a `Bytes` to keep as it is (else it is copied).
+    fn push(
+        hub: &Arc<Hub>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+        owned: Option<&Bytes>,
+    ) -> Poll<io::Result<usize>> {
         let mut st = hub.lock();
         if let Some(g) = &st.gone {
             return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, g.why.clone())));
@@ -225,7 +242,7 @@ impl AsyncWrite for Outbox {
             return Poll::Pending;
         }
         // The pump writes whole lines only: each write is one run of frames.
-        let mut run = Bytes::copy_from_slice(buf);
+        let mut run = owned.cloned().unwrap_or_else(|| Bytes::copy_from_slice(buf));
         // Taking the session back after a restart: the agent's answers to the
         // bridge's own calls, and the history it streams, are not the client's
         // (filtered once the run is taken: a write that waits for room comes again).
@@ -256,6 +273,12 @@ impl AsyncWrite for Outbox {
             g.output.notify_waiters();
         }
         Poll::Ready(Ok(buf.len()))
+    }
+}
+
+impl AsyncWrite for Outbox {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Outbox::push(&self.hub, cx, buf, None)
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
