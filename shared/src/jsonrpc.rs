@@ -124,6 +124,17 @@ pub fn request_head(line: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((id?, method?))
 }
 
+/// Whether `run` (any number of lines) has an `id` key anywhere, written
+/// `"id"`: a run without one holds no request and no response, so its lines
+/// need no reading one by one. One vectorised search over the run, where
+/// reading each line's keys walks the line a byte at a time (an agent's
+/// streamed reply is notifications, and the line's text is most of it).
+pub fn names_an_id(run: &[u8]) -> bool {
+    static ID_KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"id\""));
+    ID_KEY.find(run).is_some()
+}
+
 /// The `id` of a response (a message with `result` or `error`, and `id`) as
 /// raw JSON text; `None` for anything else. Runs over an agent's output while
 /// one of its client's requests is unanswered, so it gives up at the first
@@ -216,18 +227,21 @@ impl<'a> Scan<'a> {
         (self.peek()? == c).then(|| self.i += 1)
     }
 
-    /// A string; returns its raw content between the quotes.
+    /// A string; returns its raw content between the quotes. Jumps from
+    /// quote or backslash to the next: most of a message's bytes are in its
+    /// strings (a streamed reply, a file's text), and this runs over every
+    /// line a session carries.
     fn string(&mut self) -> Option<&'a [u8]> {
         self.eat(b'"')?;
         let start = self.i;
         loop {
-            match self.peek()? {
+            self.i += memchr::memchr2(b'"', b'\\', self.b.get(self.i..)?)?;
+            match self.b[self.i] {
                 b'"' => {
                     self.i += 1;
                     return Some(&self.b[start..self.i - 1]);
                 }
-                b'\\' => self.i += 2,
-                _ => self.i += 1,
+                _ => self.i += 2,
             }
         }
     }
@@ -431,6 +445,15 @@ mod tests {
         assert_eq!(request_head(line), Some((&b"\"q1\""[..], &b"\"session/request_permission\""[..])));
         assert_eq!(request_head(br#"{"jsonrpc":"2.0","method":"note"}"#), None);
         assert_eq!(request_head(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#), None);
+        assert!(names_an_id(
+            br#"{"method":"m"}
+{"id" : 1}
+"#
+        ));
+        assert!(!names_an_id(
+            br#"{"method":"m","params":{"toolCallId":"x","sessionId":"s"}}
+"#
+        ));
     }
 
     #[test]

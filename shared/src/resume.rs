@@ -749,6 +749,34 @@ mod tests {
     }
 
     #[test]
+    fn control_lines_are_told_from_frames_by_where_the_prefix_is() {
+        let mut r = Receiver::new(4096);
+        let long_bang = format!("!{}\n", "x".repeat(MAX_CONTROL_LINE));
+        let input = [
+            &b"!{\"ack\":1}\n{\"t\":\"wow!\"}\n{\"u\":\"!!\"}\n!{\"ack\":2}\n!{\"ack\":3}\n"[..],
+            long_bang.as_bytes(),
+            b"{\"v\":1}\n!{\"ack\":4}\n!{\"ack\"",
+        ]
+        .concat();
+        let got = events(&mut r, &input);
+        let frames = |b: &[u8], n| Event::Data { bytes: Bytes::copy_from_slice(b), frames: n };
+        assert_eq!(
+            got,
+            vec![
+                Event::Control(Some(Control::Ack(1))),
+                frames(b"{\"t\":\"wow!\"}\n{\"u\":\"!!\"}\n", 2),
+                Event::Control(Some(Control::Ack(2))),
+                Event::Control(Some(Control::Ack(3))),
+                frames(&[long_bang.as_bytes(), b"{\"v\":1}\n"].concat(), 2),
+                Event::Control(Some(Control::Ack(4))),
+            ]
+        );
+        assert_eq!(r.buffered(), 7, "the unfinished control line is held back");
+        let mut p = Receiver::plain(4096);
+        assert_eq!(events(&mut p, b"!{\"ack\":1}\n"), vec![frames(b"!{\"ack\":1}\n", 1)]);
+    }
+
+    #[test]
     fn a_frame_over_the_cap_passes_in_pieces_and_counts_once() {
         let mut r = Receiver::new(1024);
         let big = vec![b'x'; 3000];

@@ -77,6 +77,11 @@ impl ClientLines {
     /// read, except for the few methods kept whole.
     pub fn of(run: &[u8]) -> Self {
         let mut out = Self::default();
+        // A run with no `"id"` in it (notifications, lines that are no
+        // JSON-RPC) holds no request.
+        if !jsonrpc::names_an_id(run) {
+            return out;
+        }
         for line in ndjson::lines(run) {
             let Some((id, method)) = jsonrpc::request_head(line) else { continue };
             if let Ok(id) = serde_json::from_slice::<Value>(id) {

@@ -41,6 +41,9 @@ impl Requests {
 
     /// Notes the requests in `run` (whole lines from the client).
     pub fn sent(&self, run: &[u8]) {
+        if !jsonrpc::names_an_id(run) {
+            return;
+        }
         let mut ids: Option<std::sync::MutexGuard<'_, _>> = None;
         for line in thunderbolt_shared::ndjson::lines(run) {
             if let Some(id) = jsonrpc::request_id(line) {

@@ -197,7 +197,10 @@ impl Hub {
     pub(super) fn share_output(&self, st: &mut State, run: &Bytes) {
         let m = &mut st.members;
         m.last_activity = SystemTime::now();
-        for line in thunderbolt_shared::ndjson::lines(run) {
+        // Nearly all an agent writes is notifications (its streamed reply):
+        // such a run holds no request to remember.
+        let requests = if jsonrpc::names_an_id(run) { &run[..] } else { &[] };
+        for line in thunderbolt_shared::ndjson::lines(requests) {
             let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
             if let (jsonrpc::Kind::Request, Some(id)) = (head.kind, head.id) {
                 m.answered.retain(|(a, _, _)| *a != id);
@@ -767,12 +770,14 @@ fn nobody() -> Device {
 
 /// Notes the ACP session ids a client's run names (`"sessionId":"…"`).
 fn note_acp_sessions(seen: &mut Vec<String>, run: &[u8]) {
-    const KEY: &[u8] = b"\"sessionId\":\"";
+    // Built once: this runs over every run a client sends.
+    static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"sessionId\":\""));
     if seen.len() >= ACP_SESSIONS_LISTED {
         return;
     }
-    for at in memchr::memmem::find_iter(run, KEY) {
-        let rest = &run[at + KEY.len()..];
+    for at in KEY.find_iter(run) {
+        let rest = &run[at + KEY.needle().len()..];
         let Some(end) = memchr::memchr(b'"', rest) else { continue };
         let id = &rest[..end];
         if id.is_empty() || id.len() > ACP_SESSION_ID_MAX || id.contains(&b'\\') {
