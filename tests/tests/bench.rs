@@ -41,6 +41,35 @@ fn smoke_run_writes_every_row() {
     }
 }
 
+/// The duplex section's cases, smoke-sized: JSON strings and ACP messages
+/// echoed through `connect` on both protocols, every row written. A case whose
+/// lines the bridge refused would come back short and fail the transfer.
+#[test]
+fn duplex_smoke_run_echoes_every_case() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let out = Command::new(bin_dir().join("bench"))
+        .args(["--smoke", "--only", "duplex", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run bench (built by `cargo build --workspace --bins`)");
+    assert!(out.status.success(), "bench failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    for want in [
+        "~1 KiB lines echoed full duplex through connect, resumable (relays disabled)",
+        "~1 KiB ACP session/update messages echoed full duplex through connect, resumable (relays disabled)",
+        "the plain path against itself (relays disabled, ACP session/update messages): a second series of \
+         connect --no-resume, the comparison's own spread",
+    ] {
+        assert!(names.contains(&want), "row '{want}' missing from {names:?}");
+    }
+    for r in &rows {
+        let ratio = r["ratio"].as_f64().unwrap();
+        assert!(ratio.is_finite() && ratio > 0.0, "row {} has ratio {ratio}", r["name"]);
+    }
+}
+
 #[test]
 fn unknown_section_is_refused() {
     let out = Command::new(bin_dir().join("bench")).args(["--only", "bulk,speed"]).output().unwrap();
