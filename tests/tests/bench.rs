@@ -6,20 +6,25 @@ use std::process::Command;
 
 use thunderbolt_tests::bin_dir;
 
-#[test]
-fn smoke_run_writes_every_row() {
+/// A smoke-sized run of `sections`: its table (stdout) and the rows it wrote as JSON.
+fn smoke_run(sections: &str) -> (String, Vec<serde_json::Value>) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("bench.json");
     let out = Command::new(bin_dir().join("bench"))
-        .args(["--smoke", "--only", "setup,bulk,small,many,memory", "--json"])
+        .args(["--smoke", "--only", sections, "--json"])
         .arg(&json)
         .output()
         .expect("run bench (built by `cargo build --workspace --bins`)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "bench failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let rows = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), rows)
+}
+
+#[test]
+fn smoke_run_writes_every_row() {
+    let (stdout, rows) = smoke_run("setup,bulk,small,many,memory");
     assert!(stdout.starts_with("| measure |"), "no table on stdout:\n{stdout}");
 
-    let rows: Vec<serde_json::Value> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
     for want in [
         "dial → first response (direct)",
@@ -46,15 +51,7 @@ fn smoke_run_writes_every_row() {
 /// lines the bridge refused would come back short and fail the transfer.
 #[test]
 fn duplex_smoke_run_echoes_every_case() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("bench.json");
-    let out = Command::new(bin_dir().join("bench"))
-        .args(["--smoke", "--only", "duplex", "--json"])
-        .arg(&json)
-        .output()
-        .expect("run bench (built by `cargo build --workspace --bins`)");
-    assert!(out.status.success(), "bench failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    let rows: Vec<serde_json::Value> = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let (_, rows) = smoke_run("duplex");
     let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
     for want in [
         "~1 KiB lines echoed full duplex through connect, resumable (relays disabled)",
