@@ -50,6 +50,41 @@ async fn write_lines<W: AsyncWrite + Unpin>(out: &mut W, lines: &[u8]) -> io::Re
     Ok(())
 }
 
+/// [`write_lines`] for whole lines that came in one read but in several
+/// pieces (a resumable session's frames with its control lines taken out):
+/// decided as one read, so a bulk read goes out in one write however many
+/// acknowledgements it carried. `joined` is scratch space kept between calls.
+async fn write_pieces<W: AsyncWrite + Unpin>(
+    out: &mut W,
+    pieces: &[Bytes],
+    joined: &mut Vec<u8>,
+) -> io::Result<()> {
+    if let [one] = pieces {
+        return write_lines(out, one).await;
+    }
+    let mut newlines = pieces.iter().flat_map(|p| memchr::memchr_iter(b'\n', p));
+    if newlines.nth(PER_MESSAGE_WRITES).is_none() {
+        for p in pieces {
+            write_lines(out, p).await?;
+        }
+        return Ok(());
+    }
+    joined.clear();
+    for p in pieces {
+        joined.extend_from_slice(p);
+    }
+    let r = out.write_all(joined).await;
+    // A bulk read's worth is kept for the next; more is given back.
+    if joined.capacity() > JOINED_KEPT {
+        *joined = Vec::new();
+    }
+    r
+}
+
+/// Scratch space [`Messages::pieces`] keeps between reads: one read of the
+/// stream's worth (a read that brings more is rare and gives it back).
+const JOINED_KEPT: usize = 256 * 1024;
+
 /// Bytes handed to the stdout thread and not yet written: enough to keep it
 /// busy while the next run arrives, little enough that a reader that stops
 /// reading stops the session (and its acknowledgements) soon.
@@ -64,17 +99,22 @@ pub struct Messages<W> {
     out: W,
     /// The start of a line whose newline has not arrived yet (plain path only).
     partial: BytesMut,
+    /// Pieces of one read joined for one write ([`Self::pieces`]).
+    joined: Vec<u8>,
 }
 
 impl<W: AsyncWrite + Unpin> Messages<W> {
     pub fn new(out: W) -> Self {
-        Self { out, partial: BytesMut::new() }
+        Self { out, partial: BytesMut::new(), joined: Vec::new() }
     }
 
-    /// `run`: whole lines (a resumable session's frames). Flushed: on return
-    /// they are with the writer.
-    pub async fn lines(&mut self, run: &[u8]) -> io::Result<()> {
-        write_lines(&mut self.out, run).await?;
+    /// `pieces`: whole lines, all from one read of the stream (a resumable
+    /// session's frames, split where control lines were). A write per message
+    /// while the read holds few, else one write for the read: an
+    /// acknowledgement between frames does not split a bulk read into writes.
+    /// Flushed: on return they are with the writer.
+    pub async fn pieces(&mut self, pieces: &[Bytes]) -> io::Result<()> {
+        write_pieces(&mut self.out, pieces, &mut self.joined).await?;
         self.out.flush().await
     }
 
@@ -233,14 +273,35 @@ mod tests {
     async fn a_run_of_frames_is_one_write_per_message() {
         let w = Writes::default();
         let mut m = Messages::new(w.clone());
-        m.lines(b"{\"progress\":6}\n{\"result\":1}\n").await.unwrap();
+        m.pieces(&[Bytes::from_static(b"{\"progress\":6}\n{\"result\":1}\n")]).await.unwrap();
         assert_eq!(strs(&w), ["{\"progress\":6}\n", "{\"result\":1}\n"]);
         // A bulk run goes out as it came.
         let w = Writes::default();
         let mut m = Messages::new(w.clone());
         let bulk = "{\"x\":1}\n".repeat(PER_MESSAGE_WRITES + 1);
-        m.lines(bulk.as_bytes()).await.unwrap();
+        m.pieces(&[Bytes::from(bulk.clone())]).await.unwrap();
         assert_eq!(strs(&w), [bulk]);
+    }
+
+    /// One read's frames split by acknowledgements: judged as the one read.
+    #[tokio::test]
+    async fn pieces_of_one_read_are_written_as_that_read() {
+        let line = "{\"x\":1}\n";
+        // Few messages over three pieces: still a write each.
+        let w = Writes::default();
+        let mut m = Messages::new(w.clone());
+        let few = [Bytes::from(line.repeat(2)), Bytes::from(line), Bytes::from(line.repeat(2))];
+        m.pieces(&few).await.unwrap();
+        assert_eq!(strs(&w), vec![line; 5]);
+        // A bulk read cut in pieces smaller than a bulk run: one write, in order.
+        let w = Writes::default();
+        let mut m = Messages::new(w.clone());
+        let half = PER_MESSAGE_WRITES / 2 + 1;
+        let bulk = [Bytes::from(line.repeat(half)), Bytes::from("{\"y\":2}\n".repeat(half))];
+        m.pieces(&bulk).await.unwrap();
+        assert_eq!(strs(&w), [format!("{}{}", line.repeat(half), "{\"y\":2}\n".repeat(half))]);
+        m.pieces(&[]).await.unwrap();
+        assert_eq!(w.0.lock().unwrap().len(), 1, "nothing to write, no write");
     }
 
     #[tokio::test]

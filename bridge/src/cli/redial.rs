@@ -526,30 +526,25 @@ async fn download(
     let mut watch = if resumed { RESTORED_WATCH_FRAMES } else { 0 };
     // A write per message (a bulk run in one): see `output`.
     let mut output = super::output::Messages::new(output);
+    // The frames of one read, between the control lines it held: written as
+    // one read, after its control lines are seen (acks are for our upload).
+    let mut pieces: Vec<Bytes> = Vec::new();
     loop {
         rx.drain(&mut events);
+        let (mut frames, mut len) = (0, 0);
         for ev in events.drain(..) {
             match ev {
-                Event::Data { bytes, frames } => {
+                Event::Data { bytes, frames: n } => {
                     say_devices(&bytes);
                     if watch > 0 {
-                        watch = watch.saturating_sub(frames);
+                        watch = watch.saturating_sub(n);
                         if say_restored(&bytes) {
                             watch = 0;
                         }
                     }
-                    let len = bytes.len();
-                    output.lines(&bytes).await.map_err(|_| Down::LocalClosed)?;
-                    let mut s = st.borrow_mut();
-                    let was_pending = s.ack.pending();
-                    if s.ack.took(frames, len) || s.all_delivered() {
-                        s.ack_due = true;
-                        ack_wake.notify_one();
-                    } else if !was_pending {
-                        // The upload side arms its ack timer for the first frame
-                        // not yet acknowledged: it may be asleep without one.
-                        ack_wake.notify_one();
-                    }
+                    frames += n;
+                    len += bytes.len();
+                    pieces.push(bytes);
                 }
                 Event::Control(Some(Control::Ack(n))) => {
                     st.borrow_mut()
@@ -568,7 +563,25 @@ async fn download(
                     }
                 }
                 Event::Control(_) => {}
-                Event::BadControl(bad) => return Err(Down::Protocol(format!("the bridge sent {bad}"))),
+                Event::BadControl(bad) => {
+                    // What came before it is delivered, as it always was.
+                    let _ = output.pieces(&pieces).await;
+                    return Err(Down::Protocol(format!("the bridge sent {bad}")));
+                }
+            }
+        }
+        if !pieces.is_empty() {
+            output.pieces(&pieces).await.map_err(|_| Down::LocalClosed)?;
+            pieces.clear();
+            let mut s = st.borrow_mut();
+            let was_pending = s.ack.pending();
+            if s.ack.took(frames, len) || s.all_delivered() {
+                s.ack_due = true;
+                ack_wake.notify_one();
+            } else if !was_pending {
+                // The upload side arms its ack timer for the first frame
+                // not yet acknowledged: it may be asleep without one.
+                ack_wake.notify_one();
             }
         }
         let buf = rx.buf_mut();
