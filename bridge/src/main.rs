@@ -46,13 +46,25 @@ fn main() -> ExitCode {
     init_logging(&cli);
     // reqwest (account backend) and iroh both use rustls with ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = limits::worker_threads(
-        std::env::var_os("TOKIO_WORKER_THREADS").is_some(),
-        std::thread::available_parallelism().map_or(1, |n| n.get()),
-    ) {
-        builder.worker_threads(n);
-    }
+    // `connect` runs on one thread: its tasks (the connection's driver, the
+    // copies to and from stdio) hand every packet to each other, and on the
+    // worker-plus-main-thread runtime each hand-off was a futex wake-up and a
+    // context switch, a quarter of `connect`'s CPU (`perf record` of connect
+    // moving 512 MiB each way). On one thread: 2.4–2.7 ms per MB against
+    // 2.9–3.4, and `bench --only connect` stdio / in-process 0.88–0.96×
+    // against 0.81–0.88× (docs/performance.md, "One thread for connect").
+    let mut builder = if cli.command.dials() {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if let Some(n) = limits::worker_threads(
+            std::env::var_os("TOKIO_WORKER_THREADS").is_some(),
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ) {
+            b.worker_threads(n);
+        }
+        b
+    };
     let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -107,6 +107,19 @@ pub struct LoginArgs {
     pub token: String,
 }
 
+impl Command {
+    /// Whether this runs a client of one bridge (`acp connect`, `mcp connect`):
+    /// one connection and its standard input and output, nothing to spread
+    /// over threads. `main` gives it a runtime on one thread (see there).
+    pub fn dials(&self) -> bool {
+        matches!(
+            self,
+            Command::Acp(ProtocolCmd { action: Some(ProtocolAction::Connect(_)), .. })
+                | Command::Mcp(ProtocolCmd { action: Some(ProtocolAction::Connect(_)), .. })
+        )
+    }
+}
+
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct ProtocolCmd {
@@ -647,6 +660,16 @@ mod tests {
         assert!(frame_size("5G").is_err(), "above the maximum");
         assert!(frame_size("lots").is_err());
         assert!(frame_size("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn only_the_connect_commands_dial() {
+        let dials = |args: &[&str]| Cli::try_parse_from(args).unwrap().command.dials();
+        assert!(dials(&["thunderbolt", "acp", "connect", "TICKET"]));
+        assert!(dials(&["thunderbolt", "mcp", "connect", "TICKET", "--", "client"]));
+        assert!(!dials(&["thunderbolt", "acp", "--transport", "iroh", "--", "cat"]));
+        assert!(!dials(&["thunderbolt", "host"]));
+        assert!(!dials(&["thunderbolt", "iroh", "id"]));
     }
 
     /// Every flag, argument and command a person can see says what it is for.
