@@ -50,9 +50,10 @@ fn main() -> ExitCode {
     // copies to and from stdio) hand every packet to each other, and on the
     // worker-plus-main-thread runtime each hand-off was a futex wake-up and a
     // context switch, a quarter of `connect`'s CPU (`perf record` of connect
-    // moving 512 MiB each way). On one thread: 2.4–2.7 ms per MB against
-    // 2.9–3.4, and `bench --only connect` stdio / in-process 0.88–0.96×
-    // against 0.81–0.88× (docs/performance.md, "One thread for connect").
+    // moving 512 MiB each way). On one thread: 2.44–2.72 ms per MB against
+    // 2.85–3.81; with a read's frames written together (`output`), both
+    // paths move 8–20 % more through `connect` for 12 % less CPU per MB
+    // (docs/performance.md, "One thread for connect").
     let mut builder = if cli.command.dials() {
         tokio::runtime::Builder::new_current_thread()
     } else {
