@@ -107,8 +107,10 @@ pub const OVERSIZE_PEEK: usize = 4096;
 /// One piece of what [`RunSplitter::drain`] took out of its buffer, in stream order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Piece {
-    /// Kept lines, contiguous, newlines included, sharing the read buffer's memory.
-    Run(Bytes),
+    /// Kept lines, contiguous, newlines included, sharing the read buffer's
+    /// memory, and how many they are (counted on the way: a replay log that
+    /// keeps the run needs not count them again).
+    Run(Bytes, u64),
     /// A line `keep` refused; its bytes are gone.
     Rejected,
     /// A line over the cap: its first bytes (at most [`OVERSIZE_PEEK`]). The
@@ -141,31 +143,35 @@ pub const SHRINK_ABOVE: usize = 1 << 20;
 /// `max`: the same verdicts [`RunSplitter::drain`] gives, for input that
 /// arrives as whole lines (a resumable session's frames, a WebSocket's messages).
 pub fn split_lines(done: &Bytes, max: usize, mut keep: impl FnMut(&[u8]) -> bool, out: &mut Vec<Piece>) {
-    let (mut line_start, mut run_start) = (0, 0);
+    // `lines`: the kept lines since `run_start`.
+    let (mut line_start, mut run_start, mut lines) = (0, 0, 0);
     for nl in memchr::memchr_iter(b'\n', done) {
         let line = &done[line_start..nl];
         let verdict = if line.len() > max {
-            Some(Piece::Oversized(done.slice(line_start..line_start + line.len().min(OVERSIZE_PEEK))))
+            Some(Some(Piece::Oversized(done.slice(line_start..line_start + line.len().min(OVERSIZE_PEEK)))))
         } else if is_blank(line) {
-            Some(Piece::Run(Bytes::new()))
+            // Dropped silently: it only ends the run.
+            Some(None)
         } else if !keep(line) {
-            Some(Piece::Rejected)
+            Some(Some(Piece::Rejected))
         } else {
             None
         };
-        if let Some(v) = verdict {
-            if run_start < line_start {
-                out.push(Piece::Run(done.slice(run_start..line_start)));
+        match verdict {
+            Some(v) => {
+                if run_start < line_start {
+                    out.push(Piece::Run(done.slice(run_start..line_start), lines));
+                }
+                out.extend(v);
+                run_start = nl + 1;
+                lines = 0;
             }
-            if !matches!(&v, Piece::Run(_)) {
-                out.push(v);
-            }
-            run_start = nl + 1;
+            None => lines += 1,
         }
         line_start = nl + 1;
     }
     if run_start < line_start {
-        out.push(Piece::Run(done.slice(run_start..line_start)));
+        out.push(Piece::Run(done.slice(run_start..line_start), lines));
     }
 }
 
@@ -254,7 +260,7 @@ impl RunSplitter {
         let mut line = BytesMut::with_capacity(rest.len() + 1);
         line.extend_from_slice(&rest);
         line.extend_from_slice(b"\n");
-        out.push(Piece::Run(line.freeze()));
+        out.push(Piece::Run(line.freeze(), 1));
     }
 }
 
@@ -407,7 +413,7 @@ mod tests {
     }
 
     fn run(b: &'static [u8]) -> Piece {
-        Piece::Run(Bytes::from_static(b))
+        Piece::Run(Bytes::from_static(b), memchr::memchr_iter(b'\n', b).count() as u64)
     }
 
     #[test]
@@ -420,6 +426,24 @@ mod tests {
         let mut out = Vec::new();
         s.finish(|_| true, &mut out);
         assert_eq!(out, vec![run(b"[4\n")]);
+    }
+
+    #[test]
+    fn a_run_carries_the_count_of_its_lines() {
+        let mut s = RunSplitter::new(100, 64);
+        s.buf_mut().extend_from_slice(b"[1]\n[2]\n[3]\nbad\n[4]\n[5]\n\n[6]\n");
+        let out = drain_all(&mut s, |l| l != b"bad");
+        // Written out, not computed: a count that is off by the line a
+        // verdict ends the run with, or counts a blank line, fails here.
+        assert_eq!(
+            out,
+            vec![
+                Piece::Run(Bytes::from_static(b"[1]\n[2]\n[3]\n"), 3),
+                Piece::Rejected,
+                Piece::Run(Bytes::from_static(b"[4]\n[5]\n"), 2),
+                Piece::Run(Bytes::from_static(b"[6]\n"), 1),
+            ]
+        );
     }
 
     #[test]
@@ -466,7 +490,7 @@ mod tests {
             s.buf_mut().extend_from_slice(b"\n[2]\n");
             let out = drain_all(&mut s, |_| true);
             assert!(
-                matches!(out.last(), Some(Piece::Run(r)) if r.ends_with(b"\n[2]\n") || &r[..] == b"[2]\n"),
+                matches!(out.last(), Some(Piece::Run(r, _)) if r.ends_with(b"\n[2]\n") || &r[..] == b"[2]\n"),
                 "{max}"
             );
             assert!(s.capacity() <= SHRINK_ABOVE, "max {max}: {} bytes kept", s.capacity());

@@ -318,8 +318,15 @@ impl ReplayLog {
 
     /// Appends a run of whole lines; returns how many frames it held.
     pub fn push(&mut self, run: Bytes) -> u64 {
-        debug_assert!(run.last() == Some(&b'\n'), "runs are whole lines");
         let n = memchr::memchr_iter(b'\n', &run).count() as u64;
+        self.push_counted(run, n)
+    }
+
+    /// [`Self::push`] of a run whose `n` lines were counted already (the
+    /// bridge's line splitter counts them as it checks them).
+    pub fn push_counted(&mut self, run: Bytes, n: u64) -> u64 {
+        debug_assert!(run.last() == Some(&b'\n'), "runs are whole lines");
+        debug_assert_eq!(n, memchr::memchr_iter(b'\n', &run).count() as u64, "the count is the run's");
         if n == 0 {
             return 0;
         }

@@ -76,10 +76,17 @@ impl ClientLines {
     /// Reads a run of the client's whole lines. Only a request's head is
     /// read, except for the few methods kept whole.
     pub fn of(run: &[u8]) -> Self {
+        Self::of_run(run, jsonrpc::names_an_id(run))
+    }
+
+    /// [`Self::of`] for a run already searched for an `"id"`
+    /// ([`jsonrpc::names_an_id`]): the bridge searches each of the client's
+    /// runs once for everything that needs to know.
+    pub fn of_run(run: &[u8], names_an_id: bool) -> Self {
         let mut out = Self::default();
         // A run with no `"id"` in it (notifications, lines that are no
         // JSON-RPC) holds no request.
-        if !jsonrpc::names_an_id(run) {
+        if !names_an_id {
             return out;
         }
         for line in ndjson::lines(run) {

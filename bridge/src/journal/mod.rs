@@ -254,11 +254,11 @@ impl Journal {
     }
 
     /// A run of the client's frames, before the agent's queue takes it.
-    pub fn client_run(&mut self, run: &[u8], frames: u64) {
+    pub fn client_run(&mut self, run: &[u8], frames: u64, names_an_id: bool) {
         if self.file.is_none() {
             return;
         }
-        let lines = ClientLines::of(run);
+        let lines = ClientLines::of_run(run, names_an_id);
         self.ledger.client_calls(&lines.calls);
         self.pending.sent(&lines.requests);
         let rec = record::in_record(frames, lines.requests, lines.calls);
@@ -490,7 +490,7 @@ mod tests {
         let mut j = js.create(header("t1")).unwrap();
         assert_eq!(fs::metadata(j.path()).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(fs::metadata(js.dir()).unwrap().permissions().mode() & 0o777, 0o700);
-        j.client_run(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/prompt\"}\n", 1);
+        j.client_run(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/prompt\"}\n", 1, true);
         j.write_output(0, &[Bytes::from_static(b"{\"a\":1}\n{\"a\":2}\n")], 2);
         let found = js.scan();
         assert_eq!(found.len(), 1);
@@ -508,7 +508,7 @@ mod tests {
 
         // Written behind: frames acknowledged before they were written are
         // skipped in one record; an answer to a request is kept at once.
-        j.client_run(b"{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"session/prompt\"}\n", 1);
+        j.client_run(b"{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"session/prompt\"}\n", 1, true);
         j.saw_output(b"{\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{}}\n");
         j.write_output(7, &[Bytes::from_static(b"{\"a\":7}\n")], 8);
         let f = &js.scan()[0].folded;

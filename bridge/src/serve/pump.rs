@@ -118,9 +118,15 @@ impl Source for QueueReader {
 /// Where the agent's output goes, a run of whole lines at a time. The run is
 /// already a `Bytes` (a slice of the pump's read buffer): a sink that keeps
 /// what it is given (a resumable session's replay log) takes it as it is
-/// instead of copying it; a stream copies it into its own buffers.
+/// instead of copying it, with its count of `lines`; a stream copies it into
+/// its own buffers.
 pub trait RunSink: AsyncWrite + Unpin + Send {
-    fn write_run(&mut self, run: Bytes) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
+    fn write_run(
+        &mut self,
+        run: Bytes,
+        lines: u64,
+    ) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
+        let _ = lines;
         async move { self.write_all(&run).await }
     }
 }
@@ -227,7 +233,7 @@ where
         };
         for piece in pieces.drain(..) {
             match piece {
-                Piece::Run(run) => {
+                Piece::Run(run, _) => {
                     let out = observers.from_client(run).await;
                     for reply in out.replies {
                         let _ = replies.send(reply).await;
@@ -319,9 +325,9 @@ where
         let mut dropped = 0usize;
         for piece in split.pieces(n == 0) {
             match piece {
-                Piece::Run(run) => {
+                Piece::Run(run, lines) => {
                     observers.from_agent(&run);
-                    peer.write_run(run).await.map_err(write_err)?
+                    peer.write_run(run, lines).await.map_err(write_err)?
                 }
                 Piece::Rejected => dropped += 1,
                 Piece::Oversized(head) => {

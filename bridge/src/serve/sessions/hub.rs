@@ -545,10 +545,11 @@ impl Hub {
         self.compact_journal(st);
     }
 
-    /// Journals a run of the client's frames before the agent's queue takes it.
-    pub(super) fn journal_input(&self, st: &mut State, run: &[u8], frames: u64) {
+    /// Journals a run of the client's frames before the agent's queue takes
+    /// it (`names_an_id`: [`jsonrpc::names_an_id`] of the run).
+    pub(super) fn journal_input(&self, st: &mut State, run: &[u8], frames: u64, names_an_id: bool) {
         if let Some(j) = st.journal.as_mut() {
-            j.client_run(run, frames);
+            j.client_run(run, frames, names_an_id);
             self.compact_journal(st);
         }
     }

@@ -12,6 +12,16 @@ use super::hub::{Hub, HubKind};
 use crate::serve::pump::Inbound;
 
 impl Hub {
+    /// Whether a run of the client's frames has an `"id"` in it, for the
+    /// journal and the devices' bookkeeping, which read a run without one (a
+    /// bulk transfer's, a client's notifications) no further. Searched once,
+    /// as the run is read: by the time the agent's queue has room for it, it
+    /// may have left the CPU's caches (the read-ahead), and the first pass
+    /// over it pays for that.
+    pub(super) fn names_an_id(&self, run: &[u8], frames: u64) -> bool {
+        frames > 0 && self.kind == HubKind::Resumable && jsonrpc::names_an_id(run)
+    }
+
     /// Room for one run in the agent's queue; `None` once the agent's input
     /// is closed (frames are then counted and dropped).
     pub(super) async fn reserve(self: &Arc<Self>) -> Option<mpsc::OwnedPermit<Inbound>> {
@@ -30,13 +40,15 @@ impl Hub {
     /// Puts one run of the client's frames into the agent's queue and counts
     /// them, together and only while connection `id` is the attached one. A
     /// frame over the cap comes in pieces (`frames` 0 until its end): only its
-    /// head goes on, once.
+    /// head goes on, once. `names_an_id`: [`jsonrpc::names_an_id`] of the run,
+    /// for a resumable session's (see [`Self::names_an_id`]).
     pub(super) fn deliver(
         self: &Arc<Self>,
         id: u64,
         permit: Option<mpsc::OwnedPermit<Inbound>>,
         bytes: Bytes,
         frames: u64,
+        names_an_id: bool,
     ) -> Result<(), String> {
         let len = bytes.len();
         if !self.lock().is_attached(id) {
@@ -48,7 +60,7 @@ impl Hub {
         let observer = frames == 0 && self.kind == HubKind::Resumable && self.is_observer();
         let forward = match (frames, self.kind) {
             (0, _) | (_, HubKind::Warm) => Some(bytes.clone()),
-            _ => self.screen(bytes.clone()),
+            _ => self.screen(bytes.clone(), names_an_id),
         };
         let mut st = self.lock();
         if !st.is_attached(id) {
@@ -90,7 +102,7 @@ impl Hub {
         // Journaled (with the count) before the agent can have them: a restart
         // knows what it got.
         if frames > 0 {
-            self.journal_input(&mut st, &bytes, frames);
+            self.journal_input(&mut st, &bytes, frames, names_an_id);
         }
         if let (Some(p), Some(item)) = (permit, item) {
             p.send(item);

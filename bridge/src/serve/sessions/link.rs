@@ -185,20 +185,21 @@ impl crate::serve::pump::RunSink for Outbox {
     /// the agent's output is not copied once more on its way (the buffer is
     /// shared by the runs read into it, so what the log pins is about what it
     /// counts; see `thunderbolt_shared::ndjson::READ_ROOM_DIVISOR`).
-    fn write_run(&mut self, run: Bytes) -> impl Future<Output = io::Result<()>> + Send {
+    fn write_run(&mut self, run: Bytes, lines: u64) -> impl Future<Output = io::Result<()>> + Send {
         let hub = self.hub.clone();
-        std::future::poll_fn(move |cx| Outbox::push(&hub, cx, &run, Some(&run)).map_ok(|_| ()))
+        std::future::poll_fn(move |cx| Outbox::push(&hub, cx, &run, Some((&run, lines))).map_ok(|_| ()))
     }
 }
 
 impl Outbox {
     /// Puts one run of whole lines into the log, once there is room; `owned`
-    /// is `buf` as a `Bytes` to keep as it is (else it is copied).
+    /// is `buf` as a `Bytes` to keep as it is (else it is copied), with its
+    /// count of lines.
     fn push(
         hub: &Arc<Hub>,
         cx: &mut Context<'_>,
         buf: &[u8],
-        owned: Option<&Bytes>,
+        owned: Option<(&Bytes, u64)>,
     ) -> Poll<io::Result<usize>> {
         let mut st = hub.lock();
         if let Some(g) = &st.gone {
@@ -242,25 +243,32 @@ impl Outbox {
             return Poll::Pending;
         }
         // The pump writes whole lines only: each write is one run of frames.
-        let mut run = owned.cloned().unwrap_or_else(|| Bytes::copy_from_slice(buf));
+        let (mut run, mut lines) = match owned {
+            Some((run, lines)) => (run.clone(), Some(lines)),
+            None => (Bytes::copy_from_slice(buf), None),
+        };
         // Taking the session back after a restart: the agent's answers to the
         // bridge's own calls, and the history it streams, are not the client's
         // (filtered once the run is taken: a write that waits for room comes again).
         if let Some(r) = st.restoring.as_mut() {
             match r.filter(run) {
                 None => return Poll::Ready(Ok(buf.len())),
-                Some(kept) => run = kept,
+                Some(kept) => {
+                    run = kept;
+                    lines = None;
+                }
             }
         }
+        let lines = lines.unwrap_or_else(|| memchr::memchr_iter(b'\n', &run).count() as u64);
         if !st.members.left && !st.leaving {
-            st.out.push(run.clone());
+            st.out.push_counted(run.clone(), lines);
         }
         if let Some(asked) = st.asked.as_mut() {
             Hub::note_asked(asked, &run);
         }
         hub.journal_output(&mut st, &run);
         let guests = if hub.kind == HubKind::Resumable {
-            hub.share_output(&mut st, &run);
+            hub.share_output(&mut st, &run, lines);
             (!st.members.guests.is_empty()).then(|| st.members.guests.clone())
         } else {
             None

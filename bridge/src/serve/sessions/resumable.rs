@@ -293,9 +293,9 @@ impl Hub {
         let mut rx = Receiver::new(self.max_frame);
         rx.push(&leftover);
         let mut events = Vec::new();
-        // Runs of frames read but not yet in the agent's queue, and the
-        // client's end of input in its place after them.
-        let mut ahead: VecDeque<(Bytes, u64)> = VecDeque::new();
+        // Runs of frames read but not yet in the agent's queue (with whether
+        // each names an id), and the client's end of input in its place after them.
+        let mut ahead: VecDeque<(Bytes, u64, bool)> = VecDeque::new();
         let mut ahead_bytes = 0usize;
         let mut eof_after: Option<u64> = None;
         let mut finished = false;
@@ -308,7 +308,8 @@ impl Hub {
                     }
                     Event::Data { bytes, frames } => {
                         ahead_bytes += bytes.len();
-                        ahead.push_back((bytes, frames));
+                        let ids = self.names_an_id(&bytes, frames);
+                        ahead.push_back((bytes, frames, ids));
                     }
                     // The end of input is ordered with the frames: it applies
                     // once those before it are in the agent's queue.
@@ -340,9 +341,9 @@ impl Hub {
             tokio::select! {
                 biased;
                 permit = self.reserve(), if !ahead.is_empty() => {
-                    let (bytes, frames) = ahead.pop_front().expect("not empty");
+                    let (bytes, frames, ids) = ahead.pop_front().expect("not empty");
                     ahead_bytes -= bytes.len();
-                    if let Err(e) = self.deliver(id, permit, bytes, frames) {
+                    if let Err(e) = self.deliver(id, permit, bytes, frames, ids) {
                         return e;
                     }
                 }

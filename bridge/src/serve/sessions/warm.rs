@@ -172,7 +172,7 @@ impl Hub {
             for ev in events.drain(..) {
                 if let Event::Data { bytes, frames } = ev {
                     let permit = self.reserve().await;
-                    if let Err(e) = self.deliver(id, permit, bytes, frames) {
+                    if let Err(e) = self.deliver(id, permit, bytes, frames, false) {
                         return e;
                     }
                 }
