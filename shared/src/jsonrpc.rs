@@ -43,6 +43,73 @@ pub fn is_json(line: &[u8]) -> bool {
     }
 }
 
+/// [`is_json`] as the bridge runs it on every line, and what the check saw
+/// on the way (a separate function: the browser module, which checks what it
+/// sends with [`is_json`], does not pay for the key reading): `Some(true)` for an object
+/// with an `id` key at its top level (a request or a response: what the
+/// bridge's bookkeeping reads lines for), `Some(false)` for any other JSON
+/// value, `None` for a line that is not one. Only the top level's keys are
+/// read; everything else is skipped unread, as before. A top-level key is
+/// read as a string, which refuses a lone UTF-16 surrogate escape
+/// (`"\ud800"`) that a skipped string lets through.
+pub fn check_line(line: &[u8]) -> Option<bool> {
+    let text = simdutf8::basic::from_utf8(line).ok()?;
+    if text.trim_start().starts_with('{') {
+        serde_json::from_str::<TopLevelId>(text).ok().map(|t| t.0)
+    } else {
+        // Not an object: skipped whole (a number is not parsed into one).
+        serde_json::from_str::<serde::de::IgnoredAny>(text).ok().map(|_| false)
+    }
+}
+
+/// Whether a JSON value is an object with an `id` key (see [`check_line`]).
+struct TopLevelId(bool);
+
+impl<'de> serde::Deserialize<'de> for TopLevelId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Objects only (see `check_line`): anything else is the wrong type.
+        d.deserialize_map(TopLevelIdVisitor)
+    }
+}
+
+struct TopLevelIdVisitor;
+
+impl<'de> serde::de::Visitor<'de> for TopLevelIdVisitor {
+    type Value = TopLevelId;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut id = false;
+        while let Some(IsIdKey(key)) = map.next_key()? {
+            map.next_value::<serde::de::IgnoredAny>()?;
+            id |= key;
+        }
+        Ok(TopLevelId(id))
+    }
+}
+
+/// A map key, as whether it is `id` (escapes decoded: `"\u0069d"` is `id`).
+struct IsIdKey(bool);
+
+impl<'de> serde::Deserialize<'de> for IsIdKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Key;
+        impl serde::de::Visitor<'_> for Key {
+            type Value = IsIdKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E>(self, key: &str) -> Result<IsIdKey, E> {
+                Ok(IsIdKey(key == "id"))
+            }
+        }
+        d.deserialize_str(Key)
+    }
+}
+
 /// What a message is, as far as its first bytes tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -370,6 +437,26 @@ mod tests {
         assert!(!is_json(b"hello"));
         assert!(!is_json(br#"{"a":1} {"b":2}"#));
         assert!(!is_json(b""));
+    }
+
+    #[test]
+    fn a_line_names_an_id_when_its_object_has_one_at_the_top() {
+        // Requests and responses, whatever the key order or the id's type.
+        assert_eq!(check_line(br#"{"jsonrpc":"2.0","id":7,"method":"session/prompt"}"#), Some(true));
+        assert_eq!(check_line(br#" {"result":{},"jsonrpc":"2.0","id":"a"} "#), Some(true));
+        assert_eq!(check_line(br#"{"\u0069d":null,"error":{}}"#), Some(true), "an escaped key is its text");
+        // An `id` below the top, in a string, or as a value is not one.
+        assert_eq!(check_line(br#"{"method":"n","params":{"id":1,"t":"\"id\":2"}}"#), Some(false));
+        assert_eq!(check_line(br#"{"method":"id","params":["id"]}"#), Some(false));
+        assert_eq!(check_line(br#"[{"id":1}]"#), Some(false));
+        assert_eq!(check_line(b"\"id\""), Some(false));
+        // Everything else is what `is_json` said before.
+        assert_eq!(check_line(b"1e400"), Some(false), "a number is skipped, not parsed");
+        assert_eq!(check_line(br#"{"a":"\ud800"}"#), Some(false), "a lone surrogate in a value is skipped");
+        assert_eq!(check_line(br#"{"id":1} {"id":2}"#), None);
+        assert_eq!(check_line(br#"{"id":1,}"#), None);
+        assert_eq!(check_line(b"{\"id\":\"\x01\"}"), None, "a raw control character");
+        assert_eq!(check_line(b"hello"), None);
     }
 
     #[test]

@@ -104,13 +104,29 @@ pub fn lines(run: &[u8]) -> impl Iterator<Item = &[u8]> {
 /// of a small message.
 pub const OVERSIZE_PEEK: usize = 4096;
 
+/// Kept lines, contiguous, newlines included, sharing the read buffer's
+/// memory, with what the check saw of them on the way: a replay log that keeps
+/// the run needs not count its lines again, nor a reader look for what no
+/// line was flagged for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    pub bytes: Bytes,
+    /// How many lines.
+    pub lines: u64,
+    /// Whether the check flagged any of them (the bridge's: a line with a
+    /// top-level `id`, see `jsonrpc::check_line`).
+    pub flagged: bool,
+}
+
+/// A line's verdict from the check a splitter runs: `None` refuses it,
+/// `Some(flag)` keeps it, and a `true` flag marks its run ([`Run::flagged`]).
+pub type Verdict = Option<bool>;
+
 /// One piece of what [`RunSplitter::drain`] took out of its buffer, in stream order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Piece {
-    /// Kept lines, contiguous, newlines included, sharing the read buffer's
-    /// memory, and how many they are (counted on the way: a replay log that
-    /// keeps the run needs not count them again).
-    Run(Bytes, u64),
+    /// Kept lines, contiguous (see [`Run`]).
+    Run(Run),
     /// A line `keep` refused; its bytes are gone.
     Rejected,
     /// A line over the cap: its first bytes (at most [`OVERSIZE_PEEK`]). The
@@ -142,9 +158,10 @@ pub const SHRINK_ABOVE: usize = 1 << 20;
 /// runs to forward (sharing `done`'s memory), refused lines and lines over
 /// `max`: the same verdicts [`RunSplitter::drain`] gives, for input that
 /// arrives as whole lines (a resumable session's frames, a WebSocket's messages).
-pub fn split_lines(done: &Bytes, max: usize, mut keep: impl FnMut(&[u8]) -> bool, out: &mut Vec<Piece>) {
-    // `lines`: the kept lines since `run_start`.
-    let (mut line_start, mut run_start, mut lines) = (0, 0, 0);
+pub fn split_lines(done: &Bytes, max: usize, mut keep: impl FnMut(&[u8]) -> Verdict, out: &mut Vec<Piece>) {
+    // The kept lines since `run_start`: how many, and whether one was flagged.
+    let (mut line_start, mut run_start, mut lines, mut flagged) = (0, 0, 0, false);
+    let run = |bytes: Bytes, lines: u64, flagged: bool| Piece::Run(Run { bytes, lines, flagged });
     for nl in memchr::memchr_iter(b'\n', done) {
         let line = &done[line_start..nl];
         let verdict = if line.len() > max {
@@ -152,26 +169,30 @@ pub fn split_lines(done: &Bytes, max: usize, mut keep: impl FnMut(&[u8]) -> bool
         } else if is_blank(line) {
             // Dropped silently: it only ends the run.
             Some(None)
-        } else if !keep(line) {
-            Some(Some(Piece::Rejected))
         } else {
-            None
+            match keep(line) {
+                None => Some(Some(Piece::Rejected)),
+                Some(flag) => {
+                    flagged |= flag;
+                    None
+                }
+            }
         };
         match verdict {
             Some(v) => {
                 if run_start < line_start {
-                    out.push(Piece::Run(done.slice(run_start..line_start), lines));
+                    out.push(run(done.slice(run_start..line_start), lines, flagged));
                 }
                 out.extend(v);
                 run_start = nl + 1;
-                lines = 0;
+                (lines, flagged) = (0, false);
             }
             None => lines += 1,
         }
         line_start = nl + 1;
     }
     if run_start < line_start {
-        out.push(Piece::Run(done.slice(run_start..line_start), lines));
+        out.push(run(done.slice(run_start..line_start), lines, flagged));
     }
 }
 
@@ -203,7 +224,7 @@ impl RunSplitter {
 
     /// Takes every complete line out of the buffer into `out`. `keep` decides per
     /// line (without its newline); blank lines are dropped silently.
-    pub fn drain(&mut self, keep: impl FnMut(&[u8]) -> bool, out: &mut Vec<Piece>) {
+    pub fn drain(&mut self, keep: impl FnMut(&[u8]) -> Verdict, out: &mut Vec<Piece>) {
         if self.skipping {
             match memchr_newline(&self.buf) {
                 None => {
@@ -247,20 +268,20 @@ impl RunSplitter {
 
     /// At end of stream: the unterminated remainder as a last line (a newline
     /// added), unless it is blank, refused, or the tail of a skipped line.
-    pub fn finish(&mut self, keep: impl FnOnce(&[u8]) -> bool, out: &mut Vec<Piece>) {
+    pub fn finish(&mut self, keep: impl FnOnce(&[u8]) -> Verdict, out: &mut Vec<Piece>) {
         let rest = std::mem::replace(&mut self.buf, BytesMut::with_capacity(self.min_capacity));
         self.scanned = 0;
         if std::mem::take(&mut self.skipping) || is_blank(&rest) {
             return;
         }
-        if !keep(&rest) {
+        let Some(flagged) = keep(&rest) else {
             out.push(Piece::Rejected);
             return;
-        }
+        };
         let mut line = BytesMut::with_capacity(rest.len() + 1);
         line.extend_from_slice(&rest);
         line.extend_from_slice(b"\n");
-        out.push(Piece::Run(line.freeze(), 1));
+        out.push(Piece::Run(Run { bytes: line.freeze(), lines: 1, flagged }));
     }
 }
 
@@ -406,14 +427,15 @@ mod tests {
         assert_eq!(f.finish().unwrap(), &b"{\"tail\":true}"[..]);
     }
 
-    fn drain_all(s: &mut RunSplitter, keep: impl FnMut(&[u8]) -> bool) -> Vec<Piece> {
+    fn drain_all(s: &mut RunSplitter, mut keep: impl FnMut(&[u8]) -> bool) -> Vec<Piece> {
         let mut out = Vec::new();
-        s.drain(keep, &mut out);
+        s.drain(|l| keep(l).then_some(false), &mut out);
         out
     }
 
     fn run(b: &'static [u8]) -> Piece {
-        Piece::Run(Bytes::from_static(b), memchr::memchr_iter(b'\n', b).count() as u64)
+        let lines = memchr::memchr_iter(b'\n', b).count() as u64;
+        Piece::Run(Run { bytes: Bytes::from_static(b), lines, flagged: false })
     }
 
     #[test]
@@ -424,24 +446,31 @@ mod tests {
         assert_eq!(out, vec![run(b"[1]\n"), run(b"[2]\n"), Piece::Rejected, run(b"[3]\r\n")]);
         assert_eq!(s.buffered(), 2);
         let mut out = Vec::new();
-        s.finish(|_| true, &mut out);
+        s.finish(|_| Some(false), &mut out);
         assert_eq!(out, vec![run(b"[4\n")]);
     }
 
     #[test]
-    fn a_run_carries_the_count_of_its_lines() {
+    fn a_run_carries_the_count_of_its_lines_and_its_flag() {
         let mut s = RunSplitter::new(100, 64);
-        s.buf_mut().extend_from_slice(b"[1]\n[2]\n[3]\nbad\n[4]\n[5]\n\n[6]\n");
-        let out = drain_all(&mut s, |l| l != b"bad");
-        // Written out, not computed: a count that is off by the line a
-        // verdict ends the run with, or counts a blank line, fails here.
+        s.buf_mut().extend_from_slice(b"[1]\n[2]\nid\nbad\n[4]\n[5]\n\nid\n[6]\n[7]");
+        let mut out = Vec::new();
+        s.drain(|l| (l != b"bad").then_some(l == b"id"), &mut out);
+        s.finish(|l| Some(l == b"id"), &mut out);
+        let run = |b: &'static [u8], lines, flagged| {
+            Piece::Run(Run { bytes: Bytes::from_static(b), lines, flagged })
+        };
+        // Written out, not computed: a count off by the line a verdict ends
+        // the run with, a blank line counted, or a flag that outlives its run
+        // fails here.
         assert_eq!(
             out,
             vec![
-                Piece::Run(Bytes::from_static(b"[1]\n[2]\n[3]\n"), 3),
+                run(b"[1]\n[2]\nid\n", 3, true),
                 Piece::Rejected,
-                Piece::Run(Bytes::from_static(b"[4]\n[5]\n"), 2),
-                Piece::Run(Bytes::from_static(b"[6]\n"), 1),
+                run(b"[4]\n[5]\n", 2, false),
+                run(b"id\n[6]\n", 2, true),
+                run(b"[7]\n", 1, false),
             ]
         );
     }
@@ -471,7 +500,7 @@ mod tests {
         assert_eq!(drain_all(&mut s, |_| true).len(), 1);
         let mut out = Vec::new();
         s.buf_mut().extend_from_slice(b"tail");
-        s.finish(|_| true, &mut out);
+        s.finish(|_| Some(false), &mut out);
         assert!(out.is_empty());
         // Exactly at the cap is fine.
         s.buf_mut().extend_from_slice(b"12345678\n");
@@ -490,7 +519,7 @@ mod tests {
             s.buf_mut().extend_from_slice(b"\n[2]\n");
             let out = drain_all(&mut s, |_| true);
             assert!(
-                matches!(out.last(), Some(Piece::Run(r, _)) if r.ends_with(b"\n[2]\n") || &r[..] == b"[2]\n"),
+                matches!(out.last(), Some(Piece::Run(Run { bytes: r, .. })) if r.ends_with(b"\n[2]\n") || &r[..] == b"[2]\n"),
                 "{max}"
             );
             assert!(s.capacity() <= SHRINK_ABOVE, "max {max}: {} bytes kept", s.capacity());

@@ -17,8 +17,8 @@
 
 use bytes::Bytes;
 use thunderbolt_shared::{
-    jsonrpc::{self, is_json, Kind, PARSE_ERROR_LINE},
-    ndjson::{room_for_read, split_lines, Piece, RunSplitter},
+    jsonrpc::{self, check_line, Kind, PARSE_ERROR_LINE},
+    ndjson::{room_for_read, split_lines, Piece, Run, RunSplitter},
 };
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
@@ -106,7 +106,7 @@ impl Source for QueueReader {
             None => self.rx.recv().await,
         };
         match next {
-            Some(Inbound::Lines(b)) => split_lines(&b, self.max, is_json, out),
+            Some(Inbound::Lines(b)) => split_lines(&b, self.max, check_line, out),
             Some(Inbound::Oversized(head)) => out.push(Piece::Oversized(head)),
             None if self.eof_at_close => return Ok(true),
             None => std::future::pending().await,
@@ -118,16 +118,11 @@ impl Source for QueueReader {
 /// Where the agent's output goes, a run of whole lines at a time. The run is
 /// already a `Bytes` (a slice of the pump's read buffer): a sink that keeps
 /// what it is given (a resumable session's replay log) takes it as it is
-/// instead of copying it, with its count of `lines`; a stream copies it into
-/// its own buffers.
+/// instead of copying it, with what the check saw of its lines (their count,
+/// whether one has an `id`); a stream copies it into its own buffers.
 pub trait RunSink: AsyncWrite + Unpin + Send {
-    fn write_run(
-        &mut self,
-        run: Bytes,
-        lines: u64,
-    ) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
-        let _ = lines;
-        async move { self.write_all(&run).await }
+    fn write_run(&mut self, run: Run) -> impl std::future::Future<Output = std::io::Result<()>> + Send {
+        async move { self.write_all(&run.bytes).await }
     }
 }
 
@@ -164,9 +159,9 @@ impl LineSplitter {
     /// lines, lines over the cap. At EOF the unterminated remainder is the last line.
     fn pieces(&mut self, eof: bool) -> Vec<Piece> {
         let mut out = Vec::new();
-        self.split.drain(is_json, &mut out);
+        self.split.drain(check_line, &mut out);
         if eof {
-            self.split.finish(is_json, &mut out);
+            self.split.finish(check_line, &mut out);
         }
         out
     }
@@ -233,8 +228,8 @@ where
         };
         for piece in pieces.drain(..) {
             match piece {
-                Piece::Run(run, _) => {
-                    let out = observers.from_client(run).await;
+                Piece::Run(run) => {
+                    let out = observers.from_client(run.bytes, run.flagged).await;
                     for reply in out.replies {
                         let _ = replies.send(reply).await;
                     }
@@ -325,9 +320,9 @@ where
         let mut dropped = 0usize;
         for piece in split.pieces(n == 0) {
             match piece {
-                Piece::Run(run, lines) => {
-                    observers.from_agent(&run);
-                    peer.write_run(run, lines).await.map_err(write_err)?
+                Piece::Run(run) => {
+                    observers.from_agent(&run.bytes, run.flagged);
+                    peer.write_run(run).await.map_err(write_err)?
                 }
                 Piece::Rejected => dropped += 1,
                 Piece::Oversized(head) => {

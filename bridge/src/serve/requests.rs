@@ -39,11 +39,9 @@ impl Requests {
         self.ids.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Notes the requests in `run` (whole lines from the client).
+    /// Notes the requests in `run` (whole lines from the client). The pump
+    /// skips a run whose check saw no `id` (`jsonrpc::check_line`).
     pub fn sent(&self, run: &[u8]) {
-        if !jsonrpc::names_an_id(run) {
-            return;
-        }
         let mut ids: Option<std::sync::MutexGuard<'_, _>> = None;
         for line in thunderbolt_shared::ndjson::lines(run) {
             if let Some(id) = jsonrpc::request_id(line) {

@@ -211,21 +211,25 @@ impl Observers {
 
     /// A run of the client's whole lines: the bridge's own methods are
     /// answered here and go no further; the rest goes on to the agent.
-    pub async fn from_client(&self, run: Bytes) -> FromClient {
+    pub async fn from_client(&self, run: Bytes, names_an_id: bool) -> FromClient {
         let mut out = self.extension.answer(run).await;
         out.forward = out.forward.and_then(|run| self.drop_answered_here(run));
         if let Some(run) = &out.forward {
             if let Some(t) = &self.tap {
                 t.client_run(run);
             }
-            self.requests.sent(run);
+            if names_an_id {
+                self.requests.sent(run);
+            }
         }
         out
     }
 
     /// A run of the agent's whole lines, on its way to the client.
-    pub fn from_agent(&self, run: &[u8]) {
-        self.requests.answered(run);
+    pub fn from_agent(&self, run: &[u8], names_an_id: bool) {
+        if names_an_id {
+            self.requests.answered(run);
+        }
         if let Some(t) = &self.tap {
             t.agent_run(run);
         }

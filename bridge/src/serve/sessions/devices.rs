@@ -200,15 +200,15 @@ impl Hub {
 
     /// A run of the agent's output for everyone but the first device (whose
     /// log took it already): the history, each guest's log, the requests it
-    /// makes (`lines`: how many lines the run holds). The session's hub's
-    /// state is locked; the guests' writers are woken by the caller, after the
-    /// first device's.
-    pub(super) fn share_output(&self, st: &mut State, run: &Bytes, lines: u64) {
+    /// makes (`lines`: how many lines the run holds; `names_an_id`: whether
+    /// one may have an `id`). The session's hub's state is locked; the guests'
+    /// writers are woken by the caller, after the first device's.
+    pub(super) fn share_output(&self, st: &mut State, run: &Bytes, lines: u64, names_an_id: bool) {
         let m = &mut st.members;
         m.last_activity = SystemTime::now();
         // Nearly all an agent writes is notifications (its streamed reply):
         // such a run holds no request to remember.
-        let requests = if jsonrpc::names_an_id(run) { &run[..] } else { &[] };
+        let requests = if names_an_id { &run[..] } else { &[] };
         for line in thunderbolt_shared::ndjson::lines(requests) {
             let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
             if let (jsonrpc::Kind::Request, Some(id)) = (head.kind, head.id) {

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use thunderbolt_shared::{
     close,
     jsonrpc::{self, Kind},
-    ndjson::OVERSIZE_PEEK,
+    ndjson::{Run, OVERSIZE_PEEK},
 };
 use tokio::{io::AsyncWrite, time::Instant};
 use tracing::debug;
@@ -185,21 +185,21 @@ impl crate::serve::pump::RunSink for Outbox {
     /// the agent's output is not copied once more on its way (the buffer is
     /// shared by the runs read into it, so what the log pins is about what it
     /// counts; see `thunderbolt_shared::ndjson::READ_ROOM_DIVISOR`).
-    fn write_run(&mut self, run: Bytes, lines: u64) -> impl Future<Output = io::Result<()>> + Send {
+    fn write_run(&mut self, run: Run) -> impl Future<Output = io::Result<()>> + Send {
         let hub = self.hub.clone();
-        std::future::poll_fn(move |cx| Outbox::push(&hub, cx, &run, Some((&run, lines))).map_ok(|_| ()))
+        std::future::poll_fn(move |cx| Outbox::push(&hub, cx, &run.bytes, Some(&run)).map_ok(|_| ()))
     }
 }
 
 impl Outbox {
     /// Puts one run of whole lines into the log, once there is room; `owned`
-    /// is `buf` as a `Bytes` to keep as it is (else it is copied), with its
-    /// count of lines.
+    /// is `buf` as a `Bytes` to keep as it is (else it is copied), with what
+    /// the pump's check saw of its lines.
     fn push(
         hub: &Arc<Hub>,
         cx: &mut Context<'_>,
         buf: &[u8],
-        owned: Option<(&Bytes, u64)>,
+        owned: Option<&Run>,
     ) -> Poll<io::Result<usize>> {
         let mut st = hub.lock();
         if let Some(g) = &st.gone {
@@ -243,8 +243,8 @@ impl Outbox {
             return Poll::Pending;
         }
         // The pump writes whole lines only: each write is one run of frames.
-        let (mut run, mut lines) = match owned {
-            Some((run, lines)) => (run.clone(), Some(lines)),
+        let (mut run, mut seen) = match owned {
+            Some(r) => (r.bytes.clone(), Some((r.lines, r.flagged))),
             None => (Bytes::copy_from_slice(buf), None),
         };
         // Taking the session back after a restart: the agent's answers to the
@@ -255,11 +255,12 @@ impl Outbox {
                 None => return Poll::Ready(Ok(buf.len())),
                 Some(kept) => {
                     run = kept;
-                    lines = None;
+                    seen = None;
                 }
             }
         }
-        let lines = lines.unwrap_or_else(|| memchr::memchr_iter(b'\n', &run).count() as u64);
+        let (lines, names_an_id) = seen
+            .unwrap_or_else(|| (memchr::memchr_iter(b'\n', &run).count() as u64, jsonrpc::names_an_id(&run)));
         if !st.members.left && !st.leaving {
             st.out.push_counted(run.clone(), lines);
         }
@@ -268,7 +269,7 @@ impl Outbox {
         }
         hub.journal_output(&mut st, &run);
         let guests = if hub.kind == HubKind::Resumable {
-            hub.share_output(&mut st, &run, lines);
+            hub.share_output(&mut st, &run, lines, names_an_id);
             (!st.members.guests.is_empty()).then(|| st.members.guests.clone())
         } else {
             None

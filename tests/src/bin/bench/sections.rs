@@ -497,13 +497,14 @@ fn check_throughput(corpus: &[u8], check: impl Fn(&[u8]) -> bool) -> f64 {
 }
 
 /// The line check the bridge runs on every message, in both directions: one
-/// valid UTF-8 JSON value (today), against the same check without UTF-8
-/// validation of string contents (before). Alternating rounds, one process.
+/// valid UTF-8 JSON value, its top-level keys read for an `id`
+/// (`jsonrpc::check_line`), against the same check without UTF-8 validation
+/// of string contents and without the keys. Alternating rounds, one process.
 pub fn check_rows(plan: &Plan) -> Vec<Row> {
     let corpus = acp_corpus(plan.bulk_bytes);
     let (mut with_utf8, mut without) = (Vec::new(), Vec::new());
     for _ in 0..plan.bulk_reps.max(3) {
-        with_utf8.push(check_throughput(&corpus, thunderbolt_shared::jsonrpc::is_json));
+        with_utf8.push(check_throughput(&corpus, |l| thunderbolt_shared::jsonrpc::check_line(l).is_some()));
         without
             .push(check_throughput(&corpus, |l| serde_json::from_slice::<serde::de::IgnoredAny>(l).is_ok()));
     }
