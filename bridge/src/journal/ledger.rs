@@ -74,15 +74,10 @@ pub struct ClientLines {
 
 impl ClientLines {
     /// Reads a run of the client's whole lines. Only a request's head is
-    /// read, except for the few methods kept whole.
-    pub fn of(run: &[u8]) -> Self {
-        Self::of_run(run, jsonrpc::names_an_id(run))
-    }
-
-    /// [`Self::of`] for a run already searched for an `"id"`
-    /// ([`jsonrpc::names_an_id`]): the bridge searches each of the client's
-    /// runs once for everything that needs to know.
-    pub fn of_run(run: &[u8], names_an_id: bool) -> Self {
+    /// read, except for the few methods kept whole. `names_an_id` is
+    /// [`jsonrpc::names_an_id`] of the run: the bridge searches each of the
+    /// client's runs once, for everything that needs to know.
+    pub fn of(run: &[u8], names_an_id: bool) -> Self {
         let mut out = Self::default();
         // A run with no `"id"` in it (notifications, lines that are no
         // JSON-RPC) holds no request.
@@ -231,7 +226,7 @@ mod tests {
             {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/new\",\"params\":{\"cwd\":\"/w\",\"mcpServers\":[]}}\n\
             {\"jsonrpc\":\"2.0\",\"id\":\"l\",\"method\":\"session/load\",\"params\":{\"sessionId\":\"old\",\"cwd\":\"/o\",\"mcpServers\":[]}}\n\
             {\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"session/prompt\",\"params\":{\"sessionId\":\"s1\"}}\n";
-        let lines = ClientLines::of(client);
+        let lines = ClientLines::of(client, jsonrpc::names_an_id(client));
         assert_eq!(lines.requests.len(), 4);
         assert_eq!(lines.calls.len(), 3, "the prompt is not kept whole");
         let mut l = Ledger::default();
@@ -261,7 +256,7 @@ mod tests {
         let line = format!(
             "{{\"jsonrpc\":\"2.0\",\"id\":0,\"method\":\"initialize\",\"params\":{{\"p\":\"{pad}\"}}}}\n"
         );
-        let lines = ClientLines::of(line.as_bytes());
+        let lines = ClientLines::of(line.as_bytes(), jsonrpc::names_an_id(line.as_bytes()));
         assert_eq!(lines.requests.len(), 1);
         assert!(lines.calls.is_empty());
     }

@@ -258,7 +258,7 @@ impl Journal {
         if self.file.is_none() {
             return;
         }
-        let lines = ClientLines::of_run(run, names_an_id);
+        let lines = ClientLines::of(run, names_an_id);
         self.ledger.client_calls(&lines.calls);
         self.pending.sent(&lines.requests);
         let rec = record::in_record(frames, lines.requests, lines.calls);

@@ -274,9 +274,7 @@ impl Hub {
         let mut st = session.lock();
         let m = &mut st.members;
         m.last_activity = SystemTime::now();
-        if names_an_id || run.len() < SESSIONS_READ_BELOW {
-            note_acp_sessions(&mut m.acp_sessions, &run);
-        }
+        note_acp_sessions(&mut m.acp_sessions, &run, names_an_id);
         let controller = m.controller == me;
         if !m.joined || (controller && !names_an_id) {
             // One device: nothing is screened; its answers close what is open.
@@ -784,12 +782,13 @@ fn nobody() -> Device {
     Device { node: String::new(), name: Some("nobody".into()) }
 }
 
-/// Notes the ACP session ids a client's run names (`"sessionId":"…"`).
-fn note_acp_sessions(seen: &mut Vec<String>, run: &[u8]) {
+/// Notes the ACP session ids a client's run names (`"sessionId":"…"`), if it
+/// is a run that is read for them (`names_an_id`, see [`SESSIONS_READ_BELOW`]).
+fn note_acp_sessions(seen: &mut Vec<String>, run: &[u8], names_an_id: bool) {
     // Built once: this runs over every run a client sends.
     static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
         std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"sessionId\":\""));
-    if seen.len() >= ACP_SESSIONS_LISTED {
+    if seen.len() >= ACP_SESSIONS_LISTED || !(names_an_id || run.len() < SESSIONS_READ_BELOW) {
         return;
     }
     for at in KEY.find_iter(run) {
@@ -819,11 +818,31 @@ mod tests {
         note_acp_sessions(
             &mut seen,
             br#"{"params":{"sessionId":"s-1"}} {"sessionId":"s-1"} {"sessionId":"a\"b"}"#,
+            false,
         );
         assert_eq!(seen, vec!["s-1".to_string()]);
         for i in 0..20 {
-            note_acp_sessions(&mut seen, format!(r#"{{"sessionId":"x{i}"}}"#).as_bytes());
+            note_acp_sessions(&mut seen, format!(r#"{{"sessionId":"x{i}"}}"#).as_bytes(), false);
         }
         assert_eq!(seen.len(), ACP_SESSIONS_LISTED);
+    }
+
+    #[test]
+    fn a_bulk_run_without_an_id_is_not_read_for_session_ids() {
+        let cancel = br#"{"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":"c-1"}}"#;
+        let mut bulk = b"\"pad\"\n".repeat(SESSIONS_READ_BELOW / 6);
+        bulk.extend_from_slice(cancel);
+        bulk.push(b'\n');
+        let mut seen = Vec::new();
+        // A lone notification is read; a bulk run of them is not, unless it
+        // holds a request or an answer.
+        note_acp_sessions(&mut seen, &bulk, false);
+        assert!(seen.is_empty(), "{seen:?}");
+        note_acp_sessions(&mut seen, cancel, false);
+        assert_eq!(seen, ["c-1"]);
+        let prompt = br#"{"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":"p-1"}}"#;
+        bulk.extend_from_slice(prompt);
+        note_acp_sessions(&mut seen, &bulk, true);
+        assert_eq!(seen, ["c-1", "p-1"]);
     }
 }
