@@ -640,16 +640,35 @@ impl AckPolicy {
 /// A local line that would read as a control line gets one space in front.
 pub fn escape_run(run: Bytes) -> Bytes {
     let starts_control = |i: usize| run.get(i) == Some(&CONTROL_PREFIX);
-    let mut need = starts_control(0);
-    if !need {
-        need = memchr::memchr_iter(b'\n', &run).any(|i| starts_control(i + 1));
+    let need = starts_control(0) || memchr::memchr_iter(b'\n', &run).any(|i| starts_control(i + 1));
+    if need {
+        escaped(&run)
+    } else {
+        run
     }
-    if !need {
-        return run;
+}
+
+/// [`escape_run`], and how many lines the run holds: the one pass over the
+/// run that looks for lines to escape counts them for the replay log too
+/// ([`ReplayLog::push_counted`]), so a sender reads each byte it sends once.
+/// (The browser's client keeps [`escape_run`]: the count would cost it bytes.)
+pub fn escape_counted(run: Bytes) -> (Bytes, u64) {
+    let starts_control = |i: usize| run.get(i) == Some(&CONTROL_PREFIX);
+    let (mut need, mut lines) = (starts_control(0), 0u64);
+    for i in memchr::memchr_iter(b'\n', &run) {
+        lines += 1;
+        need |= starts_control(i + 1);
     }
+    // A space in front of a line adds no line.
+    (if need { escaped(&run) } else { run }, lines)
+}
+
+/// `run` with a space in front of each line that starts like a control line.
+#[inline(always)]
+fn escaped(run: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(run.len() + 8);
     let mut at_start = true;
-    for &b in run.iter() {
+    for &b in run {
         if at_start && b == CONTROL_PREFIX {
             out.push(b' ');
         }
@@ -876,6 +895,13 @@ mod tests {
     fn local_lines_never_read_as_control() {
         assert_eq!(escape_run(Bytes::from_static(b"{}\n")), Bytes::from_static(b"{}\n"));
         assert_eq!(escape_run(Bytes::from_static(b"!x\n{}\n!y\n")), Bytes::from_static(b" !x\n{}\n !y\n"));
+        assert_eq!(escape_counted(Bytes::from_static(b"{}\n{}\n")), (Bytes::from_static(b"{}\n{}\n"), 2));
+        assert_eq!(
+            escape_counted(Bytes::from_static(b"!x\n{}\n!y\n")),
+            (Bytes::from_static(b" !x\n{}\n !y\n"), 3)
+        );
+        // The last line's newline is its own: nothing after it is a line.
+        assert_eq!(escape_counted(Bytes::from_static(b"{}\n!")).1, 1);
     }
 
     #[test]

@@ -69,6 +69,11 @@ async fn write_pieces<W: AsyncWrite + Unpin>(
         }
         return Ok(());
     }
+    if out.is_write_vectored() {
+        // One `writev(2)` of the pieces where they lie: joining them first
+        // copied every byte of a bulk read once more.
+        return write_all_vectored(out, pieces).await;
+    }
     joined.clear();
     for p in pieces {
         joined.extend_from_slice(p);
@@ -79,6 +84,21 @@ async fn write_pieces<W: AsyncWrite + Unpin>(
         *joined = Vec::new();
     }
     r
+}
+
+/// Writes all of `pieces`, in order, in as few vectored writes as `out` takes.
+async fn write_all_vectored<W: AsyncWrite + Unpin>(out: &mut W, pieces: &[Bytes]) -> io::Result<()> {
+    let mut slices: Vec<io::IoSlice<'_>> = pieces.iter().map(|p| io::IoSlice::new(p)).collect();
+    let mut bufs = &mut slices[..];
+    io::IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        let n = out.write_vectored(bufs).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        io::IoSlice::advance_slices(&mut bufs, n);
+    }
+    Ok(())
 }
 
 /// Scratch space [`Messages::pieces`] keeps between reads: one read of the
@@ -302,6 +322,67 @@ mod tests {
         assert_eq!(strs(&w), [format!("{}{}", line.repeat(half), "{\"y\":2}\n".repeat(half))]);
         m.pieces(&[]).await.unwrap();
         assert_eq!(w.0.lock().unwrap().len(), 1, "nothing to write, no write");
+    }
+
+    /// Takes a vectored write as one write, of at most `max` bytes (a pipe
+    /// may take part of what it is given).
+    #[derive(Clone)]
+    struct Vectored {
+        writes: Writes,
+        max: usize,
+    }
+
+    impl AsyncWrite for Vectored {
+        fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+            let n = buf.len().min(self.max);
+            self.writes.0.lock().unwrap().push(buf[..n].to_vec());
+            Poll::Ready(Ok(n))
+        }
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            let all: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).take(self.max).collect();
+            let n = all.len();
+            self.writes.0.lock().unwrap().push(all);
+            Poll::Ready(Ok(n))
+        }
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A writer that takes vectored writes gets a bulk read's pieces in one,
+    /// unjoined, and what it does not take at once follows, in order.
+    #[tokio::test]
+    async fn a_bulk_reads_pieces_go_out_in_one_vectored_write() {
+        let half = PER_MESSAGE_WRITES / 2 + 1;
+        let (a, b) = ("{\"x\":1}\n".repeat(half), "{\"y\":2}\n".repeat(half));
+        let bulk = [Bytes::from(a.clone()), Bytes::new(), Bytes::from(b.clone())];
+        let w = Vectored { writes: Writes::default(), max: usize::MAX };
+        let mut m = Messages::new(w.clone());
+        m.pieces(&bulk).await.unwrap();
+        assert_eq!(strs(&w.writes), [format!("{a}{b}")]);
+        assert!(m.joined.capacity() == 0, "nothing was joined");
+        // Taken 50 bytes at a time: every byte once, in order.
+        let w = Vectored { writes: Writes::default(), max: 50 };
+        let mut m = Messages::new(w.clone());
+        m.pieces(&bulk).await.unwrap();
+        let writes = strs(&w.writes);
+        assert_eq!(writes.len(), (a.len() + b.len()).div_ceil(50));
+        assert_eq!(writes.concat(), format!("{a}{b}"));
+        // Few messages: still a write each, vectored or not.
+        let w = Vectored { writes: Writes::default(), max: usize::MAX };
+        let mut m = Messages::new(w.clone());
+        m.pieces(&[Bytes::from_static(b"{}\n"), Bytes::from_static(b"[]\n")]).await.unwrap();
+        assert_eq!(strs(&w.writes), ["{}\n", "[]\n"]);
     }
 
     #[tokio::test]

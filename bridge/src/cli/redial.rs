@@ -22,7 +22,7 @@ use iroh::{
 use thunderbolt_shared::{
     close::{self, AgentEnd, Refusal},
     ndjson::room_for_read,
-    resume::{self, escape_run, AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS},
+    resume::{self, escape_counted, AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS},
     Protocol, Target,
 };
 use tokio::{
@@ -473,12 +473,12 @@ async fn upload(
                 {
                     let mut s = st.borrow_mut();
                     match r {
-                        Some(run) if s.out.bytes() > 0 && s.out.bytes() + run.len() > SEND_BUFFER => {
-                            input.hold(run);
+                        Some((run, lines)) if s.out.bytes() > 0 && s.out.bytes() + run.len() > SEND_BUFFER => {
+                            input.hold(run, lines);
                             continue;
                         }
-                        Some(run) => {
-                            s.out.push(run.clone());
+                        Some((run, lines)) => {
+                            s.out.push_counted(run.clone(), lines);
                             chunks.push(run);
                         }
                         None => {
@@ -616,8 +616,11 @@ const RESTORED_WATCH_FRAMES: u64 = 100_000;
 /// Says on stderr what a restarted bridge took back, when `run` holds its
 /// notification ([`thunderbolt_shared::restart::METHOD_RESTORED`]). Whether it did.
 fn say_restored(run: &[u8]) -> bool {
-    let needle = thunderbolt_shared::restart::METHOD_RESTORED.as_bytes();
-    let Some(at) = memchr::memmem::find(run, needle) else { return false };
+    // Built once: every run is searched for a while after a resume.
+    static NEEDLE: std::sync::LazyLock<memchr::memmem::Finder<'static>> = std::sync::LazyLock::new(|| {
+        memchr::memmem::Finder::new(thunderbolt_shared::restart::METHOD_RESTORED.as_bytes())
+    });
+    let Some(at) = NEEDLE.find(run) else { return false };
     let start = memchr::memrchr(b'\n', &run[..at]).map_or(0, |i| i + 1);
     let end = memchr::memchr(b'\n', &run[at..]).map_or(run.len(), |i| at + i);
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(&run[start..end]) else { return false };
@@ -661,7 +664,10 @@ fn say_restored(run: &[u8]) -> bool {
 /// (a role that changed, a question another device answered).
 fn say_devices(run: &[u8]) {
     use thunderbolt_shared::devices::{notice, Notice, Role};
-    if memchr::memmem::find(run, b"\"_thunderbolt/").is_none() {
+    // Built once: every run from the bridge is searched.
+    static NEEDLE: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"_thunderbolt/"));
+    if NEEDLE.find(run).is_none() {
         return;
     }
     for line in thunderbolt_shared::ndjson::lines(run) {
@@ -685,23 +691,25 @@ struct LocalInput {
     r: Box<dyn AsyncRead + Unpin + Send>,
     buf: BytesMut,
     done: bool,
-    /// A run read but not sent yet: it did not fit the send buffer.
-    held: Option<Bytes>,
+    /// A run read but not sent yet (it did not fit the send buffer), and its
+    /// count of lines.
+    held: Option<(Bytes, u64)>,
 }
 
 impl LocalInput {
     /// Keeps `run` to be returned by the next [`Self::next_run`].
-    fn hold(&mut self, run: Bytes) {
-        self.held = Some(run);
+    fn hold(&mut self, run: Bytes, lines: u64) {
+        self.held = Some((run, lines));
     }
 
     fn held_len(&self) -> Option<usize> {
-        self.held.as_ref().map(Bytes::len)
+        self.held.as_ref().map(|(run, _)| run.len())
     }
 
-    /// The next run of whole lines; `None` once the input ended. At the end an
-    /// unterminated last line gets its newline (as the plain protocol's bridge does).
-    async fn next_run(&mut self) -> Option<Bytes> {
+    /// The next run of whole lines, escaped, with its count of lines; `None`
+    /// once the input ended. At the end an unterminated last line gets its
+    /// newline (as the plain protocol's bridge does).
+    async fn next_run(&mut self) -> Option<(Bytes, u64)> {
         if let Some(run) = self.held.take() {
             return Some(run);
         }
@@ -710,7 +718,7 @@ impl LocalInput {
                 return None;
             }
             if let Some(i) = memchr::memrchr(b'\n', &self.buf) {
-                return Some(escape_run(self.buf.split_to(i + 1).freeze()));
+                return Some(escape_counted(self.buf.split_to(i + 1).freeze()));
             }
             room_for_read(&mut self.buf, limits::READ_CHUNK);
             let n = match self.r.read_buf(&mut self.buf).await {
@@ -724,7 +732,7 @@ impl LocalInput {
                 self.done = true;
                 if !self.buf.is_empty() {
                     self.buf.extend_from_slice(b"\n");
-                    return Some(escape_run(self.buf.split().freeze()));
+                    return Some(escape_counted(self.buf.split().freeze()));
                 }
             }
         }
