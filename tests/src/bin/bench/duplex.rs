@@ -125,6 +125,10 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
         // The machine's busy CPU per MB (every process): what each path costs,
         // apart from how the two cores happened to be shared in one run.
         let (mut r1_cpu, mut plain_cpu) = (CpuPerMb::default(), CpuPerMb::default());
+        // ... and, of it, the two processes of ours: the bridge and `connect`.
+        let (mut r1_bridge, mut plain_bridge) = (Vec::new(), Vec::new());
+        let (mut r1_connect, mut plain_connect) = (Vec::new(), Vec::new());
+        let mb = total as f64 / 1e6;
         for rep in 0..DUPLEX_REPS {
             // The plain path twice: how far two series of the very same path
             // fall apart here is the floor under any budget on these rows.
@@ -136,16 +140,31 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
                 let mut cmd = ConnectProc::command(&client, &cat.ticket, extra);
                 relays.apply(&mut cmd);
                 let mut p = ConnectProc::spawn(cmd)?;
-                let cpu0 = MachineCpu::now();
+                let connect_pid = p.child.id().context("connect's pid")?;
+                let ours = || (process_cpu_ms(cat.pid()), process_cpu_ms(connect_pid));
+                let (cpu0, ours0) = (MachineCpu::now(), ours());
                 let (mbs, longest) = transfer_block_timed(&mut p.stdin, &mut p.stdout, &block, total).await?;
+                // Read before `connect` exits (its /proc entry goes with it).
+                let ours1 = ours();
                 p.finish().await?;
+                let per_mb = |a: Option<f64>, b: Option<f64>| Some((b? - a?) / mb);
+                let (bridge_ms, connect_ms) = (per_mb(ours0.0, ours1.0), per_mb(ours0.1, ours1.1));
                 let (out, cpu, wait) = match s {
                     Series::Resumable => (&mut r1, Some(&mut r1_cpu), Some(&mut r1_wait)),
                     Series::Plain => (&mut plain, Some(&mut plain_cpu), Some(&mut plain_wait)),
                     Series::PlainAgain => (&mut plain_again, None, None),
                 };
                 if let Some(cpu) = cpu {
-                    cpu.add(cpu0, total as f64 / 1e6);
+                    cpu.add(cpu0, mb);
+                }
+                let ours = match s {
+                    Series::Resumable => Some((&mut r1_bridge, &mut r1_connect)),
+                    Series::Plain => Some((&mut plain_bridge, &mut plain_connect)),
+                    Series::PlainAgain => None,
+                };
+                if let Some((bridge, connect)) = ours {
+                    bridge.extend(bridge_ms);
+                    connect.extend(connect_ms);
                 }
                 if let Some(wait) = wait {
                     wait.push(longest.as_secs_f64() * 1e3);
@@ -161,6 +180,18 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
         rows.push(row(&name, "MB/s", plain_again, "connect --no-resume (plain ALPN)", plain, true));
         let what = format!("the same, resumable, {case}");
         rows.extend(r1_cpu.row(&what, "connect --no-resume (plain ALPN)", plain_cpu));
+        // Split by process: which side of the path a difference is on. A
+        // transfer too small to take a clock tick (10 ms) of a process (the
+        // smoke plan) gives no row.
+        let measured = |v: &Vec<f64>| !v.is_empty() && v.iter().all(|&ms| ms > 0.0);
+        for (who, r1, plain) in
+            [("the bridge", r1_bridge, plain_bridge), ("connect", r1_connect, plain_connect)]
+        {
+            if measured(&r1) && measured(&plain) {
+                let name = format!("CPU ms per MB, {who}'s process alone: {what}");
+                rows.push(row(&name, "ms/MB", r1, "connect --no-resume (plain ALPN)", plain, false));
+            }
+        }
         // A stall anywhere (an acknowledgement QUIC delays, a full buffer)
         // shows as the reader's longest wait; it is what spreads the runs.
         let name = format!("the same, resumable, {case}: the reader's longest wait in a transfer");

@@ -45,6 +45,20 @@ impl MachineCpu {
     }
 }
 
+/// CPU milliseconds (user and system) one process has used so far, from
+/// `/proc/<pid>/stat`: where a transfer's CPU went, process by process.
+pub fn process_cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name in parentheses may hold spaces: the fields counted from after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let v: Vec<&str> = rest.split_whitespace().collect();
+    // state ppid ... utime (14th field of the line, 12th after the name) stime.
+    let (utime, stime): (u64, u64) = (v.get(11)?.parse().ok()?, v.get(12)?.parse().ok()?);
+    // SAFETY: sysconf has no preconditions.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some((utime + stime) as f64 * 1000.0 / tick)
+}
+
 /// Busy CPU per MB of repeated transfers of one kind, and the most the
 /// hypervisor stole during any of them.
 #[derive(Default)]
@@ -272,4 +286,25 @@ pub async fn many_sessions(
     let max = each.iter().cloned().fold(f64::MIN, f64::max);
     let min = each.iter().cloned().fold(f64::MAX, f64::min);
     Ok((agg, min / max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process's own CPU time grows by what it spends (the clock's grain is
+    /// a tick, 10 ms): spinning for 200 ms of CPU shows at least 100 of it.
+    #[test]
+    fn a_process_cpu_time_is_read_from_proc() {
+        let pid = std::process::id();
+        let before = process_cpu_ms(pid).expect("our own /proc entry");
+        let t0 = std::time::Instant::now();
+        let mut x = 0u64;
+        while t0.elapsed() < Duration::from_millis(200) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let after = process_cpu_ms(pid).unwrap();
+        assert!(after - before >= 100.0, "{before} ms, then {after} ms after spinning 200 ms");
+        assert!(process_cpu_ms(u32::MAX).is_none(), "no such process");
+    }
 }
