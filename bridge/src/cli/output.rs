@@ -87,7 +87,10 @@ async fn write_pieces<W: AsyncWrite + Unpin>(
 }
 
 /// Writes all of `pieces`, in order, in as few vectored writes as `out` takes.
-async fn write_all_vectored<W: AsyncWrite + Unpin>(out: &mut W, pieces: &[Bytes]) -> io::Result<()> {
+pub(super) async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    out: &mut W,
+    pieces: &[Bytes],
+) -> io::Result<()> {
     let mut slices: Vec<io::IoSlice<'_>> = pieces.iter().map(|p| io::IoSlice::new(p)).collect();
     let mut bufs = &mut slices[..];
     io::IoSlice::advance_slices(&mut bufs, 0);

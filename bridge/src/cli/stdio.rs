@@ -273,14 +273,9 @@ mod tests {
         assert!(writer.is_write_vectored());
         let pieces: Vec<Vec<u8>> = (0..3u8).map(|k| vec![b'a' + k; (1 << 20) + 7 * k as usize]).collect();
         let want = pieces.concat();
+        let pieces: Vec<bytes::Bytes> = pieces.into_iter().map(Into::into).collect();
         let send = async {
-            let mut slices: Vec<io::IoSlice<'_>> = pieces.iter().map(|p| io::IoSlice::new(p)).collect();
-            let mut bufs = &mut slices[..];
-            while !bufs.is_empty() {
-                let n = writer.write_vectored(bufs).await.unwrap();
-                assert!(n > 0);
-                io::IoSlice::advance_slices(&mut bufs, n);
-            }
+            super::super::output::write_all_vectored(&mut writer, &pieces).await.unwrap();
             drop(writer);
         };
         let ((), got) = tokio::join!(send, read_n(&mut reader, want.len()));

@@ -149,25 +149,21 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
                 p.finish().await?;
                 let per_mb = |a: Option<f64>, b: Option<f64>| Some((b? - a?) / mb);
                 let (bridge_ms, connect_ms) = (per_mb(ours0.0, ours1.0), per_mb(ours0.1, ours1.1));
-                let (out, cpu, wait) = match s {
-                    Series::Resumable => (&mut r1, Some(&mut r1_cpu), Some(&mut r1_wait)),
-                    Series::Plain => (&mut plain, Some(&mut plain_cpu), Some(&mut plain_wait)),
-                    Series::PlainAgain => (&mut plain_again, None, None),
+                let (out, compared) = match s {
+                    Series::Resumable => {
+                        (&mut r1, Some((&mut r1_cpu, &mut r1_wait, &mut r1_bridge, &mut r1_connect)))
+                    }
+                    Series::Plain => (
+                        &mut plain,
+                        Some((&mut plain_cpu, &mut plain_wait, &mut plain_bridge, &mut plain_connect)),
+                    ),
+                    Series::PlainAgain => (&mut plain_again, None),
                 };
-                if let Some(cpu) = cpu {
+                if let Some((cpu, wait, bridge, connect)) = compared {
                     cpu.add(cpu0, mb);
-                }
-                let ours = match s {
-                    Series::Resumable => Some((&mut r1_bridge, &mut r1_connect)),
-                    Series::Plain => Some((&mut plain_bridge, &mut plain_connect)),
-                    Series::PlainAgain => None,
-                };
-                if let Some((bridge, connect)) = ours {
+                    wait.push(longest.as_secs_f64() * 1e3);
                     bridge.extend(bridge_ms);
                     connect.extend(connect_ms);
-                }
-                if let Some(wait) = wait {
-                    wait.push(longest.as_secs_f64() * 1e3);
                 }
                 out.push(mbs);
             }

@@ -37,9 +37,7 @@ impl MachineCpu {
     /// the machine's time the hypervisor stole meanwhile.
     pub fn per_mb_since(start: Option<Self>, mb: f64) -> Option<(f64, f64)> {
         let (a, b) = (start?, Self::now()?);
-        // SAFETY: sysconf has no preconditions.
-        let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        let busy_ms = (b.busy - a.busy) as f64 * 1000.0 / tick;
+        let busy_ms = (b.busy - a.busy) as f64 * tick_ms();
         let steal = (b.steal - a.steal) as f64 / (b.total - a.total).max(1) as f64;
         Some((busy_ms / mb, steal))
     }
@@ -54,9 +52,13 @@ pub fn process_cpu_ms(pid: u32) -> Option<f64> {
     let v: Vec<&str> = rest.split_whitespace().collect();
     // state ppid ... utime (14th field of the line, 12th after the name) stime.
     let (utime, stime): (u64, u64) = (v.get(11)?.parse().ok()?, v.get(12)?.parse().ok()?);
+    Some((utime + stime) as f64 * tick_ms())
+}
+
+/// Milliseconds in one clock tick, the unit of `/proc`'s CPU times.
+fn tick_ms() -> f64 {
     // SAFETY: sysconf has no preconditions.
-    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Some((utime + stime) as f64 * 1000.0 / tick)
+    1000.0 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64
 }
 
 /// Busy CPU per MB of repeated transfers of one kind, and the most the
