@@ -61,6 +61,16 @@ fn duplex_smoke_run_echoes_every_case() {
     ] {
         assert!(names.contains(&want), "row '{want}' missing from {names:?}");
     }
+    // Both shapes again with the CPUs split between the bridge's side and
+    // the client's, where the machine has two.
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
+        for lines in ["~1 KiB lines", "~1 KiB ACP session/update messages"] {
+            let want = format!(
+                "{lines} echoed full duplex through connect, resumable (relays disabled, CPUs split: bridge and agent on "
+            );
+            assert!(names.iter().any(|n| n.starts_with(&want)), "no row '{want}…' in {names:?}");
+        }
+    }
     for r in &rows {
         let ratio = r["ratio"].as_f64().unwrap();
         assert!(ratio.is_finite() && ratio > 0.0, "row {} has ratio {ratio}", r["name"]);

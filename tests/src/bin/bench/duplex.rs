@@ -13,8 +13,14 @@
 //! `session/update` notifications of the same size (what a session carries:
 //! the bridge reads each message's head, and the resumable path its ACP
 //! session and requests too).
+//!
+//! Both shapes run once more with the CPUs split ([`Split`]): the bridge and
+//! its agent on one side, the bench's client and `connect` on the other, as
+//! when the bridge is another machine. Then the bridge's core is what limits
+//! a transfer, its own cost per MB shows in the throughput, and how the
+//! scheduler shared the cores no longer does.
 
-use super::*;
+use super::{placement::Split, *};
 
 /// Each line's size: a typical agent message, not a bulk block.
 const DUPLEX_LINE: usize = 1024;
@@ -96,30 +102,50 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
     b.tb.allow(&client.node_id("acp").await).await;
     let total = b.plan.duplex_bytes;
     let mut rows = Vec::new();
-    let mut settings = vec![(Relays::Disabled, Shape::Strings)];
+    let mut settings = vec![(Relays::Disabled, Shape::Strings, false)];
     if loopback_only() {
-        settings.push((Relays::Unreachable, Shape::Strings));
+        settings.push((Relays::Unreachable, Shape::Strings, false));
     } else {
         eprintln!(
             "bench: duplex with unreachable default relays needs a loopback-only namespace (tests/bench.sh)"
         );
     }
-    settings.push((Relays::Disabled, Shape::AcpUpdates));
-    for (relays, shape) in settings {
+    settings.push((Relays::Disabled, Shape::AcpUpdates, false));
+    let split = Split::new()?;
+    match &split {
+        Some(_) => settings
+            .extend([(Relays::Disabled, Shape::Strings, true), (Relays::Disabled, Shape::AcpUpdates, true)]),
+        None => {
+            eprintln!("bench: duplex with the CPUs split between the bridge and the client needs two CPUs")
+        }
+    }
+    for (relays, shape, split_cpus) in settings {
         let block = duplex_block(shape);
+        let split = split.as_ref().filter(|_| split_cpus);
         // The rows of JSON strings keep the names earlier runs were recorded under.
-        let (lines, case) = match shape {
+        let (lines, mut case) = match shape {
             Shape::Strings => ("~1 KiB lines", relays.name().to_string()),
             Shape::AcpUpdates => (
                 "~1 KiB ACP session/update messages",
                 format!("{}, ACP session/update messages", relays.name()),
             ),
         };
+        // How the CPUs were shared, for the row names.
+        let placed = split.map_or(String::new(), |s| {
+            let (client_cpus, bridge_cpus) = s.sides;
+            format!(", CPUs split: bridge and agent on {bridge_cpus}, client and connect on {client_cpus}")
+        });
+        case.push_str(&placed);
         let mut c = b.tb.cmd();
         relays.apply(&mut c);
         c.env("RUST_LOG", "warn").args(["acp", "--transport", "iroh", "--per-remote-max", "1000000"]);
         c.args(["--", &b.agent, "cat"]);
+        if let Some(s) = split {
+            s.bridge_side(&mut c);
+        }
         let cat = RunningBridge::start(c).await;
+        // This process's threads go to the client's side for the setting's transfers.
+        let client_side = split.map(Split::enter).transpose()?;
         let (mut r1, mut plain, mut plain_again) = (Vec::new(), Vec::new(), Vec::new());
         let (mut r1_wait, mut plain_wait) = (Vec::new(), Vec::new());
         // The machine's busy CPU per MB (every process): what each path costs,
@@ -139,6 +165,9 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
                 let extra: &[&str] = if s == Series::Resumable { &[] } else { &["--no-resume"] };
                 let mut cmd = ConnectProc::command(&client, &cat.ticket, extra);
                 relays.apply(&mut cmd);
+                if let Some(s) = split {
+                    s.client_side(&mut cmd);
+                }
                 let mut p = ConnectProc::spawn(cmd)?;
                 let connect_pid = p.child.id().context("connect's pid")?;
                 let ours = || (process_cpu_ms(cat.pid()), process_cpu_ms(connect_pid));
@@ -168,7 +197,9 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
                 out.push(mbs);
             }
         }
-        let name = format!("{lines} echoed full duplex through connect, resumable ({})", relays.name());
+        drop(client_side);
+        let name =
+            format!("{lines} echoed full duplex through connect, resumable ({}{placed})", relays.name());
         rows.push(row(&name, "MB/s", r1, "connect --no-resume (plain ALPN)", plain.clone(), true));
         let name = format!(
             "the plain path against itself ({case}): a second series of connect --no-resume, the comparison's own spread"

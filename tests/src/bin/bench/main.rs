@@ -41,6 +41,7 @@ mod host;
 mod measure;
 mod nat;
 mod peers;
+mod placement;
 mod pressure;
 mod report;
 mod restart;
