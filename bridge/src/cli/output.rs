@@ -93,6 +93,8 @@ pub(super) async fn write_all_vectored<W: AsyncWrite + Unpin>(
 ) -> io::Result<()> {
     let mut slices: Vec<io::IoSlice<'_>> = pieces.iter().map(|p| io::IoSlice::new(p)).collect();
     let mut bufs = &mut slices[..];
+    // Leading empty pieces off: a write of only empty buffers takes nothing,
+    // which would read as a writer that can take no more.
     io::IoSlice::advance_slices(&mut bufs, 0);
     while !bufs.is_empty() {
         let n = out.write_vectored(bufs).await?;

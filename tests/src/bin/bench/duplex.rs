@@ -102,26 +102,28 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
     b.tb.allow(&client.node_id("acp").await).await;
     let total = b.plan.duplex_bytes;
     let mut rows = Vec::new();
-    let mut settings = vec![(Relays::Disabled, Shape::Strings, false)];
+    // Each setting: the relays, the lines, and the CPUs split or shared.
+    let split = Split::new()?;
+    let mut settings = vec![(Relays::Disabled, Shape::Strings, None)];
     if loopback_only() {
-        settings.push((Relays::Unreachable, Shape::Strings, false));
+        settings.push((Relays::Unreachable, Shape::Strings, None));
     } else {
         eprintln!(
             "bench: duplex with unreachable default relays needs a loopback-only namespace (tests/bench.sh)"
         );
     }
-    settings.push((Relays::Disabled, Shape::AcpUpdates, false));
-    let split = Split::new()?;
+    settings.push((Relays::Disabled, Shape::AcpUpdates, None));
     match &split {
-        Some(_) => settings
-            .extend([(Relays::Disabled, Shape::Strings, true), (Relays::Disabled, Shape::AcpUpdates, true)]),
+        Some(s) => settings.extend([
+            (Relays::Disabled, Shape::Strings, Some(s)),
+            (Relays::Disabled, Shape::AcpUpdates, Some(s)),
+        ]),
         None => {
             eprintln!("bench: duplex with the CPUs split between the bridge and the client needs two CPUs")
         }
     }
-    for (relays, shape, split_cpus) in settings {
+    for (relays, shape, split) in settings {
         let block = duplex_block(shape);
-        let split = split.as_ref().filter(|_| split_cpus);
         // The rows of JSON strings keep the names earlier runs were recorded under.
         let (lines, mut case) = match shape {
             Shape::Strings => ("~1 KiB lines", relays.name().to_string()),
@@ -132,7 +134,7 @@ pub async fn duplex_rows(b: &Bench) -> Result<Vec<Row>> {
         };
         // How the CPUs were shared, for the row names.
         let placed = split.map_or(String::new(), |s| {
-            let (client_cpus, bridge_cpus) = s.sides;
+            let (client_cpus, bridge_cpus) = s.sides();
             format!(", CPUs split: bridge and agent on {bridge_cpus}, client and connect on {client_cpus}")
         });
         case.push_str(&placed);

@@ -54,8 +54,6 @@ pub struct Split {
     client: Cpus,
     bridge: Cpus,
     all: Cpus,
-    /// What each side has, for the row names.
-    pub sides: (usize, usize),
 }
 
 impl Split {
@@ -67,12 +65,12 @@ impl Split {
             return Ok(None);
         }
         let (client, bridge) = cpus.split_at(cpus.len() / 2);
-        Ok(Some(Self {
-            client: Cpus::of(client),
-            bridge: Cpus::of(bridge),
-            all,
-            sides: (client.len(), bridge.len()),
-        }))
+        Ok(Some(Self { client: Cpus::of(client), bridge: Cpus::of(bridge), all }))
+    }
+
+    /// How many CPUs the client's side and the bridge's have, for the row names.
+    pub fn sides(&self) -> (usize, usize) {
+        (self.client.list().len(), self.bridge.list().len())
     }
 
     /// Starts `c` (the bridge) on the bridge's side; its agent inherits it.
