@@ -481,6 +481,8 @@ async fn sigterm_ends_the_bridge_and_its_agents() {
     let status = s.bridge.terminate().await;
     assert!(status.success(), "bridge exit status after SIGTERM: {status:?}");
     assert!(!pid_alive(pid), "agent {pid} outlived the bridge");
+    // The log counts the sessions it ends (not its own tasks).
+    s.bridge.log.wait_for("shutting down: ending 1 session(s)").await;
     let (code, reason) = closed_with(&conn).await;
     assert_eq!((code, reason.as_str()), (1, close::REASON_SHUTTING_DOWN));
 }

@@ -276,7 +276,11 @@ impl Bridge {
             }
         }
         let served = shared.served();
-        info!("shutting down: ending {} connection(s)", shared.tasks.len());
+        // The sessions, not the tracked tasks: those include each agent's
+        // accept loop and relay watch, and a user reading "ending 2
+        // connection(s)" with nobody connected would look for two clients.
+        let sessions: usize = served.values().map(|a| a.live_sessions()).sum();
+        info!("shutting down: ending {sessions} session(s)");
         shared.shutdown.cancel();
         shared.tasks.close();
         shared.tasks.wait().await;
