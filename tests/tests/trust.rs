@@ -417,3 +417,33 @@ async fn a_hung_backend_neither_stacks_refreshes_nor_delays_shutdown() {
     let took = started.elapsed();
     assert!(took < Duration::from_secs(8), "shutdown waited {took:?} on the backend");
 }
+
+/// A device removed from the account while the bridge was down: its session's
+/// journal is not taken back (no agent is started, nothing is sent to one for
+/// it), although the bridge has an account to ask. Trust is checked before a
+/// journal is used, whatever the sources of trust.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_devices_journal_is_not_taken_back_when_an_account_is_configured() {
+    let w = World::new().await;
+    let dev = Tb::new(Some(&w.relay));
+    let dev_id = dev.node_id("acp").await;
+    w.backend.set_node_ids(vec![Some(w.own.to_string()), Some(dev_id.to_string())]);
+    let mut bridge = w.bridge(&[], &cat_agent(None), &[]).await;
+    let mut c = JsonConnect::start(&dev, &[&bridge.ticket]);
+    c.send(serde_json::json!({"jsonrpc": "2.0", "method": "note", "params": {"n": 1}})).await;
+    c.until(|v| v["method"] == "note").await;
+    bridge.terminate().await;
+    let journals = w.home.home().join("iroh/sessions");
+    let kept = std::fs::read_dir(&journals).unwrap().count();
+    assert_eq!(kept, 1, "the session was journaled at the shutdown");
+
+    // Revoked while the bridge was down.
+    w.backend.set_node_ids(vec![Some(w.own.to_string())]);
+    let bridge = w.bridge(&[], &cat_agent(None), &[]).await;
+    bridge.log.wait_for("its owner is no longer allowed").await;
+    let log = bridge.log.text();
+    assert!(!log.contains("taking back a session"), "{log}");
+    assert!(!log.contains("agent started"), "{log}");
+    assert_eq!(std::fs::read_dir(&journals).unwrap().count(), 0, "the journal was removed");
+    drop(c);
+}

@@ -164,10 +164,26 @@ async fn restore_one(found: Found, shared: &Arc<Shared>, agent: &Arc<Served>, jo
         journal::discard(&found.path);
         return;
     }
-    if cfg.trust.check(&owner).is_none() && cfg.account.is_none() {
-        info!(peer = %short, "not taking back the session of {path}: its owner is no longer allowed");
-        journal::discard(&found.path);
-        return;
+    // Trust first, whatever its sources: a device revoked while the bridge
+    // was down gets no agent started for it. An account whose device list
+    // has not been fetched yet (its backend slow or down at the start) is
+    // waited for, within the grace, rather than taken for a "no".
+    if cfg.trust.check(&owner).is_none() {
+        let unknown = cfg.account.as_ref().filter(|a| a.trust.is_enabled() && !a.trust.is_primed());
+        let allowed_later = match unknown {
+            Some(a) => {
+                info!(peer = %short, "waiting for the account's device list before taking back the session of {path}");
+                let left = resume.grace.saturating_sub(away);
+                tokio::time::timeout(left, a.trust.primed()).await.is_ok()
+                    && cfg.trust.check(&owner).is_some()
+            }
+            None => false,
+        };
+        if !allowed_later {
+            info!(peer = %short, "not taking back the session of {path}: its owner is no longer allowed");
+            journal::discard(&found.path);
+            return;
+        }
     }
     // A slot, as any new session; never by evicting one (nobody asked for this one yet).
     let (Ok(permit), Some(live)) = (shared.agents.clone().try_acquire_owned(), agent.take_session(&cfg))

@@ -63,6 +63,9 @@ impl std::fmt::Display for AccountStatus {
 #[derive(Debug)]
 pub struct AccountTrust {
     state: RwLock<State>,
+    /// Whether a list was ever fetched (until then an empty list says
+    /// nothing about who is allowed): what a restore waits for.
+    primed: tokio::sync::watch::Sender<bool>,
 }
 
 #[derive(Debug, Clone)]
@@ -74,7 +77,21 @@ struct State {
 
 impl AccountTrust {
     pub fn off(why: OffReason) -> Self {
-        Self { state: RwLock::new(State { on: Err(why), ids: HashSet::new() }) }
+        Self {
+            state: RwLock::new(State { on: Err(why), ids: HashSet::new() }),
+            primed: tokio::sync::watch::channel(false).0,
+        }
+    }
+
+    /// Whether the account's device list was fetched at least once.
+    pub fn is_primed(&self) -> bool {
+        *self.primed.borrow()
+    }
+
+    /// Returns once the account's device list was fetched (at once if it was).
+    pub async fn primed(&self) {
+        let mut rx = self.primed.subscribe();
+        let _ = rx.wait_for(|p| *p).await;
     }
 
     pub fn is_enabled(&self) -> bool {
@@ -118,6 +135,7 @@ impl AccountTrust {
             return false;
         }
         self.set(|s| s.ids = ids);
+        self.primed.send_replace(true);
         true
     }
 }
