@@ -88,6 +88,12 @@ pub const METHOD_ROLE: &str = "_thunderbolt/role";
 /// are told who, and drop their own question.
 pub const METHOD_ANSWERED: &str = "_thunderbolt/answered";
 
+/// A device the agent does not wait for (an observer) stopped reading until
+/// its log was full: the agent went on, and the device is told how much of
+/// its output it missed (`{"frames":N,"bytes":B,"message":…}`) when it reads
+/// again, in place of that output.
+pub const METHOD_MISSED: &str = "_thunderbolt/missed";
+
 /// The JSON-RPC error code of a request an observer sent (a server error).
 pub const OBSERVER_REFUSED_CODE: i64 = -32003;
 
@@ -177,6 +183,24 @@ pub fn observer_refused(id: &[u8], controller: &Device) -> Vec<u8> {
             "message": format!(
                 "this device is an observer of the session: only its controller ({}) sends requests; take control to send",
                 controller.label()
+            ),
+        },
+    }))
+}
+
+/// The [`METHOD_MISSED`] line: this device's log was full (it stopped
+/// reading: a locked phone, a stopped process) and it did not get `frames`
+/// of the agent's frames (`bytes` bytes); the agent did not wait for it.
+pub fn missed_line(frames: u64, bytes: u64) -> Vec<u8> {
+    json_line(&json!({
+        "jsonrpc": "2.0",
+        "method": METHOD_MISSED,
+        "params": {
+            "frames": frames,
+            "bytes": bytes,
+            "message": format!(
+                "this device fell behind the session and missed {frames} of the agent's message(s) ({bytes} bytes); \
+                 join again with the history to see them"
             ),
         },
     }))

@@ -14,6 +14,8 @@
 //! | a request over the frame cap | -32600 [`TOO_LARGE_REQUEST_CODE`], the request's `id` or `null` | its sender |
 //! | a response over the frame cap | -32603 [`TOO_LARGE_RESPONSE_CODE`], the response's `id` | the side waiting for it |
 
+use std::borrow::Cow;
+
 /// JSON-RPC 2.0 "Parse error".
 pub const PARSE_ERROR_CODE: i64 = -32700;
 
@@ -233,19 +235,21 @@ fn is_id(raw: &[u8]) -> bool {
     matches!(raw.first(), Some(b'"' | b'-' | b'0'..=b'9'))
 }
 
-/// Calls `f` with each top-level key of the object `prefix` starts and its raw
-/// value (`None` when the value is cut), until `f` returns false or the bytes
-/// stop making sense.
-fn visit_keys<'a>(prefix: &'a [u8], mut f: impl FnMut(&'a [u8], Option<&'a [u8]>) -> bool) {
+/// Calls `f` with each top-level key of the object `prefix` starts (its raw
+/// text between the quotes) and its raw value (`None` when the value is
+/// cut), until `f` returns false or the bytes stop making sense. True when
+/// every key was visited: the object's closing brace was reached.
+fn visit_keys<'a>(prefix: &'a [u8], mut f: impl FnMut(&'a [u8], Option<&'a [u8]>) -> bool) -> bool {
     let mut s = Scan { b: prefix, i: 0 };
-    let _ = (|| -> Option<()> {
+    (|| -> Option<()> {
         s.ws();
         s.eat(b'{')?;
+        s.ws();
+        if s.peek()? == b'}' {
+            return Some(());
+        }
         loop {
             s.ws();
-            if s.peek()? == b'}' {
-                return None;
-            }
             let key = s.string()?;
             s.ws();
             s.eat(b':')?;
@@ -257,19 +261,113 @@ fn visit_keys<'a>(prefix: &'a [u8], mut f: impl FnMut(&'a [u8], Option<&'a [u8]>
             }
             value?;
             s.ws();
-            if s.peek()? == b',' {
-                s.i += 1;
-            } else {
-                return None;
+            match s.peek()? {
+                b',' => s.i += 1,
+                b'}' => return Some(()),
+                _ => return None,
             }
         }
-    })();
+    })()
+    .is_some()
 }
 
-/// An id worth echoing: a JSON number or string (JSON-RPC allows no other), as text.
+/// An id worth echoing: a JSON number or string (JSON-RPC allows no other),
+/// as its canonical text ([`canonical_id`]), so that ids compare as values.
 fn valid_id(raw: &[u8]) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(raw).ok()?;
-    (v.is_number() || v.is_string()).then(|| String::from_utf8_lossy(raw).into_owned())
+    if !(v.is_number() || v.is_string()) {
+        return None;
+    }
+    canonical_id(raw).map(|c| String::from_utf8_lossy(&c).into_owned())
+}
+
+/// An id (raw JSON text of a string or a number) in the one spelling the
+/// bridge compares: a string with escapes is decoded and written again with
+/// only the escapes JSON requires, so `"\u0071\u0031"` and `"q\/1"` are `"q1"`
+/// and `"q/1"` (a device must not answer a request unseen by spelling its id
+/// differently, nor an agent miss the answer to the bridge's own call for
+/// escaping a `/`). A string without a backslash is its own canonical text
+/// (no copy). Numbers are kept as written (JSON-RPC ids are integers; `1`
+/// and `1.0` are two ids here). `None` for anything else, or a string that
+/// does not decode (a lone surrogate).
+pub fn canonical_id(raw: &[u8]) -> Option<Cow<'_, [u8]>> {
+    match raw.first()? {
+        b'"' if !raw.contains(&b'\\') => Some(Cow::Borrowed(raw)),
+        b'"' => {
+            let s: String = serde_json::from_slice(raw).ok()?;
+            serde_json::to_vec(&s).ok().map(Cow::Owned)
+        }
+        b'-' | b'0'..=b'9' => Some(Cow::Borrowed(raw)),
+        _ => None,
+    }
+}
+
+/// What one whole line is, read strictly ([`classify`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message<'a> {
+    /// A `method` (a string) and an `id` (a string or a number, canonical).
+    Request(Cow<'a, [u8]>),
+    /// A `method` (a string) and no `id`.
+    Notification,
+    /// An `id` (canonical), exactly one of `result` and `error`, no `method`.
+    Response(Cow<'a, [u8]>),
+    /// Anything else: a key that decides twice (`id`, `method`, `result`,
+    /// `error`), a `method` beside a `result`, no object, a bad id.
+    Invalid,
+}
+
+/// What `line` is, every top-level key read (escaped keys decoded), for a
+/// line whose kind decides where it may go (an observer's line goes to the
+/// agent only as an answer). Unlike [`response_id`] and [`request_id`], which
+/// stop at the first key that decides and serve bookkeeping, this never takes
+/// a request for an answer because an `id` and a `result` came before its
+/// `method`.
+pub fn classify(line: &[u8]) -> Message<'_> {
+    let (mut id, mut ids, mut method, mut answers, mut bad) = (None, 0u8, 0u8, [0u8; 2], false);
+    let complete = visit_keys(line, |key, value| {
+        let decoded: String;
+        let key = if key.contains(&b'\\') {
+            let mut quoted = Vec::with_capacity(key.len() + 2);
+            quoted.push(b'"');
+            quoted.extend_from_slice(key);
+            quoted.push(b'"');
+            match serde_json::from_slice::<String>(&quoted) {
+                Ok(k) => {
+                    decoded = k;
+                    decoded.as_bytes()
+                }
+                Err(_) => {
+                    bad = true;
+                    return false;
+                }
+            }
+        } else {
+            key
+        };
+        match key {
+            b"id" => {
+                ids += 1;
+                id = value.and_then(canonical_id);
+            }
+            b"method" => {
+                method += 1;
+                bad |= value.and_then(|v| v.first()) != Some(&b'"');
+            }
+            b"result" => answers[0] += 1,
+            b"error" => answers[1] += 1,
+            _ => {}
+        }
+        true
+    });
+    if !complete || bad || ids > 1 || method > 1 || answers.iter().any(|n| *n > 1) {
+        return Message::Invalid;
+    }
+    match (method, answers[0] + answers[1], id) {
+        (1, 0, None) if ids == 0 => Message::Notification,
+        (1, 0, Some(id)) => Message::Request(id),
+        (0, 1, Some(id)) => Message::Response(id),
+        _ => Message::Invalid,
+    }
 }
 
 /// A forgiving cursor over JSON bytes: every method returns `None` when the
@@ -513,6 +611,45 @@ mod tests {
         long.extend(std::iter::repeat_n(b'a', 10_000));
         long.extend(br#"","id":1}"#);
         assert_eq!(response_id(&long), None, "the id past the peek limit is not read");
+    }
+
+    #[test]
+    fn a_line_is_classified_by_all_of_its_keys() {
+        use Message::*;
+        let r = |s: &'static [u8]| Response(Cow::Borrowed(s));
+        let q = |s: &'static [u8]| Request(Cow::Borrowed(s));
+        assert_eq!(classify(br#"{"jsonrpc":"2.0","id":"q1","result":{"a":1}}"#), r(br#""q1""#));
+        assert_eq!(classify(br#"{"error":{"code":1},"jsonrpc":"2.0","id":7}"#), r(b"7"));
+        assert_eq!(classify(br#"{"jsonrpc":"2.0","id":3,"method":"m","params":{}}"#), q(b"3"));
+        assert_eq!(classify(br#"{"jsonrpc":"2.0","method":"m"}"#), Notification);
+        // A request dressed as an answer: its `method` comes after what decided before.
+        for disguised in [
+            &br#"{"jsonrpc":"2.0","id":"x","result":null,"method":"session/prompt","params":{}}"#[..],
+            br#"{"id":"x","error":{"code":1},"method":"session/prompt"}"#,
+            br#"{"id":"x","result":1,"\u006dethod":"session/prompt"}"#,
+            br#"{"id":"x","result":1,"id":"y"}"#,
+            br#"{"id":"x","result":1,"result":2}"#,
+            br#"{"id":"x","result":1,"error":{}}"#,
+            br#"{"method":"m","result":1}"#,
+            br#"{"method":"m","id":1,"method":"n"}"#,
+            br#"{"method":1,"id":1}"#,
+            br#"{"id":null,"result":1}"#,
+            br#"{"id":{"a":1},"result":1}"#,
+            br#"{"result":1}"#,
+            br#"{}"#,
+            br#"[{"id":1,"result":1}]"#,
+            br#"{"id":1,"result":1"#,
+        ] {
+            assert_eq!(classify(disguised), Invalid, "{}", String::from_utf8_lossy(disguised));
+        }
+        // Ids compare as values: escapes decoded, written the one way.
+        assert_eq!(classify(br#"{"id":"\u0071\u0031","result":{}}"#), r(br#""q1""#));
+        assert_eq!(classify(br#"{"\u0069d":"a\/b","result":{}}"#), r(br#""a/b""#));
+        assert_eq!(classify(br#"{"id":"q\"1","result":{}}"#), r(br#""q\"1""#));
+        assert_eq!(classify(br#"{"id":"\ud800","result":{}}"#), Invalid, "a lone surrogate is no id");
+        let restore = peek_head(br#"{"id":"_thunderbolt\/restore\/1","result":{}}"#);
+        assert_eq!(restore.id.as_deref(), Some(r#""_thunderbolt/restore/1""#));
+        assert_eq!(peek_head(br#"{"id":"\u0071\u0031","method":"m"}"#).id.as_deref(), Some(r#""q1""#));
     }
 
     #[test]

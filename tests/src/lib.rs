@@ -615,6 +615,15 @@ impl JsonConnect {
         self.stdin.as_mut().expect("input open").write_all(&line).await.expect("connect reads its input");
     }
 
+    /// Sends `line` as it is (a `\n` is added): what a hostile client writes,
+    /// in a key order or spelling a JSON value would not keep.
+    pub async fn send_raw(&mut self, line: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        let mut line = line.to_vec();
+        line.push(b'\n');
+        self.stdin.as_mut().expect("input open").write_all(&line).await.expect("connect reads its input");
+    }
+
     /// The next line, within [`WAIT`].
     pub async fn next(&mut self) -> serde_json::Value {
         let line = tokio::time::timeout(WAIT, self.lines.next_line())

@@ -4,7 +4,7 @@
 //! one device's outage.
 
 use serde_json::{json, Value};
-use thunderbolt_shared::devices::{METHOD_ANSWERED, METHOD_ROLE, OBSERVER_REFUSED_CODE};
+use thunderbolt_shared::devices::{METHOD_ANSWERED, METHOD_MISSED, METHOD_ROLE, OBSERVER_REFUSED_CODE};
 use thunderbolt_tests::*;
 
 /// One device's `connect`: JSON lines in and out.
@@ -382,4 +382,94 @@ async fn a_device_that_joins_again_and_again_is_refused_past_the_cap() {
     for p in joined.iter_mut() {
         p.until(is_note(1)).await;
     }
+}
+
+/// A hostile observer's requests dressed as answers (an `id` and a `result`
+/// or `error` before the `method`, a key given twice, an escaped key) never
+/// reach the agent: each line is read whole, not up to the first key that
+/// looks like an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observers_request_dressed_as_an_answer_never_reaches_the_agent() {
+    let Rig { _relay, home: _home, bridge, laptop, phone } = rig("cat").await;
+    let ticket = bridge.ticket.as_str();
+    let (mut l, id) = laptop_session(&laptop, &phone, ticket, &[]).await;
+    let mut p = Device::start(&phone, &["--attach", &id, "--observe", "--history", "now", ticket]);
+    p.until(|v| role_of(v).is_some()).await;
+    let disguised: [&[u8]; 5] = [
+        br#"{"jsonrpc":"2.0","id":"x1","result":null,"method":"session/prompt","params":{"sessionId":"s-1"}}"#,
+        br#"{"jsonrpc":"2.0","id":"x2","error":{"code":1,"message":"m"},"method":"session/prompt","params":{}}"#,
+        br#"{"jsonrpc":"2.0","id":"x3","result":{},"id":"x3","method":"session/prompt"}"#,
+        br#"{"jsonrpc":"2.0","id":"x4","result":{},"\u006dethod":"session/prompt"}"#,
+        br#"{"jsonrpc":"2.0","method":"session/cancel","result":{},"params":{"sessionId":"s-1"}}"#,
+    ];
+    for line in disguised {
+        p.send_raw(line).await;
+    }
+    // A plain request after them: its refusal says the lines before it were screened.
+    p.send(json!({"jsonrpc": "2.0", "id": "p1", "method": "session/prompt", "params": {}})).await;
+    let refused = p.until(|v| v["id"] == "p1").await;
+    assert_eq!(refused["error"]["code"], OBSERVER_REFUSED_CODE, "{refused}");
+    // The agent echoes what reaches it: the controller's line after all of
+    // them comes back alone.
+    l.send(note(1)).await;
+    l.until(is_note(1)).await;
+    let reached: Vec<&Value> =
+        l.seen.iter().filter(|v| v.get("id").is_some() || v["method"] == "session/cancel").collect();
+    assert!(reached.is_empty(), "the observer's lines reached the agent: {reached:?}");
+}
+
+/// An observer answers the agent's question with its id spelled another way
+/// (`"\u0071\u0031"` is `"q1"`): ids are compared as values, so the others
+/// are told it answered, and a second answer is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_spells_the_id_another_way_is_still_the_first_answer() {
+    let Rig { _relay, home: _home, bridge, laptop, phone } = rig("ask").await;
+    let ticket = bridge.ticket.as_str();
+    let mut l = Device::start(&laptop, &[ticket]);
+    l.send(note(0)).await;
+    l.until(|v| v["id"] == "q1").await;
+    let id = sessions(&phone, ticket).await[0]["id"].as_str().unwrap().to_string();
+    let mut p = Device::start(&phone, &["--attach", &id, "--observe", "--history", "all", ticket]);
+    p.until(|v| v["id"] == "q1" && v["method"].is_string()).await;
+    p.send_raw(br#"{"jsonrpc":"2.0","id":"\u0071\u0031","result":{"content":"from the phone"}}"#).await;
+    let told = l.until(|v| v["method"] == METHOD_ANSWERED).await;
+    assert_eq!(told["params"]["id"], "q1", "{told}");
+    assert_eq!(told["params"]["by"]["name"], "phone", "{told}");
+    l.send(json!({"jsonrpc": "2.0", "id": "q1", "result": {"content": "from the laptop"}})).await;
+    bridge.log.wait_for("answered it first").await;
+}
+
+/// A device that watches and stops reading (a locked phone, a stopped
+/// process) never holds the agent: the controller's long turn streams on at
+/// full speed, and the observer, when it reads again, is told how much it
+/// missed and gets the session's frames from there on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_observer_never_holds_the_agent_and_is_told_what_it_missed() {
+    // 8 MiB through a 1 MiB resume buffer, with a grace far longer than the test.
+    const FRAMES: u64 = 512;
+    let flags = ["--resume-buffer", "1M", "--resume-grace", "600"];
+    let Rig { _relay, home: _home, bridge, laptop, phone } = rig_with("cat", &flags).await;
+    let ticket = bridge.ticket.as_str();
+    let (mut l, id) = laptop_session(&laptop, &phone, ticket, &[]).await;
+    let mut p = Device::start(&phone, &["--attach", &id, "--observe", "--history", "now", ticket]);
+    p.until(|v| role_of(v).is_some()).await;
+    let phone_pid = p.child.id().unwrap();
+    signal(phone_pid, libc::SIGSTOP);
+    let pad = "x".repeat(16 * 1024);
+    for n in 1..=FRAMES {
+        l.send(json!({"jsonrpc": "2.0", "method": "note", "params": {"n": n, "pad": pad}})).await;
+        l.until(is_note(n)).await;
+    }
+    signal(phone_pid, libc::SIGCONT);
+    let missed = p.until(|v| v["method"] == METHOD_MISSED).await;
+    assert!(missed["params"]["frames"].as_u64().unwrap() > 0, "{missed}");
+    assert!(missed["params"]["bytes"].as_u64().unwrap() > 1 << 20, "{missed}");
+    // From there on it gets the session's frames again.
+    l.send(note(FRAMES + 1)).await;
+    l.until(is_note(FRAMES + 1)).await;
+    p.until(is_note(FRAMES + 1)).await;
+    let notes: Vec<u64> =
+        p.seen.iter().filter(|v| v["method"] == "note").map(|v| v["params"]["n"].as_u64().unwrap()).collect();
+    assert!(notes.windows(2).all(|w| w[0] < w[1]), "frames once and in order: {notes:?}");
+    assert!((notes.len() as u64) < FRAMES, "the observer cannot have had them all: {}", notes.len());
 }

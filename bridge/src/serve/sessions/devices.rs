@@ -127,6 +127,34 @@ impl Default for Members {
     }
 }
 
+/// Puts a run of the agent's output (`lines` frames) into one device's log
+/// (its hub's state locked). The agent waits for room in the log of the
+/// device it `waited` for (the controller; see [`Hub::held`]); any other
+/// device's log takes what fits within `buffer`, and past it counts what
+/// the device missed: once it has read down to half the buffer it is told
+/// ([`wire::missed_line`]) and gets the agent's output again. A phone that
+/// locks its screen while watching never stops the agent for the others.
+pub(super) fn feed(st: &mut State, buffer: usize, run: &Bytes, lines: u64, waited: bool) {
+    let held = st.out.bytes();
+    let len = run.len() as u64;
+    match st.missed {
+        Some((frames, bytes)) if !waited && held > 0 && held + run.len() > buffer / 2 => {
+            st.missed = Some((frames + lines, bytes + len));
+            return;
+        }
+        Some((frames, bytes)) => {
+            st.out.push(Bytes::from(wire::missed_line(frames, bytes)));
+            st.missed = None;
+        }
+        None if !waited && held > 0 && held + run.len() > buffer => {
+            st.missed = Some((lines, len));
+            return;
+        }
+        None => {}
+    }
+    st.out.push_counted(run.clone(), lines);
+}
+
 /// A guest's place: its seat number and the session's hub.
 #[derive(Debug)]
 pub(super) struct Seat {
@@ -228,15 +256,42 @@ impl Hub {
         for g in &m.guests {
             let mut gs = g.lock();
             if gs.gone.is_none() && !gs.leaving {
-                gs.out.push_counted(run.clone(), lines);
+                feed(&mut gs, g.cfg.buffer, run, lines, g.seat_number() == m.controller);
             }
         }
     }
 
-    /// The most any device's log holds (what the agent's output waits on).
+    /// What the agent's output waits on: the controller's log (the first
+    /// device's while it is the only one). A device that only watches never
+    /// holds the agent, however long it is stopped or away: its log skips
+    /// what does not fit and tells it so ([`feed`]).
     pub(super) fn held(&self, st: &State) -> usize {
-        let first = if st.members.left { 0 } else { st.out.bytes() };
-        st.members.guests.iter().map(|g| g.lock().out.bytes()).fold(first, usize::max)
+        match st.members.controller {
+            0 if st.members.left => 0,
+            0 => st.out.bytes(),
+            seat => {
+                st.members.guests.iter().find(|g| g.seat_number() == seat).map_or(0, |g| g.lock().out.bytes())
+            }
+        }
+    }
+
+    /// Whether the first device's log is one the agent waits for.
+    pub(super) fn first_is_waited_for(st: &State) -> bool {
+        st.members.controller == 0
+    }
+
+    /// A device's log has room again after it acknowledged: what it missed
+    /// is told now, not with the agent's next output (which may be long in
+    /// coming). True when a notice was put in the log.
+    pub(super) fn tell_missed_if_room(&self, st: &mut State) -> bool {
+        match st.missed {
+            Some((frames, bytes)) if st.out.bytes() <= self.cfg.buffer / 2 => {
+                st.out.push(Bytes::from(wire::missed_line(frames, bytes)));
+                st.missed = None;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// A frame for this device only (a refusal, a role, who answered). Never
@@ -281,8 +336,8 @@ impl Hub {
             // Nor are the controller's lines when none is a request or an answer.
             if names_an_id && !m.open.is_empty() {
                 for line in thunderbolt_shared::ndjson::lines(&run) {
-                    if let Some(id) = jsonrpc::response_id(line) {
-                        m.open.remove(&*String::from_utf8_lossy(id));
+                    if let Some(id) = jsonrpc::response_id(line).and_then(jsonrpc::canonical_id) {
+                        m.open.remove(&*String::from_utf8_lossy(&id));
                     }
                 }
             }
@@ -291,8 +346,11 @@ impl Hub {
         let mut kept = KeptLines::new(&run);
         let mut refusals = Vec::new();
         let mut answered = Vec::new();
+        // Each line read whole (`classify`): what decides where it goes is
+        // every key it has, not the first that looks like an answer.
         for line in thunderbolt_shared::ndjson::lines(&run) {
-            if let Some(id) = jsonrpc::response_id(line) {
+            let message = jsonrpc::classify(line);
+            if let jsonrpc::Message::Response(id) = &message {
                 let key = String::from_utf8_lossy(id).into_owned();
                 if m.open.remove(&key) {
                     let mine = self.device();
@@ -319,10 +377,11 @@ impl Hub {
             } else if controller {
                 kept.line(line, true);
             } else {
-                let id = jsonrpc::request_id(line);
+                // An observer's request is refused; anything else of its
+                // (a notification, a line that is no one thing) is dropped.
                 kept.line(line, false);
-                if let Some(id) = id {
-                    refusals.push(id.to_vec());
+                if let jsonrpc::Message::Request(id) = message {
+                    refusals.push(id.into_owned());
                 }
             }
         }

@@ -259,6 +259,11 @@ pub(super) struct State {
     pub(super) resumes: u64,
     /// What the session's devices share (the session's hub only).
     pub(super) members: Members,
+    /// A device the agent does not wait for (an observer) whose log was
+    /// full: the agent's frames and bytes it did not get, told to it in one
+    /// [`METHOD_MISSED`](thunderbolt_shared::devices::METHOD_MISSED) notice
+    /// once its log has room again.
+    pub(super) missed: Option<(u64, u64)>,
     /// This device's input ended while others were on the session: it is
     /// sent what it was sent so far and an end, then let go.
     pub(super) leaving: bool,
@@ -397,6 +402,7 @@ impl Hub {
             dropped: 0,
             resumes: 0,
             members: Members::default(),
+            missed: None,
             leaving: false,
         };
         init(&mut state);

@@ -225,8 +225,9 @@ impl Outbox {
                 return Poll::Ready(Ok(buf.len()));
             }
         }
-        // Every device's log: the agent waits for the slowest. And for the
-        // attached connection to take what it was given (`UNSENT_MAX`).
+        // The controller's log (an observer's skips what does not fit, see
+        // `devices::feed`). And for the attached connection to take what it
+        // was given (`UNSENT_MAX`).
         let held = hub.held(&st);
         let unsent = st.sent_mark.map_or(0, |m| st.out.pushed_bytes().saturating_sub(m));
         if (held > 0 && held + buf.len() > hub.cfg.buffer)
@@ -262,7 +263,8 @@ impl Outbox {
         let (lines, names_an_id) = seen
             .unwrap_or_else(|| (memchr::memchr_iter(b'\n', &run).count() as u64, jsonrpc::names_an_id(&run)));
         if !st.members.left && !st.leaving {
-            st.out.push_counted(run.clone(), lines);
+            let waited = Hub::first_is_waited_for(&st);
+            super::devices::feed(&mut st, hub.cfg.buffer, &run, lines, waited);
         }
         if let Some(asked) = st.asked.as_mut() {
             Hub::note_asked(asked, &run);

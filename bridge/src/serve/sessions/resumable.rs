@@ -363,9 +363,13 @@ impl Hub {
                 let mut st = self.lock();
                 st.out.ack(n).map_err(|e| format!("{REASON_PROTOCOL}: ack {e}"))?;
                 self.left_if_done(&st);
+                let told = self.tell_missed_if_room(&mut st);
                 let writer = st.writer.take();
                 drop(st);
                 self.wake(writer);
+                if told {
+                    self.output.notify_waiters();
+                }
                 // A device that joined: the agent may wait for room in its log.
                 if let Some(s) = self.seat.get().and_then(|s| s.session.upgrade()) {
                     let writer = s.lock().writer.take();
