@@ -473,3 +473,51 @@ async fn a_stopped_observer_never_holds_the_agent_and_is_told_what_it_missed() {
     assert!(notes.windows(2).all(|w| w[0] < w[1]), "frames once and in order: {notes:?}");
     assert!((notes.len() as u64) < FRAMES, "the observer cannot have had them all: {}", notes.len());
 }
+
+/// The device that started a session leaves (its input ends) while another
+/// controls it: the session stays joinable, by the device that left and by
+/// a second connection of the one in control.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_stays_joinable_after_the_device_that_started_it_leaves() {
+    let Rig { _relay, home: _home, bridge, laptop, phone } = rig("cat").await;
+    let ticket = bridge.ticket.as_str();
+    let (l, id) = laptop_session(&laptop, &phone, ticket, &[]).await;
+    let mut p = Device::start(&phone, &["--attach", &id, "--history", "now", ticket]);
+    p.until(|v| role_of(v).is_some()).await;
+    let llog = l.log.clone();
+    assert!(l.close().await.success(), "{}", llog.text());
+    llog.wait_for("left the session").await;
+    p.send(note(1)).await;
+    p.until(is_note(1)).await;
+    // The laptop comes back, to watch; the phone opens a second connection.
+    let mut l2 = Device::start(&laptop, &["--attach", &id, "--observe", "--history", "now", ticket]);
+    let role = l2.until(|v| role_of(v).is_some()).await;
+    assert_eq!(role_of(&role), Some(("observer".into(), "phone".into())), "{role}");
+    let mut p2 = Device::start(&phone, &["--attach", &id, "--observe", "--history", "now", ticket]);
+    p2.until(|v| role_of(v).is_some()).await;
+    p.send(note(2)).await;
+    for d in [&mut p, &mut l2, &mut p2] {
+        d.until(is_note(2)).await;
+    }
+}
+
+/// The controller that joined leaves while the device that started the
+/// session is still attached: that device takes control (it is the earliest
+/// attached), is told so, and its requests reach the agent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_controller_leaves_the_device_still_attached_takes_control() {
+    let Rig { _relay, home: _home, bridge, laptop, phone } = rig("cat").await;
+    let ticket = bridge.ticket.as_str();
+    let (mut l, id) = laptop_session(&laptop, &phone, ticket, &[]).await;
+    let p = Device::start(&phone, &["--attach", &id, "--history", "now", ticket]);
+    let told = l.until(|v| role_of(v).is_some()).await;
+    assert_eq!(role_of(&told), Some(("observer".into(), "phone".into())));
+    let plog = p.log.clone();
+    assert!(p.close().await.success(), "{}", plog.text());
+    let promoted = l.until(|v| role_of(v).is_some()).await;
+    assert_eq!(promoted["params"]["role"], "controller", "{promoted}");
+    l.send(json!({"jsonrpc": "2.0", "id": 5, "method": "session/prompt", "params": {"sessionId": "s-1"}}))
+        .await;
+    let back = l.until(|v| v["id"] == 5).await;
+    assert_eq!(back["method"], "session/prompt", "the agent got the request (cat echoes it): {back}");
+}

@@ -477,9 +477,22 @@ impl Hub {
     /// Tells this device its role, when it shares its session.
     pub(super) fn tell_role(self: &Arc<Self>) {
         let Some(session) = self.session_hub() else { return };
-        let st = session.lock();
+        let leaving = self.lock().leaving;
+        let mut st = session.lock();
         if !st.members.joined {
             return;
+        }
+        if st.members.controller == NOBODY && !leaving {
+            // Nobody controls the session (its controller left while no
+            // other device was attached): the device that comes back takes
+            // control, rather than find every request of its refused.
+            st.members.controller = self.seat_number();
+            session.refresh_roles(&st);
+            info!(
+                session = session.short(),
+                "{} controls the session now: nobody did",
+                self.device().label()
+            );
         }
         let role =
             if st.members.controller == self.seat_number() { Role::Controller } else { Role::Observer };
@@ -513,7 +526,10 @@ impl Hub {
         if let Some(g) = &st.gone {
             return Err(JoinError::Gone(g.resume_reason.clone()));
         }
-        if st.end_at.is_some() {
+        // The agent's output ended (the session is ending). Not the first
+        // device's own end of input: the session goes on without it, and
+        // stays joinable, by that device too.
+        if st.end_at.is_some() && !st.leaving && !st.members.left {
             return Err(JoinError::Gone(close::REASON_UNKNOWN_SESSION.into()));
         }
         let live = st.members.guests.len() + usize::from(!st.members.left);
@@ -624,7 +640,12 @@ impl Hub {
         }
         let mut promoted = None;
         if st.members.controller == seat {
-            let next = st.members.guests.iter().find(|g| g.lock().attached.is_some()).cloned();
+            // The earliest device attached now: the first (seat 0) while it
+            // is on the session and attached, then the guests in seat order.
+            let first = (!st.members.left && !st.leaving && st.attached.is_some()).then(|| self.clone());
+            let next = first.or_else(|| {
+                st.members.guests.iter().find(|g| g.lock().attached.is_some() && !g.lock().leaving).cloned()
+            });
             st.members.controller = next.as_ref().map_or(NOBODY, |g| g.seat_number());
             promoted = next;
         }
