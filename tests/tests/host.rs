@@ -693,3 +693,40 @@ async fn a_folder_renamed_away_and_back_removes_no_agent() {
     assert!(!text.contains("manifest removed") && !text.contains("no longer served"), "{text}");
     h.stop().await;
 }
+
+/// Plants a FIFO at `path`, as another process (or user) able to write the folder could.
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a plain syscall on a NUL-terminated path of ours.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "{}", std::io::Error::last_os_error());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fifo_in_agents_d_is_refused_and_the_host_starts_and_serves_the_others() {
+    let (host, client) = homes().await;
+    let dir = agents_dir(&host);
+    write_manifest(&dir, "good.json", &cat("good", ""), 0o600);
+    // A plain open of a FIFO waits for a writer forever: it kept the host from starting.
+    let planted = dir.join("planted.json");
+    mkfifo(&planted);
+    let h = RunningHost::start(&host, &[]).await;
+    assert_eq!(h.agents.iter().map(|a| a.name.as_str()).collect::<Vec<_>>(), ["good"], "{}", h.banner);
+    let line =
+        h.banner.lines().find(|l| l.contains("planted.json")).unwrap_or_else(|| panic!("{}", h.banner));
+    assert!(line.contains("Refused:") && line.contains("not a regular file but a FIFO"), "{line}");
+    h.log.wait_for(&format!("skipping {}: not a regular file but a FIFO", planted.display())).await;
+    let out = exchange(&client, "acp", &h.agent("good").ticket, "{\"good\":1}\n").await;
+    assert_eq!(out.stdout, b"{\"good\":1}\n", "{}", String::from_utf8_lossy(&out.stderr));
+
+    // One planted while the host runs: refused on the next look, the others still serve.
+    let late = dir.join("late.json");
+    mkfifo(&late);
+    h.log.wait_for(&format!("skipping {}: not a regular file but a FIFO", late.display())).await;
+    let out = exchange(&client, "acp", &h.agent("good").ticket, "{\"still\":1}\n").await;
+    assert_eq!(out.stdout, b"{\"still\":1}\n", "{}", String::from_utf8_lossy(&out.stderr));
+    // `agents check` says why, without waiting on the FIFO either.
+    let out = host.run(&["agents", "check", &planted.display().to_string()]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a regular file but a FIFO"));
+    h.stop().await;
+}

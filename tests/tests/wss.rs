@@ -252,3 +252,50 @@ async fn a_frame_over_the_cap_is_answered_and_the_session_goes_on() {
     ws.send(Message::text("{\"after\":1}".to_string())).await.unwrap();
     assert_eq!(next_text(&mut ws).await["after"], 1, "the session goes on");
 }
+
+/// `serve::wss::MAX_WAITING_UPGRADES`: connections waiting for their upgrade at once.
+const MAX_WAITING_UPGRADES: usize = 64;
+
+/// Whether the bridge has closed `s` (at this instant, without waiting).
+fn closed_now(s: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut b = [0u8; 1];
+    // SAFETY: a peek of at most one byte into a buffer of ours, on a descriptor `s` owns.
+    let n =
+        unsafe { libc::recv(s.as_raw_fd(), b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    let e = std::io::Error::last_os_error();
+    n == 0 || (n < 0 && e.kind() != std::io::ErrorKind::WouldBlock)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_that_never_send_a_byte_are_capped_and_the_app_still_gets_in() {
+    // A deadline far beyond the test's: whatever is closed here, the cap closed.
+    let b = Wss::start(&["--handshake-timeout", "600"], &["cat"]).await;
+    // Another local user's connections that never send anything (the report had 1100).
+    let extra = 16;
+    let mut idle = Vec::new();
+    for _ in 0..MAX_WAITING_UPGRADES + extra {
+        idle.push(TcpStream::connect(("127.0.0.1", b.port)).await.unwrap());
+    }
+    // The app, after them all, still upgrades and talks.
+    let mut ws = b.ws(&b.url, ORIGIN).await;
+    ws.send(Message::text("{\"after\":\"the flood\"}".to_string())).await.unwrap();
+    assert_eq!(next_text(&mut ws).await["after"], "the flood");
+    // The oldest were closed for the newer ones (the app's connection the last of
+    // them), each at once: none waits for its deadline.
+    for (i, s) in idle[..=extra].iter_mut().enumerate() {
+        let mut buf = [0u8; 1];
+        match tokio::time::timeout(WAIT, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {}
+            other => panic!("idle connection {i} still open past the cap: {other:?}"),
+        }
+    }
+    // The cap is the cap: the newer ones still wait (with the app's, 64 in all).
+    let open = idle[extra + 1..].iter().filter(|s| !closed_now(s)).count();
+    assert_eq!(open, MAX_WAITING_UPGRADES - 1);
+    b.log.wait_for("connections wait for their WebSocket upgrade, the most: closed the oldest").await;
+    // And no upgrade is lost to the slots: the app gets in again while they are held.
+    let mut again = b.ws(&b.url, ORIGIN).await;
+    again.send(Message::text("{\"again\":1}".to_string())).await.unwrap();
+    assert_eq!(next_text(&mut again).await["again"], 1);
+}

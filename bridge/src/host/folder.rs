@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use crate::host::manifest::{self, AgentSpec, Machine};
+use crate::host::manifest::{self, AgentSpec, Machine, NotLoaded};
 
 /// How often the folder is looked at: a new file serves within about this
 /// (the issue's promise is 2 s), and a look costs one `stat` per file.
@@ -171,7 +171,7 @@ pub fn load_dir_after(dir: &Path, machine: &Machine, last: &Loaded) -> Result<Lo
         files.into_iter().partition(|f| served.contains(f.as_path()));
     first.extend(rest);
     for file in first {
-        match manifest::load(&file, machine) {
+        match manifest::load_file(&file, machine) {
             Ok(spec) => {
                 let identity = spec.identity.file_name(&spec.name);
                 let same_identity = out.agents.values().find(|a| a.identity.file_name(&a.name) == identity);
@@ -199,22 +199,21 @@ pub fn load_dir_after(dir: &Path, machine: &Machine, last: &Loaded) -> Result<Lo
                     out.agents.insert(spec.name.clone(), spec);
                 }
             }
-            Err(why) => {
-                // Out of descriptors (or any other trouble opening it) is not a
-                // refusal of its content: a served file keeps its last good manifest.
-                let unreadable =
-                    std::fs::File::open(&file).err().filter(|e| e.kind() != std::io::ErrorKind::NotFound);
-                match (unreadable, last.agents.values().find(|a| a.source == file)) {
-                    (Some(e), Some(kept)) => {
-                        tracing::warn!(
-                            "{}: cannot read it now ({e}); its last good manifest stays",
-                            file.display()
-                        );
-                        out.agents.insert(kept.name.clone(), kept.clone());
-                    }
-                    _ => out.refused.push((file, why.0)),
+            Err(NotLoaded::Refused(why)) => out.refused.push((file, why.0)),
+            // Out of descriptors (or any other trouble reading it) is not a
+            // refusal of its content: a served file keeps its last good manifest.
+            // (Told by the one open `load_file` made, which never waits: a
+            // second, plain open here hung the host on a FIFO.)
+            Err(NotLoaded::Unreadable(e)) => match last.agents.values().find(|a| a.source == file) {
+                Some(kept) => {
+                    tracing::warn!(
+                        "{}: cannot read it now ({e}); its last good manifest stays",
+                        file.display()
+                    );
+                    out.agents.insert(kept.name.clone(), kept.clone());
                 }
-            }
+                None => out.refused.push((file, format!("cannot read it: {e}"))),
+            },
         }
     }
     out.refused.sort();
@@ -293,6 +292,48 @@ mod tests {
         assert!(reasons[1].contains("c.json") && reasons[1].contains("writable by others"), "{reasons:?}");
         assert!(reasons[2].contains("d.json") && reasons[2].contains("already used"), "{reasons:?}");
         assert!(l.agents["e"].warnings[0].contains("readable by others"), "{:?}", l.agents["e"].warnings);
+    }
+
+    /// Plants a FIFO at `dir/name`.
+    fn mkfifo(dir: &Path, name: &str) -> PathBuf {
+        let p = dir.join(name);
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a plain syscall on a NUL-terminated path of ours.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "{}", std::io::Error::last_os_error());
+        p
+    }
+
+    /// `load` on another thread: a read that blocks fails the test instead of hanging it.
+    fn load_within(mut f: Folder) -> (Folder, Loaded) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let l = f.load();
+            let _ = tx.send((f, l));
+        });
+        rx.recv_timeout(Duration::from_secs(30)).expect("the folder was read (not blocked on a file in it)")
+    }
+
+    #[test]
+    fn a_fifo_among_the_manifests_is_refused_without_blocking_and_the_rest_load() {
+        let (_d, agents, m) = setup();
+        write(&agents, "good.json", r#"{"name":"good","command":["agent"]}"#, 0o600);
+        let fifo = mkfifo(&agents, "planted.json");
+        let (mut f, l) = load_within(Folder::new(agents.clone(), m));
+        assert_eq!(l.agents.keys().collect::<Vec<_>>(), ["good"]);
+        assert_eq!(l.refused.len(), 1, "{:?}", l.refused);
+        let (file, why) = &l.refused[0];
+        assert_eq!(file, &fifo);
+        assert!(why.contains("not a regular file but a FIFO"), "{why}");
+        // A served manifest swapped for a FIFO is refused too, on the next look.
+        std::fs::remove_file(agents.join("good.json")).unwrap();
+        mkfifo(&agents, "good.json");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f.changed());
+        });
+        let next = rx.recv_timeout(Duration::from_secs(30)).expect("not blocked").expect("a change");
+        assert!(next.agents.is_empty(), "{:?}", next.agents);
+        assert_eq!(next.refused.len(), 2, "{:?}", next.refused);
     }
 
     #[test]

@@ -167,13 +167,23 @@ impl Journals {
 }
 
 /// Reads one journal file, refusing anything this bridge did not write.
+///
+/// Opened first, then checked: the open neither follows a link
+/// (`O_NOFOLLOW`) nor waits (`O_NONBLOCK`: a plain open of a FIFO waits for a
+/// writer, and would hold the bridge's start-up forever), and what is checked
+/// (`fstat`) is what was opened, so nothing swapped in after a look is read.
 fn read_one(path: &Path) -> Result<Found, String> {
-    let meta = fs::symlink_metadata(path).map_err(|e| e.to_string())?;
-    if meta.file_type().is_symlink() {
-        return Err("a symbolic link (a journal is a file the bridge writes itself)".into());
-    }
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => "a symbolic link (a journal is a file the bridge writes itself)".to_string(),
+            _ => e.to_string(),
+        })?;
+    let meta = f.metadata().map_err(|e| e.to_string())?;
     if !meta.is_file() {
-        return Err("not a regular file".into());
+        return Err(format!("not a regular file but {}", file_kind(meta.file_type())));
     }
     // SAFETY: geteuid has no preconditions.
     if meta.uid() != unsafe { libc::geteuid() } {
@@ -189,12 +199,11 @@ fn read_one(path: &Path) -> Result<Found, String> {
         return Err(format!("{} bytes, more than any journal holds", meta.len()));
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
-    let mut f = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
+    io::Read::read_to_end(&mut io::Read::take(f, MAX_JOURNAL_READ + 1), &mut bytes)
         .map_err(|e| e.to_string())?;
-    io::Read::read_to_end(&mut f, &mut bytes).map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_JOURNAL_READ {
+        return Err("grew past any journal's size while being read".into());
+    }
     let (header, folded) = record::read(&bytes).map_err(|e| e.to_string())?;
     Ok(Found {
         path: path.to_path_buf(),
@@ -324,13 +333,7 @@ impl Journal {
     pub fn compact(&mut self, snap: &Snapshot, live: &[Bytes]) {
         let tmp = self.path.with_extension("journal.tmp");
         let result = (|| {
-            let mut f = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(FILE_MODE)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&tmp)?;
+            let mut f = create_fresh(&tmp)?;
             let mut w = io::BufWriter::with_capacity(256 * 1024, &mut f);
             let mut len = 0u64;
             for part in [record::header_line(&self.header), record::snap_record(snap)] {
@@ -351,8 +354,9 @@ impl Journal {
             // --only restart). The rename replaces the file whole; the next
             // sync (a stop, a detach) makes it durable.
             fs::rename(&tmp, &self.path)?;
-            let file = fs::OpenOptions::new().append(true).custom_flags(libc::O_NOFOLLOW).open(&self.path)?;
-            Ok::<_, io::Error>((file, len))
+            // Appended to through the descriptor it was written with (never
+            // opened again by name: nothing put at the name since is written).
+            Ok::<_, io::Error>((f, len))
         })();
         match result {
             Ok((file, len)) => {
@@ -365,6 +369,8 @@ impl Journal {
                 self.hwm = snap.out_base + frames;
             }
             Err(e) => {
+                // The name only: unlink neither follows a link nor touches a
+                // hard link's other name.
                 let _ = fs::remove_file(&tmp);
                 self.failed(&e);
             }
@@ -453,10 +459,52 @@ impl Drop for Journal {
     }
 }
 
+/// A new file at `path` for writing (appending), 0600, that is this
+/// bridge's alone. Whatever has the name already (a temporary file a crash left,
+/// or something planted: a FIFO would block a plain open for writing until a
+/// reader came, a hard link would be written through to its other name, a
+/// symbolic link followed) is unlinked first (`unlink` removes the name, never
+/// what it links to), then the file is created with `O_CREAT | O_EXCL |
+/// O_NOFOLLOW`: should anything be at the name again, the create fails instead
+/// of opening it.
+fn create_fresh(path: &Path) -> io::Result<fs::File> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    fs::OpenOptions::new()
+        .append(true)
+        .create_new(true)
+        .mode(FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+}
+
+/// What a file that is not a regular one is, for a reason in the log.
+fn file_kind(ft: fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_char_device() || ft.is_block_device() {
+        "a device"
+    } else {
+        "a special file"
+    }
+}
+
 /// Syncs a folder, so a rename in it survives a power loss.
 fn sync_dir(file: &Path) {
     if let Some(dir) = file.parent() {
-        if let Ok(d) = fs::File::open(dir) {
+        // O_DIRECTORY: a folder, never anything else put at its name.
+        let opened = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(dir);
+        if let Ok(d) = opened {
             let _ = d.sync_all();
         }
     }
@@ -469,6 +517,8 @@ pub fn discard(path: &Path) {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::FileTypeExt;
+
     use super::*;
 
     fn header(token: &str) -> Header {
@@ -556,6 +606,105 @@ mod tests {
                 "version.journal.set-aside".into(),
             ]
         );
+    }
+
+    /// Plants a FIFO at `path`.
+    fn mkfifo(path: &Path) {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a plain syscall on a NUL-terminated path of ours.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "{}", io::Error::last_os_error());
+    }
+
+    /// Runs `f` on another thread: one that blocks fails the test instead of hanging it.
+    fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap_or_else(|_| panic!("{what} blocked"))
+    }
+
+    /// A journal with one frame of output written, and where it compacts to.
+    fn one_frame(js: &Journals, token: &str) -> (Journal, PathBuf) {
+        let mut j = js.create(header(token)).unwrap();
+        j.write_output(0, &[Bytes::from_static(b"{\"a\":1}\n")], 1);
+        let tmp = j.path().with_extension("journal.tmp");
+        (j, tmp)
+    }
+
+    #[test]
+    fn a_fifo_planted_at_the_compaction_file_does_not_block_the_compaction() {
+        let home = tempfile::tempdir().unwrap();
+        let js = Journals::open(&Home::new(home.path().to_path_buf())).unwrap();
+        let (mut j, tmp) = one_frame(&js, "fifo");
+        // A plain open for writing would wait for a reader forever.
+        mkfifo(&tmp);
+        let j = within("compacting over a FIFO", move || {
+            j.compact(&Snapshot::default(), &[Bytes::from_static(b"{\"a\":1}\n")]);
+            j
+        });
+        assert!(j.is_live(), "the compaction went through");
+        assert_eq!(js.scan()[0].folded.out.concat_bytes(), b"{\"a\":1}\n");
+        assert!(fs::symlink_metadata(&tmp).is_err(), "no temporary file is left");
+    }
+
+    #[test]
+    fn a_hard_link_planted_at_the_compaction_file_is_not_written_through() {
+        let home = tempfile::tempdir().unwrap();
+        let js = Journals::open(&Home::new(home.path().to_path_buf())).unwrap();
+        let (mut j, tmp) = one_frame(&js, "link");
+        let elsewhere = home.path().join("precious");
+        fs::write(&elsewhere, b"mine\n").unwrap();
+        fs::set_permissions(&elsewhere, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::hard_link(&elsewhere, &tmp).unwrap();
+        j.compact(&Snapshot { out_base: 1, ..Snapshot::default() }, &[]);
+        assert!(j.is_live(), "the compaction went through");
+        assert_eq!(fs::read(&elsewhere).unwrap(), b"mine\n", "written through the planted link");
+        let meta = fs::metadata(&elsewhere).unwrap();
+        assert_eq!((meta.permissions().mode() & 0o777, meta.nlink()), (0o644, 1));
+        let journal = fs::metadata(j.path()).unwrap();
+        assert_ne!(journal.ino(), meta.ino(), "the journal is a file of its own");
+        assert_eq!(journal.permissions().mode() & 0o777, 0o600);
+        // Appended to after the compaction, through the file it wrote.
+        j.write_output(1, &[Bytes::from_static(b"{\"a\":2}\n")], 2);
+        let f = &js.scan()[0].folded;
+        assert_eq!((f.out_base, f.out_total()), (1, 2));
+        assert_eq!(fs::read(&elsewhere).unwrap(), b"mine\n");
+    }
+
+    #[test]
+    fn a_fifo_planted_at_the_compaction_file_does_not_block_a_restore() {
+        let home = tempfile::tempdir().unwrap();
+        let js = Journals::open(&Home::new(home.path().to_path_buf())).unwrap();
+        let (mut j, tmp) = one_frame(&js, "restore");
+        j.stop();
+        drop(j);
+        mkfifo(&tmp);
+        // Taking a journal back at start-up rewrites it (`adopt`).
+        let dir = js.dir().to_path_buf();
+        let j = within("restoring", move || {
+            let js = Journals { dir };
+            let found = js.scan();
+            assert_eq!(found.len(), 1, "the FIFO is no journal: {found:?}");
+            js.adopt(&found[0], &Snapshot { out_base: 1, ..Snapshot::default() }, &[])
+        });
+        assert!(j.is_live(), "taken back");
+        assert_eq!(js.scan()[0].folded.out_base, 1);
+    }
+
+    #[test]
+    fn a_fifo_named_like_a_journal_is_set_aside_unread() {
+        let home = tempfile::tempdir().unwrap();
+        let js = Journals::open(&Home::new(home.path().to_path_buf())).unwrap();
+        let fifo = js.dir().join("planted.journal");
+        mkfifo(&fifo);
+        let dir = js.dir().to_path_buf();
+        let found = within("scanning", move || Journals { dir }.scan());
+        assert!(found.is_empty(), "{found:?}");
+        assert!(fs::symlink_metadata(&fifo).is_err());
+        let aside = js.dir().join("planted.journal.set-aside");
+        assert!(fs::symlink_metadata(aside).unwrap().file_type().is_fifo(), "set aside, not removed");
+        assert!(read_one(&fifo.with_extension("journal.set-aside")).unwrap_err().contains("a FIFO"));
     }
 
     trait Concat {

@@ -16,12 +16,13 @@
 //! only the close codes are WebSocket ones.
 
 use std::{
+    collections::BTreeMap,
     future::Future,
     io,
     pin::Pin,
     sync::{Arc, Mutex},
     task::{Context, Poll},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
@@ -41,6 +42,7 @@ use tracing::{info, warn};
 use crate::serve::{
     pump::Inbound,
     session::{self, Link, SessionConfig},
+    throttle::LogBudget,
 };
 use thunderbolt_shared::ndjson::OVERSIZE_PEEK;
 
@@ -62,6 +64,20 @@ const MAX_REQUEST: usize = 16 * 1024;
 
 /// Frames queued towards the socket: a slow browser slows the agent, it is not buffered.
 const OUT_QUEUE: usize = 64;
+
+/// Most connections waiting for their WebSocket upgrade at once (accepted, the
+/// upgrade not yet answered). Any local user can connect to the port, and each
+/// connection holds a descriptor (and up to [`MAX_REQUEST`] of request) until
+/// its upgrade or its deadline (`--handshake-timeout`): 1100 connections that
+/// never sent a byte took every descriptor the bridge had, so no agent could
+/// start and no app connect (issue 56). The app opens one at a time; 64 is far
+/// beyond that and a small share of the 1024 descriptors a process gets by
+/// default. At the cap the oldest waiting connection is closed for the
+/// newcomer, rather than the newcomer refused: refusing would let 64 idle
+/// connections, renewed at each deadline, lock the app out, where eviction
+/// takes a flood at the attacker's own rate (an honest upgrade on loopback is
+/// answered within a millisecond of its connection).
+pub const MAX_WAITING_UPGRADES: usize = 64;
 
 /// The WebSocket close codes of the contract.
 const WS_NORMAL: u16 = 1000;
@@ -104,14 +120,17 @@ impl WssServer {
     pub async fn run(self, stop: CancellationToken) {
         let me = Arc::new(self);
         let shutdown = CancellationToken::new();
+        let waiting = Arc::new(Waiting::new(MAX_WAITING_UPGRADES));
         let mut tasks = JoinSet::new();
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 r = me.listener.accept() => match r {
                     Ok((stream, from)) => {
+                        // Taken here, in the order of accept: the oldest is evicted at the cap.
+                        let slot = waiting.enter(from);
                         let (me, shutdown) = (me.clone(), shutdown.clone());
-                        tasks.spawn(async move { me.connection(stream, from, shutdown).await });
+                        tasks.spawn(async move { me.connection(stream, from, slot, shutdown).await });
                     }
                     Err(e) => {
                         warn!("accept failed: {e}");
@@ -130,10 +149,16 @@ impl WssServer {
         &self,
         mut stream: TcpStream,
         from: std::net::SocketAddr,
+        slot: WaitingSlot,
         shutdown: CancellationToken,
     ) {
         let _ = stream.set_nodelay(true);
-        let upgrade = tokio::time::timeout(self.handshake_timeout, self.upgrade(&mut stream)).await;
+        let upgrade = tokio::select! {
+            r = tokio::time::timeout(self.handshake_timeout, self.upgrade(&mut stream)) => r,
+            // Evicted for a newer connection at the cap: closed unanswered (the
+            // eviction is logged, with a budget).
+            _ = slot.evicted.cancelled() => return,
+        };
         match upgrade {
             Ok(Ok(())) => {}
             Ok(Err(refusal)) => {
@@ -147,6 +172,7 @@ impl WssServer {
                 return;
             }
         }
+        drop(slot);
         // Frames a little over the cap still reach the pump, which answers them as
         // over iroh (-32600 with their id) and goes on; only a frame past twice
         // the cap (the library must hold a whole frame) ends the socket.
@@ -233,6 +259,70 @@ impl WssServer {
             .write_all(response.as_bytes())
             .await
             .map_err(|e| Refusal::new(400, "Bad Request", &e.to_string()))
+    }
+}
+
+/// The connections waiting for their upgrade, oldest first, at most `cap`.
+struct Waiting {
+    cap: usize,
+    state: Mutex<WaitingState>,
+}
+
+struct WaitingState {
+    next: u64,
+    /// By arrival: the first is the oldest.
+    slots: BTreeMap<u64, (CancellationToken, std::net::SocketAddr, Instant)>,
+    /// Evictions said in the log: a flood is a few lines and a count.
+    log: LogBudget,
+}
+
+/// One connection's place among those waiting; given back when dropped.
+struct WaitingSlot {
+    waiting: Arc<Waiting>,
+    id: u64,
+    /// Cancelled when a newer connection took its place.
+    evicted: CancellationToken,
+}
+
+impl Waiting {
+    fn new(cap: usize) -> Self {
+        let log = LogBudget::new(5, 0.2, Instant::now());
+        Self { cap, state: Mutex::new(WaitingState { next: 0, slots: BTreeMap::new(), log }) }
+    }
+
+    /// A place for a connection from `from`; at the cap, the oldest waiting is evicted for it.
+    fn enter(self: &Arc<Self>, from: std::net::SocketAddr) -> WaitingSlot {
+        let now = Instant::now();
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while s.slots.len() >= self.cap {
+            let Some((_, (evict, old, since))) = s.slots.pop_first() else { break };
+            evict.cancel();
+            if let Some(unlogged) = s.log.take(now) {
+                let more = if unlogged > 0 {
+                    format!(" ({unlogged} more since the last line)")
+                } else {
+                    String::new()
+                };
+                warn!(
+                    %from,
+                    "{} connections wait for their WebSocket upgrade, the most: closed the oldest (from {old}, \
+                     {:.1?} without an upgrade) for this one{more}",
+                    self.cap,
+                    now.saturating_duration_since(since),
+                );
+            }
+        }
+        let id = s.next;
+        s.next += 1;
+        let evicted = CancellationToken::new();
+        s.slots.insert(id, (evicted.clone(), from, now));
+        WaitingSlot { waiting: self.clone(), id, evicted }
+    }
+}
+
+impl Drop for WaitingSlot {
+    fn drop(&mut self) {
+        self.waiting.state.lock().unwrap_or_else(|p| p.into_inner()).slots.remove(&self.id);
     }
 }
 
@@ -569,6 +659,24 @@ mod tests {
         assert!(o.contains(&"http://localhost:1420".to_string()));
         assert!(o.contains(&"http://localhost:5173".to_string()));
         assert!(o.contains(&"https://app.example".to_string()));
+    }
+
+    #[test]
+    fn at_the_cap_the_oldest_waiting_connection_is_evicted_and_a_slot_given_back_frees_a_place() {
+        let w = Arc::new(Waiting::new(2));
+        let from: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let a = w.enter(from);
+        let b = w.enter(from);
+        assert!(!a.evicted.is_cancelled() && !b.evicted.is_cancelled());
+        let c = w.enter(from);
+        assert!(a.evicted.is_cancelled(), "the oldest went for the newcomer");
+        assert!(!b.evicted.is_cancelled() && !c.evicted.is_cancelled());
+        drop(b); // upgraded (or refused): its place is free again
+        let d = w.enter(from);
+        assert!(!c.evicted.is_cancelled() && !d.evicted.is_cancelled());
+        assert_eq!(w.state.lock().unwrap().slots.len(), 2);
+        drop(a); // an evicted slot dropped late takes nobody's place with it
+        assert_eq!(w.state.lock().unwrap().slots.len(), 2);
     }
 
     #[test]
