@@ -206,6 +206,24 @@ pub fn missed_line(frames: u64, bytes: u64) -> Vec<u8> {
     }))
 }
 
+/// The JSON-RPC error code of a request whose id is another device's
+/// request in flight on the same session (a server error).
+pub const ID_IN_USE_CODE: i64 = -32004;
+
+/// The error a controller's request is answered with when another device of
+/// the session has a request with the same `id` (its JSON text) in flight:
+/// the agent's answers could not be told apart.
+pub fn id_in_use(id: &[u8]) -> Vec<u8> {
+    json_line(&json!({
+        "jsonrpc": "2.0",
+        "id": id_value(id),
+        "error": {
+            "code": ID_IN_USE_CODE,
+            "message": "another device of this session has a request with this id in flight: send it with another id",
+        },
+    }))
+}
+
 /// What a [`METHOD_ROLE`] or [`METHOD_ANSWERED`] line says, for clients.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {

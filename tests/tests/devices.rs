@@ -521,3 +521,46 @@ async fn when_the_controller_leaves_the_device_still_attached_takes_control() {
     let back = l.until(|v| v["id"] == 5).await;
     assert_eq!(back["method"], "session/prompt", "the agent got the request (cat echoes it): {back}");
 }
+
+/// Every device gets only the answers to its own requests: two clients
+/// number their requests alike (from 0), so another device's answer would be
+/// taken for its own. A joining device's history holds none; a request whose
+/// id another device's request in flight has is refused, not mixed up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_device_gets_only_the_answers_to_its_own_requests() {
+    use thunderbolt_shared::devices::ID_IN_USE_CODE;
+    let later = |id: u64, n: u64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "later",
+               "params": {"ms": 0, "send": [{"jsonrpc": "2.0", "method": "note", "params": {"n": n}}]}})
+    };
+    let answers_to =
+        |d: &Device, id: u64| d.seen.iter().filter(|v| v["id"] == id && v.get("result").is_some()).count();
+    let Rig { _relay, home: _home, bridge, laptop, phone } = rig("later").await;
+    let ticket = bridge.ticket.as_str();
+    let mut l = Device::start(&laptop, &[ticket]);
+    // A request the agent never answers stays in flight; then request 0.
+    l.send(json!({"jsonrpc": "2.0", "id": 9, "method": "unanswered"})).await;
+    l.send(later(0, 1)).await;
+    l.until(is_note(1)).await;
+    assert_eq!(answers_to(&l, 0), 1);
+    let id = sessions(&phone, ticket).await[0]["id"].as_str().unwrap().to_string();
+
+    // The phone takes control with the whole history: the note, not the laptop's answer.
+    let mut p = Device::start(&phone, &["--attach", &id, "--history", "all", ticket]);
+    p.until(|v| role_of(v).is_some()).await;
+    assert!(p.seen.iter().any(is_note(1)), "{:?}", p.seen);
+    assert_eq!(answers_to(&p, 0), 0, "the laptop's answer was in the phone's history: {:?}", p.seen);
+    // Its own request 0: its answer, to it alone.
+    p.send(later(0, 2)).await;
+    p.until(is_note(2)).await;
+    l.until(is_note(2)).await;
+    assert_eq!(answers_to(&p, 0), 1, "{:?}", p.seen);
+    assert_eq!(answers_to(&l, 0), 1, "the phone's answer reached the laptop: {:?}", l.seen);
+    // Request 9 is the laptop's, still in flight: the phone's 9 is refused.
+    p.send(later(9, 3)).await;
+    let refused = p.until(|v| v["id"] == 9).await;
+    assert_eq!(refused["error"]["code"], ID_IN_USE_CODE, "{refused}");
+    p.send(later(10, 4)).await;
+    p.until(is_note(4)).await;
+    assert!(!p.seen.iter().any(is_note(3)), "the refused request reached the agent");
+}

@@ -92,6 +92,11 @@ impl Requests {
         sorted.iter().flat_map(|id| jsonrpc::agent_ended(id, how)).collect()
     }
 
+    /// The ids (raw JSON text) of the requests in flight now.
+    pub fn ids(&self) -> Vec<Box<[u8]>> {
+        self.lock().iter().cloned().collect()
+    }
+
     pub fn len(&self) -> usize {
         self.count.load(Ordering::Relaxed)
     }

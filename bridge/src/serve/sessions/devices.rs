@@ -21,7 +21,7 @@
 //!   attached or may come back within its grace, and ends with its last.
 
 use std::{
-    collections::{HashSet, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::{Arc, Weak},
     time::SystemTime,
 };
@@ -70,6 +70,10 @@ const ANSWERED_REMEMBERED: usize = 64;
 /// remembered still goes on: only a second answer to a remembered one is dropped).
 const OPEN_REMEMBERED: usize = crate::serve::requests::MAX_TRACKED_REQUESTS;
 
+/// The devices' requests in flight remembered with their sender (past it an
+/// answer to one not remembered goes to every device, as before sharing).
+const ASKED_BY_REMEMBERED: usize = crate::serve::requests::MAX_TRACKED_REQUESTS;
+
 /// ACP session ids a listing shows of one session, and the longest shown.
 const ACP_SESSIONS_LISTED: usize = 8;
 
@@ -104,6 +108,12 @@ pub(super) struct Members {
     open: HashSet<String>,
     /// Requests answered, and by whom (seat and device).
     answered: VecDeque<(String, u64, Device)>,
+    /// The devices' requests to the agent in flight once the session is
+    /// shared: id (canonical JSON text) → the seat that sent it. The
+    /// agent's answer goes to that device only (two clients number their
+    /// requests alike, from 0: another device's answer would be taken for
+    /// its own).
+    asked_by: HashMap<String, u64>,
     acp_sessions: Vec<String>,
     pub(super) last_activity: SystemTime,
 }
@@ -121,6 +131,7 @@ impl Default for Members {
             history_cut: false,
             open: HashSet::new(),
             answered: VecDeque::new(),
+            asked_by: HashMap::new(),
             acp_sessions: Vec::new(),
             last_activity: SystemTime::now(),
         }
@@ -153,6 +164,31 @@ pub(super) fn feed(st: &mut State, buffer: usize, run: &Bytes, lines: u64, waite
         None => {}
     }
     st.out.push_counted(run.clone(), lines);
+}
+
+/// A run of the agent's output with answers in it meant for one device each
+/// ([`Hub::route_answers`]).
+#[derive(Debug)]
+pub(super) struct Routes {
+    run: Bytes,
+    /// Each line's length, and the seat its answer is for (`None`: everyone's).
+    targets: Vec<(usize, Option<u64>)>,
+}
+
+impl Routes {
+    /// The run as device `seat` gets it (its own answers, no other's), with
+    /// its line count; `None` when nothing of it is that device's.
+    pub(super) fn view(&self, seat: u64) -> Option<(Bytes, u64)> {
+        let mut kept = KeptLines::new(&self.run);
+        let (mut at, mut lines) = (0, 0);
+        for (len, target) in &self.targets {
+            let keep = target.is_none_or(|t| t == seat);
+            kept.line(&self.run[at..at + len], keep);
+            lines += u64::from(keep);
+            at += len;
+        }
+        kept.finish().map(|run| (run, lines))
+    }
 }
 
 /// A guest's place: its seat number and the session's hub.
@@ -231,14 +267,26 @@ impl Hub {
     /// makes (`lines`: how many lines the run holds; `names_an_id`: whether
     /// one may have an `id`). The session's hub's state is locked; the guests'
     /// writers are woken by the caller, after the first device's.
-    pub(super) fn share_output(&self, st: &mut State, run: &Bytes, lines: u64, names_an_id: bool) {
+    pub(super) fn share_output(
+        &self,
+        st: &mut State,
+        run: &Bytes,
+        lines: u64,
+        names_an_id: bool,
+        routes: Option<&Routes>,
+    ) {
         let m = &mut st.members;
         m.last_activity = SystemTime::now();
         // Nearly all an agent writes is notifications (its streamed reply):
-        // such a run holds no request to remember.
+        // such a run holds no request to remember, nor an answer. The
+        // history is for devices that join later: answers to requests are
+        // never theirs (a client takes another's answer for one to its own
+        // request of that id), so they are left out of it.
+        let mut history = KeptLines::new(run);
         let requests = if names_an_id { &run[..] } else { &[] };
         for line in thunderbolt_shared::ndjson::lines(requests) {
             let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
+            history.line(line, head.kind != jsonrpc::Kind::Response);
             if let (jsonrpc::Kind::Request, Some(id)) = (head.kind, head.id) {
                 m.answered.retain(|(a, _, _)| *a != id);
                 if m.open.len() < OPEN_REMEMBERED {
@@ -246,8 +294,10 @@ impl Hub {
                 }
             }
         }
-        m.history.push_back(run.clone());
-        m.history_bytes += run.len();
+        if let Some(run) = history.finish() {
+            m.history_bytes += run.len();
+            m.history.push_back(run);
+        }
         while m.history_bytes > SESSION_HISTORY && m.history.len() > 1 {
             let old = m.history.pop_front().expect("more than one");
             m.history_bytes -= old.len();
@@ -256,9 +306,36 @@ impl Hub {
         for g in &m.guests {
             let mut gs = g.lock();
             if gs.gone.is_none() && !gs.leaving {
-                feed(&mut gs, g.cfg.buffer, run, lines, g.seat_number() == m.controller);
+                let seat = g.seat_number();
+                let view = match routes {
+                    None => Some((run.clone(), lines)),
+                    Some(r) => r.view(seat),
+                };
+                if let Some((run, lines)) = view {
+                    feed(&mut gs, g.cfg.buffer, &run, lines, seat == m.controller);
+                }
             }
         }
+    }
+
+    /// Whose request each of the agent's answers in `run` answers, on a
+    /// shared session (`None` when every device gets the run as it is: one
+    /// device, no answer in it, or none to a request remembered).
+    pub(super) fn route_answers(&self, st: &mut State, run: &Bytes, names_an_id: bool) -> Option<Routes> {
+        let m = &mut st.members;
+        if !m.joined || !names_an_id || m.asked_by.is_empty() {
+            return None;
+        }
+        let mut targets = Vec::new();
+        let mut any = false;
+        for line in thunderbolt_shared::ndjson::lines(run) {
+            let seat = jsonrpc::response_id(line)
+                .and_then(jsonrpc::canonical_id)
+                .and_then(|id| m.asked_by.remove(&*String::from_utf8_lossy(&id)));
+            any |= seat.is_some();
+            targets.push((line.len(), seat));
+        }
+        any.then(|| Routes { run: run.clone(), targets })
     }
 
     /// What the agent's output waits on: the controller's log (the first
@@ -346,6 +423,7 @@ impl Hub {
         let mut kept = KeptLines::new(&run);
         let mut refusals = Vec::new();
         let mut answered = Vec::new();
+        let mut in_use = Vec::new();
         // Each line read whole (`classify`): what decides where it goes is
         // every key it has, not the first that looks like an answer.
         for line in thunderbolt_shared::ndjson::lines(&run) {
@@ -375,7 +453,21 @@ impl Hub {
                     kept.line(line, true);
                 }
             } else if controller {
-                kept.line(line, true);
+                let mut keep = true;
+                if let jsonrpc::Message::Request(id) = &message {
+                    let key = String::from_utf8_lossy(id).into_owned();
+                    match m.asked_by.get(&key) {
+                        Some(seat) if *seat != me => {
+                            keep = false;
+                            in_use.push(id.to_vec());
+                        }
+                        _ if m.asked_by.len() < ASKED_BY_REMEMBERED => {
+                            m.asked_by.insert(key, me);
+                        }
+                        _ => {}
+                    }
+                }
+                kept.line(line, keep);
             } else {
                 // An observer's request is refused; anything else of its
                 // (a notification, a line that is no one thing) is dropped.
@@ -385,7 +477,7 @@ impl Hub {
                 }
             }
         }
-        if refusals.is_empty() && answered.is_empty() {
+        if refusals.is_empty() && answered.is_empty() && in_use.is_empty() {
             // The common case, on every run of the controller's: nothing to tell.
             return kept.finish();
         }
@@ -413,6 +505,16 @@ impl Hub {
             for o in &others {
                 o.tell(line.clone());
             }
+        }
+        for id in in_use {
+            info!(
+                peer = %self.peer,
+                session = session.short(),
+                "refused a request of {}: its id {} is another device's request in flight",
+                self.device().label(),
+                String::from_utf8_lossy(&id)
+            );
+            self.tell(wire::id_in_use(&id));
         }
         kept.finish()
     }
@@ -571,6 +673,17 @@ impl Hub {
         let _ = guest.seat.set(Seat { number: seat, session: Arc::downgrade(self) });
         guest.set_device(name);
         st.members.guests.push(guest.clone());
+        if !st.members.joined {
+            // Requests sent while the session had one device are that
+            // device's: their answers go to it only.
+            if let Some(r) = self.requests.get() {
+                for id in r.ids().iter().filter_map(|id| jsonrpc::canonical_id(id)) {
+                    if st.members.asked_by.len() < ASKED_BY_REMEMBERED {
+                        st.members.asked_by.insert(String::from_utf8_lossy(&id).into_owned(), 0);
+                    }
+                }
+            }
+        }
         st.members.joined = true;
         let old = if how.observe {
             None

@@ -262,16 +262,24 @@ impl Outbox {
         }
         let (lines, names_an_id) = seen
             .unwrap_or_else(|| (memchr::memchr_iter(b'\n', &run).count() as u64, jsonrpc::names_an_id(&run)));
+        let routes =
+            if hub.kind == HubKind::Resumable { hub.route_answers(&mut st, &run, names_an_id) } else { None };
         if !st.members.left && !st.leaving {
             let waited = Hub::first_is_waited_for(&st);
-            super::devices::feed(&mut st, hub.cfg.buffer, &run, lines, waited);
+            let view = match &routes {
+                None => Some((run.clone(), lines)),
+                Some(r) => r.view(0),
+            };
+            if let Some((run, lines)) = view {
+                super::devices::feed(&mut st, hub.cfg.buffer, &run, lines, waited);
+            }
         }
         if let Some(asked) = st.asked.as_mut() {
             Hub::note_asked(asked, &run);
         }
         hub.journal_output(&mut st, &run);
         let guests = if hub.kind == HubKind::Resumable {
-            hub.share_output(&mut st, &run, lines, names_an_id);
+            hub.share_output(&mut st, &run, lines, names_an_id, routes.as_ref());
             (!st.members.guests.is_empty()).then(|| st.members.guests.clone())
         } else {
             None
