@@ -358,27 +358,53 @@ async fn kicking_a_device_by_name_detaches_it_from_the_sessions_it_joined() {
 }
 
 /// What one device can cost is bounded: a session takes at most
-/// `MAX_DEVICES_PER_SESSION` devices; the one past it is refused with a
-/// reason, and the session goes on for those on it.
+/// `MAX_DEVICES_PER_SESSION` devices and one device at most
+/// `MAX_SEATS_PER_DEVICE` seats on it, so one device's abandoned joins cannot
+/// take every seat: the join past either cap is refused with a reason while
+/// the device's seats are attached, and its oldest detached seat gives way to
+/// its new join. The session goes on for those on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_that_joins_again_and_again_is_refused_past_the_cap() {
-    let Rig { _relay, home: _home, bridge, laptop, phone } = rig("cat").await;
+    let Rig { _relay, home, bridge, laptop, phone } = rig_with("cat", &["--idle-timeout", "1"]).await;
     let ticket = bridge.ticket.as_str();
     let (mut l, id) = laptop_session(&laptop, &phone, ticket, &[]).await;
+    let join = |who: &Tb| Device::start(who, &["--attach", &id, "--observe", "--history", "now", ticket]);
+    async fn refused(d: Device) {
+        let log = d.log.clone();
+        assert!(!d.close().await.success());
+        log.wait_for("too many devices").await;
+    }
+    // The bridge's `MAX_SEATS_PER_DEVICE`: three seats each, all attached.
     let mut joined = Vec::new();
-    // The bridge's `MAX_DEVICES_PER_SESSION`: the laptop and seven more.
-    for _ in 1..8 {
-        let mut p = Device::start(&phone, &["--attach", &id, "--observe", "--history", "now", ticket]);
+    for who in [&phone, &phone, &phone, &laptop, &laptop] {
+        let mut p = join(who);
         p.until(|v| role_of(v).is_some()).await;
         joined.push(p);
     }
-    let over = Device::start(&phone, &["--attach", &id, "--observe", ticket]);
-    let log = over.log.clone();
-    assert!(!over.close().await.success());
-    log.wait_for("too many devices").await;
+    refused(join(&phone)).await;
+    refused(join(&laptop)).await;
+    bridge.log.wait_for("seats on this session already, all attached").await;
+    // A third device takes the last two of the session's eight seats; no more.
+    let tablet = Tb::new(Some(&_relay));
+    pair(&home, &tablet, ticket, "tablet").await;
+    for _ in 0..2 {
+        let mut t = join(&tablet);
+        t.until(|v| role_of(v).is_some()).await;
+        joined.push(t);
+    }
+    refused(join(&tablet)).await;
     bridge.log.wait_for("devices are on this session already").await;
+    // One of the phone's joins is abandoned (its process killed): once the
+    // bridge has taken it for lost, the phone's next join takes its place.
+    let mut gone = joined.remove(0);
+    gone.child.start_kill().unwrap();
+    bridge.log.wait_for("connection lost").await;
+    let mut again = join(&phone);
+    again.until(|v| role_of(v).is_some()).await;
+    bridge.log.wait_for("a newer seat of the same device replaces it").await;
     l.send(note(1)).await;
     l.until(is_note(1)).await;
+    again.until(is_note(1)).await;
     for p in joined.iter_mut() {
         p.until(is_note(1)).await;
     }

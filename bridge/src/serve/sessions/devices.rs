@@ -57,6 +57,14 @@ pub const SESSION_HISTORY: usize = 1 << 20;
 /// resume buffer.
 pub const MAX_DEVICES_PER_SESSION: usize = 8;
 
+/// Seats one device (one NodeId) may hold on one session: a couple of tabs
+/// and a terminal. The session's seats ([`MAX_DEVICES_PER_SESSION`]) are
+/// shared by the owner's devices: one device's abandoned joins must not take
+/// them all. Past it, the device's oldest seat that waits detached gives way
+/// to its new join (a reloaded page, a killed `connect`); with none, the
+/// join is refused.
+pub const MAX_SEATS_PER_DEVICE: usize = 3;
+
 /// Sessions one device may have joined at once (its own started sessions are
 /// capped apart, by the agent slots): a hostile device cannot hold the
 /// bridge's memory with joins it never uses.
@@ -624,6 +632,7 @@ impl Hub {
         if self.kind != HubKind::Resumable || self.is_guest() {
             return Err(JoinError::Unknown);
         }
+        self.make_seat_for(&owner)?;
         let mut st = self.lock();
         if let Some(g) = &st.gone {
             return Err(JoinError::Gone(g.resume_reason.clone()));
@@ -715,6 +724,31 @@ impl Hub {
         }
         guest.attach(conn, send, recv, 0, leftover).map_err(JoinError::Attach)?;
         self.changed.notify_waiters();
+        Ok(())
+    }
+
+    /// Room for one more seat of device `owner` ([`MAX_SEATS_PER_DEVICE`]):
+    /// its oldest detached seat leaves, or the join is refused.
+    fn make_seat_for(self: &Arc<Self>, owner: &EndpointId) -> Result<(), JoinError> {
+        let (held, detached) = {
+            let st = self.lock();
+            let mine: Vec<&Arc<Hub>> = st.members.guests.iter().filter(|g| g.owner == *owner).collect();
+            let first = usize::from(!st.members.left && self.owner == *owner);
+            let detached = mine.iter().find(|g| g.lock().attached.is_none()).map(|g| (*g).clone());
+            (mine.len() + first, detached)
+        };
+        if held < MAX_SEATS_PER_DEVICE {
+            return Ok(());
+        }
+        let Some(old) = detached else {
+            return Err(JoinError::Full(format!(
+                "this device holds {MAX_SEATS_PER_DEVICE} seats on this session already, all attached"
+            )));
+        };
+        let why = "its device joined again: a newer seat of the same device replaces it";
+        info!(peer = %old.peer, session = self.short(), "{} (seat {}) leaves the session: {why}", old.device().label(), old.seat_number());
+        old.end_with(close::CLOSE_CODE_REFUSED, Gone::new(why, close::REASON_SESSION_EVICTED));
+        self.member_left(&old, why);
         Ok(())
     }
 

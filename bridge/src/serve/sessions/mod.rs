@@ -69,7 +69,8 @@ pub mod timing;
 pub mod warm;
 
 pub use devices::{
-    JoinAs, JoinError, MemberView, MAX_DEVICES_PER_SESSION, MAX_JOINS_PER_DEVICE, SESSION_HISTORY,
+    JoinAs, JoinError, MemberView, MAX_DEVICES_PER_SESSION, MAX_JOINS_PER_DEVICE, MAX_SEATS_PER_DEVICE,
+    SESSION_HISTORY,
 };
 pub use hub::{
     AttachError, Hub, HubKind, HubView, JournalAt, CLOSE_CODE_KEPT_WARM, ENDED_REMEMBERED, KEPT_WARM_QUIET,

@@ -56,6 +56,11 @@ use crate::{
 /// history from disk take seconds; one that takes this long is not coming.
 pub const RESTORE_STEP_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a whole restore may take, however many ACP sessions it takes
+/// back (up to the ledger's 64): the client's frames wait for it, so an
+/// agent slow on every `session/load` must not hold them for an hour.
+pub const RESTORE_TOTAL_TIMEOUT: Duration = Duration::from_secs(180);
+
 /// The prefix of the ids of the bridge's own calls to a restored agent
 /// (strings no client uses: its ids are its own numbers or strings, and an
 /// answer to one of these never reaches it).
@@ -103,8 +108,11 @@ impl Restoring {
 enum Failed {
     /// The agent supports neither way of taking a session back.
     CannotReload,
-    /// The agent ended, or did not answer in time.
+    /// The agent ended, or answered with an error.
     Agent(String),
+    /// The agent did not answer in time: the sessions after this one are
+    /// not tried (an agent hung on one load is not coming back for the next).
+    Silent(String),
 }
 
 /// Takes back every session journaled for `agents` (on start-up, and when a
@@ -280,7 +288,8 @@ fn rebuild(
 async fn drive(hub: &Arc<Hub>, found: &Found, protocol: &str, mut answers: mpsc::UnboundedReceiver<Value>) {
     let ledger = &found.folded.ledger;
     let aborted: Vec<Value> = found.folded.pending.ids();
-    let mut calls = Calls { hub, answers: &mut answers, next: 0 };
+    let deadline = Instant::now() + RESTORE_TOTAL_TIMEOUT;
+    let mut calls = Calls { hub, answers: &mut answers, next: 0, deadline };
     let outcome = async {
         let Some(init) = &ledger.init else { return Ok(Vec::new()) };
         let caps = calls.call("initialize", init.clone()).await?;
@@ -294,13 +303,22 @@ async fn drive(hub: &Arc<Hub>, found: &Found, protocol: &str, mut answers: mpsc:
             return Err(Failed::CannotReload);
         }
         let mut taken = Vec::new();
+        let mut silent: Option<String> = None;
         for s in &ledger.sessions {
+            if let Some(why) = &silent {
+                taken.push((s.id.clone(), Taken::Failed(format!("not tried: {why}"))));
+                continue;
+            }
             let (method, how) =
                 if resume { ("session/resume", Taken::Resume) } else { ("session/load", Taken::Load) };
             let params = json!({ "sessionId": s.id, "cwd": s.cwd, "mcpServers": s.mcp_servers });
             match calls.call(method, params).await {
                 Ok(_) => taken.push((s.id.clone(), how)),
                 Err(Failed::Agent(e)) => taken.push((s.id.clone(), Taken::Failed(e))),
+                Err(Failed::Silent(e)) => {
+                    taken.push((s.id.clone(), Taken::Failed(e.clone())));
+                    silent = Some(e);
+                }
                 Err(f) => return Err(f),
             }
         }
@@ -334,7 +352,7 @@ async fn drive(hub: &Arc<Hub>, found: &Found, protocol: &str, mut answers: mpsc:
         Err(f) => {
             let why = match f {
                 Failed::CannotReload => close::REASON_CANNOT_RELOAD.to_string(),
-                Failed::Agent(e) => format!("{}: {e}", close::REASON_CANNOT_RELOAD),
+                Failed::Agent(e) | Failed::Silent(e) => format!("{}: {e}", close::REASON_CANNOT_RELOAD),
             };
             lines.extend(restart::restored(&[], &aborted, Some(&why)));
             warn!(peer = %hub.peer, session = hub.short(), "cannot take the session back: {why}; it ends once its client has what was kept");
@@ -354,6 +372,8 @@ struct Calls<'a> {
     hub: &'a Arc<Hub>,
     answers: &'a mut mpsc::UnboundedReceiver<Value>,
     next: u64,
+    /// The whole restore's end ([`RESTORE_TOTAL_TIMEOUT`]).
+    deadline: Instant,
 }
 
 impl Calls<'_> {
@@ -365,9 +385,13 @@ impl Calls<'_> {
             r.calls.insert(id.to_string());
         }
         self.send(json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }));
-        let answer = tokio::time::timeout(RESTORE_STEP_TIMEOUT, self.answers.recv()).await;
+        let until = (Instant::now() + RESTORE_STEP_TIMEOUT).min(self.deadline);
+        let answer = tokio::time::timeout_at(until, self.answers.recv()).await;
         match answer {
-            Err(_) => Err(Failed::Agent(format!(
+            Err(_) if until == self.deadline => Err(Failed::Silent(format!(
+                "the restore did not finish within {RESTORE_TOTAL_TIMEOUT:?} (the agent had not answered {method})"
+            ))),
+            Err(_) => Err(Failed::Silent(format!(
                 "the agent did not answer {method} within {RESTORE_STEP_TIMEOUT:?}"
             ))),
             Ok(None) => Err(Failed::Agent("the agent ended".into())),
