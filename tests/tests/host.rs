@@ -532,7 +532,7 @@ async fn a_code_grants_exactly_its_agent_and_iroh_pair_pairs_with_the_agent_on_t
     let code = mint_code(&host, &["--agent", "guest"]).await;
     let out = pair_and_exchange(&phone, &code, &h.agent("guest").ticket, "{\"to\":\"guest\"}\n").await;
     assert_eq!(out.stdout, b"{\"to\":\"guest\"}\n", "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(!allow_file().contains(&phone.node_id("acp").await.to_string()), "not one of your own devices");
+    assert!(!allow_file().contains(&phone.node_id("acp").await.to_string()), "paired with that agent only");
     let out = exchange(&phone, "acp", &h.agent("main").ticket, "{}\n").await;
     assert!(!out.status.success());
     assert!(
@@ -728,5 +728,36 @@ async fn a_fifo_in_agents_d_is_refused_and_the_host_starts_and_serves_the_others
     let out = host.run(&["agents", "check", &planted.display().to_string()]).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a regular file but a FIFO"));
+    h.stop().await;
+}
+
+/// A device paired with one agent of the host is one of the owner's own
+/// devices at that agent (the owner minted its code for it): it is not held to
+/// a guest's share of the slots there, and it reaches no other agent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_device_paired_with_one_agent_holds_what_the_owners_devices_hold_there() {
+    init_tracing();
+    let host = Tb::new(None);
+    let dir = agents_dir(&host);
+    write_manifest(&dir, "main.json", &cat("main", ""), 0o600);
+    let h = RunningHost::start(&host, &["--per-remote-max", "100"]).await;
+    let phone = Tb::new(None);
+    let code = mint_code(&host, &["--agent", "main"]).await;
+    let ticket = h.agent("main").ticket.clone();
+    let out = pair_and_exchange(&phone, &code, &ticket, "{\"n\":0}\n").await;
+    assert_eq!(out.stdout, b"{\"n\":0}\n", "{}", String::from_utf8_lossy(&out.stderr));
+    // More live sessions than a guest's share (the bridge's `MAX_SESSIONS_PER_GUEST`, 4), all at once.
+    let mut live = Vec::new();
+    for n in 1..=6u64 {
+        let mut c = JsonConnect::start(&phone, &[&ticket]);
+        c.send(serde_json::json!({ "n": n })).await;
+        let back = c.next().await;
+        assert_eq!(back["n"], n, "session {n} was not served: {}", c.log.text());
+        live.push(c);
+    }
+    for c in live {
+        let log = c.log.clone();
+        assert!(c.close().await.success(), "{}", log.text());
+    }
     h.stop().await;
 }

@@ -1,12 +1,10 @@
 //! A device asks which sessions of an agent it may join, and joins one
 //! (see [`crate::serve::sessions::devices`] for what a shared session is).
 //!
-//! Who may see and join which session (docs/security.md has the table): a
-//! device always its own; one of the owner's own devices (the account's, or
-//! one paired by a code) also those another of the owner's own devices
-//! started; a device let in only by the agent's `accept_from` NodeIds or by
-//! an `iroh allow` of someone else's device, only its own. A session a device
-//! may not see is, to it, a session that does not exist.
+//! Who may see and join which session is decided by the device's standing
+//! ([`super::standing`]): a device always its own; one of the owner's own
+//! devices also those another of the owner's own devices started. A session a
+//! device may not see is, to it, a session that does not exist.
 
 use std::{sync::Arc, time::Duration};
 
@@ -22,8 +20,8 @@ use super::{
     admit::Admitted,
     session::refuse,
     sessions::{AttachError, Hub, HubKind, JoinAs, JoinError},
+    standing::{self, Standing},
 };
-use crate::{devices::How, trust::Grant};
 
 /// How long a listing's connection waits for the device to close it after
 /// the answer (a client closes at once; one that does not costs this).
@@ -34,23 +32,12 @@ pub(super) fn device_name(a: &Admitted, node: &EndpointId) -> Option<String> {
     a.shared.stores().and_then(|s| s.devices.name_of(node))
 }
 
-/// Whether `node` is one of the owner's own devices at this agent: listed by
-/// the account, or paired by a code (with this agent, or into the allow file).
-fn own_device(a: &Admitted, node: &EndpointId) -> bool {
-    match a.cfg.trust.check(node) {
-        Some(Grant::Account | Grant::Paired) => true,
-        Some(Grant::Manual) => a
-            .shared
-            .stores()
-            .and_then(|s| s.devices.get(node))
-            .is_some_and(|d| matches!(d.how, How::Pairing | How::Account)),
-        Some(Grant::Manifest) | None => false,
-    }
-}
-
-/// Whether the connection's device may see (and join) a session `owner` started.
+/// Whether the connection's device may see (and join) a session `owner`
+/// started: its own, and, for one of the owner's own devices, those another
+/// of the owner's own devices started (`standing`).
 fn may_see(a: &Admitted, owner: &EndpointId) -> bool {
-    *owner == a.peer || (own_device(a, &a.peer) && own_device(a, owner))
+    let own = |node: &EndpointId| standing::of(a, node) == Some(Standing::Own);
+    *owner == a.peer || (own(&a.peer) && own(owner))
 }
 
 /// The sessions of this agent the device may join.

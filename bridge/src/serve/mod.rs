@@ -44,6 +44,7 @@ pub mod served;
 pub mod session;
 pub mod sessions;
 pub mod slots;
+pub mod standing;
 pub mod status;
 pub mod taps;
 pub mod throttle;

@@ -14,13 +14,13 @@ use iroh::{endpoint::Connection, EndpointId};
 use thunderbolt_shared::close;
 use tracing::warn;
 
+use super::standing::Standing;
 use super::{
     admit::Admitted,
     bridge::Shared,
     served::{LiveGuard, REASON_AGENT_REMOVED},
     session::refuse,
 };
-use crate::trust::Grant;
 
 /// How long an eviction may take to free its slot: the evicted agent gets
 /// SIGTERM, then SIGKILL after the grace, and is reaped.
@@ -91,7 +91,7 @@ impl Drop for DeviceGuard {
 /// its cap gives up its own longest-detached session for the new one (as the
 /// bridge-wide slots do); with none detached it is refused.
 async fn device_slot(a: &Admitted) -> Option<DeviceGuard> {
-    if matches!(a.grant, Grant::Account | Grant::Manual) {
+    if !super::standing::of(a, &a.peer).is_none_or(Standing::is_guest) {
         return Some(DeviceGuard(None));
     }
     let per = &a.shared.per_device;
