@@ -224,11 +224,13 @@ pub fn id_in_use(id: &[u8]) -> Vec<u8> {
     }))
 }
 
-/// What a [`METHOD_ROLE`] or [`METHOD_ANSWERED`] line says, for clients.
+/// What a [`METHOD_ROLE`], [`METHOD_ANSWERED`] or [`METHOD_MISSED`] line
+/// says, for clients.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
     Role { role: Role, controller: Device },
     Answered { id: Value, by: Device },
+    Missed { frames: u64, bytes: u64 },
 }
 
 /// Reads a line as one of the bridge's notifications about devices (cheap
@@ -245,6 +247,10 @@ pub fn notice(line: &[u8]) -> Option<Notice> {
         METHOD_ANSWERED => Some(Notice::Answered {
             id: params.get("id")?.clone(),
             by: serde_json::from_value(params.get("by")?.clone()).ok()?,
+        }),
+        METHOD_MISSED => Some(Notice::Missed {
+            frames: params.get("frames")?.as_u64()?,
+            bytes: params.get("bytes")?.as_u64()?,
         }),
         _ => None,
     }

@@ -490,6 +490,7 @@ async fn a_stopped_observer_never_holds_the_agent_and_is_told_what_it_missed() {
     let missed = p.until(|v| v["method"] == METHOD_MISSED).await;
     assert!(missed["params"]["frames"].as_u64().unwrap() > 0, "{missed}");
     assert!(missed["params"]["bytes"].as_u64().unwrap() > 1 << 20, "{missed}");
+    p.log.wait_for("this device fell behind the session").await;
     // From there on it gets the session's frames again.
     l.send(note(FRAMES + 1)).await;
     l.until(is_note(FRAMES + 1)).await;

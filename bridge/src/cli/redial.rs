@@ -680,6 +680,11 @@ fn say_devices(run: &[u8]) {
                 controller.label()
             ),
             Some(Notice::Answered { id, by }) => info!("{} answered the agent's request {id}", by.label()),
+            Some(Notice::Missed { frames, bytes }) => warn!(
+                "this device fell behind the session (it stopped reading) and missed {frames} of the agent's \
+                 message(s), {bytes} bytes: the agent did not wait for it; to see them, join again with \
+                 --history all (the session keeps its last 1 MiB)"
+            ),
             None => {}
         }
     }

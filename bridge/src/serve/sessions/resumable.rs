@@ -205,7 +205,13 @@ impl Hub {
                         self.journal_turn(st);
                     }
                     let now = Instant::now();
+                    // A batch is for a trickle of small frames: a backlog of a
+                    // whole turn or more goes at once (the interval is a latency
+                    // floor for an observer, never a ceiling on its throughput:
+                    // one turn per interval held a shared session to ~25 MB/s).
+                    let unsent = st.sent_mark.map_or(u64::MAX, |m| st.out.pushed_bytes().saturating_sub(m));
                     let batch = cursor < st.out.total()
+                        && unsent < WRITE_TURN as u64
                         && !st.ack_due
                         && st.ack_at.is_none_or(|at| now < at)
                         && st.end_at.is_none()

@@ -41,17 +41,25 @@ async fn observer(
 
 /// Observers leave, one after the other (each its input's end): the session
 /// goes on with the others, and ends with the last when the controller left.
-async fn close_all(observers: Vec<(ConnectProc, tokio::task::JoinHandle<usize>)>) {
+/// The bytes each received (an observer that fell behind gets less than the
+/// controller: the agent does not wait for it).
+async fn close_all(observers: Vec<(ConnectProc, tokio::task::JoinHandle<usize>)>) -> Vec<usize> {
+    let mut got = Vec::new();
     for (mut o, sink) in observers {
         drop(o.stdin);
         let _ = tokio::time::timeout(WAIT, o.child.wait()).await;
-        sink.abort();
+        // Its stdout ends with it: what it wrote is all counted.
+        match tokio::time::timeout(WAIT, sink).await {
+            Ok(Ok(n)) => got.push(n),
+            _ => got.push(0),
+        }
     }
+    got
 }
 
 /// The controller's p50 per block alone, and with three observers attached.
 async fn controller_p50(
-    client: &Tb,
+    watchers: &[Tb],
     ticket: &str,
     id: &str,
     c: &mut ConnectProc,
@@ -63,8 +71,8 @@ async fn controller_p50(
     for _ in 0..ROUND_TRIP_BLOCKS {
         alone.push(percentile(&c.round_trips(per).await?, 0.5));
         let mut observers = Vec::new();
-        for _ in 0..3 {
-            let o = observer(client, ticket, id).await?;
+        for w in watchers.iter().take(3) {
+            let o = observer(w, ticket, id).await?;
             if niced {
                 if let Some(pid) = o.0.child.id() {
                     // SAFETY: plain syscall on our own child.
@@ -88,36 +96,66 @@ pub fn dummy_stdout() -> Result<tokio::process::ChildStdout> {
     child.stdout.take().context("stdout")
 }
 
-/// The session this client's `connect` started (the only one it may see).
+/// The newest session this client's `connect` started (the listing also
+/// shows those of the owner's other devices).
 async fn session_id(client: &Tb, ticket: &str) -> Result<String> {
     let out = client.run(&["sessions", ticket, "--json"]).await;
     if !out.status.success() {
         bail!("sessions: {}", String::from_utf8_lossy(&out.stderr));
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    Ok(v["sessions"][0]["id"].as_str().context("a session")?.to_string())
+    let me = client.node_id("acp").await.to_string();
+    let mine = v["sessions"]
+        .as_array()
+        .context("a listing")?
+        .iter()
+        .filter(|s| s["startedBy"]["node"] == me.as_str());
+    Ok(mine.last().and_then(|s| s["id"].as_str()).context("a session")?.to_string())
+}
+
+/// Devices of the owner's own, each paired with a one-time code (a device
+/// holds at most 3 seats on one session: every observer is a device of its own).
+async fn own_devices(b: &Bench, ticket: &str, n: usize) -> Result<Vec<Tb>> {
+    let mut devices = Vec::new();
+    for i in 0..n {
+        let d = Tb::new(None);
+        let out = b.tb.run(&["iroh", "pair", "--json"]).await;
+        if !out.status.success() {
+            bail!("iroh pair: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        let code = v["code"].as_str().context("a pairing code")?;
+        let name = format!("device {i}");
+        let out = d.run(&["acp", "connect", "--pair", code, "--device-name", &name, ticket]).await;
+        if !out.status.success() {
+            bail!("connect --pair: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        devices.push(d);
+    }
+    Ok(devices)
 }
 
 pub async fn devices_rows(b: &Bench) -> Result<Vec<Row>> {
-    let client = Tb::new(None);
-    b.tb.allow(&client.node_id("acp").await).await;
     let relay = b.relay_url.clone();
     let mut bridge = b.bridge_in(&b.tb, &relay, &[], vec![b.agent.clone(), "cat".into()], "info").await;
     let ticket = bridge.ticket.clone();
+    // The controller, and an observer device each.
+    let devices = own_devices(b, &ticket, MEMORY_OBSERVERS + 1).await?;
+    let (client, watchers) = (&devices[0], &devices[1..]);
     let total = b.plan.bulk_bytes;
     let mut rows = Vec::new();
 
     // Memory first, on the fresh bridge (later, freed transfer buffers hide growth):
     // observers attached to an idle session, then a session's history filled.
     {
-        let c = ConnectProc::start(&client, &ticket, &[]).await?;
+        let c = ConnectProc::start(client, &ticket, &[]).await?;
         let mut c = c;
         c.round_trips(ROUND_TRIP_WARMUP).await?;
-        let id = session_id(&client, &ticket).await?;
+        let id = session_id(client, &ticket).await?;
         let idle = rss_kib(bridge.pid())?;
         let mut observers = Vec::new();
-        for _ in 0..MEMORY_OBSERVERS {
-            observers.push(observer(&client, &ticket, &id).await?);
+        for w in watchers.iter().take(MEMORY_OBSERVERS) {
+            observers.push(observer(w, &ticket, &id).await?);
         }
         c.round_trips(ROUND_TRIP_WARMUP).await?;
         let attached = rss_kib(bridge.pid())?;
@@ -160,16 +198,17 @@ pub async fn devices_rows(b: &Bench) -> Result<Vec<Row>> {
     for devices in DEVICE_COUNTS {
         let mut runs = Vec::new();
         for _ in 0..b.plan.bulk_reps {
-            let mut c = ConnectProc::start(&client, &ticket, &[]).await?;
+            let mut c = ConnectProc::start(client, &ticket, &[]).await?;
             c.round_trips(1).await?;
-            let id = session_id(&client, &ticket).await?;
+            let id = session_id(client, &ticket).await?;
             let mut observers = Vec::new();
-            for _ in 1..devices {
-                observers.push(observer(&client, &ticket, &id).await?);
+            for w in watchers.iter().take(devices - 1) {
+                observers.push(observer(w, &ticket, &id).await?);
             }
             let mbs = c.bulk(total).await?;
-            close_all(observers).await;
-            runs.push(mbs * devices as f64);
+            // What was delivered: the controller's echo and what each observer got.
+            let observed: usize = close_all(observers).await.iter().sum();
+            runs.push(mbs * (1.0 + observed as f64 / total as f64));
         }
         if devices == 1 {
             single = runs.clone();
@@ -190,11 +229,11 @@ pub async fn devices_rows(b: &Bench) -> Result<Vec<Row>> {
     // The controller's p50, alone and with three observers attached, in alternating
     // blocks: the observers as they are, then niced (as if on machines of their own:
     // on 2 cores their processes otherwise take the CPU the controller waits for).
-    let mut c = ConnectProc::start(&client, &ticket, &[]).await?;
+    let mut c = ConnectProc::start(client, &ticket, &[]).await?;
     c.round_trips(ROUND_TRIP_WARMUP).await?;
-    let id = session_id(&client, &ticket).await?;
+    let id = session_id(client, &ticket).await?;
     for niced in [false, true] {
-        let (alone, watched) = controller_p50(&client, &ticket, &id, &mut c, b.plan.rtts, niced).await?;
+        let (alone, watched) = controller_p50(watchers, &ticket, &id, &mut c, b.plan.rtts, niced).await?;
         rows.push(row(
             &format!(
                 "~200 B request/response p50 of the controller, three observers attached{} (median of {ROUND_TRIP_BLOCKS} blocks)",
