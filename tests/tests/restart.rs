@@ -473,3 +473,113 @@ async fn a_restarted_bridge_keeps_its_port_so_the_old_ticket_reaches_it_without_
     assert!(tokio::time::timeout(WAIT, c.child.wait()).await.unwrap().unwrap().success());
     again.stop().await;
 }
+
+/// A journal as the bridge writes it (`bridge/src/journal/record.rs`): its
+/// header, then `runs` output records of the agent's lines, then a stop.
+fn planted_journal(path: &std::path::Path, node: &str, owner: &str, runs: &[Vec<u8>]) {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let name = path.file_stem().unwrap().to_string_lossy();
+    let header = json!({
+        "journal": 1, "token_sha256": format!("{name:0>64}"), "node": node, "owner": owner,
+        "agent": "", "protocol": "acp", "created_ms": 0,
+    });
+    let file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).unwrap();
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+    writeln!(w, "{header}").unwrap();
+    for run in runs {
+        let frames = run.iter().filter(|b| **b == b'\n').count();
+        writeln!(w, "!{{\"out\":{frames},\"len\":{}}}", run.len()).unwrap();
+        w.write_all(run).unwrap();
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    writeln!(w, "!{{\"stop\":{now}}}").unwrap();
+    w.flush().unwrap();
+}
+
+/// The bridge's home's journals folder, made as the bridge makes it.
+fn sessions_dir(tb: &Tb) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tb.home().join("iroh/sessions");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    dir
+}
+
+/// Journals no agent served here takes back (another bridge's NodeId, as
+/// another protocol's bridge on the same home leaves them) are removed once no
+/// grace can still run, and kept while one may: a start no longer reads a
+/// pile of them forever.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_start_removes_orphan_journals_past_any_grace_and_keeps_those_within_it() {
+    let tb = Tb::new(None);
+    let dir = sessions_dir(&tb);
+    let other = iroh::SecretKey::from_bytes(&[3u8; 32]).public().to_string();
+    let owner = iroh::SecretKey::from_bytes(&[4u8; 32]).public().to_string();
+    let run = vec![b"{\"a\":1}\n".to_vec()];
+    let day = std::time::Duration::from_secs(24 * 3600);
+    let mut planted = Vec::new();
+    for (name, ago) in [("0a", 8 * day), ("0b", 8 * day), ("0c", day / 24)] {
+        let path = dir.join(format!("{name}.journal"));
+        planted_journal(&path, &other, &owner, &run);
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_modified(std::time::SystemTime::now() - ago).unwrap();
+        planted.push(path);
+    }
+    let agent = [test_agent_bin().display().to_string(), "cat".into()];
+    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
+    let bridge = tb.bridge("acp", &[], &agent).await;
+    bridge.log.wait_for("removed 2 session journal(s) of other bridges or of agents not served here").await;
+    assert!(!planted[0].exists() && !planted[1].exists(), "week-old orphans are removed");
+    assert!(planted[2].exists(), "an hour-old orphan waits for its bridge");
+    bridge.stop().await;
+}
+
+/// A journal far larger than the resume buffer (a client away while its agent
+/// wrote 200 MiB) is read record by record at the start, keeping the newest
+/// output within `--resume-buffer`: before, it was read whole (the bridge's
+/// peak memory was twice the file) and all of its output kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_journal_is_taken_back_within_the_resume_buffer_and_never_read_whole() {
+    let tb = Tb::new(None);
+    let owner = iroh::SecretKey::from_bytes(&[5u8; 32]).public();
+    tb.allow(&owner).await;
+    let node = tb.node_id("acp").await.to_string();
+    // 200 runs of 1 MiB, 1 KiB lines, numbered.
+    let line = |n: usize| {
+        let mut l = format!("{{\"n\":{n:08},\"pad\":\"").into_bytes();
+        l.resize(1021, b'x');
+        l.extend_from_slice(b"\"}\n");
+        l
+    };
+    let runs: Vec<Vec<u8>> = (0..200).map(|r| (r * 1024..(r + 1) * 1024).flat_map(line).collect()).collect();
+    let path = sessions_dir(&tb).join("0d.journal");
+    planted_journal(&path, &node, &owner.to_string(), &runs);
+    drop(runs);
+    assert!(std::fs::metadata(&path).unwrap().len() > 200 << 20);
+
+    let agent = [test_agent_bin().display().to_string(), "cat".into()];
+    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
+    let bridge = tb.bridge("acp", &["--resume-buffer", "8M"], &agent).await;
+    bridge.log.wait_for("taking back a session after the restart").await;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", bridge.pid())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    assert!(
+        peak_kib < 96 * 1024,
+        "the bridge's peak memory was {} MiB reading a 200 MiB journal",
+        peak_kib / 1024
+    );
+    // Frames kept: at most the buffer's worth of 1 KiB lines, and the log says what was not.
+    let log = bridge.log.text();
+    let kept: u64 = log
+        .split("taking back a session after the restart: ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    assert!(kept > 0 && kept <= 8 * 1024, "{kept} frames kept: {log}");
+    assert!(log.contains("cannot take the session back (its resume is refused as stale)"), "{log}");
+    bridge.stop().await;
+}

@@ -19,22 +19,31 @@
 //! The file is compacted (rewritten with a snapshot and only the output still
 //! unacknowledged) once it is larger than [`COMPACT_ABOVE`] and twice what it
 //! must hold: the file stays within about twice the resume buffer.
+//!
+//! At a start ([`Journals::scan`]) a journal is read record by record, never
+//! whole, keeping at most its agent's resume buffer of output (the newest);
+//! a journal no agent served here takes back (another bridge's NodeId on
+//! this home, an agent no longer served) is read no further than its header,
+//! and removed once it is older than any grace ([`LONGEST_GRACE`]). At most
+//! [`MAX_JOURNALS_READ`] journals are read per start.
 
 pub mod behind;
 pub mod ledger;
 pub mod record;
 
 use std::{
+    collections::HashSet,
     fs,
-    io::{self, Write},
+    io::{self, Read, Write},
     os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
-    time::SystemTime,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
 };
 
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
-use tracing::warn;
+use tracing::{debug, info, warn};
 
 use crate::home::{Home, DIR_MODE, FILE_MODE};
 pub use behind::WriteBehind;
@@ -46,9 +55,33 @@ pub use record::{BadJournal, Folded, Header, Snapshot, JOURNAL_VERSION};
 pub const COMPACT_ABOVE: u64 = 4 << 20;
 
 /// Largest journal read back: a journal holds at most the resume buffer
-/// twice over (32 MiB by default) before it is compacted; anything far larger
-/// was not written by this bridge.
-pub const MAX_JOURNAL_READ: u64 = 1 << 30;
+/// twice over (32 MiB by default, at most 1 GiB) and one record before it is
+/// compacted; anything larger was not written by this bridge. (It is read
+/// record by record, never whole: this bounds a start's reading time, not
+/// its memory.)
+pub const MAX_JOURNAL_READ: u64 = 4 << 30;
+
+/// Journals one scan (a start, or a host's new agent) reads at most, the
+/// newest first; more wait for a later start, said in the log. A start takes
+/// back only the sessions that were alive at the stop, at most `--max-agents`
+/// (16 by default), each read within its resume buffer; every other journal
+/// is an orphan, read no further than its header (a few hundred bytes) to
+/// tell whose it is. 1024 is far above any count of sessions a restart takes
+/// back and keeps a start's reading to milliseconds, however many journals
+/// piled up (3000 orphans were once all read, whole, at every start).
+pub const MAX_JOURNALS_READ: usize = 1024;
+
+/// How long a journal no agent served here takes back is kept after its last
+/// write (which is at or after its client's stop): another bridge's on this
+/// home (another protocol's identity) or an agent not served now may still
+/// come back within its grace, and that grace is not known here (the
+/// default is 5 minutes; a grace of days keeps an idle agent running for
+/// days). Older than this, no grace can still be running: it is removed at a
+/// start. (A served agent's journals are judged by that agent's own grace.)
+pub const LONGEST_GRACE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Read buffer for a journal: records are read through it one by one.
+const READ_BUFFER: usize = 256 * 1024;
 
 /// How long the agent's output may wait for its client's acknowledgement
 /// before it is written to the journal, while a client is attached. Output is
@@ -72,7 +105,13 @@ pub fn token_hash(token: &str) -> String {
 #[derive(Debug)]
 pub struct Journals {
     dir: PathBuf,
+    /// The journals this process has open (its live sessions'): a scan
+    /// neither reads nor removes them, whatever their age.
+    live: Live,
 }
+
+/// Paths of the journals open in this process.
+type Live = Arc<Mutex<HashSet<PathBuf>>>;
 
 /// A journal found at start-up.
 #[derive(Debug)]
@@ -94,7 +133,27 @@ impl Journals {
             return Err(io::Error::other(format!("{} is not a folder", dir.display())));
         }
         fs::set_permissions(&dir, fs::Permissions::from_mode(DIR_MODE))?;
-        Ok(Self { dir })
+        Ok(Self::at(dir))
+    }
+
+    fn at(dir: PathBuf) -> Self {
+        Self { dir, live: Live::default() }
+    }
+
+    /// A journal of this process's, at `path`.
+    fn journal(&self, path: PathBuf, header: Header, ledger: Ledger) -> Journal {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(path.clone());
+        Journal {
+            path,
+            header,
+            file: None,
+            len: 0,
+            ledger,
+            pending: Pending::default(),
+            hwm: 0,
+            keep: false,
+            live: self.live.clone(),
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -111,16 +170,8 @@ impl Journals {
             .mode(FILE_MODE)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)?;
-        let mut j = Journal {
-            path,
-            header,
-            file: Some(file),
-            len: 0,
-            ledger: Ledger::default(),
-            pending: Pending::default(),
-            hwm: 0,
-            keep: false,
-        };
+        let mut j = self.journal(path, header, Ledger::default());
+        j.file = Some(file);
         let line = record::header_line(&j.header);
         j.append(&[&line]);
         Ok(j)
@@ -129,41 +180,101 @@ impl Journals {
     /// Takes a journal found at start-up over: rewritten with `snap` and
     /// `live` (its state now), then appended to.
     pub fn adopt(&self, found: &Found, snap: &Snapshot, live: &[Bytes]) -> Journal {
-        let mut j = Journal {
-            path: found.path.clone(),
-            header: found.header.clone(),
-            file: None,
-            len: 0,
-            ledger: snap.ledger.clone(),
-            pending: Pending::default(),
-            hwm: 0,
-            keep: false,
-        };
+        let mut j = self.journal(found.path.clone(), found.header.clone(), snap.ledger.clone());
         j.compact(snap, live);
         j
     }
 
-    /// Every journal in the folder. One that cannot be read (not a regular
-    /// file of ours at 0600, cut short before its header, of another version,
-    /// a record that does not read) is reported with its path and set aside
-    /// (renamed `….set-aside`, never read again nor deleted); the others are
-    /// returned.
-    pub fn scan(&self) -> Vec<Found> {
+    /// The journals a served agent takes back. `claim` says, from a
+    /// journal's header, whether one does, and how much of the agent's
+    /// output it keeps (its resume buffer): such a journal is read record
+    /// by record, keeping at most that much output, the newest (a client
+    /// that lacks older output it did not acknowledge cannot take the session
+    /// back: said in the log; its resume is refused as stale). A journal no
+    /// served agent claims is read no further than its header: kept while
+    /// its agent may still come back, removed once it was last written over
+    /// [`LONGEST_GRACE`] ago. One that cannot be read (not a regular file of
+    /// ours at 0600, cut short before its header, of another version, a
+    /// record that does not read) is reported with its path and set aside
+    /// (renamed `….set-aside`, never read again nor deleted). This process's
+    /// own journals (live sessions) are left alone. At most
+    /// [`MAX_JOURNALS_READ`], the newest first.
+    pub fn scan(&self, claim: impl Fn(&Header) -> Option<usize>) -> Vec<Found> {
         let Ok(entries) = fs::read_dir(&self.dir) else { return Vec::new() };
-        let mut found = Vec::new();
-        for e in entries.flatten() {
-            let path = e.path();
-            if !path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(SUFFIX)) {
-                continue;
-            }
-            match read_one(&path) {
-                Ok(f) => found.push(f),
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // Newest first: a bridge that just stopped wrote its journals last.
+        let mut paths: Vec<(SystemTime, PathBuf)> = entries
+            .flatten()
+            .filter(|e| e.file_name().to_str().is_some_and(|n| n.ends_with(SUFFIX)))
+            .map(|e| (e.metadata().and_then(|m| m.modified()).unwrap_or(SystemTime::UNIX_EPOCH), e.path()))
+            .filter(|(_, p)| !live.contains(p))
+            .collect();
+        paths.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let unread = paths.len().saturating_sub(MAX_JOURNALS_READ);
+        let now = SystemTime::now();
+        let (mut found, mut removed, mut kept) = (Vec::new(), 0usize, 0usize);
+        for (_, path) in paths.into_iter().take(MAX_JOURNALS_READ) {
+            match read_one(&path, &claim) {
+                Ok(Scanned::Claimed(f)) => found.push(*f),
+                Ok(Scanned::Orphan { header, written }) => {
+                    let age = now.duration_since(written).unwrap_or_default();
+                    if age > LONGEST_GRACE {
+                        debug!(
+                            "removing the session journal {} (bridge {:?}, agent {:?}): no agent served here takes it back and it was last written {}h ago",
+                            path.display(),
+                            header.node,
+                            header.agent,
+                            age.as_secs() / 3600
+                        );
+                        match fs::remove_file(&path) {
+                            Ok(()) => removed += 1,
+                            Err(e) => warn!("cannot remove the old session journal {}: {e}", path.display()),
+                        }
+                    } else {
+                        kept += 1;
+                    }
+                }
                 Err(why) => set_aside(&path, &why),
             }
         }
-        found.sort_by(|a, b| a.path.cmp(&b.path));
+        if removed > 0 {
+            info!(
+                "removed {removed} session journal(s) of other bridges or of agents not served here, last written over {} days ago (longer than any grace)",
+                LONGEST_GRACE.as_secs() / 86400
+            );
+        }
+        if kept > 0 {
+            debug!("kept {kept} session journal(s) of other bridges or of agents not served here (they may still come back within their grace)");
+        }
+        if unread > 0 {
+            warn!(
+                "{unread} session journal(s) in {} not read at this start: at most {MAX_JOURNALS_READ} are read per start, the newest first",
+                self.dir.display()
+            );
+        }
+        for f in &found {
+            if f.folded.dropped > 0 {
+                warn!(
+                    "session journal {}: its client had not acknowledged (as far as the journal knows) more of the agent's output \
+                     than the resume buffer keeps: the oldest {} frame(s) ({} bytes) are dropped, the newest {} bytes kept; \
+                     a client that lacks them cannot take the session back (its resume is refused as stale)",
+                    f.path.display(),
+                    f.folded.dropped,
+                    f.folded.dropped_bytes,
+                    f.folded.out_bytes()
+                );
+            }
+        }
         found
     }
+}
+
+/// What reading one journal found.
+enum Scanned {
+    /// A served agent's, read.
+    Claimed(Box<Found>),
+    /// No served agent's: its header only.
+    Orphan { header: Header, written: SystemTime },
 }
 
 /// Reads one journal file, refusing anything this bridge did not write.
@@ -172,7 +283,9 @@ impl Journals {
 /// (`O_NOFOLLOW`) nor waits (`O_NONBLOCK`: a plain open of a FIFO waits for a
 /// writer, and would hold the bridge's start-up forever), and what is checked
 /// (`fstat`) is what was opened, so nothing swapped in after a look is read.
-fn read_one(path: &Path) -> Result<Found, String> {
+/// Then its header, and (when `claim` says a served agent takes it back) its
+/// records, one by one, within the buffer `claim` gives.
+fn read_one(path: &Path, claim: &impl Fn(&Header) -> Option<usize>) -> Result<Scanned, String> {
     let f = fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -198,19 +311,14 @@ fn read_one(path: &Path) -> Result<Found, String> {
     if meta.len() > MAX_JOURNAL_READ {
         return Err(format!("{} bytes, more than any journal holds", meta.len()));
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    io::Read::read_to_end(&mut io::Read::take(f, MAX_JOURNAL_READ + 1), &mut bytes)
-        .map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > MAX_JOURNAL_READ {
-        return Err("grew past any journal's size while being read".into());
-    }
-    let (header, folded) = record::read(&bytes).map_err(|e| e.to_string())?;
-    Ok(Found {
-        path: path.to_path_buf(),
-        header,
-        folded,
-        written: meta.modified().unwrap_or(SystemTime::now()),
-    })
+    let written = meta.modified().unwrap_or(SystemTime::now());
+    // Read as long as it was when opened (a journal is written by one bridge
+    // only, and the control socket's lock keeps a second one away).
+    let mut r = io::BufReader::with_capacity(READ_BUFFER, f).take(meta.len());
+    let header = record::read_header(&mut r).map_err(|e| e.to_string())?;
+    let Some(keep) = claim(&header) else { return Ok(Scanned::Orphan { header, written }) };
+    let folded = record::fold(&mut r, keep).map_err(|e| e.to_string())?;
+    Ok(Scanned::Claimed(Box::new(Found { path: path.to_path_buf(), header, folded, written })))
 }
 
 /// Renames a journal that cannot be used out of the way, and says so.
@@ -250,6 +358,8 @@ pub struct Journal {
     hwm: u64,
     /// Kept for the bridge's restart (a graceful stop), not deleted with the session.
     keep: bool,
+    /// The journals open in this process, this one among them until dropped.
+    live: Live,
 }
 
 impl Journal {
@@ -456,6 +566,7 @@ impl Drop for Journal {
         if !self.keep {
             let _ = fs::remove_file(&self.path);
         }
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.path);
     }
 }
 
@@ -521,6 +632,12 @@ mod tests {
 
     use super::*;
 
+    /// Every journal in the folder, as a bridge starting on it reads them
+    /// (this process's live journals included), each taken back whole.
+    fn scan_all(js: &Journals) -> Vec<Found> {
+        Journals::at(js.dir.clone()).scan(|_| Some(usize::MAX))
+    }
+
     fn header(token: &str) -> Header {
         Header {
             journal: JOURNAL_VERSION,
@@ -542,7 +659,7 @@ mod tests {
         assert_eq!(fs::metadata(js.dir()).unwrap().permissions().mode() & 0o777, 0o700);
         j.client_run(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/prompt\"}\n", 1, true);
         j.write_output(0, &[Bytes::from_static(b"{\"a\":1}\n{\"a\":2}\n")], 2);
-        let found = js.scan();
+        let found = scan_all(&js);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].folded.out_total(), 2);
         assert_eq!(found[0].folded.client_frames, 1);
@@ -551,7 +668,7 @@ mod tests {
         let snap = Snapshot { out_base: 1, client_frames: 1, ..Snapshot::default() };
         j.compact(&snap, &[Bytes::from_static(b"{\"a\":2}\n")]);
         j.write_output(2, &[Bytes::from_static(b"{\"a\":3}\n")], 3);
-        let f = &js.scan()[0].folded;
+        let f = &scan_all(&js)[0].folded;
         assert_eq!((f.out_base, f.out_total()), (1, 3));
         assert_eq!(f.out.concat_bytes(), b"{\"a\":2}\n{\"a\":3}\n");
         assert!(f.pending.0.is_empty(), "the snapshot said none");
@@ -561,7 +678,7 @@ mod tests {
         j.client_run(b"{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"session/prompt\"}\n", 1, true);
         j.saw_output(b"{\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{}}\n");
         j.write_output(7, &[Bytes::from_static(b"{\"a\":7}\n")], 8);
-        let f = &js.scan()[0].folded;
+        let f = &scan_all(&js)[0].folded;
         assert_eq!((f.out_base, f.out_total()), (7, 8));
         assert!(f.pending.0.is_empty(), "9 was answered: {:?}", f.pending);
 
@@ -569,10 +686,128 @@ mod tests {
         let path = j.path().to_path_buf();
         drop(j);
         assert!(path.exists(), "a stopped session's journal is kept");
-        assert!(js.scan()[0].folded.stopped.is_some());
-        let j = js.adopt(&js.scan()[0], &snap, &[]);
+        assert!(scan_all(&js)[0].folded.stopped.is_some());
+        let j = js.adopt(&scan_all(&js)[0], &snap, &[]);
         drop(j);
         assert!(!path.exists(), "an ended session's journal is deleted");
+    }
+
+    /// Sets a file's modification time `ago` back.
+    fn age(path: &Path, ago: Duration) {
+        let f = fs::OpenOptions::new().write(true).open(path).unwrap();
+        f.set_modified(SystemTime::now() - ago).unwrap();
+    }
+
+    #[test]
+    fn a_large_journal_is_read_record_by_record_keeping_the_newest_output_within_the_buffer() {
+        let home = tempfile::tempdir().unwrap();
+        let js = Journals::open(&Home::new(home.path().to_path_buf())).unwrap();
+        let mut j = js.create(header("large")).unwrap();
+        // An ACP session opened and a prompt in flight, answered early on.
+        j.client_run(
+            b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"session/new\",\"params\":{\"cwd\":\"/w\"}}\n\
+              {\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"session/prompt\"}\n",
+            2,
+            true,
+        );
+        j.write_output(
+            0,
+            &[Bytes::from_static(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"sessionId\":\"s\"}}\n")],
+            1,
+        );
+        // 96 MiB of the agent's output, none of it acknowledged: runs of 64
+        // lines of 1 KiB, each line numbered.
+        const LINE: usize = 1024;
+        const RUNS: u64 = 1536;
+        let line = |n: u64| {
+            let mut l = format!("{{\"n\":{n:08},\"pad\":\"").into_bytes();
+            l.resize(LINE - 3, b'x');
+            l.extend_from_slice(b"\"}\n");
+            l
+        };
+        let mut total = 1;
+        for _ in 0..RUNS {
+            let run: Vec<u8> = (total..total + 64).flat_map(line).collect();
+            j.write_output(total, &[Bytes::from(run)], total + 64);
+            total += 64;
+        }
+        j.write_output(
+            total,
+            &[Bytes::from_static(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{}}\n")],
+            total + 1,
+        );
+        total += 1;
+        j.stop();
+        drop(j);
+        let size =
+            fs::metadata(js.dir().join(format!("{}.journal", &token_hash("large")[..16]))).unwrap().len();
+        assert!(size > 96 << 20, "the journal holds it all: {size}");
+
+        // Taken back by an agent whose buffer is 4 MiB.
+        const BUFFER: usize = 4 << 20;
+        let found = Journals::at(js.dir().to_path_buf()).scan(|_| Some(BUFFER));
+        assert_eq!(found.len(), 1);
+        let f = &found[0].folded;
+        assert!(
+            f.out_bytes() <= BUFFER,
+            "the fold holds {} bytes, past the buffer of {BUFFER}",
+            f.out_bytes()
+        );
+        assert!(f.out_bytes() > BUFFER - 2 * LINE, "the buffer is used: {}", f.out_bytes());
+        assert_eq!(f.out_total(), total, "every frame is counted");
+        assert_eq!(f.dropped, f.out_base, "all before the kept ones were dropped, none acknowledged");
+        let kept: Vec<u8> = f.out.iter().flat_map(|(b, _)| b.to_vec()).collect();
+        assert!(kept.ends_with(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{}}\n"), "the newest are kept");
+        let first = format!("{{\"n\":{:08},", f.out_base);
+        assert!(kept.starts_with(first.as_bytes()), "the kept frames follow the dropped ones with no gap");
+        assert_eq!(f.ledger.sessions[0].id, "s", "what was dropped was still read");
+        assert!(f.pending.0.is_empty(), "the prompt was answered");
+
+        // Taken over, the journal holds what was kept, no more.
+        let snap = Snapshot { out_base: f.out_base, client_frames: 2, ..Snapshot::default() };
+        let live: Vec<Bytes> = f.out.iter().map(|(b, _)| b.clone()).collect();
+        let j = js.adopt(&found[0], &snap, &live);
+        assert!(fs::metadata(j.path()).unwrap().len() < (BUFFER + (64 << 10)) as u64);
+    }
+
+    #[test]
+    fn orphan_journals_are_removed_once_no_grace_can_still_run_and_no_other_is() {
+        let home = tempfile::tempdir().unwrap();
+        let js = Journals::open(&Home::new(home.path().to_path_buf())).unwrap();
+        let other = |token: &str| Header { node: "another bridge".into(), ..header(token) };
+        let stopped = |h: Header| {
+            let mut j = js.create(h).unwrap();
+            j.write_output(0, &[Bytes::from_static(b"{\"a\":1}\n")], 1);
+            j.stop();
+            j.path().to_path_buf()
+        };
+        let old = LONGEST_GRACE + Duration::from_secs(3600);
+        // Another bridge's, past any grace: removed.
+        let gone = stopped(other("gone"));
+        age(&gone, old);
+        // Another bridge's within it (that bridge may still come back): kept.
+        let waits = stopped(other("waits"));
+        age(&waits, LONGEST_GRACE - Duration::from_secs(3600));
+        // Served here, as old: read for its agent, whose own grace decides.
+        let mine = stopped(header("mine"));
+        age(&mine, old);
+        // Another bridge's as old, but a live session's of this process: untouched.
+        let mut live = js.create(other("live")).unwrap();
+        live.write_output(0, &[Bytes::from_static(b"{\"a\":1}\n")], 1);
+        age(live.path(), old);
+
+        let found = js.scan(|h| (h.node == "n").then_some(usize::MAX));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].path, mine);
+        assert_eq!(found[0].folded.out_total(), 1);
+        assert!(!gone.exists(), "an orphan past any grace is removed");
+        assert!(waits.exists(), "an orphan within the longest grace is kept");
+        assert!(mine.exists() && live.path().exists());
+        assert_eq!(fs::read_dir(js.dir()).unwrap().count(), 3, "nothing else was made");
+        // Its session ended: the live one goes as ever.
+        let path = live.path().to_path_buf();
+        drop(live);
+        assert!(!path.exists());
     }
 
     #[test]
@@ -590,7 +825,7 @@ mod tests {
         bad("version.journal", &record::header_line(&Header { journal: 9, ..header("v") }), 0o600);
         bad("open.journal", &record::header_line(&header("o")), 0o644);
         std::os::unix::fs::symlink(good.path(), js.dir().join("link.journal")).unwrap();
-        let found = js.scan();
+        let found = scan_all(&js);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].header.token_sha256, token_hash("good"));
         let mut names: Vec<String> =
@@ -644,7 +879,7 @@ mod tests {
             j
         });
         assert!(j.is_live(), "the compaction went through");
-        assert_eq!(js.scan()[0].folded.out.concat_bytes(), b"{\"a\":1}\n");
+        assert_eq!(scan_all(&js)[0].folded.out.concat_bytes(), b"{\"a\":1}\n");
         assert!(fs::symlink_metadata(&tmp).is_err(), "no temporary file is left");
     }
 
@@ -667,7 +902,7 @@ mod tests {
         assert_eq!(journal.permissions().mode() & 0o777, 0o600);
         // Appended to after the compaction, through the file it wrote.
         j.write_output(1, &[Bytes::from_static(b"{\"a\":2}\n")], 2);
-        let f = &js.scan()[0].folded;
+        let f = &scan_all(&js)[0].folded;
         assert_eq!((f.out_base, f.out_total()), (1, 2));
         assert_eq!(fs::read(&elsewhere).unwrap(), b"mine\n");
     }
@@ -683,13 +918,13 @@ mod tests {
         // Taking a journal back at start-up rewrites it (`adopt`).
         let dir = js.dir().to_path_buf();
         let j = within("restoring", move || {
-            let js = Journals { dir };
-            let found = js.scan();
+            let js = Journals::at(dir);
+            let found = scan_all(&js);
             assert_eq!(found.len(), 1, "the FIFO is no journal: {found:?}");
             js.adopt(&found[0], &Snapshot { out_base: 1, ..Snapshot::default() }, &[])
         });
         assert!(j.is_live(), "taken back");
-        assert_eq!(js.scan()[0].folded.out_base, 1);
+        assert_eq!(scan_all(&js)[0].folded.out_base, 1);
     }
 
     #[test]
@@ -699,18 +934,19 @@ mod tests {
         let fifo = js.dir().join("planted.journal");
         mkfifo(&fifo);
         let dir = js.dir().to_path_buf();
-        let found = within("scanning", move || Journals { dir }.scan());
+        let found = within("scanning", move || scan_all(&Journals::at(dir)));
         assert!(found.is_empty(), "{found:?}");
         assert!(fs::symlink_metadata(&fifo).is_err());
         let aside = js.dir().join("planted.journal.set-aside");
         assert!(fs::symlink_metadata(aside).unwrap().file_type().is_fifo(), "set aside, not removed");
-        assert!(read_one(&fifo.with_extension("journal.set-aside")).unwrap_err().contains("a FIFO"));
+        let aside = fifo.with_extension("journal.set-aside");
+        assert!(read_one(&aside, &|_| Some(0)).err().unwrap().contains("a FIFO"));
     }
 
     trait Concat {
         fn concat_bytes(&self) -> Vec<u8>;
     }
-    impl Concat for Vec<(Bytes, u64)> {
+    impl Concat for std::collections::VecDeque<(Bytes, u64)> {
         fn concat_bytes(&self) -> Vec<u8> {
             self.iter().flat_map(|(b, _)| b.to_vec()).collect()
         }

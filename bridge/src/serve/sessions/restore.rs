@@ -121,14 +121,18 @@ enum Failed {
 pub(crate) fn spawn_all(shared: &Arc<Shared>, agents: &[Arc<Served>]) {
     let Some(journals) = shared.journals.get().cloned() else { return };
     let mut seen = HashSet::new();
-    for found in journals.scan() {
-        let h = &found.header;
-        let Some(agent) = agents.iter().find(|a| {
+    let taker = |h: &journal::Header| {
+        agents.iter().find(|a| {
             let cfg = a.config();
             h.node == a.endpoint.id().to_string()
                 && h.agent == cfg.name.as_str()
                 && h.protocol == cfg.protocol
-        }) else {
+        })
+    };
+    // Read within the taker's resume buffer; the others' are orphans (the scan keeps or removes them).
+    for found in journals.scan(|h| taker(h).map(|a| a.config().session.resume.map_or(0, |r| r.buffer))) {
+        let h = &found.header;
+        let Some(agent) = taker(h) else {
             continue; // another bridge's, or an agent not served now
         };
         let cfg = agent.config();
