@@ -583,3 +583,91 @@ async fn a_large_journal_is_taken_back_within_the_resume_buffer_and_never_read_w
     assert!(log.contains("cannot take the session back (its resume is refused as stale)"), "{log}");
     bridge.stop().await;
 }
+
+/// A session keeps its id across a restart of the bridge: a device joins or
+/// kicks it by the id it listed before. The id is random, not the first
+/// digits of the session's secret token (nor of its hash, the journal's name).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_keeps_its_random_id_across_a_restart_of_the_bridge() {
+    let relay = LocalRelay::start().await;
+    let tb = Tb::new(Some(&relay));
+    let dev = Tb::new(Some(&relay));
+    tb.allow(&dev.node_id("acp").await).await;
+    let agent = [test_agent_bin().display().to_string(), "cat".into()];
+    let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
+    let mut bridge = tb.bridge("acp", &[], &agent).await;
+    let listed = |bridge: &RunningBridge| {
+        let ticket = bridge.ticket.clone();
+        let dev = &dev;
+        async move {
+            let out = dev.run(&["sessions", &ticket, "--json"]).await;
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            v["sessions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["id"].as_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    let mut c = JsonConnect::start(&dev, &[&bridge.ticket]);
+    c.send(json!({"jsonrpc": "2.0", "method": "note", "params": {"n": 1}})).await;
+    c.until(|v| v["params"]["n"] == 1).await;
+    let before = listed(&bridge).await;
+    assert_eq!(before.len(), 1, "{before:?}");
+    bridge.terminate().await;
+    let journals: Vec<String> = std::fs::read_dir(tb.home().join("iroh/sessions"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(journals.len(), 1);
+    assert!(!journals[0].starts_with(&before[0]), "the id is the journal's name: {journals:?} {before:?}");
+
+    let bridge = tb.bridge("acp", &[], &agent).await;
+    c.log.wait_for("the bridge restarted and took the session back").await;
+    c.send(json!({"jsonrpc": "2.0", "method": "note", "params": {"n": 2}})).await;
+    c.until(|v| v["params"]["n"] == 2).await;
+    assert_eq!(listed(&bridge).await, before, "the same session, the same id");
+    drop(c);
+    bridge.stop().await;
+}
+
+/// A device that joined the session and controls it opens an ACP session of
+/// its own: the session's journal keeps it with the first device's, and
+/// after a restart of the bridge both are taken back.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acp_session_a_joined_controller_opened_is_taken_back_after_a_restart() {
+    let Some(rig) = Rig::new("resume").await else { return };
+    let mut bridge = rig.bridge().await;
+    let mut c = Client::start(&rig.dev, &[&bridge.ticket]);
+    let sid = converse(&mut c).await;
+    // A second connection of the device joins the session and takes control.
+    let out = rig.dev.run(&["sessions", &bridge.ticket, "--json"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = listed["sessions"][0]["id"].as_str().unwrap().to_string();
+    let mut j = Client::start(&rig.dev, &["--attach", &id, "--history", "now", &bridge.ticket]);
+    j.until(|v| v["method"] == thunderbolt_shared::devices::METHOD_ROLE).await;
+    let new = j.request(100, "session/new", json!({"cwd": "/tmp", "mcpServers": []})).await;
+    let sid2 = new["result"]["sessionId"].as_str().expect("a session id").to_string();
+    assert_ne!(sid, sid2);
+
+    bridge.terminate().await;
+    c.log.wait_for("the bridge is restarting and keeps the session").await;
+    drop(j);
+    let bridge = rig.bridge().await;
+    let note = c.until(|v| v["method"] == restart::METHOD_RESTORED).await;
+    let taken: Vec<&str> = note["params"]["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["sessionId"].as_str())
+        .collect();
+    assert!(taken.contains(&sid.as_str()) && taken.contains(&sid2.as_str()), "{note}");
+    assert!(rig.calls().contains(&format!("resume {sid2}")), "{}", rig.calls());
+    drop(c);
+    bridge.stop().await;
+    rig.relay.stop().await;
+}

@@ -218,7 +218,10 @@ impl Journals {
                 Ok(Scanned::Claimed(f)) => found.push(*f),
                 Ok(Scanned::Orphan { header, written }) => {
                     let age = now.duration_since(written).unwrap_or_default();
-                    if age > LONGEST_GRACE {
+                    let grace = header
+                        .grace_ms
+                        .map_or(LONGEST_GRACE, |ms| Duration::from_millis(ms).min(LONGEST_GRACE));
+                    if age > grace {
                         debug!(
                             "removing the session journal {} (bridge {:?}, agent {:?}): no agent served here takes it back and it was last written {}h ago",
                             path.display(),
@@ -370,6 +373,25 @@ impl Journal {
     /// Whether it still journals (no write failed).
     pub fn is_live(&self) -> bool {
         self.file.is_some()
+    }
+
+    /// A run of another device's frames on the way to the agent (a device
+    /// that joined the session and controls it): the calls a restart needs
+    /// (`initialize`, the ACP sessions it opens and loads) go into the
+    /// ledger, so its ACP sessions come back too. Not its frames' count nor
+    /// its requests in flight: the journal's client is the session's first
+    /// device, and the other joins again after a restart.
+    pub fn other_device_run(&mut self, run: &[u8], names_an_id: bool) {
+        if self.file.is_none() {
+            return;
+        }
+        let lines = ClientLines::of(run, names_an_id);
+        if lines.calls.is_empty() {
+            return;
+        }
+        self.ledger.client_calls(&lines.calls);
+        let rec = record::in_record(0, Vec::new(), lines.calls);
+        self.append(&[&rec]);
     }
 
     /// A run of the client's frames, before the agent's queue takes it.
@@ -647,6 +669,8 @@ mod tests {
             agent: String::new(),
             protocol: "acp".into(),
             created_ms: 0,
+            id: None,
+            grace_ms: None,
         }
     }
 
@@ -788,6 +812,9 @@ mod tests {
         // Another bridge's within it (that bridge may still come back): kept.
         let waits = stopped(other("waits"));
         age(&waits, LONGEST_GRACE - Duration::from_secs(3600));
+        // Another bridge's that recorded a grace of an hour, two hours old: removed.
+        let short = stopped(Header { grace_ms: Some(3_600_000), ..other("short") });
+        age(&short, Duration::from_secs(7200));
         // Served here, as old: read for its agent, whose own grace decides.
         let mine = stopped(header("mine"));
         age(&mine, old);
@@ -802,6 +829,7 @@ mod tests {
         assert_eq!(found[0].folded.out_total(), 1);
         assert!(!gone.exists(), "an orphan past any grace is removed");
         assert!(waits.exists(), "an orphan within the longest grace is kept");
+        assert!(!short.exists(), "an orphan past the grace it recorded is removed");
         assert!(mine.exists() && live.path().exists());
         assert_eq!(fs::read_dir(js.dir()).unwrap().count(), 3, "nothing else was made");
         // Its session ended: the live one goes as ever.

@@ -47,6 +47,15 @@ pub struct Header {
     pub agent: String,
     pub protocol: String,
     pub created_ms: u64,
+    /// The session's id (what `sessions`, `join`, `status` and `kick` name),
+    /// random and kept across a restart. Absent in journals written before
+    /// it was recorded: those are named by their token hash's first 8 digits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The grace it was written with (ms): a journal no agent served here
+    /// takes back is removed once that has passed (else [`super::LONGEST_GRACE`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_ms: Option<u64>,
 }
 
 /// The session's state at a compaction (what came before is gone from the file).
@@ -541,6 +550,8 @@ mod tests {
             agent: "echo".into(),
             protocol: "acp".into(),
             created_ms: 1,
+            id: None,
+            grace_ms: None,
         }
     }
 

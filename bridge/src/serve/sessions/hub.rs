@@ -100,8 +100,17 @@ pub struct JournalAt<'a> {
 
 impl JournalAt<'_> {
     /// The session's journal, or none when it cannot be written (said in the log).
-    fn create(&self, token: &str, owner: EndpointId, agent: &AgentName) -> Option<Journal> {
+    fn create(
+        &self,
+        token: &str,
+        id: &str,
+        grace: Duration,
+        owner: EndpointId,
+        agent: &AgentName,
+    ) -> Option<Journal> {
         let header = journal::Header {
+            id: Some(id.to_string()),
+            grace_ms: Some(grace.as_millis() as u64),
             journal: journal::JOURNAL_VERSION,
             token_sha256: journal::token_hash(token),
             node: self.node.to_string(),
@@ -334,6 +343,10 @@ pub enum AttachError {
     BadPosition(String),
 }
 
+/// Tries at a session id no live session has (32 random bits: among a few
+/// dozen sessions a second try is already one in tens of millions).
+const SESSION_ID_TRIES: usize = 4;
+
 impl Hub {
     /// A new session for `owner`, and the two ends the agent's pumps use;
     /// journaled where `journal` says (it then survives a restart of the bridge).
@@ -348,8 +361,17 @@ impl Hub {
         journal: Option<JournalAt<'_>>,
     ) -> (Arc<Self>, Inbox, Outbox) {
         let token = ids::token();
-        let id = token[..8].to_string();
-        let journal = journal.and_then(|at| at.create(&token, owner, &agent));
+        // Random, not derived from the token (a listing shows it to every
+        // device that may join), unique among the sessions alive.
+        let taken = |id: &str| registry.upgrade().is_some_and(|h| h.all().iter().any(|s| s.short() == id));
+        let mut id = ids::session_id();
+        for _ in 0..SESSION_ID_TRIES {
+            if !taken(&id) {
+                break;
+            }
+            id = ids::session_id();
+        }
+        let journal = journal.and_then(|at| at.create(&token, &id, cfg.grace, owner, &agent));
         Self::with_state(kind, id, owner, agent, cfg, max_frame, registry, |st| {
             st.token = token;
             st.journal = journal;
@@ -549,6 +571,16 @@ impl Hub {
             j.write_output(from, &[], from);
         }
         self.compact_journal(st);
+    }
+
+    /// Journals what a restart needs of another device's run on its way to
+    /// the agent (this hub is the session's; see `Journal::other_device_run`).
+    pub(super) fn journal_other_device(&self, run: &[u8], names_an_id: bool) {
+        let mut st = self.lock();
+        if let Some(j) = st.journal.as_mut() {
+            j.other_device_run(run, names_an_id);
+            self.compact_journal(&mut st);
+        }
     }
 
     /// Journals a run of the client's frames before the agent's queue takes

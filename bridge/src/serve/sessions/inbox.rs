@@ -62,6 +62,14 @@ impl Hub {
             (0, _) | (_, HubKind::Warm) => Some(bytes.clone()),
             _ => self.screen(bytes.clone(), names_an_id),
         };
+        // A joined device's calls (its ACP sessions) are journaled in the
+        // session's journal, before the agent can have them (the session's
+        // lock, not this device's: taken alone).
+        if let (true, Some(run)) = (frames > 0 && names_an_id && self.is_guest(), &forward) {
+            if let Some(session) = self.session_hub() {
+                session.journal_other_device(run, names_an_id);
+            }
+        }
         let mut st = self.lock();
         if !st.is_attached(id) {
             return Err("replaced by a newer connection".into());

@@ -262,7 +262,9 @@ fn rebuild(
         resumes: f.resumes,
     };
     let journal = journals.adopt(found, &snap, &live);
-    let id = found.header.token_sha256[..8].to_string();
+    // The id it had before the restart (journals written before it was
+    // recorded: their token hash's first digits, as they were named then).
+    let id = found.header.id.clone().unwrap_or_else(|| found.header.token_sha256[..8].to_string());
     let (hub, inbox, outbox) = Hub::with_state(
         HubKind::Resumable,
         id,
