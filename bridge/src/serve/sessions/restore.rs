@@ -445,3 +445,26 @@ impl Hub {
         self.output.notify_waiters();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An agent that escapes the `/` in the id of the bridge's own call
+    /// answers that call: ids compare as values. The answer goes to the
+    /// restore, never on to the client (the restore would else never end).
+    #[test]
+    fn an_answer_to_the_bridges_call_is_known_however_its_id_is_escaped() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut r = Restoring { calls: HashSet::new(), answers: tx, dropped: 0 };
+        r.calls.insert(Value::String(format!("{CALL_ID_PREFIX}1")).to_string());
+        let run = Bytes::from_static(
+            b"{\"jsonrpc\":\"2.0\",\"id\":\"_thunderbolt\\/restore\\/1\",\"result\":{\"ok\":true}}\n\
+              {\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"fs/read_text_file\"}\n",
+        );
+        let kept = r.filter(run).expect("the agent's own request goes on");
+        assert_eq!(&kept[..], b"{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"fs/read_text_file\"}\n");
+        assert_eq!(rx.try_recv().unwrap()["result"]["ok"], true);
+        assert!(r.calls.is_empty());
+    }
+}
