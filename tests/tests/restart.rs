@@ -592,10 +592,15 @@ async fn a_session_keeps_its_random_id_across_a_restart_of_the_bridge() {
     let relay = LocalRelay::start().await;
     let tb = Tb::new(Some(&relay));
     let dev = Tb::new(Some(&relay));
-    tb.allow(&dev.node_id("acp").await).await;
     let agent = [test_agent_bin().display().to_string(), "cat".into()];
     let agent: Vec<&str> = agent.iter().map(String::as_str).collect();
     let mut bridge = tb.bridge("acp", &[], &agent).await;
+    // Paired with a name: the session is listed by it, before and after.
+    let out = tb.run(&["iroh", "pair", "--json", "--name", "Phone"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let code: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = dev.run(&["acp", "connect", "--pair", code["code"].as_str().unwrap(), &bridge.ticket]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let listed = |bridge: &RunningBridge| {
         let ticket = bridge.ticket.clone();
         let dev = &dev;
@@ -607,7 +612,13 @@ async fn a_session_keeps_its_random_id_across_a_restart_of_the_bridge() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|s| s["id"].as_str().unwrap().to_string())
+                .map(|s| {
+                    format!(
+                        "{} by {}",
+                        s["id"].as_str().unwrap(),
+                        s["startedBy"]["name"].as_str().unwrap_or("?")
+                    )
+                })
                 .collect::<Vec<_>>()
         }
     };
@@ -616,6 +627,7 @@ async fn a_session_keeps_its_random_id_across_a_restart_of_the_bridge() {
     c.until(|v| v["params"]["n"] == 1).await;
     let before = listed(&bridge).await;
     assert_eq!(before.len(), 1, "{before:?}");
+    assert!(before[0].ends_with(" by Phone"), "{before:?}");
     bridge.terminate().await;
     let journals: Vec<String> = std::fs::read_dir(tb.home().join("iroh/sessions"))
         .unwrap()
@@ -623,13 +635,14 @@ async fn a_session_keeps_its_random_id_across_a_restart_of_the_bridge() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(journals.len(), 1);
-    assert!(!journals[0].starts_with(&before[0]), "the id is the journal's name: {journals:?} {before:?}");
+    let id = before[0].split(' ').next().unwrap();
+    assert!(!journals[0].starts_with(id), "the id is the journal's name: {journals:?} {before:?}");
 
     let bridge = tb.bridge("acp", &[], &agent).await;
     c.log.wait_for("the bridge restarted and took the session back").await;
     c.send(json!({"jsonrpc": "2.0", "method": "note", "params": {"n": 2}})).await;
     c.until(|v| v["params"]["n"] == 2).await;
-    assert_eq!(listed(&bridge).await, before, "the same session, the same id");
+    assert_eq!(listed(&bridge).await, before, "the same session, the same id, its device named");
     drop(c);
     bridge.stop().await;
 }

@@ -210,6 +210,8 @@ async fn restore_one(found: Found, shared: &Arc<Shared>, agent: &Arc<Served>, jo
         rebuild(&found, owner, &cfg.name, timing, cfg.session.max_frame, shared, journals, away);
     let _registered = shared.hubs.insert(&hub);
     hub.info.set_restored();
+    // Named as before the restart (`sessions`, `status`), not by its NodeId.
+    hub.set_device(shared.stores().and_then(|s| s.devices.name_of(&owner)));
     info!(
         peer = %short,
         session = hub.short(),
