@@ -183,8 +183,27 @@ pub fn worker_threads(env_set: bool, cores: usize) -> Option<usize> {
 /// Connections one remote may start per window: a client that reconnects after
 /// a drop, plus a few tabs, fits easily; a loop does not.
 pub const PER_REMOTE_MAX: usize = 10;
-/// The sliding window for [`PER_REMOTE_MAX`].
+/// The sliding window for [`PER_REMOTE_MAX`] and [`PER_DEVICE_MAX`].
 pub const PER_REMOTE_WINDOW: Duration = Duration::from_secs(10);
+/// Connections one allowed device (its handshake-proven NodeId) may have
+/// admitted per window, whatever path or address it dials from: its dials are
+/// charged here, and given back to its address's budget, which is left for
+/// the strangers it is there against. acpx and scripts dial once per prompt;
+/// thirty prompts in ten seconds is more than a person or a script that waits
+/// for its answers sends, while a loop is refused (`bridge at capacity`)
+/// before it churns agents. Without it an allowed device had no bound at all
+/// (48 handshakes in 1.0 s, every one admitted).
+pub const PER_DEVICE_MAX: usize = 30;
+/// How long an address stays open past its budget after an allowed device's
+/// handshake came from it (see `serve/gate.rs`): a day covers a laptop asleep
+/// overnight behind the same home NAT. What it lends strangers behind that
+/// address is bounded by the handshake cap, as for a stranger minting a fresh
+/// NodeId per dial, so a long memory costs little.
+pub const PROVEN_ADDRESS_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// Addresses remembered as an allowed device's (least recently proven
+/// forgotten). Only an allowed device's handshake adds one, so strangers
+/// cannot push them out; far more than one person's devices ever use in a day.
+pub const MAX_PROVEN_ADDRESSES: usize = 1024;
 /// Remotes remembered at once. Each entry is ~200 bytes, so the table stays
 /// under a megabyte while covering far more remotes than a bridge ever serves.
 pub const MAX_KEYS: usize = 4096;

@@ -447,3 +447,88 @@ async fn a_revoked_devices_journal_is_not_taken_back_when_an_account_is_configur
     assert_eq!(std::fs::read_dir(&journals).unwrap().count(), 0, "the journal was removed");
     drop(c);
 }
+
+/// `thunderbolt::limits::PER_DEVICE_MAX`: connections one allowed device may
+/// have admitted per window.
+const PER_DEVICE_MAX: usize = 30;
+
+/// A bridge on loopback only (no relay): every dial comes direct from
+/// 127.0.0.1, one address for everyone (as behind one NAT). A long window so
+/// no test here can race it on a slow machine; the gate's debug lines on.
+async fn loopback_bridge(home: &Tb, extra: &[&str]) -> RunningBridge {
+    let mut c = home.cmd();
+    c.env(
+        "RUST_LOG",
+        "info,thunderbolt::serve::admit=debug,iroh=warn,noq=warn,noq_proto=warn,iroh_relay=warn",
+    )
+    .args(["acp", "--transport", "iroh", "--per-remote-window", "600"])
+    .args(extra)
+    .arg("--")
+    .args(cat_agent(None));
+    RunningBridge::start(c).await
+}
+
+/// An allowed device's dials are not charged to its address (that budget is
+/// given back) but to the device itself: past its own budget it is refused
+/// after the handshake, with a reason (before: admitted every time, however
+/// fast it dialed).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_allowed_device_dialing_in_a_loop_is_refused_past_its_own_budget() {
+    init_tracing();
+    let home = Tb::new(None);
+    let device = SecretKey::generate();
+    home.allow(&device.public()).await;
+    let bridge = loopback_bridge(&home, &[]).await;
+    let admitted = format!("admitted {}", device.public());
+    let ep = client_endpoint(device, None, false).await;
+    // Its whole budget, from one address whose own budget is a third of it:
+    // each dial admitted (the log says so before the next), then closed
+    // before it opens a stream (no agent is started).
+    for i in 0..PER_DEVICE_MAX {
+        let conn = bridge.dial(&ep, &Protocol::acp().alpn()).await;
+        bridge.log.wait_for_count(&admitted, i + 1).await;
+        conn.close(0u32.into(), b"client closed");
+    }
+    // One more: refused after its handshake, and the log says why.
+    let conn = bridge.dial(&ep, &Protocol::acp().alpn()).await;
+    assert_eq!(closed_with(&conn).await, (1, close::REASON_AT_CAPACITY.to_string()));
+    bridge.log.wait_for("over its device budget of 30 connections per 600s").await;
+    assert_eq!(bridge.log.text().matches(&admitted).count(), PER_DEVICE_MAX);
+}
+
+/// A stranger behind the device's address (loopback here; a NAT, another
+/// local user) spends that address's whole budget before the device dials
+/// again: the device still gets in (before: its dials were dropped unanswered
+/// until the stranger's left the window).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stranger_spending_the_address_budget_does_not_keep_an_allowed_device_out() {
+    const BUDGET: usize = 3;
+    init_tracing();
+    let home = Tb::new(None);
+    let device = SecretKey::generate();
+    home.allow(&device.public()).await;
+    let bridge = loopback_bridge(&home, &["--per-remote-max", &BUDGET.to_string()]).await;
+    let alpn = Protocol::acp().alpn();
+    // The device works from its address.
+    let dev = client_endpoint(device, None, false).await;
+    let conn = bridge.dial(&dev, &alpn).await;
+    let _ = echo(&conn).await;
+    conn.close(0u32.into(), b"client closed");
+    // A stranger at the same address spends its budget: handshakes that
+    // prove nobody allowed.
+    let stranger = client_endpoint(SecretKey::generate(), None, false).await;
+    for _ in 0..BUDGET {
+        let conn = bridge.dial(&stranger, &alpn).await;
+        assert_eq!(closed_with(&conn).await, (1, close::REASON_NOT_ALLOWLISTED.to_string()));
+    }
+    // The device dials again: asked to validate its address, then let
+    // through to its handshake past the spent budget, and admitted.
+    let conn = bridge.dial(&dev, &alpn).await;
+    let _ = echo(&conn).await;
+    let log = bridge.log.text();
+    assert!(
+        log.contains("handshake past the address's budget"),
+        "the address's budget was not spent:\n{log}"
+    );
+    assert!(!log.contains("over its connection budget"), "a dial was dropped:\n{log}");
+}

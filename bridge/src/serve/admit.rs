@@ -6,8 +6,10 @@
 //! 3. the [door](super::accept::Door) its ALPN names: a pairing goes to
 //!    [`pair`](super::pair), a session on;
 //! 4. trust: the agent's [`TrustPolicy`](crate::trust::TrustPolicy) admits
-//!    the peer or it is refused `not allowlisted` (an answer from a notice
-//!    goes to [`answer`](super::answer) here: it needs no slot);
+//!    the peer or it is refused `not allowlisted`; an allowed device is
+//!    charged its own budget ([`Gate::proved`](super::gate::Gate::proved),
+//!    `bridge at capacity` past it) instead of its address's (an answer from
+//!    a notice goes to [`answer`](super::answer) here: it needs no slot);
 //! 5. the session is registered (so a revocation or removal finds it), trust
 //!    asked once more, and its stream awaited;
 //! 6. [`enter`](super::enter): attach to the session the connection names, or
@@ -60,13 +62,21 @@ fn remote_key(addr: &IncomingAddr) -> RemoteKey {
 pub(super) async fn admit(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Served>) {
     let addr = incoming.remote_addr();
     let key = remote_key(&addr);
-    let handshake_slot = match shared.gate.admit(key) {
+    let validated = incoming.remote_addr_validated();
+    let handshake_slot = match shared.gate.admit(key, validated) {
         Ok(permit) => permit,
-        Err(GateDrop::HandshakeCap) if !incoming.remote_addr_validated() => {
-            // Every slot is young and busy: ask the sender to prove its address
-            // (one stateless packet). A real client comes back validated and may
-            // find a slot to take over; a spoofed or stalled one never does.
-            debug!(%key, "handshake slots full: asking for address validation (QUIC Retry)");
+        Err(why @ (GateDrop::HandshakeCap | GateDrop::Unvalidated)) if !validated => {
+            // Ask the sender to prove its address (one stateless packet). A
+            // real client comes back validated: to a slot it may take over,
+            // or to a handshake past its address's budget; a spoofed or
+            // stalled one never holds state.
+            let why = match why {
+                GateDrop::Unvalidated => {
+                    "over its address's budget, but an allowed device dialed from it lately"
+                }
+                _ => "handshake slots full",
+            };
+            debug!(%key, "{why}: asking for address validation (QUIC Retry)");
             if let Err(e) = incoming.retry() {
                 debug!(%key, "retry failed: {e}");
             }
@@ -75,7 +85,7 @@ pub(super) async fn admit(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Se
         Err(why) => {
             if let Some(suppressed) = shared.gate.should_log_drop() {
                 let why = match why {
-                    GateDrop::RemoteBudget => "over its connection budget",
+                    GateDrop::RemoteBudget | GateDrop::Unvalidated => "over its connection budget",
                     GateDrop::HandshakeCap => "too many handshakes in flight",
                 };
                 warn!("dropping connections: {key} {why} ({suppressed} more dropped since the last report)");
@@ -84,6 +94,9 @@ pub(super) async fn admit(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Se
             return;
         }
     };
+    if handshake_slot.receipt().past_budget() {
+        debug!(%key, "handshake past the address's budget: an allowed device dialed from it lately");
+    }
     debug!(%key, in_flight = shared.gate.handshakes_in_flight(), "handshake started");
     let from = format!("{addr:?}");
     let accepting = match incoming.accept() {
@@ -139,9 +152,19 @@ pub(super) async fn admit(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Se
         refuse(&conn, close::REASON_NOT_ALLOWLISTED);
         return;
     };
-    // An allowed device's dial does not spend its address's budget (acpx and
-    // scripts dial once per prompt).
-    shared.gate.refund(receipt);
+    // An allowed device's dial is charged to the device, not to its address
+    // (acpx and scripts dial once per prompt; strangers share the address).
+    if let Err(over) = shared.gate.proved(peer, receipt) {
+        if let Some(suppressed) = shared.gate.should_log_drop() {
+            warn!(
+                peer = %peer.fmt_short(),
+                "refused {peer}: {} ({over}; {suppressed} more dropped or refused since the last report)",
+                close::REASON_AT_CAPACITY
+            );
+        }
+        refuse(&conn, close::REASON_AT_CAPACITY);
+        return;
+    }
     if door == Door::Answer {
         return super::answer::answer(conn, peer, &cfg, &shared).await;
     }
