@@ -165,15 +165,15 @@ async fn restore_one(found: Found, shared: &Arc<Shared>, agent: &Arc<Served>, jo
     };
     let short = owner.fmt_short().to_string();
     let Some(resume) = cfg.session.resume else {
-        info!(peer = %short, "not taking back the session of {path}: resumable sessions are off now");
         journal::discard(&found.path);
+        info!(peer = %short, "not taking back the session of {path}: resumable sessions are off now");
         return;
     };
     let since = found.folded.stopped.unwrap_or(found.written);
     let away = SystemTime::now().duration_since(since).unwrap_or_default();
     if away >= resume.grace {
-        info!(peer = %short, "not taking back the session of {path}: its client has been away {away:?}, past the grace of {:?}", resume.grace);
         journal::discard(&found.path);
+        info!(peer = %short, "not taking back the session of {path}: its client has been away {away:?}, past the grace of {:?}", resume.grace);
         return;
     }
     // Trust first, whatever its sources: a device revoked while the bridge
@@ -192,16 +192,17 @@ async fn restore_one(found: Found, shared: &Arc<Shared>, agent: &Arc<Served>, jo
             None => false,
         };
         if !allowed_later {
-            info!(peer = %short, "not taking back the session of {path}: its owner is no longer allowed");
+            // Here, as in the other refusals, the journal goes before the line that says so.
             journal::discard(&found.path);
+            info!(peer = %short, "not taking back the session of {path}: its owner is no longer allowed");
             return;
         }
     }
     // A slot, as any new session; never by evicting one (nobody asked for this one yet).
     let (Ok(permit), Some(live)) = (shared.agents.clone().try_acquire_owned(), agent.take_session(&cfg))
     else {
-        warn!(peer = %short, "cannot take back the session of {path}: every agent slot is taken");
         journal::discard(&found.path);
+        warn!(peer = %short, "cannot take back the session of {path}: every agent slot is taken");
         return;
     };
 
