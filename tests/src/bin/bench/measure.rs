@@ -294,16 +294,29 @@ pub async fn many_sessions(
 mod tests {
     use super::*;
 
+    /// This thread's CPU time, from the kernel's own clock (not /proc).
+    fn thread_cpu() -> Duration {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid clock id and a timespec to write into.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+
     /// A process's own CPU time grows by what it spends (the clock's grain is
     /// a tick, 10 ms): spinning for 200 ms of CPU shows at least 100 of it.
+    /// The spin is measured in CPU time, not wall time: on a busy machine 200
+    /// ms of wall time may hold 90 ms of CPU.
     #[test]
     fn a_process_cpu_time_is_read_from_proc() {
         let pid = std::process::id();
         let before = process_cpu_ms(pid).expect("our own /proc entry");
-        let t0 = std::time::Instant::now();
+        let (t0, cpu0) = (std::time::Instant::now(), thread_cpu());
         let mut x = 0u64;
-        while t0.elapsed() < Duration::from_millis(200) {
-            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        // Bounded: a starved machine gives up after a minute (and fails below).
+        while thread_cpu() - cpu0 < Duration::from_millis(200) && t0.elapsed() < Duration::from_secs(60) {
+            for _ in 0..10_000 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
         }
         let after = process_cpu_ms(pid).unwrap();
         assert!(after - before >= 100.0, "{before} ms, then {after} ms after spinning 200 ms");
