@@ -192,6 +192,25 @@ pub fn create_new_secure(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// What a file that is not a regular one is, for a refusal or a reason in
+/// the log (manifests, journals).
+pub fn file_kind(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_symlink() {
+        "a symbolic link"
+    } else if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_char_device() || ft.is_block_device() {
+        "a device"
+    } else {
+        "a special file"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -318,24 +318,6 @@ impl From<Refused> for NotLoaded {
     }
 }
 
-/// What a file that is not a regular one is, for a refusal.
-pub fn file_kind(ft: std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_symlink() {
-        "a symbolic link"
-    } else if ft.is_dir() {
-        "a directory"
-    } else if ft.is_fifo() {
-        "a FIFO (named pipe)"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_char_device() || ft.is_block_device() {
-        "a device"
-    } else {
-        "a special file"
-    }
-}
-
 fn not_regular(kind: &str) -> Refused {
     Refused(format!(
         "not a regular file but {kind}: a manifest must be a plain file (not a link, a pipe or a \
@@ -363,7 +345,7 @@ pub fn load_file(path: &Path, machine: &Machine) -> Result<AgentSpec, NotLoaded>
     };
     let seen = std::fs::symlink_metadata(path).map_err(io_error)?;
     if !seen.file_type().is_file() {
-        return Err(not_regular(file_kind(seen.file_type())).into());
+        return Err(not_regular(crate::home::file_kind(seen.file_type())).into());
     }
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -376,7 +358,7 @@ pub fn load_file(path: &Path, machine: &Machine) -> Result<AgentSpec, NotLoaded>
         })?;
     let meta = file.metadata().map_err(NotLoaded::Unreadable)?;
     if !meta.file_type().is_file() {
-        return Err(not_regular(file_kind(meta.file_type())).into());
+        return Err(not_regular(crate::home::file_kind(meta.file_type())).into());
     }
     check_owner(&meta, machine, "it")?;
     let too_large = |len: String| {

@@ -299,7 +299,7 @@ fn read_one(path: &Path, claim: &impl Fn(&Header) -> Option<usize>) -> Result<Sc
         })?;
     let meta = f.metadata().map_err(|e| e.to_string())?;
     if !meta.is_file() {
-        return Err(format!("not a regular file but {}", file_kind(meta.file_type())));
+        return Err(format!("not a regular file but {}", crate::home::file_kind(meta.file_type())));
     }
     // SAFETY: geteuid has no preconditions.
     if meta.uid() != unsafe { libc::geteuid() } {
@@ -611,22 +611,6 @@ fn create_fresh(path: &Path) -> io::Result<fs::File> {
         .mode(FILE_MODE)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
-}
-
-/// What a file that is not a regular one is, for a reason in the log.
-fn file_kind(ft: fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_dir() {
-        "a directory"
-    } else if ft.is_fifo() {
-        "a FIFO (named pipe)"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_char_device() || ft.is_block_device() {
-        "a device"
-    } else {
-        "a special file"
-    }
 }
 
 /// Syncs a folder, so a rename in it survives a power loss.
