@@ -51,8 +51,21 @@ if [ -z "${TB_IN_NETNS:-}" ]; then
 fi
 
 export CARGO_NET_OFFLINE=true
-cargo test --workspace --locked "$@"
+# Every suite runs even when one fails (--no-fail-fast, and the browser tests
+# after a cargo failure): one run tells everything that fails. The statuses
+# are kept by hand (set -e would stop at the first), and any failure fails
+# the run at the end.
+status=0
+cargo test --workspace --locked --no-fail-fast "$@" || status=$?
+[ "$status" -eq 0 ] || echo "run-all: cargo test failed (status $status); the other tests still run" >&2
 if [ "${TB_SKIP_BROWSER:-}" != 1 ]; then
   # The browser client in Chromium, and real clients from npm (acpx).
-  (cd client-wasm/e2e && node --test --test-concurrency=1 e2e.test.mjs acpx.test.mjs)
+  browser=0
+  (cd client-wasm/e2e && node --test --test-concurrency=1 e2e.test.mjs acpx.test.mjs) || browser=$?
+  if [ "$browser" -ne 0 ]; then
+    echo "run-all: the browser tests failed (status $browser)" >&2
+    [ "$status" -ne 0 ] || status=$browser
+  fi
 fi
+[ "$status" -eq 0 ] || echo "run-all: FAILED (status $status)" >&2
+exit "$status"

@@ -46,6 +46,31 @@ async function attachedPage(pages, notice) {
   return (await Promise.all(answers)).some(Boolean);
 }
 
+/// The notices' work (each push's, and a notice shown again after a tap),
+/// one after another in the order it came. Chromium forgets a notice that
+/// getNotifications() reads while the notice's showNotification() is still
+/// under way (its record is written, the notice not on screen yet: the read
+/// deletes the record as one no longer shown), so nothing here may read the
+/// notices while one is being shown: two pushes at once (two questions, or a
+/// question and its withdrawal) would leave a notice on screen that no
+/// withdrawal finds any more.
+let queue = Promise.resolve();
+function serially(work) {
+  const done = queue.then(work);
+  queue = done.catch(() => {});
+  return done;
+}
+
+/// Resolves once no notice's work is queued or under way: the notices are
+/// safe to read (for the tests, which read them from outside and would make
+/// Chromium forget one being shown just the same).
+self.noticesSettled = async () => {
+  for (let seen = null; seen !== queue;) {
+    seen = queue;
+    await seen;
+  }
+};
+
 /// Withdraws what was shown: replaced by tag (so a screen that still shows it
 /// says it was answered), then closed.
 async function withdraw(notice) {
@@ -73,7 +98,7 @@ self.addEventListener("push", (event) => {
     notice = null;
   }
   if (!notice) notice = { title: "thunderbolt", body: event.data ? event.data.text() : "a notice from your workstation" };
-  event.waitUntil((async () => {
+  event.waitUntil(serially(async () => {
     const pages = await self.clients.matchAll({ type: "window", includeUncontrolled: true });
     for (const p of pages) p.postMessage({ type: "thunderbolt-notice", notice });
     // The pages hear what became of it (shown or not), once it is decided.
@@ -91,7 +116,7 @@ self.addEventListener("push", (event) => {
       actions: permission ? [{ action: "allow", title: "Allow" }, { action: "deny", title: "Deny" }] : [],
     });
     done(true);
-  })());
+  }));
 });
 
 /// A notice tapped, or one of its actions: a page of the app that is open
@@ -122,11 +147,11 @@ async function clicked(data, action) {
   } catch {
     // Opening a window needs the tap's user activation, which a long attempt
     // may have outlived: the notice comes back, and a tap on it opens the page.
-    await self.registration.showNotification(data.title || "thunderbolt", {
+    await serially(() => self.registration.showNotification(data.title || "thunderbolt", {
       body: why ? `could not answer from here (${why}): tap to open` : data.body,
       tag: tagOf(data), requireInteraction: true, icon: "icon-192.png",
       data,
-    });
+    }));
     return { how: "shown again", why };
   }
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use iroh::EndpointId;
 
 use thunderbolt_tests::{
-    nat::{Mapping, Topology, PHONE_PUBLIC_IP},
+    nat::{Mapping, Topology, PHONE_PUBLIC_IP, RELAY_IP},
     test_agent_bin, Log, RunningBridge, Tb, WAIT,
 };
 use tokio::{
@@ -202,17 +202,22 @@ async fn the_budget_keys_a_relayed_dial_by_node_id_and_a_direct_one_by_the_nat_a
     // A short idle timeout so the loss below is noticed at once.
     let Scene { t, bridge, phone_id, mut client, _homes } =
         Scene::start(Mapping::EndpointIndependent, &["--idle-timeout", "1"]).await;
+    let relayed = format!("key=endpoint {}", phone_id.fmt_short());
+    let direct = format!("key=ip {PHONE_PUBLIC_IP}");
+
+    // The first dial can only come through the relay: the home NAT lets in
+    // nothing the bridge did not send out to first, and the bridge has not
+    // heard of the phone yet.
     client.echo().await;
-    let first = format!("endpoint {}", phone_id.fmt_short());
-    assert!(
-        bridge.log.contains(&format!("key={first}")),
-        "relayed dial not keyed by NodeId:\n{}",
-        bridge.log.text()
-    );
+    bridge.log.wait_for(&relayed).await;
     client.until_direct(&bridge).await;
 
-    // Cut the phone off until its connection is declared lost; it redials
-    // from the same endpoint, which now knows the bridge's direct address.
+    // Cut the phone off until its connection is declared lost. Then give it
+    // everything back but the relay: its redial (from the same endpoint, which
+    // knows the bridge's direct address from the path it had) can only come
+    // direct, through both NATs. With the relay open too, iroh sends a dial's
+    // first packet down every path it knows and the bridge keys it by
+    // whichever arrives first: then this would test a race.
     t.phone.nft(
         "table inet cut {
             chain o { type filter hook output priority 0; policy drop; }
@@ -220,14 +225,38 @@ async fn the_budget_keys_a_relayed_dial_by_node_id_and_a_direct_one_by_the_nat_a
         }",
     );
     client.log.wait_for("connection lost").await;
-    t.phone.nft("delete table inet cut");
+    // One transaction: the phone is never open to the relay in between.
+    t.phone.nft(&format!(
+        "delete table inet cut
+        table inet norelay {{
+            chain o {{ type filter hook output priority 0; ip daddr {RELAY_IP} drop; }}
+            chain i {{ type filter hook input priority 0; ip saddr {RELAY_IP} drop; }}
+        }}"
+    ));
     client.log.wait_for("session resumed").await;
     client.echo().await;
-    let direct = format!("key=ip {PHONE_PUBLIC_IP}");
-    assert!(
-        bridge.log.contains(&direct),
-        "the direct redial was not keyed by the NAT's address:\n{}",
-        bridge.log.text()
-    );
-    assert_eq!(bridge.log.text().matches("agent started").count(), 1, "the session resumed, same agent");
+    bridge.log.wait_for(&direct).await;
+
+    // Every handshake the bridge started was the phone's (nobody else dials
+    // it here), keyed for the path it came by: its NodeId through the relay,
+    // its NAT's public address direct (never the relay's address, the phone's
+    // private one, or a catch-all).
+    let log = bridge.log.text();
+    let handshakes: Vec<&str> = log.lines().filter(|l| l.contains("handshake started")).collect();
+    assert!(handshakes.len() >= 2, "a relayed and a direct handshake at least:\n{log}");
+    for line in &handshakes {
+        assert!(
+            keyed(line, &relayed) || keyed(line, &direct),
+            "a handshake keyed neither by the phone's NodeId nor by its NAT's address: {line}\n{log}"
+        );
+    }
+    assert_eq!(log.matches("agent started").count(), 1, "the session resumed, same agent:\n{log}");
+}
+
+/// Whether a log line carries `key` as a whole field value (`ip 10.0.0.1`
+/// does not match `ip 10.0.0.12`).
+fn keyed(line: &str, key: &str) -> bool {
+    line.match_indices(key).any(|(at, _)| {
+        !line[at + key.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '.' || c == ':')
+    })
 }
