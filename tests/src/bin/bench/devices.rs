@@ -105,12 +105,12 @@ async fn session_id(client: &Tb, ticket: &str) -> Result<String> {
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let me = client.node_id("acp").await.to_string();
-    let mine = v["sessions"]
+    let mut mine = v["sessions"]
         .as_array()
         .context("a listing")?
         .iter()
         .filter(|s| s["startedBy"]["node"] == me.as_str());
-    Ok(mine.last().and_then(|s| s["id"].as_str()).context("a session")?.to_string())
+    Ok(mine.next_back().and_then(|s| s["id"].as_str()).context("a session")?.to_string())
 }
 
 /// Devices of the owner's own, each paired with a one-time code (a device
