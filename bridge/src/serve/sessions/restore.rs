@@ -453,6 +453,82 @@ impl Hub {
 mod tests {
     use super::*;
 
+    /// A journal of a session with `n` ACP sessions and a client that had
+    /// initialized (nothing on disk: `drive` reads only what is folded).
+    fn found(n: usize) -> Found {
+        let mut folded = journal::record::Folded::default();
+        folded.ledger.init = Some(json!({"protocolVersion": 1}));
+        for i in 0..n {
+            folded.ledger.sessions.push(journal::ledger::AcpSession {
+                id: json!(format!("s{i}")),
+                cwd: json!("/tmp"),
+                mcp_servers: json!([]),
+            });
+        }
+        Found {
+            path: "unused.journal".into(),
+            header: journal::Header {
+                journal: journal::JOURNAL_VERSION,
+                token_sha256: "ab".repeat(32),
+                node: String::new(),
+                owner: String::new(),
+                agent: String::new(),
+                protocol: "acp".into(),
+                created_ms: 0,
+                id: None,
+                grace_ms: None,
+            },
+            folded,
+            written: SystemTime::now(),
+        }
+    }
+
+    /// An agent that answers `initialize` and then never a `session/load`:
+    /// the restore gives up after one step's timeout, not one per ACP
+    /// session (three here, 64 at most), and says which were not tried.
+    /// Paused time: the minutes pass at once, and exactly.
+    #[tokio::test(start_paused = true)]
+    async fn an_agent_silent_on_one_load_is_not_asked_for_the_next() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let owner = iroh::SecretKey::from_bytes(&[3; 32]).public();
+        let timing = HubTiming::resume(crate::serve::sessions::timing::ResumeConfig {
+            grace: Duration::from_secs(600),
+            buffer: 1 << 20,
+        });
+        let (hub, _inbox, _outbox) = Hub::with_state(
+            HubKind::Resumable,
+            "r".into(),
+            owner,
+            AgentName::Single,
+            timing,
+            1 << 20,
+            std::sync::Weak::new(),
+            |st| {
+                st.restoring = Some(Restoring {
+                    calls: HashSet::new(),
+                    answers: mpsc::unbounded_channel().0,
+                    dropped: 0,
+                });
+            },
+        );
+        tx.send(json!({"result": {"agentCapabilities": {"loadSession": true}}})).unwrap();
+        let started = Instant::now();
+        drive(&hub, &found(3), "acp", rx).await;
+        let took = started.elapsed();
+        assert!(took >= RESTORE_STEP_TIMEOUT && took < RESTORE_STEP_TIMEOUT * 2, "{took:?}");
+        let st = hub.lock();
+        let told = st.out.since(0).unwrap().concat();
+        let note: Value = serde_json::from_slice(&told).unwrap();
+        let sessions = note["params"]["sessions"].as_array().unwrap();
+        assert_eq!(sessions.len(), 3, "{note}");
+        assert!(sessions[0]["error"].as_str().unwrap().contains("did not answer session/load"), "{note}");
+        for s in &sessions[1..] {
+            assert!(s["error"].as_str().unwrap().starts_with("not tried:"), "{note}");
+        }
+        assert!(st.restoring.is_none(), "the client's frames flow again");
+        drop(tx);
+    }
+
     /// An agent that escapes the `/` in the id of the bridge's own call
     /// answers that call: ids compare as values. The answer goes to the
     /// restore, never on to the client (the restore would else never end).
