@@ -470,6 +470,7 @@ test("the demo page: its relay field is applied, its ticket and session survive 
   // An agent that exits: its code, in words.
   const c = await startBridge([join(BIN, "test-agent"), "exit-after", "1", "3"]);
   allow(c, await p.textContent("#node-id"));
+  await openSettings(p);
   await p.fill("#ticket", c.ticket);
   await p.click("#connect");
   await p.waitForFunction(() => document.querySelector("#status").textContent.startsWith("the agent ended"), null, { timeout: WAIT_MS });
@@ -508,6 +509,7 @@ test("the demo page's “notify me”: the bridge's Web Push key over the sessio
 
   const off = await startBridge([], ["--no-push"]);
   allow(off, await p.textContent("#node-id"));
+  await openSettings(p);
   await p.fill("#ticket", off.ticket);
   await p.click("#connect");
   await p.waitForFunction(() => window.notifyStatus && window.notifyStatus.startsWith("this bridge sends no Web Push"), null, { timeout: WAIT_MS });
@@ -780,6 +782,12 @@ async function connected(p) {
   assert.equal(await p.evaluate(() => window.lastError), undefined, await p.textContent("#status"));
 }
 
+/// The page's settings sheet (the ticket, this browser, notifications),
+/// unfolded: it is folded once the page has connected.
+async function openSettings(p) {
+  if (!(await p.evaluate(() => document.querySelector("#settings").open))) await p.getByText("Settings", { exact: true }).click();
+}
+
 /// The reply of the turn in flight, once it ended.
 async function turnDone(p) {
   await p.waitForFunction(() => document.querySelector("#reply").dataset.stopReason === "end_turn", null, { timeout: WAIT_MS });
@@ -913,11 +921,14 @@ test("the agent's questions on the page: a permission answered by its buttons Al
     assert.match(await turnDone(p), /^unknown: -32601; permission: selected allow-once; pid \d+$/);
     assert.equal(await p.locator(".request").count(), 0, "an answered question leaves the page");
 
+    // The prompt box empties at each send.
+    await p.fill("#prompt", "permission");
     await p.click("#send");
     await p.getByRole("button", { name: "Deny", exact: true }).click({ timeout: WAIT_MS });
     assert.match(await turnDone(p), /^unknown: -32601; permission: selected reject-once; pid \d+$/);
 
     // Cancelling the turn answers its question `cancelled` (ACP's rule for session/cancel).
+    await p.fill("#prompt", "permission");
     await p.click("#send");
     await allowButton.waitFor({ timeout: WAIT_MS });
     await p.getByRole("button", { name: "cancel the turn" }).click();
@@ -1239,6 +1250,7 @@ test("at 390 × 844: nothing overflows sideways, buttons big enough to tap, the 
     await connected(p);
     await p.click("#disconnect");
     await p.waitForFunction(() => !document.querySelector("#connect").disabled, null, { timeout: WAIT_MS });
+    await openSettings(p);
     await p.fill("#ticket", asker.ticket);
     await p.click("#connect");
     await connected(p);
@@ -1341,6 +1353,7 @@ test("the relay killed and restarted mid-session: the page's session resumes by 
   // The page's own session, noticing a lost path after 1.5 s; every status it shows is kept.
   await page.goto(`${baseUrl}/www/?${new URLSearchParams({ relay: relayUrl, ticket: bridge.ticket, idle: 1500 })}`);
   await page.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+  await openSettings(page);
   await page.click("#connect");
   await page.waitForFunction(() => document.querySelector("#status").className === "ok", null, { timeout: WAIT_MS });
   await page.evaluate(() => {

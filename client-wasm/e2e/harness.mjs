@@ -64,3 +64,53 @@ export function tb(home, relayUrl, args) {
 export function endAll() {
   for (const p of procs) p.child.kill("SIGTERM");
 }
+
+// ---- shared by the page's tests (session.test.mjs): added helpers ----
+
+/// A local relay (`thunderbolt-relay --dev` on a free loopback port): the process and its URL.
+export async function startRelay() {
+  const r = run(join(BIN, "thunderbolt-relay"), ["--dev", "--bind", "127.0.0.1:0"]);
+  const line = await waitFor(() => r.out.find((l) => l.startsWith("relay listening on ")), "a relay");
+  return Object.assign(r, { url: line.split(" ").pop() });
+}
+
+/// `thunderbolt acp --transport iroh [extra] [-- agent…]` in `home` (a new one
+/// unless given), once its banner is out: the process, its ticket and home.
+export async function startAcpBridge(relayUrl, agent = [], extra = [], { home = tempHome(), env = {} } = {}) {
+  const args = ["acp", "--transport", "iroh", ...extra, ...(agent.length ? ["--", ...agent] : [])];
+  const p = run(join(BIN, "thunderbolt"), args, { ...tbEnv(home, relayUrl), ...env });
+  await waitFor(() => p.out.some((l) => l.trim().startsWith("Allow a peer:")), "bridge banner").catch((e) => {
+    throw new Error(`${e.message}; stderr:\n${p.err}`);
+  });
+  const ticket = p.out.map((l) => l.trim()).find((l) => l.startsWith("Ticket:")).split(/\s+/)[1];
+  return Object.assign(p, { ticket, home });
+}
+
+/// A device's `thunderbolt acp connect <args>` in `home`, its stdin ours:
+/// `send(value)` writes a JSON line, `out` collects its stdout lines (parsed
+/// when JSON), `seen(pick, what)` waits for one, `err` is its stderr.
+export function jsonConnect(home, relayUrl, args) {
+  const child = spawn(join(BIN, "thunderbolt"), ["acp", "connect", ...args], {
+    env: { ...process.env, ...tbEnv(home, relayUrl) }, stdio: ["pipe", "pipe", "pipe"],
+  });
+  const p = { child, out: [], err: "" };
+  createInterface({ input: child.stdout }).on("line", (l) => { try { p.out.push(JSON.parse(l)); } catch { p.out.push(l); } });
+  child.stderr.on("data", (d) => (p.err += d));
+  p.send = (v) => child.stdin.write(JSON.stringify(v) + "\n");
+  p.seen = (pick, what) => waitFor(() => p.out.find((v) => typeof v === "object" && v !== null && pick(v)), what)
+    .catch((e) => { throw new Error(`${e.message}; connect's stdout ${JSON.stringify(p.out)}, stderr:\n${p.err}`); });
+  p.exited = new Promise((res) => child.once("exit", (code) => res(code)));
+  procs.push(p);
+  return p;
+}
+
+/// Debian's headless Chromium (CHROMIUM overrides the path), for playwright-core.
+export async function launchChromium() {
+  const { chromium } = await import("playwright-core");
+  return chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync"],
+  });
+}

@@ -1,30 +1,49 @@
-// Demo page for the thunderbolt-iroh browser client: pairs with a bridge, runs
-// ACP initialize + session/new, streams the agent's reply to a prompt, shows
-// and answers what the agent asks (permissions, elicitations), shows its tool
-// calls and plan, shows a lost connection being redialed, and keeps its
-// session per device: any later tab of this browser takes it back.
+// The phone page of thunderbolt-iroh: the conversation with an agent on your
+// workstation first (conversation.js), the connection out of the way in a
+// settings sheet. It pairs with a bridge, runs ACP initialize + session/new,
+// streams the agent's replies, shows and answers what the agent asks, shows a
+// lost connection being redialed, and keeps its session per device: any later
+// tab of this browser takes it back. On a session several devices share it
+// follows every event the bridge sends: who controls the session (Take
+// control / Watch only), a question answered on another device, what this
+// device missed while away, a restart of the host (its unanswered questions
+// made inert, the aborted prompt offered again).
 import init, { IrohClient } from "../pkg/thunderbolt_client_wasm.js";
 import { saveForWorker } from "./keystore.js";
+import { Conversation } from "./conversation.js";
 
 const SECRET_KEY = "thunderbolt_iroh_client_secret";
 const RELAY_KEY = "thunderbolt_iroh_relay_url";
 const TICKET_KEY = "thunderbolt_iroh_ticket";
+// Set at the first connection: from then on the settings sheet starts folded.
+const CONNECTED_KEY = "thunderbolt_iroh_connected_once";
 // Per ticket, in localStorage (the device's, not the tab's): the live session
-// to take back, with what the agent asked that is not answered yet.
+// to take back. Its conversation is conversation.js's, per ticket too.
 const SESSION_PREFIX = "thunderbolt_iroh_session:";
 // The agents this browser connected to: [{ticket, label, relay, at}].
 const AGENTS_KEY = "thunderbolt_iroh_agents";
 // The methods the page answers with a form; any other request from the agent
 // is answered "method not found" at once, so no agent waits on the page.
 const ASKS = ["session/request_permission", "elicitation/create"];
+// What the bridge answers for a request in flight when the host restarted
+// (shared/src/restart.rs), and for an observer's request (-32003).
+const TURN_ABORTED = "turn aborted: the host restarted";
+const OBSERVER_REFUSED = -32003;
 const $ = (id) => document.getElementById(id);
 
 const state = {
   client: null, clientRelay: null, conn: null, sessionId: null, nextId: 1, pending: new Map(),
   agent: "agent", label: "", userClosed: false, ticket: "",
-  // What the agent asked and nobody answered yet: [{id, method, params}].
-  requests: [],
-  tools: {}, plan: [],
+  // The id of this device's prompt whose turn is going, else null.
+  turn: null,
+  // This device's role on a session several devices share (the bridge's
+  // `_thunderbolt/role`): "controller" | "observer" | null (not shared), who
+  // controls it, and the role asked for and not confirmed yet.
+  role: null, controller: null, askedRole: null,
+  // The prompt box holds a prompt a restart aborted: Send says "Send again".
+  sendAgain: false,
+  // A connection is being made (or waits for another tab to let go).
+  connecting: false,
   // The bridge's own short id of the session, learnt from a notice that opened the page.
   bridgeSession: null,
   // Releases this tab's Web Lock on the ticket's session.
@@ -32,6 +51,13 @@ const state = {
   // A notice's request to show (and answer) once it is there.
   focus: null,
 };
+
+const conversation = new Conversation($("conversation"), {
+  label: () => state.label || state.agent || "agent",
+  controller: () => (state.role === "observer" ? controllerName() : null),
+  answer: (q, result, said) => answer(q, result, said),
+  log: (text) => log("·", text),
+});
 
 function setStatus(text, kind = "") {
   const el = $("status");
@@ -48,22 +74,31 @@ function log(dir, msg) {
 // Refusals at the door, as opposed to a session the bridge ended later.
 const ADMISSION = ["not allowlisted", "bridge at capacity", "idle: no data stream opened", "handshake timed out"];
 
-/// Describes a client error for people: what happened, and what to do.
+/// Describes a client error for people, in the CLI's words: what happened,
+/// and what to do. No error kinds, no close codes.
 function describe(err) {
-  if (!err) return "error";
+  if (!err) return "something went wrong";
   switch (err.kind) {
-    case "closed":
-      if (err.reason === "bridge shutting down") return "the bridge shut down: connect again once it runs";
-      if (err.reason === "ended by the host") return "the workstation ended this session (thunderbolt kick)";
-      if (err.reason === "membership revoked") return "this device is no longer allowed on the bridge (membership revoked)";
-      if (err.code === 1 && (ADMISSION.includes(err.reason) || err.reason.startsWith("failed to spawn")))
-        return `refused by the bridge: ${err.reason} (code ${err.code})`;
-      return `the bridge ended the session: ${err.reason} (code ${err.code})`;
+    case "closed": {
+      const r = err.reason || "";
+      if (r === "bridge shutting down") return "the bridge shut down: connect again once it runs";
+      if (r === "ended by the host") return "the workstation ended this session (thunderbolt kick)";
+      if (r === "membership revoked") return "this device is no longer allowed on the bridge (membership revoked)";
+      if (r === "not allowlisted") return "the bridge refused the connection: not allowlisted (pair this browser with the link `thunderbolt iroh pair` prints, or run the allow command of Settings on the workstation)";
+      if (r === "unknown session") return "the session is gone: the bridge does not hold it (the bridge restarted, or the session ended a while ago)";
+      if (r === "session expired") return "the session is gone: it waited for this device longer than the bridge's grace and was ended";
+      if (r === "session evicted") return "the session is gone: the bridge ended it to make room";
+      if (r === "host restarted: the agent cannot reload sessions") return "the session is gone: the host restarted and its agent cannot reload sessions";
+      if (r === "too many devices") return "the bridge refused: too many devices on this session";
+      if (r === "left the session") return "this device left the session";
+      if (ADMISSION.includes(r) || r.startsWith("failed to spawn")) return `the bridge refused the connection: ${r}`;
+      return `the bridge ended the session: ${r}`;
+    }
     case "agent": return `the agent ended: ${err.message}`;
     case "session_gone": return `the session is gone (${err.message}): connect to start a new one`;
     case "timeout": return `could not connect: ${err.message}`;
     case "alpn": return `the peer is not an ACP bridge: ${err.message}`;
-    default: return `${err.kind || "error"}: ${err.message || err}`;
+    default: return err.message || String(err);
   }
 }
 
@@ -145,17 +180,34 @@ function savedSessions() {
   return out.sort((a, b) => (b.at || 0) - (a.at || 0));
 }
 
+let saveTimer = null;
+let savedAt = 0;
+
 /// What the next tab needs to take the session back: the client's own state
-/// (after every message the page has handled), and the page's.
+/// and the conversation, written together (after every message the page has
+/// handled, or at most 250 ms later for a streamed chunk: a tab that goes
+/// before that resumes from the same point its conversation was kept at, and
+/// is sent what came after again).
 function save() {
+  clearTimeout(saveTimer);
+  saveTimer = null;
+  savedAt = Date.now();
+  if (state.release) conversation.save();
   const s = state.conn && state.conn.sessionState();
   if (!s || !state.ticket) return;
   localStorage.setItem(SESSION_PREFIX + state.ticket, JSON.stringify({
     state: s, sessionId: state.sessionId, nextId: state.nextId, agent: state.agent, label: state.label,
-    reply: $("reply").textContent, ticket: state.ticket, relay: state.clientRelay,
-    requests: state.requests, tools: state.tools, plan: state.plan, bridgeSession: state.bridgeSession,
+    ticket: state.ticket, relay: state.clientRelay, bridgeSession: state.bridgeSession,
+    turn: state.turn, role: state.role, controller: state.controller, sendAgain: state.sendAgain,
     at: Date.now(),
   }));
+}
+
+function saveSoon() {
+  if (saveTimer) return;
+  const wait = 250 - (Date.now() - savedAt);
+  if (wait <= 0) save();
+  else saveTimer = setTimeout(save, wait);
 }
 
 function forget(ticket = state.ticket) {
@@ -178,8 +230,10 @@ function lockSession(ticket) {
 function busyElsewhere(ticket) {
   setStatus("this session is open in another tab of this browser: carry on there, or close that tab and this one takes it over", "warn");
   window.busyElsewhere = true;
+  renderComposer();
   navigator.locks.request(`thunderbolt-session ${ticket}`, () => new Promise((release) => {
     window.busyElsewhere = false;
+    renderComposer();
     const saved = loadSession(ticket);
     if (state.conn || $("ticket").value.trim() !== ticket || !saved) {
       release();
@@ -203,7 +257,9 @@ function renderAgents() {
   const list = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]");
   const ul = $("agent-list");
   ul.replaceChildren();
-  $("agents").hidden = list.length === 0;
+  const current = state.ticket || $("ticket").value.trim();
+  // One agent, the one shown: nothing to pick.
+  $("agents").hidden = list.length === 0 || (list.length === 1 && list[0].ticket === current);
   const seen = new Map();
   for (const a of list) seen.set(a.label, (seen.get(a.label) || 0) + 1);
   for (const a of list) {
@@ -212,18 +268,32 @@ function renderAgents() {
     const node = nodeOf(a.ticket);
     b.textContent = seen.get(a.label) > 1 && node ? `${a.label} · ${node.slice(0, 6)}` : a.label;
     b.dataset.ticket = a.ticket;
+    b.setAttribute("aria-current", String(a.ticket === current));
     b.onclick = () => openAgent(a);
     li.append(b);
     ul.append(li);
   }
 }
 
+/// The header names the agent of the conversation shown.
+function renderTitle() {
+  const ticket = state.ticket || $("ticket").value.trim();
+  const known = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]").find((a) => a.ticket === ticket);
+  $("agent-name").textContent = state.label || (known && known.label) || "thunderbolt";
+}
+
 /// One tap: the agent's session taken back, or a new one. Another agent's
 /// live session is left to the bridge to resume later (the page reloads; a
 /// reload never ends a session).
 function openAgent(a) {
-  if (state.conn && state.ticket === a.ticket) return;
+  if (state.conn && state.ticket === a.ticket) {
+    // Its session is the one shown: go to the prompt box.
+    $("prompt").scrollIntoView({ block: "end" });
+    $("prompt").focus();
+    return;
+  }
   if (state.conn) {
+    save();
     localStorage.setItem(TICKET_KEY, a.ticket);
     location.hash = new URLSearchParams({ ticket: a.ticket, "open-agent": "1", ...(a.relay ? { relay: a.relay } : {}) }).toString();
     location.reload();
@@ -236,9 +306,11 @@ function openAgent(a) {
 
 // ---- JSON-RPC ----
 
-function request(method, params) {
+/// Sends a request of ours; `onId` is told its id before it goes.
+function request(method, params, onId) {
   const id = state.nextId++;
   const msg = { jsonrpc: "2.0", id, method, params };
+  if (onId) onId(id);
   log("→", msg);
   return new Promise((resolve, reject) => {
     state.pending.set(id, { resolve, reject });
@@ -262,194 +334,217 @@ function agentRequest(req) {
     respond(req.id, undefined, { code: -32601, message: `${req.method}: this client does not handle it` });
     return;
   }
-  if (!state.requests.some((r) => key(r.id) === key(req.id))) {
-    state.requests.push({ id: req.id, method: req.method, params: req.params || {} });
+  conversation.question({ id: req.id, method: req.method, params: req.params || {} });
+  applyFocus();
+}
+
+/// The person's answer to one of the agent's questions: the card becomes a
+/// line saying what was answered, and the notices about it are withdrawn.
+async function answer(q, result, said) {
+  if (!state.conn) {
+    // Never dropped without a word: the question stays, and says why it waits.
+    setStatus(window.busyElsewhere ? "this session is open in another tab of this browser: answer there" : "not connected: the question can be answered once the session is back", "warn");
+    return;
   }
-  renderRequests();
+  conversation.settle(q.id, "answered", said, "you");
+  save();
+  try {
+    await respond(q.id, result);
+  } catch (err) {
+    conversation.settle(q.id, "inert", `your answer was not sent: ${describe(err)}`);
+  }
+  withdrawNotices((d) => d.event === "needs_answer" && (d.request === undefined || d.request === key(q.id)));
 }
 
-/// The user's answer to one of the agent's requests; the notices about it are withdrawn.
-async function answer(req, result) {
-  state.requests = state.requests.filter((r) => key(r.id) !== key(req.id));
-  renderRequests();
-  await respond(req.id, result);
-  withdrawNotices((d) => d.event === "needs_answer" && (d.request === undefined || d.request === key(req.id)));
+/// A name for a device the bridge told about ({node, name}).
+function deviceName(d) {
+  if (!d || (!d.node && (!d.name || d.name === "nobody"))) return "nobody";
+  if (state.client && d.node === state.client.nodeId()) return "another tab of this browser";
+  return d.name || `device ${d.node.slice(0, 8)}`;
 }
 
+function controllerName() {
+  return deviceName(state.controller);
+}
+
+const cap = (s) => s.charAt(0).toUpperCase() + s.slice(1);
+
+/// Returns whether the message must be kept at once (else: within 250 ms).
 function onMessage(value) {
   log("←", value);
   if (value.method !== undefined && value.id !== undefined) {
     agentRequest(value);
-  } else if (value.method === "session/update") {
-    onUpdate((value.params && value.params.update) || {});
-  } else if (value.method === "_thunderbolt/restored") {
-    onRestored(value.params || {});
-  } else if (value.id !== undefined && state.pending.has(value.id)) {
+    return true;
+  }
+  switch (value.method) {
+    case "session/update":
+      onUpdate((value.params && value.params.update) || {});
+      return false;
+    case "_thunderbolt/restored": onRestored(value.params || {}); return true;
+    case "_thunderbolt/role": onRole(value.params || {}); return true;
+    case "_thunderbolt/answered": onAnswered(value.params || {}); return true;
+    case "_thunderbolt/missed": onMissed(value.params || {}); return true;
+    default: break;
+  }
+  if (value.id !== undefined && state.pending.has(value.id)) {
     const p = state.pending.get(value.id);
     state.pending.delete(value.id);
     value.error ? p.reject(Object.assign(new Error(value.error.message), { rpc: value.error })) : p.resolve(value.result);
-  } else if (value.result && value.result.stopReason) {
+  } else if (value.id !== undefined && (conversation.turnOf(value.id) || (value.result && value.result.stopReason))) {
     // The answer to a prompt sent before a reload (or from a tab now closed).
-    $("reply").dataset.stopReason = value.result.stopReason;
-    $("send").disabled = false;
-    $("cancel").disabled = true;
+    if (value.result && value.result.stopReason) conversation.endTurn(value.id, value.result.stopReason);
+    else if (value.error) promptFailed(value.id, Object.assign(new Error(value.error.message), { rpc: value.error }));
+    if (key(state.turn) === key(value.id)) state.turn = null;
+    renderComposer();
   }
+  return true;
+}
+
+/// This device's role changed, or the bridge said it again (a join, a
+/// resume): the banner, the prompt box, and a line when it changed.
+function onRole(p) {
+  const before = state.role && `${state.role} ${state.controller && state.controller.node}`;
+  const was = state.role;
+  state.role = p.role === "controller" ? "controller" : "observer";
+  state.controller = p.controller || null;
+  state.askedRole = null;
+  if (before !== `${state.role} ${state.controller && state.controller.node}`) {
+    if (state.role === "controller") {
+      conversation.note(was === "observer" ? "You are in control again: your prompts go to the agent" : "You are in control of this session");
+    } else {
+      const who = controllerName();
+      conversation.note(who === "nobody" ? "Nobody is in control of this session: take control to send" : `${cap(who)} is in control: this device watches`, "warn");
+    }
+  }
+  renderRole();
+  renderComposer();
+}
+
+/// Another device answered one of the agent's questions first.
+function onAnswered(p) {
+  const q = conversation.answeredElsewhere(p.id, deviceName(p.by));
+  if (q) withdrawNotices((d) => d.event === "needs_answer" && d.request === key(p.id));
+}
+
+/// This device fell behind the session while away, and was not kept what it missed.
+function onMissed(p) {
+  const n = Number(p.frames) || 0;
+  const bytes = Number(p.bytes) || 0;
+  const size = bytes >= 1 << 20 ? `${(bytes / (1 << 20)).toFixed(1)} MB` : `${Math.max(1, Math.round(bytes / 1024))} KB`;
+  conversation.note(`This device missed ${n} of the agent's message${n === 1 ? "" : "s"} (${size}) while it was away; what follows is the session as it goes on`, "warn");
 }
 
 /// The workstation's bridge restarted under the session and took it back
-/// (docs/protocol.md, "Sessions that survive a restart of the bridge").
+/// (docs/protocol.md, "Sessions that survive a restart of the bridge"): the
+/// old agent's questions cannot be answered any more, and the prompts it was
+/// working on are offered again.
 function onRestored(p) {
   window.restored = p;
-  const aborted = (p.aborted || []).length;
+  conversation.inertAll("the host restarted");
+  for (const id of p.aborted || []) abortedTurn(id);
   if (p.failed) {
     setStatus(`host restarted: ${p.failed}`, "error");
+    conversation.note(`The host restarted and could not take the session back: ${p.failed}`, "error");
     return;
   }
   const how = (p.sessions || []).map((s) => `${s.how}${s.error ? ` (${s.error})` : ""}`).join(", ");
-  setStatus(`host restarted, session restored${how ? ` (${how})` : ""}${aborted ? ` · ${aborted} turn(s) aborted: send again` : ""} · ${state.agent} · session ${state.sessionId}`, "ok");
-  $("send").disabled = false;
-  $("cancel").disabled = true;
+  setStatus(`host restarted, session restored${how ? ` (${how})` : ""} · ${state.agent} · session ${state.sessionId}`, "ok");
+  conversation.note("The host restarted and took the session back");
+  renderComposer();
+}
+
+/// A turn of ours the host's restart cut short: its prompt goes back into the box.
+function abortedTurn(id) {
+  const t = conversation.turnOf(id);
+  if (key(state.turn) === key(id)) state.turn = null;
+  if (!t || t.aborted) return;
+  t.aborted = true;
+  conversation.failTurn(id, "not finished: the host restarted (your prompt is back in the box: Send again)", "warn");
+  if (!$("prompt").value.trim()) $("prompt").value = t.prompt.text;
+  state.sendAgain = true;
+  renderComposer();
+}
+
+/// Our prompt got an error instead of an end of turn.
+function promptFailed(id, err) {
+  if (err.rpc && err.rpc.message === TURN_ABORTED) return abortedTurn(id);
+  const t = conversation.turnOf(id);
+  if (err.rpc && err.rpc.code === OBSERVER_REFUSED) {
+    conversation.failTurn(id, `not sent: ${controllerName()} is in control; take control to send it`, "warn");
+    if (t && !$("prompt").value.trim()) $("prompt").value = t.prompt.text;
+  } else if (err.rpc) {
+    conversation.failTurn(id, `the agent answered with an error: ${err.rpc.message}`);
+  } else if (!state.userClosed) {
+    conversation.failTurn(id, describe(err));
+  }
 }
 
 function onUpdate(u) {
   switch (u.sessionUpdate) {
     case "agent_message_chunk":
-      if (u.content && u.content.type === "text") $("reply").textContent += u.content.text;
+      if (u.content && u.content.type === "text") conversation.agentText(u.content.text);
       break;
     case "tool_call":
-    case "tool_call_update": {
-      const id = u.toolCallId;
-      const t = { ...(state.tools[id] || {}) };
-      for (const f of ["title", "kind", "status", "content", "locations"]) if (u[f] !== undefined && u[f] !== null) t[f] = u[f];
-      state.tools[id] = t;
-      renderTools();
+    case "tool_call_update":
+      conversation.tool(u);
       break;
-    }
     case "plan":
-      state.plan = u.entries || [];
-      renderPlan();
+      conversation.plan(u.entries);
       break;
     default:
       break;
   }
 }
 
-// ---- what the page shows ----
+// ---- what the page shows around the conversation ----
 
-/// A tool call's content as text: its text blocks, diffs (path and new
-/// text), terminals by id.
-function contentText(content) {
-  const out = [];
-  for (const c of content || []) {
-    if (c.type === "content" && c.content) out.push(c.content.type === "text" ? c.content.text : `[${c.content.type}]`);
-    else if (c.type === "diff") out.push(`${c.path}\n${c.newText ?? ""}`);
-    else if (c.type === "terminal") out.push(`[terminal ${c.terminalId}]`);
+/// Who controls a shared session, and the one button that changes it.
+function renderRole() {
+  const box = $("role");
+  box.hidden = !state.conn || !state.role;
+  if (box.hidden) return;
+  const observing = state.role === "observer";
+  box.className = observing ? "observer" : "controller";
+  $("role-text").textContent = observing ? `${cap(controllerName())} is in control` : "You are in control";
+  const take = $("take-control");
+  const watch = $("watch-only");
+  take.hidden = !observing;
+  watch.hidden = observing;
+  const asking = state.askedRole !== null;
+  take.disabled = asking;
+  watch.disabled = asking;
+  take.textContent = asking && observing ? "Taking control…" : "Take control";
+}
+
+/// The prompt box while a session is live (Send, or Cancel while a turn of
+/// ours is going; no Send while another device controls the session), the
+/// Connect button while none is.
+function renderComposer() {
+  const live = !!state.conn;
+  $("composer").hidden = !live;
+  const ticket = $("ticket").value.trim();
+  // Settings' Connect: while a session is live, only for another bridge's ticket.
+  $("connect").hidden = live && ticket === state.ticket;
+  $("start").hidden = live || state.connecting || !ticket || window.busyElsewhere || !localStorage.getItem(CONNECTED_KEY);
+  if (!$("start").hidden) {
+    const known = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]").find((a) => a.ticket === ticket);
+    const label = (known && known.label) || "the agent";
+    $("new-session").textContent = loadSession(ticket) ? `Resume the session with ${label}` : `New session with ${label}`;
   }
-  return out.join("\n");
-}
-
-function el(tag, props = {}, ...children) {
-  const e = document.createElement(tag);
-  Object.assign(e, props);
-  e.append(...children.filter((c) => c !== null && c !== undefined));
-  return e;
-}
-
-function renderTools() {
-  $("tools").replaceChildren(...Object.entries(state.tools).map(([id, t]) => el("li", { className: "tool" },
-    `${t.title || id}`, " ", el("span", { className: "status" }, `(${[t.kind, t.status].filter(Boolean).join(", ")})`),
-    contentText(t.content) ? el("pre", { className: "mono" }, contentText(t.content)) : null)));
-}
-
-function renderPlan() {
-  $("plan").replaceChildren(...state.plan.map((e) => el("li", { className: "plan-entry" },
-    e.content, " ", el("span", { className: "status" }, `(${e.status}${e.priority ? `, ${e.priority}` : ""})`))));
-}
-
-function renderRequests() {
-  const box = $("requests");
-  box.replaceChildren(...state.requests.map((r) => (r.method === "session/request_permission" ? permissionCard(r) : elicitationCard(r))));
-  save();
-  applyFocus();
-}
-
-function permissionCard(r) {
-  const tc = r.params.toolCall || {};
-  const known = state.tools[tc.toolCallId] || {};
-  const title = tc.title || known.title || "the agent asks for permission";
-  const kind = tc.kind || known.kind;
-  const text = contentText(tc.content || known.content);
-  const card = el("div", { className: "request" },
-    el("h3", {}, title),
-    el("div", { className: "kind" }, `${state.label || state.agent} asks permission${kind ? ` · ${kind}` : ""}`),
-    text ? el("pre", {}, text) : null);
-  card.dataset.request = key(r.id);
-  card.dataset.method = r.method;
-  const options = el("div", { className: "options" });
-  for (const o of r.params.options || []) {
-    const b = el("button", { textContent: o.name, className: /^reject/.test(o.kind || "") ? "deny" : "primary" });
-    b.dataset.optionId = o.optionId;
-    b.onclick = () => answer(r, { outcome: { outcome: "selected", optionId: o.optionId } });
-    options.append(b);
-  }
-  card.append(options);
-  return card;
-}
-
-function elicitationCard(r) {
-  const p = r.params;
-  const card = el("form", { className: "request" }, el("h3", {}, p.message || "the agent asks"),
-    el("div", { className: "kind" }, `${state.label || state.agent} asks for input`));
-  card.dataset.request = key(r.id);
-  card.dataset.method = r.method;
-  if (p.mode === "url") {
-    card.append(el("a", { href: p.url, target: "_blank", rel: "noopener", textContent: p.url }));
-  }
-  const schema = p.requestedSchema || { properties: {} };
-  const required = new Set(schema.required || []);
-  const fields = [];
-  for (const [name, s] of Object.entries(schema.properties || {})) {
-    const label = s.title || name;
-    let input;
-    if (s.type === "boolean") {
-      input = el("input", { type: "checkbox", name, checked: s.default === true });
-    } else if (s.type === "string" && (s.enum || s.oneOf)) {
-      const values = s.enum ? s.enum.map((v, i) => [v, (s.enumNames || [])[i] || v]) : s.oneOf.map((o) => [o.const, o.title || o.const]);
-      input = el("select", { name }, ...values.map(([v, t]) => el("option", { value: v, textContent: t, selected: v === s.default })));
-    } else if (s.type === "number" || s.type === "integer") {
-      input = el("input", { type: "number", name, step: s.type === "integer" ? "1" : "any" });
-      if (s.minimum !== undefined) input.min = s.minimum;
-      if (s.maximum !== undefined) input.max = s.maximum;
-      if (s.default !== undefined) input.value = s.default;
-    } else {
-      input = el("input", { type: "text", name, value: s.default ?? "" });
-      if (s.type === "array") input.placeholder = "comma-separated";
-    }
-    input.required = required.has(name) && s.type !== "boolean";
-    fields.push([name, s, input]);
-    card.append(s.type === "boolean"
-      ? el("label", {}, input, ` ${label}`)
-      : el("label", {}, label, s.description ? el("small", {}, ` (${s.description})`) : null, input));
-  }
-  const submit = el("button", { type: "submit", className: "primary", textContent: p.mode === "url" ? "Done" : "Submit" });
-  const decline = el("button", { type: "button", className: "deny", textContent: "Decline" });
-  decline.onclick = () => answer(r, { action: "decline" });
-  card.append(el("div", { className: "options" }, submit, decline));
-  card.onsubmit = (e) => {
-    e.preventDefault();
-    if (p.mode === "url") return answer(r, { action: "accept" });
-    const content = {};
-    for (const [name, s, input] of fields) {
-      if (s.type === "boolean") content[name] = input.checked;
-      else if (input.value === "") continue;
-      else if (s.type === "number") content[name] = Number(input.value);
-      else if (s.type === "integer") content[name] = parseInt(input.value, 10);
-      else if (s.type === "array") content[name] = input.value.split(",").map((v) => v.trim()).filter(Boolean);
-      else content[name] = input.value;
-    }
-    answer(r, { action: "accept", content });
-  };
-  return card;
+  $("disconnect").hidden = !live;
+  $("disconnect").disabled = !live;
+  $("notify").hidden = !live;
+  $("notify-off").hidden = !live;
+  // A new identity would pull the client from under a live session.
+  $("new-identity").hidden = live;
+  const turning = state.turn !== null;
+  const send = $("send");
+  send.hidden = state.role === "observer" || turning;
+  send.disabled = !live || turning || !$("prompt").value.trim();
+  send.textContent = state.sendAgain ? "Send again" : "Send";
+  $("cancel").hidden = !turning;
+  $("cancel").disabled = !live || !turning;
+  $("prompt").placeholder = state.role === "observer" ? `${cap(controllerName())} is in control: take control to send` : `Message ${state.label || "the agent"}…`;
 }
 
 /// A notice's request: shown (scrolled to, its first button focused), and
@@ -457,10 +552,10 @@ function elicitationCard(r) {
 function applyFocus() {
   const f = state.focus;
   if (!f || !state.conn) return;
-  const r = state.requests.find((x) => (f.request ? key(x.id) === f.request : !f.method || x.method === f.method));
+  const r = conversation.openQuestions().find((x) => (f.request ? key(x.id) === f.request : !f.method || x.method === f.method));
   if (!r) return;
   state.focus = null;
-  const card = [...$("requests").children].find((c) => c.dataset.request === key(r.id));
+  const card = [...$("conversation").querySelectorAll(".request")].find((c) => c.dataset.request === key(r.id));
   if (card) {
     card.scrollIntoView({ block: "center" });
     const b = card.querySelector("button");
@@ -470,7 +565,7 @@ function applyFocus() {
     const kinds = f.answer === "allow" ? ["allow_once", "allow_always"] : ["reject_once", "reject_always"];
     const opts = r.params.options || [];
     const o = kinds.map((k) => opts.find((x) => x.kind === k)).find(Boolean);
-    if (o) answer(r, { outcome: { outcome: "selected", optionId: o.optionId } });
+    if (o) answer(r, { outcome: { outcome: "selected", optionId: o.optionId } }, `you answered: ${o.name}`);
   }
 }
 
@@ -478,25 +573,28 @@ function applyFocus() {
 
 async function pump(conn) {
   const reader = conn.messages().getReader();
+  let ending = ["", ""];
   try {
     for (;;) {
       const { value, done } = await reader.read();
       if (done) break;
-      onMessage(value);
-      save();
+      if (onMessage(value)) save();
+      else saveSoon();
     }
-    setStatus(state.userClosed ? "disconnected: you closed the session" : "the agent finished and ended the session", "");
+    ending = [state.userClosed ? "disconnected: you closed the session" : "the agent finished and ended the session", ""];
   } catch (err) {
     for (const p of state.pending.values()) p.reject(err);
     state.pending.clear();
     if (state.userClosed) {
-      setStatus("disconnected: you closed the session", "");
+      ending = ["disconnected: you closed the session", ""];
     } else {
-      setStatus(describe(err), "error");
+      ending = [describe(err), "error"];
       lastError(err);
     }
   } finally {
     if (state.conn === conn) state.conn = null;
+    setStatus(...ending);
+    conversation.note(`Session over: ${ending[0].replace(/^disconnected: /, "")}`, ending[1]);
     sessionEnded();
   }
 }
@@ -504,27 +602,40 @@ async function pump(conn) {
 /// The session is over: nothing it asked can be answered any more.
 function sessionEnded() {
   forget();
-  if (state.requests.length) log("·", `the session ended with ${state.requests.length} question(s) unanswered`);
-  state.requests = [];
-  $("requests").replaceChildren();
+  conversation.inertAll("the session ended");
+  conversation.closeTurns("the session ended before the turn did");
+  Object.assign(state, { turn: null, role: null, controller: null, askedRole: null, sendAgain: false });
+  save();
   withdrawNotices(() => true);
   if (state.release) state.release();
   state.release = null;
-  $("send").disabled = true;
-  $("cancel").disabled = true;
-  $("disconnect").disabled = true;
-  $("notify").disabled = true;
-  $("notify-off").disabled = true;
   $("connect").disabled = false;
+  renderRole();
+  renderComposer();
 }
 
 /// Connects (or, with `saved`, takes back the session a closed tab or a
 /// reload left). `release`: this tab's lock on it, when already taken.
 async function connect(saved = null, release = null) {
   const ticket = $("ticket").value.trim();
-  if (!ticket) return setStatus("paste the bridge's ticket first", "error");
-  if (state.conn) return;
+  if (!ticket) {
+    $("settings").open = true;
+    $("ticket").focus();
+    return setStatus("paste the bridge's ticket in Settings first, or open a pairing link", "error");
+  }
+  if (state.conn || state.connecting) return;
+  state.connecting = true;
+  try {
+    await connectNow(ticket, saved, release);
+  } finally {
+    state.connecting = false;
+    renderComposer();
+  }
+}
+
+async function connectNow(ticket, saved, release) {
   $("connect").disabled = true;
+  renderComposer();
   release = release || (await lockSession(ticket));
   if (!release) {
     $("connect").disabled = false;
@@ -533,6 +644,7 @@ async function connect(saved = null, release = null) {
   // The lock was waited for: what the other tab left is the newest state.
   if (saved) saved = loadSession(ticket) || saved;
   state.release = release;
+  conversation.open(ticket, true);
   setStatus(saved ? "resuming the session…" : "connecting…");
   try {
     await ensureClient();
@@ -553,16 +665,17 @@ async function connect(saved = null, release = null) {
     if (saved) {
       Object.assign(state, {
         sessionId: saved.sessionId, nextId: saved.nextId, agent: saved.agent, label: saved.label || saved.agent,
-        requests: saved.requests || [], tools: saved.tools || {}, plan: saved.plan || [],
         bridgeSession: state.bridgeSession || saved.bridgeSession || null,
+        turn: saved.turn ?? null, role: saved.role || null, controller: saved.controller || null, sendAgain: !!saved.sendAgain,
       });
-      $("reply").textContent = saved.reply || "";
-      renderTools();
-      renderPlan();
-      renderRequests();
+      // A session kept by an older page: its questions were kept with it.
+      for (const r of saved.requests || []) conversation.question(r);
     } else {
-      Object.assign(state, { requests: [], tools: {}, plan: [] });
+      Object.assign(state, { turn: null, role: null, controller: null, sendAgain: false });
     }
+    renderTitle();
+    renderRole();
+    renderComposer();
     pump(conn);
     if (saved) {
       setStatus(`resumed after the reload · ${state.agent} · session ${state.sessionId}`, "ok");
@@ -571,27 +684,34 @@ async function connect(saved = null, release = null) {
       const init = await request("initialize", {
         protocolVersion: 1,
         clientCapabilities: { elicitation: { form: {}, url: {} } },
-        clientInfo: { name: "thunderbolt-demo-page", version: "1" },
+        clientInfo: { name: "thunderbolt-phone-page", version: "1" },
       });
       const session = await request("session/new", { cwd: "/", mcpServers: [] });
       state.agent = init.agentInfo ? init.agentInfo.name : "agent";
       state.label = (init.agentInfo && (init.agentInfo.title || init.agentInfo.name)) || "agent";
       state.sessionId = session.sessionId;
+      conversation.session(`New session with ${state.label} · ${new Date().toLocaleString([], { dateStyle: "medium", timeStyle: "short" })}`);
       setStatus(`connected · ${state.agent} · session ${state.sessionId}`, "ok");
     }
     save();
     rememberAgent();
-    $("send").disabled = false;
-    $("cancel").disabled = false;
-    $("disconnect").disabled = false;
-    $("notify").disabled = false;
-    $("notify-off").disabled = false;
+    renderTitle();
+    renderComposer();
+    // Connected: the conversation comes first (and, after the first
+    // connection, the settings sheet starts folded).
+    localStorage.setItem(CONNECTED_KEY, "1");
+    $("settings").open = false;
     applyFocus();
     // Already allowed: keep this browser's subscription registered with this bridge.
     if (typeof Notification !== "undefined" && Notification.permission === "granted") subscribe(false);
     else setNotify("not on: “notify me” asks the browser, then registers this browser with the bridge");
   } catch (err) {
-    if (err.kind === "session_gone") forget(ticket);
+    if (err.kind === "session_gone") {
+      forget(ticket);
+      conversation.inertAll("the session is gone");
+      conversation.closeTurns("the session is gone");
+      conversation.save();
+    }
     if (!state.conn) {
       if (state.release) state.release();
       state.release = null;
@@ -604,23 +724,25 @@ async function connect(saved = null, release = null) {
 
 async function send() {
   const text = $("prompt").value;
-  $("reply").textContent = "";
-  delete $("reply").dataset.stopReason;
-  state.tools = {};
-  state.plan = [];
-  renderTools();
-  renderPlan();
-  $("send").disabled = true;
-  $("cancel").disabled = false;
+  if (!state.conn || state.turn !== null || !text.trim()) return;
+  $("prompt").value = "";
+  state.sendAgain = false;
+  let id = null;
+  const reply = request("session/prompt", { sessionId: state.sessionId, prompt: [{ type: "text", text }] }, (assigned) => {
+    id = assigned;
+    state.turn = id;
+    conversation.startTurn(text, id);
+    renderComposer();
+  });
   try {
-    const res = await request("session/prompt", { sessionId: state.sessionId, prompt: [{ type: "text", text }] });
-    $("reply").dataset.stopReason = res.stopReason;
+    const res = await reply;
+    conversation.endTurn(id, res.stopReason);
   } catch (err) {
-    // A turn the host's restart aborted: the restored notice that follows says so.
-    const aborted = err.rpc && err.rpc.message === "turn aborted: the host restarted";
-    if (!state.userClosed && !aborted) setStatus(describe(err), "error");
+    promptFailed(id, err);
   } finally {
-    $("send").disabled = !state.conn;
+    if (key(state.turn) === key(id)) state.turn = null;
+    renderComposer();
+    save();
   }
 }
 
@@ -628,12 +750,25 @@ async function send() {
 /// answered `cancelled` first, as ACP asks of the client.
 async function cancelTurn() {
   if (!state.conn) return;
-  for (const r of [...state.requests]) {
-    await answer(r, r.method === "session/request_permission" ? { outcome: { outcome: "cancelled" } } : { action: "cancel" });
+  for (const q of conversation.openQuestions()) {
+    await answer(q, q.method === "session/request_permission" ? { outcome: { outcome: "cancelled" } } : { action: "cancel" }, "cancelled with the turn");
   }
   const msg = { jsonrpc: "2.0", method: "session/cancel", params: { sessionId: state.sessionId } };
   log("→", msg);
   await state.conn.send(msg);
+}
+
+/// Takes control of a shared session, or steps down (the bridge confirms with a role event).
+function askRole(role) {
+  if (!state.conn) return;
+  try {
+    if (role === "controller") state.conn.takeControl();
+    else state.conn.observe();
+    state.askedRole = role;
+  } catch (err) {
+    setStatus(describe(err), "error");
+  }
+  renderRole();
 }
 
 function disconnect() {
@@ -681,8 +816,10 @@ async function subscribe(ask = true) {
     return setNotify(off ? "this bridge sends no Web Push (started with --no-push, or too old)" : `the bridge did not answer: ${describe(err)}`, "warn");
   }
   window.pushKey = key.applicationServerKey;
-  if (!("serviceWorker" in navigator) || typeof PushManager === "undefined" || typeof Notification === "undefined")
-    return setNotify("this browser has no Web Push (on iOS: add the page to the home screen first)", "warn");
+  if (!("serviceWorker" in navigator) || typeof PushManager === "undefined" || typeof Notification === "undefined") {
+    const why = window.isSecureContext ? "this browser has no Web Push (on iOS: add the page to the home screen first)" : "notifications need the page over https (or on this device's own address)";
+    return setNotify(why, "warn");
+  }
   try {
     const permission = ask ? await Notification.requestPermission() : Notification.permission;
     if (permission !== "granted") return setNotify(`notifications are ${permission} for this page: allow them in the browser's site settings`, "warn");
@@ -779,10 +916,33 @@ function defaultDeviceName() {
   return os ? `${browser} on ${os}` : browser;
 }
 
-$("connect").onclick = () => connect(loadSession($("ticket").value.trim()));
-$("send").onclick = send;
+$("connect").onclick = () => {
+  const ticket = $("ticket").value.trim();
+  // Another bridge while a session is live: this one is left to resume later.
+  if (state.conn && ticket && ticket !== state.ticket) return openAgent({ ticket, relay: $("relay").value.trim() });
+  connect(loadSession(ticket));
+};
+$("ticket").oninput = renderComposer;
+$("new-session").onclick = () => connect(loadSession($("ticket").value.trim()));
+$("close-settings").onclick = () => {
+  $("settings").open = false;
+  $("settings").scrollIntoView({ block: "nearest" });
+};
+$("composer").onsubmit = (e) => {
+  e.preventDefault();
+  send();
+};
+$("prompt").oninput = renderComposer;
+$("prompt").onkeydown = (e) => {
+  if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+    e.preventDefault();
+    send();
+  }
+};
 $("cancel").onclick = cancelTurn;
 $("disconnect").onclick = disconnect;
+$("take-control").onclick = () => askRole("controller");
+$("watch-only").onclick = () => askRole("observer");
 $("notify").onclick = () => subscribe(true);
 $("notify-off").onclick = unsubscribe;
 if ("serviceWorker" in navigator) {
@@ -801,15 +961,32 @@ if ("serviceWorker" in navigator) {
   // before “notify me” (a subscription made elsewhere, or a reinstall).
   registerWorker().catch((e) => log("·", `service worker: ${e.message}`));
 }
-$("copy-allow").onclick = () => navigator.clipboard.writeText($("allow-cmd").textContent);
+$("copy-allow").onclick = async () => {
+  try {
+    await navigator.clipboard.writeText($("allow-cmd").textContent);
+    $("copy-allow").textContent = "copied";
+  } catch {
+    // No clipboard here (plain http, or refused): select it for a long press.
+    getSelection().selectAllChildren($("allow-cmd"));
+    $("copy-allow").textContent = "selected: copy it";
+  }
+};
 $("new-identity").onclick = async () => {
   localStorage.removeItem(SECRET_KEY);
   if (state.client) await state.client.shutdown();
   state.client = null;
   await ensureClient();
 };
+// Kept when the tab goes away (a streamed chunk's save may be waiting).
+addEventListener("pagehide", save);
+document.addEventListener("visibilitychange", () => {
+  if (document.visibilityState === "hidden") save();
+});
 
-await init();
+// The settings sheet is open on the first visit, until the first connection.
+$("settings").open = !localStorage.getItem(CONNECTED_KEY);
+if ($("settings").open) setStatus("not connected yet: pair this browser with your workstation (below)");
+
 // A pairing link carries `ticket`, `pair` (and, for a self-hosted relay, `relay`)
 // in its #fragment, which no server sees; `?ticket=&relay=` work too. A
 // notice's tap opens `#open=1&notice=…&node=…&request=…&method=…&answer=…`.
@@ -824,8 +1001,14 @@ const code = frag.get("pair");
 // The code is spent by this visit, a notice's answer is given once: a reload must not repeat either.
 if (code || opened || frag.get("ticket")) history.replaceState(null, "", location.pathname + location.search);
 // For scripts and tests: the module's API and the page's state.
-window.thunderbolt = { IrohClient, state, describe, showNotice, request, nodeOf };
+window.thunderbolt = { IrohClient, state, describe, showNotice, request, nodeOf, conversation };
+// The last conversation with this ticket's agent, shown before the client
+// module has loaded, and until a session is live.
+conversation.open($("ticket").value.trim());
 renderAgents();
+renderTitle();
+renderComposer();
+await init();
 await ensureClient();
 window.ready = true;
 const saved = loadSession($("ticket").value.trim());

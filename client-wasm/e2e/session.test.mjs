@@ -1,0 +1,289 @@
+// The phone page on a session several devices share, and its conversation:
+// headless Chromium at 390 × 844 driving client-wasm/www/ by role and name,
+// against a real `thunderbolt` bridge through a real local relay, with the
+// CLI (`thunderbolt acp connect`) as the person's laptop.
+//
+//   (cd client-wasm/e2e && node --test --test-concurrency=1 session.test.mjs)
+//
+// Needs: client-wasm/pkg (client-wasm/build.sh), the workspace binaries
+// (cargo build --workspace --bins), Debian chromium, `npm ci` here.
+// Screenshots go to client-wasm/e2e/artifacts/ (gitignored).
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { mkdirSync, readFileSync } from "node:fs";
+import { execFileSync } from "node:child_process";
+import { join } from "node:path";
+import { startServer } from "../serve.mjs";
+import { ROOT, BIN, WAIT_MS, waitFor, tb, tbEnv, tempHome, endAll, startRelay, startAcpBridge, jsonConnect, launchChromium } from "./harness.mjs";
+
+const ARTIFACTS = join(ROOT, "client-wasm/e2e/artifacts");
+const ASK_AGENT = [process.execPath, join(ROOT, "client-wasm/e2e/ask-agent.mjs")];
+const PHONE = { viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true, deviceScaleFactor: 1 };
+
+let relay, server, browser, baseUrl;
+
+before(async () => {
+  mkdirSync(ARTIFACTS, { recursive: true });
+  relay = await startRelay();
+  server = await startServer(0);
+  baseUrl = `http://127.0.0.1:${server.address().port}`;
+  browser = await launchChromium();
+});
+
+after(async () => {
+  await browser?.close();
+  server?.close();
+  endAll();
+});
+
+const shot = (p, name) => p.screenshot({ path: join(ARTIFACTS, name) });
+
+/// A phone (a fresh browser profile at 390 × 844) that opened the pairing
+/// link of `b` (`thunderbolt iroh pair --app-url`): paired as one of the
+/// owner's own devices, connected, its session started.
+async function pairedPhone(b) {
+  const minted = JSON.parse(tb(b.home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
+  const ctx = await browser.newContext(PHONE);
+  const p = await ctx.newPage();
+  p.on("pageerror", (e) => console.log("page error:", e.message));
+  await p.goto(minted.link);
+  await connected(p);
+  return p;
+}
+
+async function connected(p) {
+  await p.waitForFunction(() => document.querySelector("#status").className === "ok" || window.lastError, null, { timeout: WAIT_MS });
+  assert.equal(await p.evaluate(() => window.lastError), undefined, await p.textContent("#status"));
+}
+
+/// Sends a prompt from the page's box; resolves with the agent's reply, once its turn ended.
+async function prompt(p, text) {
+  await p.getByRole("textbox", { name: "prompt" }).fill(text);
+  await p.getByRole("button", { name: "Send", exact: true }).click();
+  return turnDone(p);
+}
+
+async function turnDone(p) {
+  await p.waitForFunction(() => document.querySelector("#reply")?.dataset.stopReason, null, { timeout: WAIT_MS });
+  return p.textContent("#reply");
+}
+
+const conversationOf = (p) => p.getByRole("log", { name: "conversation" });
+const control = (p) => p.getByRole("region", { name: "control of the session" });
+
+/// The laptop: another of the owner's own devices (paired by a one-time code),
+/// its home with the CLI's identity.
+function pairedLaptop(b) {
+  const home = tempHome();
+  const code = JSON.parse(tb(b.home, relay.url, ["iroh", "pair", "--json"])).code;
+  // Pairs, then opens (and at once leaves, its input empty) a session of its own.
+  execFileSync(join(BIN, "thunderbolt"), ["acp", "connect", "--pair", code, "--device-name", "laptop", b.ticket], {
+    env: { ...process.env, ...tbEnv(home, relay.url) }, stdio: ["ignore", "ignore", "pipe"],
+  });
+  return home;
+}
+
+/// The id of the page's session, as the laptop lists it (`thunderbolt sessions`).
+async function phoneSession(laptopHome, b) {
+  return waitFor(() => {
+    const list = JSON.parse(tb(laptopHome, relay.url, ["sessions", b.ticket, "--json"])).sessions;
+    const s = list.find((x) => x.state === "attached" && x.startedBy.name !== "laptop");
+    return s && s.id;
+  }, "the phone's session in the laptop's list");
+}
+
+/// The laptop's `connect --attach <id>` (taking control unless `observe`),
+/// once the bridge told it its role.
+async function attach(laptopHome, b, id, observe = false) {
+  const laptop = jsonConnect(laptopHome, relay.url, ["--attach", id, ...(observe ? ["--observe"] : []), "--history", "now", b.ticket]);
+  const told = await laptop.seen((v) => v.method === "_thunderbolt/role", "the laptop's role");
+  assert.equal(told.params.role, observe ? "observer" : "controller");
+  return laptop;
+}
+
+test("the laptop takes control and then leaves: the page is told it controls the session again, and its prompt reaches the agent", async () => {
+  const b = await startAcpBridge(relay.url, ASK_AGENT);
+  const p = await pairedPhone(b);
+  try {
+    assert.match(await prompt(p, "before the laptop"), /^You said: before the laptop; pid \d+$/);
+    const laptopHome = pairedLaptop(b);
+    const laptop = await attach(laptopHome, b, await phoneSession(laptopHome, b));
+    // The page observes: who is in control, one button to take it back, no Send.
+    await control(p).getByText("Laptop is in control").waitFor({ timeout: WAIT_MS });
+    await p.getByRole("button", { name: "Take control" }).waitFor({ timeout: WAIT_MS });
+    assert.equal(await p.getByRole("button", { name: "Send", exact: true }).isVisible(), false, "no Send while the laptop controls");
+    await conversationOf(p).getByText("Laptop is in control: this device watches").waitFor({ timeout: WAIT_MS });
+    await shot(p, "session-observer.png");
+    // The laptop's input ends: it leaves, and control comes back to the page.
+    laptop.child.stdin.end();
+    assert.equal(await laptop.exited, 0, laptop.err);
+    await control(p).getByText("You are in control").waitFor({ timeout: WAIT_MS });
+    await conversationOf(p).getByText("You are in control again: your prompts go to the agent").waitFor({ timeout: WAIT_MS });
+    assert.equal(await p.getByRole("button", { name: "Take control" }).isVisible(), false);
+    assert.match(await prompt(p, "after the laptop left"), /^You said: after the laptop left; pid \d+$/);
+  } finally {
+    await p.context().close();
+    b.child.kill("SIGTERM");
+  }
+});
+
+test("the page observing: Take control makes it the controller (the laptop is told it observes) and its prompt goes through; Watch only steps down", async () => {
+  const b = await startAcpBridge(relay.url, ASK_AGENT);
+  const p = await pairedPhone(b);
+  let laptop;
+  try {
+    const laptopHome = pairedLaptop(b);
+    laptop = await attach(laptopHome, b, await phoneSession(laptopHome, b));
+    const take = p.getByRole("button", { name: "Take control" });
+    await take.click({ timeout: WAIT_MS });
+    await control(p).getByText("You are in control").waitFor({ timeout: WAIT_MS });
+    await waitFor(() => laptop.err.includes("this device observes the session"), "the laptop told it observes")
+      .catch((e) => { throw new Error(`${e.message}:\n${laptop.err}`); });
+    assert.match(await prompt(p, "mine again"), /^You said: mine again; pid \d+$/);
+    // The laptop sees the agent's side of the page's turn.
+    await laptop.seen((v) => v.params?.update?.content?.text?.startsWith("You said: mine again"), "the page's reply at the laptop");
+    // Watch only: nobody controls the session until a device takes it.
+    await p.getByRole("button", { name: "Watch only" }).click();
+    await control(p).getByText("Nobody is in control").waitFor({ timeout: WAIT_MS });
+    await take.click();
+    await control(p).getByText("You are in control").waitFor({ timeout: WAIT_MS });
+    assert.match(await prompt(p, "and again"), /^You said: and again; pid \d+$/);
+  } finally {
+    laptop?.child.stdin.end();
+    await p.context().close();
+    b.child.kill("SIGTERM");
+  }
+});
+
+test("a question the laptop answered becomes a line saying so, with no buttons left to tap", async () => {
+  const b = await startAcpBridge(relay.url, ASK_AGENT);
+  const p = await pairedPhone(b);
+  let laptop;
+  try {
+    const laptopHome = pairedLaptop(b);
+    laptop = await attach(laptopHome, b, await phoneSession(laptopHome, b), true);
+    await p.getByRole("textbox", { name: "prompt" }).fill("permission");
+    await p.getByRole("button", { name: "Send", exact: true }).click();
+    const allow = p.getByRole("button", { name: "Allow", exact: true });
+    await allow.waitFor({ timeout: WAIT_MS });
+    await shot(p, "session-question.png");
+    // The laptop got the same question and answers it first.
+    const asked = await laptop.seen((v) => v.method === "session/request_permission", "the question at the laptop");
+    laptop.send({ jsonrpc: "2.0", id: asked.id, result: { outcome: { outcome: "selected", optionId: "reject-once" } } });
+    const line = conversationOf(p).getByText("laptop answered", { exact: true });
+    await line.waitFor({ timeout: WAIT_MS });
+    assert.equal(await allow.count(), 0, "no Allow left");
+    assert.equal(await p.getByRole("button", { name: "Deny", exact: true }).count(), 0, "no Deny left");
+    assert.equal(await p.locator(".request").count(), 0, "no open card");
+    assert.match(await turnDone(p), /^unknown: -32601; permission: selected reject-once; pid \d+$/, "the laptop's answer is the one the agent got");
+    await shot(p, "session-question-answered.png");
+    // Kept so across a reload.
+    await p.reload();
+    await connected(p);
+    await conversationOf(p).getByText("laptop answered", { exact: true }).waitFor({ timeout: WAIT_MS });
+    assert.equal(await p.getByRole("button", { name: "Allow", exact: true }).count(), 0);
+    // A tap that raced the laptop's answer (sent before the page heard of it):
+    // the line says it was not used, never nothing (the component, on its own).
+    const late = await p.evaluate(async () => {
+      const { Conversation } = await import("./conversation.js");
+      const c = new Conversation(document.createElement("div"), { label: () => "Asker", controller: () => null, answer: () => {}, log: () => {} });
+      c.question({ id: "q", method: "session/request_permission", params: { toolCall: { title: "Delete it" }, options: [] } });
+      c.settle("q", "answered", "you answered: Allow", "you");
+      c.answeredElsewhere("q", "laptop");
+      return c.root.querySelector(".asked").textContent;
+    });
+    assert.equal(late, "Delete it · laptop answered first: your answer (Allow) was not used");
+  } finally {
+    laptop?.child.stdin.end();
+    await p.context().close();
+    b.child.kill("SIGTERM");
+  }
+});
+
+test("the conversation first: your prompts and every reply appended, kept across a reload (bounded); the settings sheet open on the first visit only", async () => {
+  const b = await startAcpBridge(relay.url, ASK_AGENT);
+  // The first visit: the settings sheet is open (how to pair, the ticket, this browser) until the first connection.
+  const ctx = await browser.newContext(PHONE);
+  const p = await ctx.newPage();
+  p.on("pageerror", (e) => console.log("page error:", e.message));
+  try {
+    await p.goto(`${baseUrl}/www/`);
+    await p.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+    await p.getByRole("textbox", { name: "Ticket or NodeId of the bridge" }).waitFor({ timeout: WAIT_MS });
+    await shot(p, "session-first-visit.png");
+    const minted = JSON.parse(tb(b.home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
+    await p.goto(minted.link);
+    await connected(p);
+    const settings = p.locator("#settings");
+    assert.equal(await settings.evaluate((d) => d.open), false, "folded once connected");
+    assert.equal(await p.getByRole("textbox", { name: "Ticket or NodeId of the bridge" }).isVisible(), false);
+    const conv = conversationOf(p);
+    assert.match(await prompt(p, "first message"), /^You said: first message; pid \d+$/);
+    assert.match(await prompt(p, "second message"), /^You said: second message; pid \d+$/);
+    const order = async () => conv.evaluate((c) => {
+      const t = c.innerText;
+      return ["first message", "You said: first message", "second message", "You said: second message"].map((s) => t.indexOf(s));
+    });
+    const before = await order();
+    assert.ok(before.every((i, k) => i >= 0 && (k === 0 || i > before[k - 1])), `prompts and replies in order: ${before}`);
+    await shot(p, "session-conversation.png");
+    await p.reload();
+    await connected(p);
+    assert.match(await p.textContent("#status"), /^resumed after the reload/);
+    const after = await order();
+    assert.ok(after.every((i, k) => i >= 0 && (k === 0 || i > after[k - 1])), `the same conversation after the reload: ${after}`);
+    assert.equal(await conv.locator(".bubble.you").count(), 2);
+    // Appended, not replaced.
+    assert.match(await prompt(p, "third message"), /^You said: third message; pid \d+$/);
+    assert.deepEqual(await conv.locator(".bubble.you").allTextContents(), ["first message", "second message", "third message"]);
+    assert.equal(await conv.getByText(/^You said: (first|second|third) message; pid \d+$/).count(), 3);
+    // Settings: one tap away.
+    await p.getByText("Settings", { exact: true }).click();
+    assert.equal(await settings.evaluate((d) => d.open), true);
+    await p.getByRole("textbox", { name: "Ticket or NodeId of the bridge" }).waitFor({ timeout: WAIT_MS });
+    await shot(p, "session-settings.png");
+    // What the device keeps is bounded: 250 more blocks leave the newest 200 (at most 256 KiB).
+    const kept = await p.evaluate(() => {
+      const c = window.thunderbolt.conversation;
+      for (let i = 0; i < 250; i++) c.note(`filler ${i} ${"x".repeat(2000)}`);
+      c.save();
+      const raw = localStorage.getItem(c.storeKey);
+      const blocks = JSON.parse(raw).blocks;
+      return { n: blocks.length, bytes: raw.length, last: blocks[blocks.length - 1].text.slice(0, 10) };
+    });
+    assert.ok(kept.n <= 200 && kept.bytes <= 256 * 1024, JSON.stringify({ n: kept.n, bytes: kept.bytes }));
+    assert.equal(kept.last, "filler 249");
+  } finally {
+    await p.context().close();
+    b.child.kill("SIGTERM");
+  }
+});
+
+test("the host restarted mid-turn: the turn says it was not finished, its prompt is back in the box, and Send again sends it", async () => {
+  const home = tempHome();
+  const store = join(tempHome(), "store");
+  const agent = [process.execPath, join(ROOT, "client-wasm/e2e/restart-agent.mjs"), "--store", store, "--caps", "load", "--chunk-ms", "150"];
+  let b = await startAcpBridge(relay.url, agent, [], { home });
+  const p = await pairedPhone(b);
+  try {
+    await p.getByRole("textbox", { name: "prompt" }).fill("stream 12");
+    await p.getByRole("button", { name: "Send", exact: true }).click();
+    await p.waitForFunction(() => (document.querySelector("#reply")?.textContent || "").includes("chunk 2/12"), null, { timeout: WAIT_MS });
+    b.child.kill("SIGTERM");
+    await new Promise((r) => b.child.once("exit", r));
+    b = await startAcpBridge(relay.url, agent, [], { home });
+    const again = p.getByRole("button", { name: "Send again" });
+    await again.waitFor({ timeout: WAIT_MS });
+    await conversationOf(p).getByText(/not finished: the host restarted/).waitFor({ timeout: WAIT_MS });
+    assert.equal(await p.getByRole("textbox", { name: "prompt" }).inputValue(), "stream 12", "the aborted prompt is back in the box");
+    await shot(p, "session-restarted.png");
+    await again.click();
+    await p.waitForFunction(() => document.querySelector("#reply")?.dataset.stopReason === "end_turn", null, { timeout: WAIT_MS });
+    assert.match(await p.textContent("#reply"), /chunk 12\/12/);
+    assert.equal(await p.getByRole("button", { name: "Send again" }).count(), 0);
+    assert.match(readFileSync(join(store, "calls.log"), "utf8"), /load /);
+  } finally {
+    await p.context().close();
+    b.child.kill("SIGTERM");
+  }
+});
