@@ -392,23 +392,244 @@ pub fn failover_off() -> bool {
     std::env::var("THUNDERBOLT_RELAY_FAILOVER").is_ok_and(|v| v == "off")
 }
 
+/// How often a relay in use is asked whether it still answers (the home
+/// relay, and the one a connection's path goes through): a dead relay takes
+/// its paths with it, and iroh notices one that went silent only at its own
+/// ping's timeout (15 s and more).
+pub const RELAY_CHECK_EVERY: Duration = Duration::from_millis(500);
+
+/// A relay that does not answer its `/ping` within this is taken for gone
+/// (one that refuses is, at once): the first time, when the answer takes a
+/// TCP and a TLS handshake too ...
+pub const RELAY_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// ... then [`RELAY_CHECK_RTTS`] times the slowest of its last
+/// [`RELAY_CHECK_KEPT`] answers (one round trip each, over the connection
+/// kept alive), at least this long, at most [`RELAY_CHECK_TIMEOUT`]: a
+/// relay that went silent is noticed within about a second on a fast link.
+/// (A busy machine takes that long to answer now and then: a check taken
+/// for a death costs a needless move of the home relay.)
+pub const RELAY_CHECK_MIN_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// See [`RELAY_CHECK_MIN_TIMEOUT`].
+pub const RELAY_CHECK_RTTS: u32 = 8;
+
+/// See [`RELAY_CHECK_MIN_TIMEOUT`].
+const RELAY_CHECK_KEPT: usize = 8;
+
+/// How long the name of a relay may take to resolve for a check: a name that
+/// does not resolve says nothing about the relay (iroh may still reach it).
+const RELAY_CHECK_LOOKUP: Duration = Duration::from_millis(800);
+
+/// A relay found refusing is taken for that for this long by every check in
+/// the process (the home relay's and a connection's, several agents'
+/// endpoints): the first to notice tells the others. (An answer is not
+/// shared: one from before a death would hide it; nor is a slow one, which
+/// each check judges for itself.)
+const RELAY_CHECK_SHARED: Duration = Duration::from_millis(250);
+
+/// The last relays found gone, when, and why.
+static RELAYS_GONE: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<RelayUrl, (tokio::time::Instant, String)>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// One HTTP client for every check in the process (one kept-alive connection
+/// per relay, not one per endpoint).
+static RELAY_CHECK_CLIENT: std::sync::OnceLock<Option<reqwest::Client>> = std::sync::OnceLock::new();
+
+/// How long each relay's last answers took (every check in the process).
+static RELAY_TOOK: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<RelayUrl, std::collections::VecDeque<Duration>>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// Asks relays whether they answer: `GET /ping` (what iroh's own net report
+/// asks), over one kept-alive connection per relay. Names resolve through
+/// the endpoint's own resolver (what iroh reaches the relay with).
+/// Certificates are not checked: only an answer is wanted, and a relay with
+/// a private CA answers like any other.
+#[derive(Clone)]
+pub struct RelayCheck {
+    client: Option<reqwest::Client>,
+}
+
+/// What a relay's answer to [`RelayCheck::ping`] says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// It answered.
+    Alive,
+    /// It refused (nothing takes connections there, or they are reset):
+    /// why, in words.
+    Refused(String),
+    /// It did not answer in time (it may only be slow): why, in words.
+    Silent(String),
+    /// Nothing can be said (its name did not resolve, no client could be made).
+    Unknown(String),
+}
+
+/// The relay's name did not resolve: no verdict on the relay.
+#[derive(Debug)]
+struct Unresolved(String);
+
+impl std::fmt::Display for Unresolved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "its name does not resolve: {}", self.0)
+    }
+}
+
+impl std::error::Error for Unresolved {}
+
+/// reqwest's names, through iroh's resolver.
+struct ViaIroh(iroh::dns::DnsResolver);
+
+impl reqwest::dns::Resolve for ViaIroh {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let (dns, name) = (self.0.clone(), name.as_str().to_string());
+        Box::pin(async move {
+            match dns.lookup_ipv4_ipv6(&name, RELAY_CHECK_LOOKUP).await {
+                Ok(ips) => {
+                    let addrs: Vec<std::net::SocketAddr> =
+                        ips.map(|ip| std::net::SocketAddr::new(ip, 0)).collect();
+                    Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+                }
+                Err(e) => Err(Box::new(Unresolved(format!("{name}: {e}"))) as Box<_>),
+            }
+        })
+    }
+}
+
+impl RelayCheck {
+    /// Checks with `ep`'s resolver (the first endpoint's: every endpoint of
+    /// the process resolves alike).
+    pub fn new(ep: &Endpoint) -> Self {
+        let client = RELAY_CHECK_CLIENT.get_or_init(|| Self::client(ep.dns_resolver().ok().cloned())).clone();
+        Self { client }
+    }
+
+    fn client(dns: Option<iroh::dns::DnsResolver>) -> Option<reqwest::Client> {
+        // The binary installs it first; a library user (a test) may not have.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut b = reqwest::Client::builder()
+            .no_proxy()
+            .danger_accept_invalid_certs(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_max_idle_per_host(1)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .connect_timeout(RELAY_CHECK_TIMEOUT);
+        if let Some(dns) = dns {
+            b = b.dns_resolver(Arc::new(ViaIroh(dns)));
+        }
+        b.build().map_err(|e| debug!("relays cannot be checked: {e}")).ok()
+    }
+
+    /// How long `url` gets to answer (see [`RELAY_CHECK_MIN_TIMEOUT`]).
+    fn timeout(url: &RelayUrl) -> Duration {
+        let took = RELAY_TOOK.lock().unwrap_or_else(|p| p.into_inner());
+        match took.get(url).and_then(|t| t.iter().max()) {
+            Some(slowest) => {
+                (*slowest * RELAY_CHECK_RTTS).clamp(RELAY_CHECK_MIN_TIMEOUT, RELAY_CHECK_TIMEOUT)
+            }
+            None => RELAY_CHECK_TIMEOUT,
+        }
+    }
+
+    /// Keeps how long `url` took to answer; whether it is its first answer.
+    fn answered(url: &RelayUrl, took: Duration) -> bool {
+        let mut all = RELAY_TOOK.lock().unwrap_or_else(|p| p.into_inner());
+        let t = all.entry(url.clone()).or_default();
+        if t.len() == RELAY_CHECK_KEPT {
+            t.pop_front();
+        }
+        t.push_back(took);
+        t.len() == 1
+    }
+
+    /// Whether `url` answers in time (see [`RELAY_CHECK_TIMEOUT`]); another
+    /// check's finding it gone within [`RELAY_CHECK_SHARED`] is taken as is.
+    pub async fn ping(&self, url: &RelayUrl) -> Answer {
+        let now = tokio::time::Instant::now();
+        if let Some((at, why)) = RELAYS_GONE.lock().unwrap_or_else(|p| p.into_inner()).get(url) {
+            if now.saturating_duration_since(*at) < RELAY_CHECK_SHARED {
+                return Answer::Refused(why.clone());
+            }
+        }
+        let answer = self.ask(url).await;
+        if let Answer::Refused(why) = &answer {
+            let mut gone = RELAYS_GONE.lock().unwrap_or_else(|p| p.into_inner());
+            gone.insert(url.clone(), (tokio::time::Instant::now(), why.clone()));
+        }
+        answer
+    }
+
+    /// `GET /ping` on `url`, within its time.
+    async fn ask(&self, url: &RelayUrl) -> Answer {
+        let Some(client) = &self.client else { return Answer::Unknown("no HTTP client".into()) };
+        let Ok(ping) = url.join("ping") else { return Answer::Unknown(format!("{url} has no /ping")) };
+        let (limit, t0) = (Self::timeout(url), tokio::time::Instant::now());
+        match tokio::time::timeout(limit, client.get(ping).send()).await {
+            Err(_) => {
+                // Its connection may be what hangs: the next ping starts afresh.
+                RELAY_TOOK.lock().unwrap_or_else(|p| p.into_inner()).remove(url);
+                Answer::Silent(format!("{url} does not answer (nothing within {limit:?})"))
+            }
+            // Any answer at all: an HTTP status is the relay's own.
+            Ok(Ok(answer)) => {
+                // Read to its end, so that its connection is kept for the next.
+                let _ = tokio::time::timeout(limit, answer.bytes()).await;
+                let took = t0.elapsed();
+                if Self::answered(url, took) {
+                    debug!("relay {url} answers its /ping (in {took:?})");
+                }
+                Answer::Alive
+            }
+            Ok(Err(e)) => {
+                let mut chain = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                let mut unresolved = false;
+                while let Some(s) = source {
+                    unresolved |= s.is::<Unresolved>();
+                    chain.push_str(&format!(": {s}"));
+                    source = s.source();
+                }
+                if unresolved {
+                    Answer::Unknown(chain)
+                } else if e.is_timeout() {
+                    Answer::Silent(format!("{url} does not answer ({chain})"))
+                } else {
+                    Answer::Refused(format!("{url} {}", describe_relay_failure(&chain)))
+                }
+            }
+        }
+    }
+}
+
 /// How often an endpoint whose home relay is gone is made to look for
 /// another. iroh looks again by itself only at its periodic re-check (every
 /// 20–26 s): for that long nobody reaches the bridge through a relay, a
 /// browser not at all (n0-computer/iroh#4319). A relay map change makes it
 /// run its report at once, which homes the endpoint on the nearest relay that
-/// answers (a dead one refuses at once; one that drops packets is given up
-/// at the report's own probe timeout).
+/// answers.
 pub const REHOME_EVERY: Duration = Duration::from_secs(1);
 
 /// ... doubling while none answers, up to this (offline, iroh's report is not
 /// run every second for as long as it lasts).
 pub const REHOME_MAX: Duration = Duration::from_secs(30);
 
+/// How often a relay set aside as gone is asked whether it answers again
+/// (then it is given back to the endpoint); at once when the home relay is
+/// lost and no other is left.
+pub const REVIVE_EVERY: Duration = Duration::from_secs(1);
+
 /// Keeps `ep` homed on a relay that answers, while it has relays of its own
-/// to choose from: when its home relay is lost, iroh is made to choose again
-/// at once, and again every [`REHOME_EVERY`] until one is home. Runs until
-/// the endpoint closes.
+/// to choose from. The home relay is asked every [`RELAY_CHECK_EVERY`]
+/// whether it answers ([`RelayCheck`]): iroh itself notices a relay that
+/// refuses at once but one that went silent only at its ping's timeout. A
+/// home relay that is gone either way is set aside: taken off the
+/// endpoint's relay map, which makes iroh run its report at once, without
+/// waiting for the dead one's probes, and home on one that answers (about
+/// 0.2 s). It is given back once it answers again ([`REVIVE_EVERY`]). The
+/// last relay is never taken off: when none answers, iroh is made to look
+/// again every [`REHOME_EVERY`], doubling to [`REHOME_MAX`]. Runs until the
+/// endpoint closes.
 pub async fn keep_a_home_relay(ep: Endpoint, relays: Relays) {
     use futures::StreamExt;
     if failover_off() {
@@ -419,28 +640,90 @@ pub async fn keep_a_home_relay(ep: Endpoint, relays: Relays) {
         return;
     }
     let map = RelayMode::custom(urls.iter().cloned()).relay_map();
+    let check = RelayCheck::new(&ep);
     let mut statuses = ep.home_relay_status().stream();
-    // The home relay lost, and when to make iroh look again.
+    // The home relay iroh holds connected.
+    let mut home: Option<RelayUrl> = None;
+    // Relays taken off the endpoint's map, and when they are asked again.
+    let mut aside: Vec<RelayUrl> = Vec::new();
+    let mut revive_at = tokio::time::Instant::now();
+    // Homeless since, and when to make iroh look again.
     let mut lost: Option<(RelayUrl, tokio::time::Instant)> = None;
     let mut gap = REHOME_EVERY;
+    let mut tick = tokio::time::interval(RELAY_CHECK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // One check of the home relay at a time, and one of those set aside.
+    let mut ping: Option<futures::future::BoxFuture<'static, (RelayUrl, Answer)>> = None;
+    let mut revive: Option<futures::future::BoxFuture<'static, Vec<(RelayUrl, Answer)>>> = None;
     loop {
         let retry = lost.as_ref().map(|(_, at)| *at);
+        // A home relay that is gone, and why.
+        let mut gone: Option<(RelayUrl, String)> = None;
         tokio::select! {
             s = statuses.next() => {
                 let Some(list) = s else { return };
                 match list.first() {
-                    Some(home) if home.is_connected() => {
+                    Some(now) if now.is_connected() => {
                         gap = REHOME_EVERY;
+                        if home.as_ref() != Some(now.url()) {
+                            debug!("home relay {}: connected", now.url());
+                            home = Some(now.url().clone());
+                            ping = None;
+                        }
                         if let Some((old, _)) = lost.take() {
-                            if old != *home.url() {
-                                tracing::info!("relay {old} lost: re-homed on {}", home.url());
+                            if old != *now.url() {
+                                tracing::info!("relay {old} lost: re-homed on {}", now.url());
                             }
                         }
                     }
-                    Some(home) if lost.is_none() => {
-                        lost = Some((home.url().clone(), tokio::time::Instant::now()));
+                    Some(now) => {
+                        if home.take().is_some() {
+                            let why = now.last_error().map(|e| format!("{e:#}")).unwrap_or_default();
+                            gone = Some((now.url().clone(), why));
+                        } else if lost.is_none() {
+                            // Not (yet) connected: looked at again if it stays so.
+                            lost = Some((now.url().clone(), tokio::time::Instant::now() + gap));
+                        }
                     }
-                    _ => {}
+                    None => {
+                        if let Some(url) = home.take() {
+                            gone = Some((url, "no home relay".into()));
+                        }
+                    }
+                }
+            }
+            _ = tick.tick(), if (ping.is_none() && home.is_some()) || (revive.is_none() && !aside.is_empty()) => {
+                if let (None, Some(url)) = (&ping, home.clone()) {
+                    let check = check.clone();
+                    ping = Some(Box::pin(async move {
+                        let answer = check.ping(&url).await;
+                        (url, answer)
+                    }));
+                }
+                if revive.is_none() && !aside.is_empty() && tokio::time::Instant::now() >= revive_at {
+                    revive_at = tokio::time::Instant::now() + REVIVE_EVERY;
+                    revive = Some(ask_again(&check, &aside));
+                }
+            }
+            (url, answer) = async { ping.as_mut().expect("set").await }, if ping.is_some() => {
+                ping = None;
+                if let Answer::Refused(why) | Answer::Silent(why) = answer {
+                    if home.as_ref() == Some(&url) {
+                        home = None;
+                        gone = Some((url, why));
+                    }
+                }
+            }
+            answers = async { revive.as_mut().expect("set").await }, if revive.is_some() => {
+                revive = None;
+                for (url, answer) in answers {
+                    if answer == Answer::Alive && aside.contains(&url) {
+                        tracing::info!("relay {url} answers again");
+                        aside.retain(|u| *u != url);
+                        if let Some(cfg) = map.get(&url) {
+                            ep.insert_relay(url, cfg).await;
+                        }
+                    }
                 }
             }
             _ = async { tokio::time::sleep_until(retry.expect("set")).await }, if retry.is_some() => {
@@ -448,13 +731,133 @@ pub async fn keep_a_home_relay(ep: Endpoint, relays: Relays) {
                 debug!("home relay {url} lost: looking for another");
                 // Re-inserting a relay's own configuration changes nothing but
                 // makes iroh report (and choose a home) now.
-                if let Some(cfg) = map.get(url) {
-                    ep.insert_relay(url.clone(), cfg).await;
+                let again = urls.iter().find(|u| !aside.contains(u)).unwrap_or(url);
+                if let Some(cfg) = map.get(again) {
+                    ep.insert_relay(again.clone(), cfg).await;
                 }
                 *at = tokio::time::Instant::now() + gap;
                 gap = (gap * 2).min(REHOME_MAX);
             }
             _ = ep.closed() => return,
+        }
+        let Some((url, why)) = gone else { continue };
+        let others = urls.iter().any(|u| *u != url && !aside.contains(u));
+        if others && !aside.contains(&url) {
+            debug!("home relay {url} gone ({why}): set aside until it answers again");
+            aside.push(url.clone());
+            revive_at = tokio::time::Instant::now() + REVIVE_EVERY;
+            // Taken off the map: iroh reports at once, without the dead one.
+            ep.remove_relay(&url).await;
+            lost.get_or_insert((url, tokio::time::Instant::now() + gap));
+        } else if !aside.is_empty() {
+            // None other left on the map: one set aside may answer again by
+            // now (given back, it makes iroh report); else iroh looks again.
+            debug!("home relay {url} gone ({why}): asking those set aside again");
+            if revive.is_none() {
+                revive_at = tokio::time::Instant::now() + REVIVE_EVERY;
+                revive = Some(ask_again(&check, &aside));
+            }
+            lost.get_or_insert((url, tokio::time::Instant::now() + gap));
+        } else {
+            debug!("home relay {url} gone ({why}): looking for another");
+            lost = Some((url, tokio::time::Instant::now()));
+        }
+    }
+}
+
+/// Asks each of `urls` whether it answers.
+fn ask_again(
+    check: &RelayCheck,
+    urls: &[RelayUrl],
+) -> futures::future::BoxFuture<'static, Vec<(RelayUrl, Answer)>> {
+    let (check, urls) = (check.clone(), urls.to_vec());
+    Box::pin(async move {
+        // Asked afresh: a refusal another check saw just before it came back is stale.
+        let answers = futures::future::join_all(urls.iter().map(|u| check.ask(u))).await;
+        urls.into_iter().zip(answers).collect()
+    })
+}
+
+/// `connect`'s endpoint, which a fresh one replaces when the old one may be
+/// stuck. iroh sends every relay datagram of an endpoint through one queue,
+/// which waits whenever one relay's own queue (64 datagrams) is full; a relay
+/// that died refuses every reconnection at once and sleeps its backoff in
+/// between, and never empties its queue (it drops what it holds only after 3
+/// s of one dial; it gives up only after 60 s idle). A connection that still
+/// sent through the dead relay until its death was noticed fills that queue
+/// easily, and from then on nothing leaves the endpoint through any relay:
+/// the redial to the live one never goes out (issue 59). A fresh endpoint
+/// (same key, so the same device to the bridge) has none of that; the old
+/// one is closed in the background. Each endpoint keeps a home relay of its
+/// own ([`keep_a_home_relay`]).
+pub struct ClientEndpoint {
+    net: NetConfig,
+    key: SecretKey,
+    idle: Duration,
+    now: std::sync::Mutex<(Endpoint, tokio_util::task::AbortOnDropHandle<()>)>,
+    /// Old endpoints, closing.
+    closing: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+/// How long an old endpoint gets to close (in the background): its
+/// connections drain for three probe timeouts at most.
+const OLD_ENDPOINT_CLOSE: Duration = Duration::from_secs(10);
+
+impl ClientEndpoint {
+    /// Binds a dial-only endpoint with `key` (see [`NetConfig::bind`]).
+    pub async fn bind(net: &NetConfig, key: SecretKey, idle: Duration) -> Result<Self> {
+        let ep = net.bind(key.clone(), vec![], idle).await?;
+        let rehome = Self::rehome(&ep, net);
+        Ok(Self {
+            net: net.clone(),
+            key,
+            idle,
+            now: std::sync::Mutex::new((ep, rehome)),
+            closing: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    fn rehome(ep: &Endpoint, net: &NetConfig) -> tokio_util::task::AbortOnDropHandle<()> {
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(keep_a_home_relay(
+            ep.clone(),
+            net.relays.clone(),
+        )))
+    }
+
+    /// The endpoint to dial from now.
+    pub fn current(&self) -> Endpoint {
+        self.now.lock().unwrap_or_else(|p| p.into_inner()).0.clone()
+    }
+
+    /// A fresh endpoint in place of the current one, which is closed in the
+    /// background (`why` is logged).
+    pub async fn renew(&self, why: &str) -> Result<Endpoint> {
+        let ep = self.net.bind(self.key.clone(), vec![], self.idle).await?;
+        let rehome = Self::rehome(&ep, &self.net);
+        let (old, _old_rehome) =
+            std::mem::replace(&mut *self.now.lock().unwrap_or_else(|p| p.into_inner()), (ep.clone(), rehome));
+        debug!("dialing from a fresh endpoint: {why}");
+        let closing = tokio::spawn(close_endpoint(old, OLD_ENDPOINT_CLOSE));
+        let mut all = self.closing.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|c| !c.is_finished());
+        all.push(closing);
+        Ok(ep)
+    }
+
+    /// Closes the current endpoint within `budget`, and waits (as long) for
+    /// old ones still closing.
+    pub async fn close(self, budget: Duration) {
+        let (ep, rehome) = self.now.into_inner().unwrap_or_else(|p| p.into_inner());
+        drop(rehome);
+        let old = self.closing.into_inner().unwrap_or_else(|p| p.into_inner());
+        let old = async {
+            for c in old {
+                let _ = c.await;
+            }
+        };
+        let (_, done) = tokio::join!(close_endpoint(ep, budget), tokio::time::timeout(budget, old));
+        if done.is_err() {
+            debug!("an old endpoint did not finish closing within {budget:?}");
         }
     }
 }
@@ -474,5 +877,49 @@ mod tests {
         let e = Relays::parse(Some("https://a.example,ftp://b")).unwrap_err().to_string();
         assert!(e.contains("ftp://b"), "{e}");
         assert!(Relays::parse(Some(" , ")).is_err());
+    }
+
+    /// A relay that answers, one that refuses, and one that takes the
+    /// connection and then says nothing (a TCP black hole), as the check
+    /// tells them apart.
+    #[tokio::test]
+    async fn a_relay_check_tells_alive_refused_and_silent_apart() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let check = RelayCheck { client: RelayCheck::client(None) };
+        // Answers every request on a connection it keeps.
+        let alive = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let alive_url: RelayUrl = format!("http://{}", alive.local_addr().unwrap()).parse().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut c, _)) = alive.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = c.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        if c.write_all(ok).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(check.ping(&alive_url).await, Answer::Alive);
+        assert_eq!(check.ping(&alive_url).await, Answer::Alive);
+        // Nothing listens.
+        let gone = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gone_url: RelayUrl = format!("http://{}", gone.local_addr().unwrap()).parse().unwrap();
+        drop(gone);
+        let answer = check.ping(&gone_url).await;
+        assert!(matches!(&answer, Answer::Refused(why) if why.contains("refused")), "{answer:?}");
+        // Listens (the kernel takes the connection), never answers.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent_url: RelayUrl = format!("http://{}", silent.local_addr().unwrap()).parse().unwrap();
+        let t0 = std::time::Instant::now();
+        let answer = check.ping(&silent_url).await;
+        assert!(matches!(&answer, Answer::Silent(why) if why.contains("does not answer")), "{answer:?}");
+        assert!(t0.elapsed() < RELAY_CHECK_TIMEOUT * 3, "{:?}", t0.elapsed());
+        drop(silent);
     }
 }

@@ -6,7 +6,7 @@
 use futures::StreamExt;
 use iroh::{
     endpoint::{Connection, PathEvent},
-    TransportAddr,
+    RelayUrl, TransportAddr,
 };
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, Instrument};
@@ -77,32 +77,33 @@ pub fn log_changes(conn: &Connection, peer: String) -> AbortOnDropHandle<()> {
     ))
 }
 
-/// How often the relay a connection's selected path goes through is checked
-/// (only while that path is a relay's): a dead relay takes its paths with it,
-/// and QUIC by itself notices only at the idle timeout (10 s by default).
-pub const RELAY_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// A relay that does not take a TCP connection within this is taken for
-/// gone (one that refuses is, at once).
-pub const RELAY_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Resolves, saying why, once the relay `conn`'s selected path goes through
-/// stops taking connections: the caller drops the connection and redials
-/// (through another relay, once the bridge re-homed on it). Never while the
-/// path is direct.
-pub async fn relay_gone(conn: &Connection) -> String {
+/// Resolves, with the relay and why, once the relay `conn`'s selected path
+/// goes through is gone: it refuses, or does not answer its `/ping` in time
+/// ([`crate::net::RelayCheck`]: a relay that went silent, a TCP black hole,
+/// still takes TCP connections) while nothing came in on the connection
+/// meanwhile. Asked every [`crate::net::RELAY_CHECK_EVERY`], only while the
+/// path is a relay's: a dead relay takes its paths with it, and QUIC by
+/// itself notices only at the idle timeout (10 s by default). The caller
+/// drops the connection and redials (through another relay, once the bridge
+/// re-homed on it).
+pub async fn relay_gone(conn: &Connection, check: &crate::net::RelayCheck) -> (RelayUrl, String) {
+    use crate::net::Answer;
     if crate::net::failover_off() {
         return std::future::pending().await;
     }
     loop {
-        tokio::time::sleep(RELAY_CHECK_EVERY).await;
+        tokio::time::sleep(crate::net::RELAY_CHECK_EVERY).await;
         let Some((PathKind::Relay, TransportAddr::Relay(url))) = selected(conn) else { continue };
-        let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else { continue };
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
-        match tokio::time::timeout(RELAY_CHECK_TIMEOUT, tokio::net::TcpStream::connect((host, port))).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return format!("the relay it went through ({url}) refuses connections: {e}"),
-            Err(_) => return format!("the relay it went through ({url}) does not answer"),
+        let heard = conn.stats().udp_rx.datagrams;
+        match check.ping(&url).await {
+            Answer::Refused(why) => return (url, format!("the relay it went through is gone: {why}")),
+            // A relay slow to answer (its uplink full, a busy machine) that
+            // still carries the connection is not gone.
+            Answer::Silent(why) if conn.stats().udp_rx.datagrams == heard => {
+                return (url, format!("the relay it went through is gone: {why}"));
+            }
+            Answer::Silent(why) => debug!("{why}, but the connection through it still carries: not gone"),
+            Answer::Alive | Answer::Unknown(_) => {}
         }
     }
 }

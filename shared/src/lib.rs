@@ -33,6 +33,7 @@ pub mod pem;
 pub mod protocol;
 pub mod restart;
 pub mod resume;
+pub mod silence;
 pub mod target;
 pub mod words;
 

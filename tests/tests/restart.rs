@@ -237,6 +237,43 @@ async fn a_session_survives_sigkill_of_the_bridge_and_loads_its_acp_session() {
     rig.relay.stop().await;
 }
 
+/// A bridge killed mid-turn (a crash, an OOM kill) and started again at once:
+/// the new bridge does not know the old connection and cannot say so, and
+/// `connect` must not wait for its idle timeout (a minute here) to find out.
+/// It notices the silence, dials afresh beside, and resumes over the fresh
+/// connection: the turn in flight is answered, every frame once and in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bridge_killed_and_started_again_at_once_is_noticed_without_waiting_for_the_idle_timeout() {
+    let Some(rig) = Rig::new("load").await else { return };
+    let mut bridge = rig.bridge().await;
+    let mut c = Client::start(&rig.dev, &["--idle-timeout", "60", &bridge.ticket]);
+    let sid = converse(&mut c).await;
+    stream_until(&mut c, &sid, 10).await;
+
+    signal(bridge.pid(), libc::SIGKILL);
+    let _ = bridge.child.wait().await;
+    let restarting = tokio::time::Instant::now();
+    let bridge = rig.bridge().await;
+    let ready = restarting.elapsed();
+    let note = taken_back(&mut c).await;
+    let answered = restarting.elapsed();
+    eprintln!(
+        "the turn in flight was answered {:.2} s after the restart began ({:.2} s after the new bridge was ready)",
+        answered.as_secs_f64(),
+        (answered - ready).as_secs_f64()
+    );
+    assert_eq!(note["params"]["sessions"], json!([{"sessionId": sid, "how": "load"}]), "{note}");
+    let log = c.log.text();
+    assert!(log.contains("the bridge answers a new connection but nothing on this one"), "{log}");
+    assert!(!log.contains("timed out"), "the idle timeout noticed it, not the silence: {log}");
+    let (_, said) = prompt(&mut c, 5, &sid, "fourth").await;
+    assert_eq!(said, "turn 3: fourth (history: first|second)");
+    drop(c.stdin.take());
+    let _ = tokio::time::timeout(WAIT, c.child.wait()).await;
+    bridge.stop().await;
+    rig.relay.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_agent_that_cannot_reload_ends_the_session_with_a_reason_of_its_own() {
     let Some(rig) = Rig::new("none").await else { return };

@@ -190,23 +190,22 @@ pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<(
     // resuming, redialed) in seconds.
     let idle = Duration::try_from_secs_f64(args.idle_timeout)
         .map_err(|_| anyhow!("invalid --idle-timeout: {}", args.idle_timeout))?;
-    let ep = net.bind(key, vec![], idle).await?;
-    // Our own home relay dies too when the bridge's does: we look for another at once.
-    let _rehome = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(crate::net::keep_a_home_relay(
-        ep.clone(),
-        net.relays.clone(),
-    )));
+    // Our own home relay dies too when the bridge's does: each endpoint of
+    // ours looks for another at once. A redial after a relay's death goes
+    // out from a fresh endpoint (see `ClientEndpoint`).
+    let client = crate::net::ClientEndpoint::bind(&net, key, idle).await?;
+    let ep = client.current();
     let mut reached = false;
     let d = Dial { ep: &ep, target: &target, protocol: &protocol, net: &net };
     let result = match args.pair.clone() {
         Some(code) => {
             let name = args.device_name.clone().unwrap_or_else(crate::trust::account::device_name);
             match pair_first(d, &code, &name, args.dial_timeout).await {
-                Ok(()) => dial_and_pipe(d, args, &mut reached).await,
+                Ok(()) => dial_and_pipe(d, &client, args, &mut reached).await,
                 Err(e) => Err(e),
             }
         }
-        None => dial_and_pipe(d, args, &mut reached).await,
+        None => dial_and_pipe(d, &client, args, &mut reached).await,
     };
     // Refused as a stranger: say the one line that lets this device in.
     let result = result.map_err(|e| {
@@ -224,7 +223,8 @@ pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<(
     });
     // Only a connection that reached the bridge has a close frame worth waiting for.
     let budget = if reached { CLOSE_FLUSH_TIMEOUT } else { UNREACHED_CLOSE_TIMEOUT };
-    crate::net::close_endpoint(ep, budget).await;
+    drop(ep);
+    client.close(budget).await;
     result
 }
 
@@ -412,7 +412,12 @@ fn with_relay_hint(target: Target, relays: &Relays) -> Target {
     }
 }
 
-async fn dial_and_pipe(d: Dial<'_>, args: ConnectArgs, reached: &mut bool) -> Result<()> {
+async fn dial_and_pipe(
+    d: Dial<'_>,
+    client: &crate::net::ClientEndpoint,
+    args: ConnectArgs,
+    reached: &mut bool,
+) -> Result<()> {
     let Dial { ep, target, protocol, .. } = d;
     let alpn = protocol.alpn();
     debug!(target = %target.id(), "dialing");
@@ -443,7 +448,7 @@ async fn dial_and_pipe(d: Dial<'_>, args: ConnectArgs, reached: &mut bool) -> Re
         observe: args.observe,
         history: args.history.into(),
     });
-    let result = pipe(ep, target, &conn, protocol, args.command, settle, join).await;
+    let result = pipe(client, target, &conn, protocol, args.command, settle, join).await;
     conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_CLIENT_CLOSED.as_bytes());
     result
 }
@@ -460,7 +465,7 @@ async fn wait_local_client(mut c: tokio::process::Child) {
 
 /// Runs the two copy directions until the bridge finishes its side.
 async fn pipe(
-    ep: &iroh::Endpoint,
+    ep: &crate::net::ClientEndpoint,
     target: &Target,
     conn: &Connection,
     protocol: &Protocol,

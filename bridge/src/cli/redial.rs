@@ -15,10 +15,7 @@ use std::{cell::RefCell, time::Duration};
 
 use anyhow::{anyhow, bail, Result};
 use bytes::{Bytes, BytesMut};
-use iroh::{
-    endpoint::{Connection, ConnectionError, RecvStream, SendStream, VarInt},
-    Endpoint,
-};
+use iroh::endpoint::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
 use thunderbolt_shared::{
     close::{self, AgentEnd, Refusal},
     ndjson::room_for_read,
@@ -33,7 +30,14 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::{cli::connect::describe_close, limits, signals::Terminate};
+use thunderbolt_shared::silence::{self, Silence, Verdict};
+
+use crate::{
+    cli::connect::describe_close,
+    limits,
+    net::{ClientEndpoint, RelayCheck},
+    signals::Terminate,
+};
 
 /// Most bytes of our input held until the bridge acknowledges them: past it we
 /// stop reading input (the local client waits) until acks make room; a run
@@ -53,8 +57,15 @@ const REDIAL_MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// a retransmission or two.
 const REDIAL_ATTEMPT: Duration = Duration::from_secs(5);
 
-/// Redial attempts in flight at once (each is one handshake's state).
+/// Redial attempts in flight at once (each is one handshake's state): past
+/// it, the oldest gives way to the next (a fresh attempt's Initial goes out
+/// at once; an old one waits for QUIC's retransmission).
 const REDIAL_IN_FLIGHT: usize = 4;
+
+/// A redial that has not got through from the current endpoint within this
+/// goes on from a fresh one (once): whatever holds the old endpoint's sends
+/// back (see [`ClientEndpoint`]) holds no fresh one.
+const REDIAL_RENEW_AFTER: Duration = Duration::from_secs(2);
 
 /// How long the bridge's welcome may take after our hello (one round trip).
 const WELCOME_TIMEOUT: Duration = Duration::from_secs(10);
@@ -76,6 +87,10 @@ pub enum Finish {
 /// Why one connection stopped carrying the session.
 enum ConnEnd {
     Lost(String),
+    /// The bridge lost the connection but answered a fresh one (this one).
+    Moved(Connection, String),
+    /// The relay its path went through died (it was closed by us).
+    RelayGone(String),
     Protocol(String),
     Closed(ConnectionError),
     Stopped(&'static str),
@@ -89,6 +104,8 @@ struct State {
     /// The bridge's frames delivered to our output.
     ack: AckPolicy,
     ack_due: bool,
+    /// A repeated ack is to go out: the bridge was silent (see [`silence`]).
+    probe_due: bool,
     token: Option<String>,
     /// The hello that joins another device's session (until it is joined).
     join: Option<Control>,
@@ -113,7 +130,7 @@ impl State {
 /// `target` after losses; `join` joins another device's session first.
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
-    ep: &Endpoint,
+    ep: &ClientEndpoint,
     target: &Target,
     protocol: &Protocol,
     first: Connection,
@@ -129,8 +146,11 @@ pub async fn run(
     let st = RefCell::new(State { join, relay_checks, ..State::default() });
     let mut conn = first;
     let mut attached_before = false;
+    let mut check = RelayCheck::new(&ep.current());
     let result = loop {
-        let end = carry(&conn, &st, &mut input, &mut output, term, attached_before, protocol).await;
+        let end =
+            carry(&conn, &st, &mut input, &mut output, term, attached_before, protocol, &check, ep, target)
+                .await;
         attached_before = attached_before || st.borrow().token.is_some();
         match end {
             Ok(ConnEnd::Stopped(which)) => {
@@ -162,7 +182,12 @@ pub async fn run(
                 );
                 break Err(e);
             }
-            Ok(ConnEnd::Lost(why)) => {
+            Ok(end @ (ConnEnd::Lost(_) | ConnEnd::RelayGone(_))) => {
+                let (why, relay_gone) = match end {
+                    ConnEnd::RelayGone(why) => (why, true),
+                    ConnEnd::Lost(why) => (why, false),
+                    _ => unreachable!(),
+                };
                 if st.borrow().all_delivered() {
                     // Everything arrived; only the bridge's word on how the agent ended was lost.
                     break Ok(Finish::AgentEnded(None));
@@ -172,7 +197,10 @@ pub async fn run(
                 }
                 let grace = st.borrow().grace;
                 warn!("connection lost ({why}); reconnecting (the bridge keeps the session {grace:?})");
-                let redial = redial(ep, target, &alpn, Instant::now() + grace);
+                // The old endpoint may hold a queue for the dead relay that
+                // holds back every relay's sends: redial from a fresh one.
+                let renewed = relay_gone && renew(ep, &why).await;
+                let redial = redial(ep, target, &alpn, Instant::now() + grace, renewed);
                 tokio::pin!(redial);
                 let next = tokio::select! {
                     c = &mut redial => c,
@@ -185,6 +213,19 @@ pub async fn run(
                     Ok(c) => conn = c,
                     Err(e) => break Err(e),
                 }
+                check = RelayCheck::new(&ep.current());
+            }
+            Ok(ConnEnd::Moved(fresh, why)) => {
+                if st.borrow().all_delivered() {
+                    fresh.close(
+                        VarInt::from_u32(close::CLOSE_CODE_CLIENT),
+                        close::REASON_CLIENT_CLOSED.as_bytes(),
+                    );
+                    break Ok(Finish::AgentEnded(None));
+                }
+                warn!("connection lost ({why}); resuming over the new one");
+                conn = fresh;
+                check = RelayCheck::new(&ep.current());
             }
         }
     };
@@ -223,29 +264,72 @@ fn closed(err: &ConnectionError, st: &State, protocol: &Protocol) -> Result<Fini
     Err(anyhow!(describe_close(err, protocol)))
 }
 
+/// A fresh endpoint for `ep` (see [`ClientEndpoint`]); whether it was made.
+async fn renew(ep: &ClientEndpoint, why: &str) -> bool {
+    match ep.renew(why).await {
+        Ok(_) => true,
+        Err(e) => {
+            warn!("could not make a fresh endpoint ({e:#}); redialing from the old one");
+            false
+        }
+    }
+}
+
 /// Redials until a connection with the resumable protocol is made, or
 /// `deadline`. Attempts are staggered and overlap: a handshake whose first
 /// packet went out while the path was still down waits for QUIC's
 /// retransmission (a second or more), while a fresh attempt started after
-/// the path came back gets through in one round trip.
-async fn redial(ep: &Endpoint, target: &Target, alpn: &[u8], deadline: Instant) -> Result<Connection> {
+/// the path came back gets through in one round trip. Each attempt goes to
+/// every address of the ticket at once (each of its relays, its direct
+/// addresses). Not through after [`REDIAL_RENEW_AFTER`], it goes on from a
+/// fresh endpoint, unless `renewed` already.
+async fn redial(
+    ep: &ClientEndpoint,
+    target: &Target,
+    alpn: &[u8],
+    deadline: Instant,
+    mut renewed: bool,
+) -> Result<Connection> {
     let mut attempts = tokio::task::JoinSet::new();
+    let mut in_flight = std::collections::VecDeque::new();
     let mut gap = REDIAL_FIRST_BACKOFF;
-    let mut next_start = Instant::now();
+    let started = Instant::now();
+    let mut next_start = started;
     let mut last = String::from("no attempt made");
     loop {
         let now = Instant::now();
         if now >= deadline {
             bail!("could not reach the bridge again while it kept the session (last attempt: {last})");
         }
-        if now >= next_start && attempts.len() < REDIAL_IN_FLIGHT {
-            let (ep, addr, alpn) = (ep.clone(), target.endpoint_addr(), alpn.to_vec());
-            attempts
-                .spawn(async move { tokio::time::timeout(REDIAL_ATTEMPT, ep.connect(addr, &alpn)).await });
+        if !renewed && now >= started + REDIAL_RENEW_AFTER {
+            // Once, whether or not a fresh one could be made.
+            renew(ep, &format!("no redial got through within {REDIAL_RENEW_AFTER:?}")).await;
+            renewed = true;
+            // The old endpoint's attempts went with it.
+            attempts.abort_all();
+            in_flight.clear();
+            next_start = now;
+        }
+        if now >= next_start {
+            in_flight.retain(|a: &tokio::task::AbortHandle| !a.is_finished());
+            if in_flight.len() >= REDIAL_IN_FLIGHT {
+                if let Some(oldest) = in_flight.pop_front() {
+                    oldest.abort();
+                }
+            }
+            let (ep, addr, alpn) = (ep.current(), target.endpoint_addr(), alpn.to_vec());
+            in_flight.push_back(
+                attempts.spawn(
+                    async move { tokio::time::timeout(REDIAL_ATTEMPT, ep.connect(addr, &alpn)).await },
+                ),
+            );
             next_start = now + gap;
             gap = (gap * 2).min(REDIAL_MAX_BACKOFF);
         }
-        let wake = next_start.min(deadline);
+        let mut wake = next_start.min(deadline);
+        if !renewed {
+            wake = wake.min(started + REDIAL_RENEW_AFTER);
+        }
         tokio::select! {
             Some(r) = attempts.join_next(), if !attempts.is_empty() => match r {
                 Ok(Ok(Ok(c))) => return Ok(c),
@@ -258,9 +342,95 @@ async fn redial(ep: &Endpoint, target: &Target, alpn: &[u8], deadline: Instant) 
                     last = text;
                 }
                 Ok(Err(_)) => last = "timed out".into(),
+                Err(e) if e.is_cancelled() => {}
                 Err(e) => last = e.to_string(),
             },
             _ = tokio::time::sleep_until(wake) => {}
+        }
+    }
+}
+
+/// Datagrams `conn` has received (relayed ones too): anything the bridge
+/// sends on it, its acknowledgements included, counts.
+fn heard(conn: &Connection) -> u64 {
+    conn.stats().udp_rx.datagrams
+}
+
+/// Resolves with a fresh connection to the bridge, and why, once `conn` is
+/// dead while the bridge itself answers: a bridge killed (a crash, an OOM
+/// kill, a power cut) and started again at once forgets the connection, and
+/// cannot tell us (QUIC's stateless reset needs a key that outlives the
+/// process; iroh makes a new one each run), so `conn` would wait for its idle
+/// timeout. A bridge that stays silent is asked for a word first; only a
+/// connection that hears nothing back is redialed beside, and one that hears
+/// again before a fresh one gets through carries on (a path that came back).
+async fn bridge_forgot(
+    conn: &Connection,
+    st: &RefCell<State>,
+    wake: &Notify,
+    ep: &ClientEndpoint,
+    target: &Target,
+    alpn: &[u8],
+) -> (Connection, String) {
+    let start = Instant::now();
+    let clock = move || Instant::now() - start;
+    let mut w = Silence::new(clock(), heard(conn));
+    loop {
+        let silent_for = watch(conn, &mut w, start, st, wake, false).await;
+        let silent_since = Instant::now() - silent_for;
+        debug!("nothing heard from the bridge for {silent_for:?}: dialing it afresh beside");
+        // Never a fresh endpoint here: that would close `conn` with the old one.
+        let deadline = Instant::now() + st.borrow().grace.max(REDIAL_ATTEMPT);
+        tokio::select! {
+            biased;
+            _ = watch(conn, &mut w, start, st, wake, true) => debug!("the bridge is heard again: carrying on"),
+            r = redial(ep, target, alpn, deadline, true) => match r {
+                Ok(fresh) => {
+                    let why = format!(
+                        "the bridge answers a new connection but nothing on this one for {:.1} s: it lost it (restarted?)",
+                        silent_since.elapsed().as_secs_f64()
+                    );
+                    return (fresh, why);
+                }
+                // Unreachable as well: the loss, if it is one, is the idle timeout's to call.
+                Err(e) => {
+                    debug!("a fresh dial beside a silent connection failed: {e:#}");
+                    std::future::pending::<()>().await;
+                }
+            },
+        }
+    }
+}
+
+/// The round-trip time of `conn`'s selected path (none yet: zero, the
+/// least wait [`Silence`] gives a probe applies).
+fn selected_rtt(conn: &Connection) -> Duration {
+    conn.paths().iter().find(|p| p.is_selected()).map(|p| p.rtt()).unwrap_or_default()
+}
+
+/// Watches `conn` ([`Silence`]): asks the bridge for a word when it is
+/// silent, and returns once the connection is suspect, with how long it was
+/// silent; `until_heard` instead returns once it is heard again.
+/// Its clock counts from `start`.
+async fn watch(
+    conn: &Connection,
+    w: &mut Silence,
+    start: Instant,
+    st: &RefCell<State>,
+    wake: &Notify,
+    until_heard: bool,
+) -> Duration {
+    let clock = move || Instant::now() - start;
+    loop {
+        tokio::time::sleep(silence::TICK).await;
+        match w.tick(clock(), heard(conn), selected_rtt(conn)) {
+            Verdict::Probe => {
+                st.borrow_mut().probe_due = true;
+                wake.notify_one();
+            }
+            Verdict::Suspect { silent_for } if !until_heard => return silent_for,
+            Verdict::Fine if until_heard => return Duration::ZERO,
+            _ => {}
         }
     }
 }
@@ -275,6 +445,9 @@ async fn carry(
     term: &mut Terminate,
     resumed: bool,
     protocol: &Protocol,
+    check: &RelayCheck,
+    ep: &ClientEndpoint,
+    target: &Target,
 ) -> Result<ConnEnd> {
     let _path_log = crate::paths::log_changes(conn, conn.remote_id().fmt_short().to_string());
     let (mut send, mut recv) = match conn.open_bi().await {
@@ -334,6 +507,7 @@ async fn carry(
     // it is never dropped mid-write, only stopped at its next read, so a line
     // is either delivered and counted or neither.
     let stop = CancellationToken::new();
+    let alpn = resume::resume_alpn(protocol);
     let upload = upload(&mut send, st, input, replay, &ack_wake, &room);
     let download = download(&mut recv, leftover, st, output, &ack_wake, &room, &stop, resumed);
     tokio::pin!(upload, download);
@@ -346,11 +520,17 @@ async fn carry(
         },
         // A relay that died takes the path through it along: redial now
         // (through another relay), not at the idle timeout.
-        why = crate::paths::relay_gone(conn), if st.borrow().relay_checks => {
+        (_, why) = crate::paths::relay_gone(conn, check), if st.borrow().relay_checks => {
             // Closed here (the bridge, unreachable through it, takes it as a
             // loss): its dead path must not stay the one our next dial uses.
             conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), b"path lost");
-            ConnEnd::Lost(why)
+            ConnEnd::RelayGone(why)
+        }
+        // A bridge that forgot the connection (killed and started again)
+        // answers a fresh one: move there now, not at the idle timeout.
+        (fresh, why) = bridge_forgot(conn, st, &ack_wake, ep, target, &alpn) => {
+            conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), b"connection lost by the bridge");
+            ConnEnd::Moved(fresh, why)
         }
         which = term.recv() => {
             info!("{which}: closing the session");
@@ -438,11 +618,17 @@ async fn upload(
     loop {
         let ack = {
             let mut s = st.borrow_mut();
-            if s.ack_due {
+            let ack = if s.ack_due {
                 s.ack_due = false;
                 s.ack.ack()
             } else {
                 None
+            };
+            // A probe is an ack as well, repeated if there is nothing new.
+            let probe = std::mem::take(&mut s.probe_due);
+            match ack {
+                None if probe => Some(Control::Ack(s.ack.received())),
+                ack => ack,
             }
         };
         if let Some(a) = ack {
