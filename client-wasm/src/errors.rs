@@ -118,12 +118,18 @@ mod tests {
         assert!(ErrorKind::Closed { code: 1, reason: "bridge at capacity".into() }.retryable());
         assert_eq!(classify_text("peer doesn't support any known protocol"), ErrorKind::Alpn);
         assert!(ErrorKind::Timeout.retryable());
-        assert_eq!(ErrorKind::Agent(AgentEnd::Signaled(9)).name(), "agent");
+        assert_eq!(ErrorKind::Agent(AgentEnd::signaled(9)).name(), "agent");
     }
 
     #[test]
     fn endings() {
-        assert_eq!(Ending::app_close(2, b"agent exited (code 3)"), Ending::Agent(AgentEnd::Exited(3)));
+        assert_eq!(Ending::app_close(2, b"agent exited (code 3)"), Ending::Agent(AgentEnd::exited(3)));
+        // The agent's last stderr line is part of what the page is told.
+        let Ending::Agent(end) = Ending::app_close(2, "agent exited (code 3) — missing API key X".as_bytes())
+        else {
+            panic!("an agent's end")
+        };
+        assert_eq!(end.describe(), "the agent exited with code 3: missing API key X");
         let gone = Ending::app_close(1, b"unknown session");
         assert_eq!(gone.refusal(), Some(Refusal::UnknownSession));
         assert_eq!(Ending::app_close(0, b"client closed").refusal(), None);

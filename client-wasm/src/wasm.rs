@@ -61,13 +61,17 @@ pub(crate) fn js_error(kind: &ErrorKind, message: &str) -> JsValue {
     v
 }
 
-/// `code` 2, `reason`, and `exitCode` or `signal`.
+/// `code` 2, `reason`, `exitCode` or `signal`, and `stderr` (the agent's last
+/// stderr line) when the bridge sent one.
 pub(crate) fn set_agent_end(v: &JsValue, end: &close::AgentEnd) {
     set(v, "code", JsValue::from_f64(close::CLOSE_CODE_AGENT_ENDED as f64));
     set(v, "reason", end.reason().into());
-    match *end {
-        close::AgentEnd::Exited(c) => set(v, "exitCode", JsValue::from_f64(c as f64)),
-        close::AgentEnd::Signaled(s) => set(v, "signal", JsValue::from_f64(s as f64)),
+    match end.exit {
+        close::Exit::Code(c) => set(v, "exitCode", JsValue::from_f64(c as f64)),
+        close::Exit::Signal(s) => set(v, "signal", JsValue::from_f64(s as f64)),
+    }
+    if let Some(line) = &end.stderr {
+        set(v, "stderr", line.as_str().into());
     }
 }
 

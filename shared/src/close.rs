@@ -7,8 +7,11 @@
 //! When the agent ends, the bridge finishes its stream (the peer gets every
 //! byte), waits until the peer has acknowledged all of it, and then closes with
 //! [`CLOSE_CODE_AGENT_ENDED`] and a reason saying how the agent ended
-//! ([`AgentEnd`]): `agent exited (code N)` or `agent killed by signal N (SIGNAME)`.
+//! ([`AgentEnd`]): `agent exited (code N)` or `agent killed by signal N (SIGNAME)`,
+//! followed for an agent that failed by ` — ` and its last stderr line.
 //! A client that ignores close reasons sees exactly the bytes it saw before.
+
+use crate::stderr_line::StderrLine;
 
 /// Application close code for every refusal by the bridge.
 pub const CLOSE_CODE_REFUSED: u32 = 1;
@@ -96,19 +99,45 @@ pub fn is_alpn_refusal(error_text: &str) -> bool {
         || t.contains("no_application_protocol")
 }
 
-/// How the agent process ended, as carried in the close reason after its last byte.
+/// How the agent process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AgentEnd {
+pub enum Exit {
     /// Exited on its own with this code.
-    Exited(i32),
+    Code(i32),
     /// Killed by this signal number.
-    Signaled(i32),
+    Signal(i32),
+}
+
+/// How the agent ended, as carried in the close reason after its last byte:
+/// its exit, and for an agent that failed, the last line it wrote on stderr
+/// (where an agent says why it gave up).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentEnd {
+    pub exit: Exit,
+    pub stderr: Option<StderrLine>,
 }
 
 const EXITED_PREFIX: &str = "agent exited (code ";
 const SIGNALED_PREFIX: &str = "agent killed by signal ";
+/// Between the exit and the stderr line in the reason: `agent exited (code 3)
+/// — missing API key`. The exit part is the reference's reason unchanged; the
+/// app's client never reads reasons, and a reader of ours splits here first.
+const STDERR_SEPARATOR: &str = " — ";
 
 impl AgentEnd {
+    pub const fn exited(code: i32) -> Self {
+        Self { exit: Exit::Code(code), stderr: None }
+    }
+
+    pub const fn signaled(sig: i32) -> Self {
+        Self { exit: Exit::Signal(sig), stderr: None }
+    }
+
+    /// The same end, told with the agent's last stderr line.
+    pub fn with_stderr(self, stderr: Option<StderrLine>) -> Self {
+        Self { stderr, ..self }
+    }
+
     /// Reads a close back: `None` unless `code` is [`CLOSE_CODE_AGENT_ENDED`]
     /// with a reason of this form.
     pub fn from_close(code: u64, reason: &[u8]) -> Option<Self> {
@@ -116,32 +145,67 @@ impl AgentEnd {
             return None;
         }
         let reason = std::str::from_utf8(reason).ok()?;
-        if let Some(rest) = reason.strip_prefix(EXITED_PREFIX) {
-            return rest.strip_suffix(')')?.parse().ok().map(Self::Exited);
-        }
-        let rest = reason.strip_prefix(SIGNALED_PREFIX)?;
-        let num = rest.split(' ').next()?;
-        num.parse().ok().map(Self::Signaled)
+        let (exit, stderr) = match reason.split_once(STDERR_SEPARATOR) {
+            Some((exit, line)) => (exit, StderrLine::new(line)),
+            None => (reason, None),
+        };
+        let exit = if let Some(rest) = exit.strip_prefix(EXITED_PREFIX) {
+            Exit::Code(rest.strip_suffix(')')?.parse().ok()?)
+        } else {
+            let rest = exit.strip_prefix(SIGNALED_PREFIX)?;
+            Exit::Signal(rest.split(' ').next()?.parse().ok()?)
+        };
+        Some(Self { exit, stderr })
     }
 
     /// Whether the agent finished cleanly (exit code 0).
     pub fn is_success(&self) -> bool {
-        *self == Self::Exited(0)
+        self.exit == Exit::Code(0)
     }
 
-    /// The reason string as sent on the wire.
-    pub fn reason(&self) -> String {
-        match *self {
-            Self::Exited(code) => format!("{EXITED_PREFIX}{code})"),
-            Self::Signaled(sig) => format!("{SIGNALED_PREFIX}{}", signal_text(sig)),
+    pub fn exit_code(&self) -> Option<i32> {
+        match self.exit {
+            Exit::Code(c) => Some(c),
+            Exit::Signal(_) => None,
         }
     }
 
-    /// One line for a person, naming the code or the signal.
+    pub fn signal(&self) -> Option<i32> {
+        match self.exit {
+            Exit::Signal(s) => Some(s),
+            Exit::Code(_) => None,
+        }
+    }
+
+    /// The reason string as sent on the wire: the exit, then the stderr line
+    /// if there is one.
+    pub fn reason(&self) -> String {
+        match &self.stderr {
+            Some(line) => format!("{}{STDERR_SEPARATOR}{line}", self.exit_reason()),
+            None => self.exit_reason(),
+        }
+    }
+
+    /// The reason without the stderr line: `agent exited (code N)` or
+    /// `agent killed by signal N (NAME)`, as the reference says it (its
+    /// WebSocket transport, whose close reasons are at most 123 bytes).
+    pub fn exit_reason(&self) -> String {
+        match self.exit {
+            Exit::Code(code) => format!("{EXITED_PREFIX}{code})"),
+            Exit::Signal(sig) => format!("{SIGNALED_PREFIX}{}", signal_text(sig)),
+        }
+    }
+
+    /// One line for a person, naming the code or the signal, then what the
+    /// agent last said: `the agent exited with code 3: missing API key`.
     pub fn describe(&self) -> String {
-        match *self {
-            Self::Exited(code) => format!("the agent exited with code {code}"),
-            Self::Signaled(sig) => format!("the agent was killed by signal {}", signal_text(sig)),
+        let exit = match self.exit {
+            Exit::Code(code) => format!("the agent exited with code {code}"),
+            Exit::Signal(sig) => format!("the agent was killed by signal {}", signal_text(sig)),
+        };
+        match &self.stderr {
+            Some(line) => format!("{exit}: {line}"),
+            None => exit,
         }
     }
 }
@@ -371,20 +435,24 @@ mod tests {
 
     #[test]
     fn agent_end_round_trips() {
+        let said = StderrLine::new("missing API key ANTHROPIC_API_KEY");
         for end in [
-            AgentEnd::Exited(0),
-            AgentEnd::Exited(3),
-            AgentEnd::Exited(-1),
-            AgentEnd::Signaled(9),
-            AgentEnd::Signaled(64),
+            AgentEnd::exited(0),
+            AgentEnd::exited(3),
+            AgentEnd::exited(-1),
+            AgentEnd::signaled(9),
+            AgentEnd::signaled(64),
+            AgentEnd::exited(3).with_stderr(said),
+            AgentEnd::signaled(9).with_stderr(StderrLine::new("a — b (c)")),
+            AgentEnd::signaled(64).with_stderr(said),
         ] {
             assert_eq!(AgentEnd::from_close(2, end.reason().as_bytes()), Some(end));
         }
-        assert_eq!(AgentEnd::Exited(3).reason(), "agent exited (code 3)");
-        assert_eq!(AgentEnd::Signaled(9).reason(), "agent killed by signal 9 (SIGKILL)");
+        assert_eq!(AgentEnd::exited(3).reason(), "agent exited (code 3)");
+        assert_eq!(AgentEnd::signaled(9).reason(), "agent killed by signal 9 (SIGKILL)");
         assert_eq!(AgentEnd::from_close(1, b"agent exited (code 3)"), None);
         assert_eq!(AgentEnd::from_close(2, b"something else"), None);
-        assert!(AgentEnd::Exited(0).is_success() && !AgentEnd::Signaled(15).is_success());
+        assert!(AgentEnd::exited(0).is_success() && !AgentEnd::signaled(15).is_success());
         assert_eq!(Refusal::from_close(2, b"agent exited (code 0)"), None);
     }
 
@@ -394,7 +462,25 @@ mod tests {
         assert!(!Refusal::ShuttingDown.describe().contains("refused"));
         assert!(!Refusal::MembershipRevoked.describe().contains("refused"));
         assert!(!Refusal::FrameTooLarge.describe().contains("refused"));
-        assert_eq!(AgentEnd::Signaled(9).describe(), "the agent was killed by signal 9 (SIGKILL)");
+        assert_eq!(AgentEnd::signaled(9).describe(), "the agent was killed by signal 9 (SIGKILL)");
+    }
+
+    #[test]
+    fn the_stderr_line_follows_the_exit_the_reference_says() {
+        let end = AgentEnd::exited(3).with_stderr(StderrLine::new("missing API key ANTHROPIC_API_KEY"));
+        assert_eq!(end.reason(), "agent exited (code 3) — missing API key ANTHROPIC_API_KEY");
+        assert_eq!(end.exit_reason(), "agent exited (code 3)");
+        assert_eq!(end.describe(), "the agent exited with code 3: missing API key ANTHROPIC_API_KEY");
+        assert_eq!((end.exit_code(), end.signal()), (Some(3), None));
+        // A bridge may send a longer line than ours would: it is cut on reading.
+        let long = format!("agent exited (code 1) — {}", "x".repeat(5000));
+        let read = AgentEnd::from_close(2, long.as_bytes()).unwrap();
+        assert!(read.stderr.unwrap().as_str().len() <= crate::stderr_line::MAX_STDERR_LINE);
+        // Nothing printable after the separator: no line.
+        assert_eq!(
+            AgentEnd::from_close(2, "agent exited (code 1) — \u{7}".as_bytes()),
+            Some(AgentEnd::exited(1))
+        );
     }
 
     #[test]

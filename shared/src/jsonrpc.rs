@@ -484,15 +484,20 @@ pub const AGENT_ENDED_CODE: i64 = -32000;
 /// What a client gets for a request the agent had not answered when it ended
 /// (`how`: `agent exited (code 1)`, `agent killed by signal 9 (SIGKILL)`): an
 /// answer before the close, so a client never waits for one that cannot come.
-pub fn agent_ended(id: &[u8], how: &str) -> Vec<u8> {
+/// `stderr`, the agent's last stderr line when it failed, is in the message and
+/// in `data.stderr` (`data.agentEnd` stays `how` alone).
+pub fn agent_ended(id: &[u8], how: &str, stderr: Option<&str>) -> Vec<u8> {
     let id = String::from_utf8_lossy(id);
-    let msg = serde_json::to_string(&format!("The agent ended before answering: {how}"))
-        .unwrap_or_else(|_| "\"The agent ended before answering\"".into());
-    let how = serde_json::to_string(how).unwrap_or_else(|_| "null".into());
-    format!(
-        "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{{\"code\":{AGENT_ENDED_CODE},\"message\":{msg},\"data\":{{\"agentEnd\":{how}}}}}}}\n"
-    )
-    .into_bytes()
+    let message = match stderr {
+        Some(line) => format!("The agent ended before answering: {how}: {line}"),
+        None => format!("The agent ended before answering: {how}"),
+    };
+    let mut data = serde_json::json!({ "agentEnd": how });
+    if let Some(line) = stderr {
+        data["stderr"] = line.into();
+    }
+    let error = serde_json::json!({ "code": AGENT_ENDED_CODE, "message": message, "data": data });
+    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{error}}}\n").into_bytes()
 }
 
 /// What the sender of a request (or of an unreadable line) over the frame cap gets.
@@ -654,13 +659,23 @@ mod tests {
 
     #[test]
     fn agent_ended_answers_are_valid_jsonrpc() {
-        let line = agent_ended(b"\"r-1\"", "agent exited (code 3)");
+        let line = agent_ended(b"\"r-1\"", "agent exited (code 3)", None);
         assert!(line.ends_with(b"\n"));
         let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
         assert_eq!(v["id"], "r-1");
         assert_eq!(v["error"]["code"], AGENT_ENDED_CODE);
         assert_eq!(v["error"]["data"]["agentEnd"], "agent exited (code 3)");
         assert!(v["error"]["message"].as_str().unwrap().contains("agent exited (code 3)"));
+        assert!(v["error"]["data"].get("stderr").is_none());
+        let line = agent_ended(b"7", "agent exited (code 3)", Some("missing \"API\" key"));
+        let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(v["id"], 7);
+        assert_eq!(v["error"]["data"]["agentEnd"], "agent exited (code 3)");
+        assert_eq!(v["error"]["data"]["stderr"], "missing \"API\" key");
+        assert_eq!(
+            v["error"]["message"],
+            "The agent ended before answering: agent exited (code 3): missing \"API\" key"
+        );
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub mod protocol;
 pub mod restart;
 pub mod resume;
 pub mod silence;
+pub mod stderr_line;
 pub mod target;
 pub mod words;
 

@@ -719,6 +719,33 @@ async fn how_the_agent_ended_reaches_connect() {
     assert_eq!(err.lines().filter(|l| l.contains("error")).count(), 1, "one line naming it: {err}");
 }
 
+/// An agent that gives up says why on stderr and exits non-zero: that line
+/// reaches the client with its exit, masked like the banner masks secrets.
+#[tokio::test(flavor = "multi_thread")]
+async fn why_the_agent_ended_reaches_the_client() {
+    let script = "echo 'starting up' >&2; echo 'missing API key ANTHROPIC_API_KEY' >&2; echo >&2; exit 3";
+    let mut s = Setup::new("acp", &[], &sh(script), true).await;
+    let out = connect_with(&s, b"{\"a\":1}\n").await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "stderr: {err}");
+    assert!(
+        err.contains("the agent exited with code 3: missing API key ANTHROPIC_API_KEY"),
+        "stderr: {err}\nbridge: {}",
+        s.bridge.log.text()
+    );
+
+    // On the plain protocol the close reason carries it; a secret is masked.
+    s.restart(&sh("echo 'fatal: rejected --api-key hunter2-secret' >&2; exit 3")).await;
+    let ep = s.client(false).await;
+    let (conn, _send, _recv) = s.open_session(&ep, b"{\"x\":1}\n").await;
+    let (code, reason) = closed_with(&conn).await;
+    assert_eq!((code, reason.as_str()), (2, "agent exited (code 3) — fatal: rejected --api-key ***"));
+    // An agent that ended well is told as before, whatever it wrote.
+    s.restart(&sh("echo 'bye' >&2; exit 0")).await;
+    let (conn, _send, _recv) = s.open_session(&ep, b"{\"x\":1}\n").await;
+    assert_eq!(closed_with(&conn).await, (2, "agent exited (code 0)".to_string()));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_ends_even_when_a_grandchild_holds_stdout() {
     let mut s = Setup::new("acp", &[], &[], true).await;

@@ -250,7 +250,7 @@ impl Drop for AgentChild {
 /// How a reaped agent ended.
 pub fn end_of(status: std::process::ExitStatus) -> Option<AgentEnd> {
     use std::os::unix::process::ExitStatusExt;
-    status.code().map(AgentEnd::Exited).or_else(|| status.signal().map(AgentEnd::Signaled))
+    status.code().map(AgentEnd::exited).or_else(|| status.signal().map(AgentEnd::signaled))
 }
 
 /// Ends the agent and its process group: SIGTERM, then SIGKILL after `grace`,

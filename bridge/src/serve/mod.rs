@@ -19,8 +19,9 @@
 //! heartbeat and the host's changes), [`served`] (an agent as served),
 //! [`taps`] (what observes a session: status, notices), [`extension`] (the
 //! bridge's own `_thunderbolt/` methods), [`pair`] (the pairing door),
-//! [`status`] (what the local API reads), [`wss`] (the loopback WebSocket
-//! transport), [`relay_health`], [`requests`], [`throttle`].
+//! [`status`] (what the local API reads), [`stderr`] (the agent's stderr:
+//! logged, its last line kept), [`wss`] (the loopback WebSocket transport),
+//! [`relay_health`], [`requests`], [`throttle`].
 //!
 //! Task ownership is explicit: each agent's accept loop and every connection
 //! task run on one `TaskTracker`; shutdown cancels a token every session
@@ -46,6 +47,7 @@ pub mod sessions;
 pub mod slots;
 pub mod standing;
 pub mod status;
+pub mod stderr;
 pub mod taps;
 pub mod throttle;
 pub mod wss;

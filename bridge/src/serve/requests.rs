@@ -16,7 +16,7 @@ use std::{
     },
 };
 
-use thunderbolt_shared::jsonrpc;
+use thunderbolt_shared::{close::AgentEnd, jsonrpc};
 use tracing::debug;
 
 /// Requests tracked at once. Real clients keep a handful in flight (a prompt,
@@ -83,13 +83,16 @@ impl Requests {
     }
 
     /// The answers for every request still waiting, now that the agent ended
-    /// `how`; they are forgotten.
-    pub fn answer_all(&self, how: &str) -> Vec<u8> {
+    /// (`None`: how is unknown); they are forgotten.
+    pub fn answer_all(&self, end: Option<&AgentEnd>) -> Vec<u8> {
+        let how = end.map_or_else(|| "agent ended".to_string(), AgentEnd::exit_reason);
+        let stderr = end.and_then(|e| e.stderr);
+        let stderr = stderr.as_ref().map(|l| l.as_str());
         let mut ids = self.lock();
         self.count.store(0, Ordering::Relaxed);
         let mut sorted: Vec<Box<[u8]>> = ids.drain().collect();
         sorted.sort();
-        sorted.iter().flat_map(|id| jsonrpc::agent_ended(id, how)).collect()
+        sorted.iter().flat_map(|id| jsonrpc::agent_ended(id, &how, stderr)).collect()
     }
 
     /// The ids (raw JSON text) of the requests in flight now.
@@ -118,11 +121,11 @@ mod tests {
         assert_eq!(r.len(), 2);
         r.answered(b"{\"jsonrpc\":\"2.0\",\"method\":\"session/update\"}\n{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n");
         assert_eq!(r.len(), 1);
-        let out = r.answer_all("agent exited (code 1)");
+        let out = r.answer_all(Some(&AgentEnd::exited(1)));
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["id"], "p");
         assert!(r.is_empty());
-        assert!(r.answer_all("x").is_empty(), "each answered once");
+        assert!(r.answer_all(None).is_empty(), "each answered once");
     }
 
     #[test]

@@ -23,7 +23,7 @@ use thunderbolt_shared::{
     ndjson::MAX_FRAME_LEN,
 };
 use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite},
+    io::{AsyncRead, AsyncWrite},
     sync::{mpsc, OwnedSemaphorePermit},
     time::Instant,
 };
@@ -36,8 +36,8 @@ use crate::{
     serve::agent::{self, AgentProcess, Launcher},
     serve::pump::{self, PumpError},
     serve::requests::Requests,
+    serve::stderr::Stderr,
     serve::taps::{Observers, Presence, Tap, TapSource},
-    serve::throttle::LogBudget,
 };
 
 /// Closes `conn` as a refusal with one of the contract's reasons.
@@ -268,33 +268,44 @@ pub async fn run_on<L: Link>(
         info.set_pid(pid);
     }
     info!(peer = %peer, pid, "agent started: {}", cfg.agent.redacted());
-    let stderr = stderr.map(|e| AbortOnDropHandle::new(tokio::spawn(log_stderr(e, peer.clone()))));
-    let end = drive(&link, out, input, stdin, stdout, process.as_mut(), &cfg, &peer, &shutdown).await;
+    let mut stderr = stderr.map(|e| Stderr::spawn(e, peer.clone()));
+    let agent = Agent { stdin, stdout, process: process.as_mut(), stderr: stderr.as_mut() };
+    let end = drive(&link, out, input, agent, &cfg, &peer, &shutdown).await;
     process.terminate(cfg.term_grace).await;
     process.clean_up();
     drop(permit);
     if let Some(stderr) = stderr {
         // What the agent wrote last is worth a moment; a process that escaped
         // the group and holds stderr open is not worth more.
-        let _ = tokio::time::timeout(limits::STDERR_DRAIN, stderr).await;
+        stderr.drain(limits::STDERR_DRAIN).await;
     }
     info!(peer = %peer, pid, "session ended: {end}");
     end
 }
 
+/// The running agent as [`drive`] uses it.
+struct Agent<'a, I, O> {
+    stdin: I,
+    stdout: O,
+    process: &'a mut dyn AgentProcess,
+    stderr: Option<&'a mut Stderr>,
+}
+
 /// Pumps both directions until the session's end, then ends it towards the peer.
-#[allow(clippy::too_many_arguments)]
-async fn drive<L: Link>(
+async fn drive<L: Link, I, O>(
     link: &L,
     send: L::Out,
     recv: impl pump::Source + 'static,
-    stdin: impl AsyncWrite + Unpin + Send + 'static,
-    stdout: impl AsyncRead + Unpin + Send,
-    child: &mut dyn AgentProcess,
+    agent: Agent<'_, I, O>,
     cfg: &SessionConfig,
     peer: &str,
     shutdown: &CancellationToken,
-) -> End {
+) -> End
+where
+    I: AsyncWrite + Unpin + Send + 'static,
+    O: AsyncRead + Unpin + Send,
+{
+    let Agent { stdin, stdout, process: child, stderr } = agent;
     let (reply_tx, reply_rx) = mpsc::channel::<Bytes>(REPLY_QUEUE);
     let (agent_tx, agent_rx) = mpsc::channel::<Bytes>(REPLY_QUEUE);
     let info = link.info();
@@ -341,6 +352,7 @@ async fn drive<L: Link>(
     tokio::pin!(outbound);
 
     let mut status: Option<Option<AgentEnd>> = None;
+    let mut exited_at: Option<Instant> = None;
     // Once set, the agent's output is cut off at this instant.
     let mut cut_off: Option<Instant> = None;
     let mut send = loop {
@@ -367,6 +379,7 @@ async fn drive<L: Link>(
             },
             s = child.wait(), if status.is_none() => {
                 status = Some(s);
+                exited_at = Some(Instant::now());
                 let drain = Instant::now() + limits::STDOUT_DRAIN_AFTER_EXIT;
                 cut_off = Some(cut_off.map_or(drain, |c| c.min(drain)));
             }
@@ -416,10 +429,20 @@ async fn drive<L: Link>(
             }
         }
     };
+    // An agent that failed is told with its last stderr line, where it says
+    // why. The pipe closes with the agent, normally; one held by a process it
+    // started is waited for no longer after the exit than a drain.
+    let status = match (status, stderr) {
+        (Some(end), Some(stderr)) if !end.is_success() => {
+            let until = exited_at.unwrap_or_else(Instant::now) + limits::STDERR_DRAIN;
+            Some(end.with_stderr(stderr.last_line(until).await))
+        }
+        (status, _) => status,
+    };
     let how = status.map_or_else(|| "agent ended".to_string(), |s| s.reason());
     if answer_first {
         info!(peer = %peer, "answering {} request(s) the agent left unanswered ({how})", requests.len());
-        let answers = requests.answer_all(&how);
+        let answers = requests.answer_all(status.as_ref());
         use tokio::io::AsyncWriteExt;
         match or_ended(link, shutdown, send.write_all(&answers)).await {
             Err(end) => return end,
@@ -475,50 +498,3 @@ fn peer_gone(link: &impl Link, e: PumpError) -> End {
 /// Bridge-written lines queued for either side (parse and size errors). A small
 /// bound: a peer flooding garbage is slowed down, not buffered.
 const REPLY_QUEUE: usize = 64;
-
-/// Agent stderr goes to our log, line by line, tagged with the peer; never to
-/// the peer. Lines are cut at [`limits::MAX_STDERR_LINE`] so memory stays
-/// bounded, and at most [`limits::STDERR_LOG_BURST`] lines at once and
-/// [`limits::STDERR_LOG_PER_SEC`] a second are logged: the rest is read (the
-/// agent never blocks on a full pipe) and counted, and the count is logged.
-async fn log_stderr(mut stderr: impl AsyncRead + Unpin, peer: String) {
-    let mut buf: Vec<u8> = Vec::with_capacity(limits::MAX_STDERR_LINE);
-    let mut chunk = vec![0u8; limits::MAX_STDERR_LINE];
-    let mut budget =
-        LogBudget::new(limits::STDERR_LOG_BURST, limits::STDERR_LOG_PER_SEC, Instant::now().into_std());
-    let report = |n: u64| {
-        if n > 0 {
-            warn!(peer = %peer, "agent stderr: {n} line(s) not logged (over {} lines/s)", limits::STDERR_LOG_PER_SEC);
-        }
-    };
-    let mut emit = |line: &[u8]| {
-        if let Some(suppressed) = budget.take(Instant::now().into_std()) {
-            report(suppressed);
-            let text = String::from_utf8_lossy(line);
-            info!(peer = %peer, "agent stderr: {}", text.trim_end());
-        }
-    };
-    loop {
-        let n = match stderr.read(&mut chunk).await {
-            Ok(0) | Err(_) => {
-                if !buf.is_empty() {
-                    emit(&buf);
-                }
-                report(budget.take_suppressed());
-                return;
-            }
-            Ok(n) => n,
-        };
-        buf.extend_from_slice(&chunk[..n]);
-        let mut start = 0;
-        while let Some(off) = thunderbolt_shared::ndjson::memchr_newline(&buf[start..]) {
-            emit(&buf[start..start + off]);
-            start += off + 1;
-        }
-        buf.drain(..start);
-        if buf.len() >= limits::MAX_STDERR_LINE {
-            emit(&buf);
-            buf.clear();
-        }
-    }
-}

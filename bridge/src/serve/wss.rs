@@ -498,9 +498,12 @@ impl Link for WsLink {
 
     /// Maps the session's codes to the contract's WebSocket ones.
     fn close(&self, code: u32, reason: &str) {
+        let end = (code == close::CLOSE_CODE_AGENT_ENDED)
+            .then(|| AgentEnd::from_close(code as u64, reason.as_bytes()))
+            .flatten();
         let ws_code = match code {
             close::CLOSE_CODE_AGENT_ENDED => {
-                if AgentEnd::from_close(code as u64, reason.as_bytes()).is_some_and(|e| e.is_success()) {
+                if end.is_some_and(|e| e.is_success()) {
                     WS_NORMAL
                 } else {
                     WS_INTERNAL
@@ -510,9 +513,11 @@ impl Link for WsLink {
             _ if reason == close::REASON_SHUTTING_DOWN => WS_GOING_AWAY,
             _ => WS_INTERNAL,
         };
+        // The reference's reason exactly, without the agent's stderr line: a
+        // WebSocket close reason is at most 123 bytes.
+        let reason = end.map_or_else(|| reason.to_string(), |e| e.exit_reason());
         // The queue may be full of output for a client that stopped reading: never wait here.
         let tx = self.out.clone();
-        let reason = reason.to_string();
         tokio::spawn(async move {
             let _ = tokio::time::timeout(Duration::from_secs(2), tx.send(Out::Close(ws_code, reason))).await;
         });

@@ -135,7 +135,7 @@ impl Launcher for FakeLauncher {
             stdout: stdout_agent,
             exit: Box::new(move |code| {
                 events.push(start, format!("agent exited {code}"));
-                exit_tx.send_if_modified(|e| e.is_none() && e.replace(AgentEnd::Exited(code)).is_none());
+                exit_tx.send_if_modified(|e| e.is_none() && e.replace(AgentEnd::exited(code)).is_none());
             }),
         };
         let task = tokio::spawn(async move {
@@ -171,7 +171,7 @@ impl FakeProcess {
     }
     fn kill(&mut self, signal: i32) {
         self.task.abort();
-        self.ended_tx.send_if_modified(|e| e.is_none() && e.replace(AgentEnd::Signaled(signal)).is_none());
+        self.ended_tx.send_if_modified(|e| e.is_none() && e.replace(AgentEnd::signaled(signal)).is_none());
     }
 }
 
