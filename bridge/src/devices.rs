@@ -159,13 +159,15 @@ impl Devices {
         home::edit_json(&self.path, |f: &mut File| named(f, id, name, how).how = how)
     }
 
-    /// `id` paired with the host's agent `agent` by a code: it may use that
-    /// agent, and only it (unless the allow file or the account lists it).
-    pub fn grant(&self, id: &EndpointId, name: Option<String>, agent: &str) -> std::io::Result<()> {
+    /// `id` paired with the host's `agents` by a code: it may use those
+    /// agents, and only them (unless the allow file or the account lists it).
+    pub fn grant(&self, id: &EndpointId, name: Option<String>, agents: &[String]) -> std::io::Result<()> {
         home::edit_json(&self.path, |f: &mut File| {
             let d = named(f, id, name, How::Pairing);
-            if !d.agents.iter().any(|a| a == agent) {
-                d.agents.push(agent.to_string());
+            for agent in agents {
+                if !d.agents.contains(agent) {
+                    d.agents.push(agent.clone());
+                }
             }
         })
     }
@@ -325,7 +327,7 @@ mod tests {
             iroh::SecretKey::from_bytes(&[3; 32]).public(),
         );
         d.record(&a, Some("Owner's phone".into()), How::Pairing).unwrap();
-        d.grant(&b, Some("OWNER'S PHONE".into()), "coder").unwrap();
+        d.grant(&b, Some("OWNER'S PHONE".into()), &["coder".into()]).unwrap();
         d.record(&c, Some("owner's phone".into()), How::Allow).unwrap();
         assert_eq!(d.name_of(&a).as_deref(), Some("Owner's phone"));
         assert_eq!(d.name_of(&b).as_deref(), Some("OWNER'S PHONE (2)"), "another device's name is not taken");

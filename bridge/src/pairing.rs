@@ -3,8 +3,9 @@
 //! [`thunderbolt_shared::pairing`]).
 //!
 //! A code is 128 random bits. Only its SHA-256 is kept (`iroh/pairings.json`,
-//! 0600), with what it is for (an agent of the host, or a protocol's
-//! single-agent bridge), the name to give the device, and when it expires.
+//! 0600), with what it is for ([`Target`]: some agents of the host, every
+//! agent that admits your own devices, or a protocol's single-agent bridge),
+//! the name to give the device, and when it expires.
 //! Redeeming one spends it. A wrong code writes nothing and counts against
 //! the device (NodeId) that tried it, never against the agent or its codes:
 //! past [`MAX_WRONG_TRIES`] that device waits ([`Throttle`]), so a stranger
@@ -60,8 +61,12 @@ const REMEMBER: Duration = Duration::from_secs(24 * 3600);
 struct Entry {
     /// SHA-256 of the code, hex.
     hash: String,
-    /// What it pairs with: an agent's name, or a protocol (a single-agent bridge).
+    /// What it pairs with first ([`Target::key`]): the one place bridges
+    /// before codes for several agents look.
     target: String,
+    /// Where else it pairs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    also: Vec<String>,
     /// The name the device gets (else the one it sends).
     name: Option<String>,
     created_ms: u64,
@@ -80,20 +85,49 @@ struct Store {
 /// What redeeming a code gave.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Redeemed {
-    /// Spent now: the device may be added, under this name if one was given at minting.
-    Paired { name: Option<String> },
+    /// Spent now: the device may be added, under this name if one was given
+    /// at minting, to what the code was minted for.
+    Paired { name: Option<String>, minted_for: Vec<Target> },
+    /// Valid, but the device holds everything it grants already: left unspent
+    /// (another device may still use it).
+    Unneeded,
     /// Refused, with the close reason.
     Refused(&'static str),
 }
 
-/// What a code minted for a host's agent names.
-pub fn agent_target(name: &str) -> String {
-    format!("agent:{name}")
+/// Where a code pairs, and so what it grants.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// A protocol's single-agent bridge (`iroh pair` before codes for a
+    /// whole host; a host's agent on that bridge's identity takes it too).
+    Bridge(String),
+    /// Any agent that admits your own devices: the device becomes one of
+    /// them (the allow file). What a bare `iroh pair` mints, beside
+    /// [`Target::Bridge`] for bridges that predate it.
+    OwnDevices,
+    /// One agent of the host, by its manifest's name: granted exactly.
+    Agent(String),
 }
 
-/// What a code minted for a protocol's single-agent bridge names.
-pub fn bridge_target(protocol: &str) -> String {
-    format!("bridge:{protocol}")
+impl Target {
+    /// As kept in `pairings.json`.
+    pub fn key(&self) -> String {
+        match self {
+            Target::Bridge(p) => format!("bridge:{p}"),
+            Target::OwnDevices => "own-devices".into(),
+            Target::Agent(n) => format!("agent:{n}"),
+        }
+    }
+
+    /// Back from [`Target::key`]; `None` for a kind this bridge does not know.
+    pub fn parse(key: &str) -> Option<Self> {
+        match key.split_once(':') {
+            Some(("bridge", p)) => Some(Target::Bridge(p.into())),
+            Some(("agent", n)) => Some(Target::Agent(n.into())),
+            None if key == "own-devices" => Some(Target::OwnDevices),
+            _ => None,
+        }
+    }
 }
 
 fn hash(code: &str) -> String {
@@ -111,13 +145,18 @@ impl Pairings {
         Self { path: home.iroh_dir().join("pairings.json") }
     }
 
-    /// A new code for `target`, valid for `valid`; returned once, kept only as its hash.
-    pub fn mint(&self, target: &str, name: Option<String>, valid: Duration) -> std::io::Result<String> {
+    /// A new code that pairs at any of `targets` (not empty), valid for
+    /// `valid`; returned once, kept only as its hash.
+    pub fn mint(&self, targets: &[Target], name: Option<String>, valid: Duration) -> std::io::Result<String> {
+        let Some((first, also)) = targets.split_first() else {
+            return Err(std::io::Error::other("a pairing code must pair with something"));
+        };
         let code = crate::ids::random_hex(16);
         let now = now_ms();
         let entry = Entry {
             hash: hash(&code),
-            target: target.to_string(),
+            target: first.key(),
+            also: also.iter().map(Target::key).collect(),
             name,
             created_ms: now,
             expires_ms: now.saturating_add(valid.as_millis() as u64),
@@ -131,35 +170,43 @@ impl Pairings {
         Ok(code)
     }
 
-    /// Redeems `code` at any of `targets` (spending it when it pairs); the
-    /// target it was minted for, with the verdict. A code that matches
-    /// nothing writes nothing.
-    pub fn redeem(&self, targets: &[String], code: &str) -> std::io::Result<(Redeemed, Option<String>)> {
+    /// Redeems `code` at a place that takes any of `here`: spends it when it
+    /// pairs and `wanted` (asked with what it was minted for) says it would
+    /// grant the device something. A code that matches nothing writes nothing.
+    pub fn redeem(
+        &self,
+        here: &[Target],
+        code: &str,
+        wanted: impl FnOnce(&[Target]) -> bool,
+    ) -> std::io::Result<Redeemed> {
         let h = hash(code);
         let matches = |e: &Entry| constant_time_eq(e.hash.as_bytes(), h.as_bytes());
         let known = home::read_json::<Store>(&self.path)?.codes.iter().any(matches);
         if !known {
-            return Ok((Redeemed::Refused(wire::REASON_PAIR_WRONG), None));
+            return Ok(Redeemed::Refused(wire::REASON_PAIR_WRONG));
         }
         let now = now_ms();
         home::edit_json(&self.path, |s: &mut Store| {
             prune(s, now);
             let Some(e) = s.codes.iter_mut().find(|e| matches(e)) else {
-                return (Redeemed::Refused(wire::REASON_PAIR_WRONG), None);
+                return Redeemed::Refused(wire::REASON_PAIR_WRONG);
             };
-            let verdict = if e.burned {
+            let minted_for: Vec<Target> =
+                std::iter::once(&e.target).chain(&e.also).filter_map(|k| Target::parse(k)).collect();
+            if e.burned {
                 Redeemed::Refused(wire::REASON_PAIR_BURNED)
             } else if e.spent_ms.is_some() {
                 Redeemed::Refused(wire::REASON_PAIR_SPENT)
             } else if now >= e.expires_ms {
                 Redeemed::Refused(wire::REASON_PAIR_EXPIRED)
-            } else if !targets.contains(&e.target) {
+            } else if !minted_for.iter().any(|t| here.contains(t)) {
                 Redeemed::Refused(wire::REASON_PAIR_OTHER_AGENT)
+            } else if !wanted(&minted_for) {
+                Redeemed::Unneeded
             } else {
                 e.spent_ms = Some(now);
-                Redeemed::Paired { name: e.name.clone() }
-            };
-            (verdict, Some(e.target.clone()))
+                Redeemed::Paired { name: e.name.clone(), minted_for }
+            }
         })
     }
 }
@@ -257,41 +304,85 @@ mod tests {
         (dir, p)
     }
 
-    fn t(s: &str) -> Vec<String> {
-        vec![s.to_string()]
+    fn bridge(p: &str) -> Target {
+        Target::Bridge(p.into())
+    }
+
+    fn paired(name: Option<&str>, minted_for: Vec<Target>) -> Redeemed {
+        Redeemed::Paired { name: name.map(str::to_string), minted_for }
     }
 
     #[test]
     fn a_code_pairs_once_for_its_target_until_it_expires() {
         let (dir, p) = store();
-        let code = p.mint("acp", Some("phone".into()), DEFAULT_EXPIRY).unwrap();
+        let code = p.mint(&[bridge("acp")], Some("phone".into()), DEFAULT_EXPIRY).unwrap();
         assert_eq!(code.len(), 32, "128 bits");
         let text = std::fs::read_to_string(dir.path().join("iroh/pairings.json")).unwrap();
         assert!(!text.contains(&code), "only its hash is kept");
-        assert_eq!(p.redeem(&t("mcp"), &code).unwrap().0, Redeemed::Refused(wire::REASON_PAIR_OTHER_AGENT));
         assert_eq!(
-            p.redeem(&[t("mcp"), t("acp")].concat(), &code).unwrap(),
-            (Redeemed::Paired { name: Some("phone".into()) }, Some("acp".into()))
+            p.redeem(&[bridge("mcp")], &code, |_| true).unwrap(),
+            Redeemed::Refused(wire::REASON_PAIR_OTHER_AGENT)
         );
-        assert_eq!(p.redeem(&t("acp"), &code).unwrap().0, Redeemed::Refused(wire::REASON_PAIR_SPENT));
-        let old = p.mint("acp", None, Duration::from_millis(1)).unwrap();
+        assert_eq!(
+            p.redeem(&[bridge("mcp"), bridge("acp")], &code, |_| true).unwrap(),
+            paired(Some("phone"), vec![bridge("acp")])
+        );
+        assert_eq!(
+            p.redeem(&[bridge("acp")], &code, |_| true).unwrap(),
+            Redeemed::Refused(wire::REASON_PAIR_SPENT)
+        );
+        let old = p.mint(&[bridge("acp")], None, Duration::from_millis(1)).unwrap();
         std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(p.redeem(&t("acp"), &old).unwrap().0, Redeemed::Refused(wire::REASON_PAIR_EXPIRED));
+        assert_eq!(
+            p.redeem(&[bridge("acp")], &old, |_| true).unwrap(),
+            Redeemed::Refused(wire::REASON_PAIR_EXPIRED)
+        );
+    }
+
+    #[test]
+    fn a_code_for_several_places_pairs_at_any_of_them_once_and_only_when_it_grants_something() {
+        let (_dir, p) = store();
+        let (a, b, c) = (Target::Agent("a".into()), Target::Agent("b".into()), Target::Agent("c".into()));
+        let code = p.mint(&[a.clone(), b.clone()], None, DEFAULT_EXPIRY).unwrap();
+        assert_eq!(
+            p.redeem(&[c], &code, |_| true).unwrap(),
+            Redeemed::Refused(wire::REASON_PAIR_OTHER_AGENT)
+        );
+        // A device that holds all it grants leaves it for another.
+        assert_eq!(p.redeem(std::slice::from_ref(&b), &code, |_| false).unwrap(), Redeemed::Unneeded);
+        assert_eq!(
+            p.redeem(std::slice::from_ref(&b), &code, |_| true).unwrap(),
+            paired(None, vec![a.clone(), b.clone()])
+        );
+        assert_eq!(p.redeem(&[a], &code, |_| true).unwrap(), Redeemed::Refused(wire::REASON_PAIR_SPENT));
+        // A whole host's code: at the bridge, or at any agent taking your own devices.
+        let host = p.mint(&[bridge("acp"), Target::OwnDevices], None, DEFAULT_EXPIRY).unwrap();
+        assert_eq!(
+            p.redeem(&[b, Target::OwnDevices], &host, |_| true).unwrap(),
+            paired(None, vec![bridge("acp"), Target::OwnDevices])
+        );
+        for t in [bridge("acp"), Target::OwnDevices, Target::Agent("x-1".into())] {
+            assert_eq!(Target::parse(&t.key()), Some(t));
+        }
+        assert_eq!(Target::parse("later:kind"), None);
     }
 
     #[test]
     fn wrong_codes_write_nothing_and_burn_nothing() {
         let (dir, p) = store();
-        let code = p.mint("acp", None, DEFAULT_EXPIRY).unwrap();
+        let code = p.mint(&[bridge("acp")], None, DEFAULT_EXPIRY).unwrap();
         let path = dir.path().join("iroh/pairings.json");
         let before = std::fs::metadata(&path).unwrap().modified().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         for _ in 0..MAX_WRONG_TRIES * 3 {
-            assert_eq!(p.redeem(&t("acp"), "not-it").unwrap().0, Redeemed::Refused(wire::REASON_PAIR_WRONG));
+            assert_eq!(
+                p.redeem(&[bridge("acp")], "not-it", |_| true).unwrap(),
+                Redeemed::Refused(wire::REASON_PAIR_WRONG)
+            );
         }
         assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
         assert_eq!(std::fs::metadata(&path).unwrap().modified().unwrap(), before);
-        assert!(matches!(p.redeem(&t("acp"), &code).unwrap().0, Redeemed::Paired { .. }));
+        assert!(matches!(p.redeem(&[bridge("acp")], &code, |_| true).unwrap(), Redeemed::Paired { .. }));
     }
 
     #[test]

@@ -380,9 +380,13 @@ impl IrohClient {
     /// pairing link, beside its `ticket=`): afterwards this NodeId is allowed
     /// there and connects as usual. `name`: what the device is listed as
     /// (`iroh list`); `protocol`: `acp` (default) or `mcp`. Resolves with
-    /// `{paired: true, name}`; a refused code rejects with `kind: "closed"` and
-    /// the bridge's `reason` (`pairing code expired`, `pairing code already used`, …).
-    #[wasm_bindgen(unchecked_return_type = "Promise<{paired: boolean, name?: string}>")]
+    /// `{paired: true, name, agents}` (`agents`: from a host, every agent this
+    /// device may reach now, each `{name, label, protocol, ticket}`); a refused
+    /// code rejects with `kind: "closed"` and the bridge's `reason`
+    /// (`pairing code expired`, `pairing code already used`, …).
+    #[wasm_bindgen(
+        unchecked_return_type = "Promise<{paired: boolean, name?: string, agents?: {name: string, label: string, protocol: string, ticket: string}[]}>"
+    )]
     pub fn pair(
         &self,
         target: String,
@@ -398,7 +402,8 @@ impl IrohClient {
             c.write(&pairing::request(&secret, name.as_deref().unwrap_or_default())).await?;
             let _ = c.send.lock().await.finish();
             let mut recv = c.take_recv()?;
-            let answer = recv.read_to_end(pairing::MAX_PAIR_LINE).await.map_err(|e| op_error(&c.conn, e))?;
+            let answer =
+                recv.read_to_end(pairing::MAX_PAIR_ANSWER).await.map_err(|e| op_error(&c.conn, e))?;
             c.close();
             let text = String::from_utf8_lossy(&answer);
             js_sys::JSON::parse(text.trim())

@@ -567,6 +567,148 @@ async fn a_code_grants_exactly_its_agent_and_iroh_pair_pairs_with_the_agent_on_t
     h.stop().await;
 }
 
+/// `acp connect --pair CODE [--device-name NAME] TICKET` from `device`, one
+/// line through the agent: the agent's echo and `connect`'s stderr.
+async fn pair_at(device: &Tb, code: &str, name: &str, ticket: &str) -> (String, String) {
+    let mut c = device.cmd();
+    c.args(["acp", "connect", "--pair", code, "--device-name", name, ticket])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"{\"paired\":1}\n").await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(WAIT, child.wait_with_output()).await.unwrap().unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `iroh list --json`'s entry for `id` in `home`.
+async fn listed_device(home: &Tb, id: &EndpointId) -> Value {
+    let out = home.run(&["iroh", "list", "--json"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["nodeId"] == id.to_string())
+        .unwrap_or_else(|| panic!("{id} not listed: {v}"))
+        .clone()
+}
+
+/// One bare `iroh pair` while a host runs: one code, redeemed at any of
+/// the agents that admit your own devices, lets the device into all of
+/// them (and the answer names them all), not into an agent for a guest.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_code_pairs_a_device_with_every_agent_of_the_host_that_admits_your_own_devices() {
+    init_tracing();
+    let host = Tb::new(None);
+    let dir = agents_dir(&host);
+    let someone = Tb::new(None).node_id("acp").await;
+    for (name, label) in [("alpha", "Agent Alpha"), ("beta", "Agent Beta"), ("gamma", "Agent Gamma")] {
+        write_manifest(&dir, &format!("{name}.json"), &cat(name, &format!(r#","label":"{label}""#)), 0o600);
+    }
+    write_manifest(&dir, "guest.json", &cat("guest", &format!(r#","accept_from":["{someone}"]"#)), 0o600);
+    let h = RunningHost::start(&host, &["--per-remote-max", "100"]).await;
+
+    let out = host.run(&["iroh", "pair", "--json"]).await;
+    assert!(out.status.success(), "iroh pair: {}", String::from_utf8_lossy(&out.stderr));
+    let minted: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let code = minted["code"].as_str().unwrap();
+    let names: Vec<&str> =
+        minted["agents"].as_array().unwrap().iter().map(|a| a["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["alpha", "beta", "gamma"], "the guest's agent is not in it: {minted}");
+    for a in minted["agents"].as_array().unwrap() {
+        assert_eq!(a["ticket"], h.agent(a["name"].as_str().unwrap()).ticket, "the running host's tickets");
+    }
+    assert_eq!(minted["bridgeRunning"], true);
+
+    // Redeemed at the second agent, not the one the printed command dials.
+    let phone = Tb::new(None);
+    let phone_id = phone.node_id("acp").await;
+    let (echo, log) = pair_at(&phone, code, "Phone", &h.agent("beta").ticket).await;
+    assert_eq!(echo, "{\"paired\":1}\n", "{log}");
+    // The answer told the device every agent, with its label and ticket.
+    assert!(log.contains("may now reach 3 agent(s)"), "{log}");
+    for (name, label) in [("alpha", "Agent Alpha"), ("beta", "Agent Beta"), ("gamma", "Agent Gamma")] {
+        let line = format!("{name} ({label}): thunderbolt acp connect {}", h.agent(name).ticket);
+        assert!(log.contains(&line), "want '{line}' in: {log}");
+    }
+    assert!(!log.contains("guest"), "{log}");
+
+    // All three reached with no code; the guest's agent is not.
+    for name in ["alpha", "beta", "gamma"] {
+        let line = format!("{{\"to\":\"{name}\"}}\n");
+        let out = exchange(&phone, "acp", &h.agent(name).ticket, &line).await;
+        assert_eq!(String::from_utf8_lossy(&out.stdout), line, "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = exchange(&phone, "acp", &h.agent("guest").ticket, "{}\n").await;
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not allowlisted"));
+
+    // `iroh list` names it, how it came and what it reaches.
+    let d = listed_device(&host, &phone_id).await;
+    assert_eq!(d["name"], "Phone", "{d}");
+    assert_eq!(d["how"], "pairing", "{d}");
+    assert_eq!(d["agents"], serde_json::json!(["alpha", "beta", "gamma"]), "{d}");
+    let text = host.run(&["iroh", "list"]).await;
+    let text = String::from_utf8_lossy(&text.stdout);
+    let line =
+        text.lines().find(|l| l.starts_with(&phone_id.to_string())).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("Phone") && line.contains("paired with a code"), "{line}");
+    assert!(line.contains("reaches alpha, beta, gamma;"), "{line}");
+
+    // One code, one device.
+    let (echo, log) = pair_at(&Tb::new(None), code, "Tablet", &h.agent("alpha").ticket).await;
+    assert!(echo.is_empty() && log.contains(thunderbolt_shared::pairing::REASON_PAIR_SPENT), "{log}");
+    h.stop().await;
+}
+
+/// Pairing again (with other agents) keeps the device's name unless the
+/// owner gives a new one; one code for some agents grants those, wherever
+/// it is redeemed.
+#[tokio::test(flavor = "multi_thread")]
+async fn pairing_again_keeps_the_name_unless_a_new_one_is_given() {
+    init_tracing();
+    let host = Tb::new(None);
+    let dir = agents_dir(&host);
+    for name in ["one", "two", "three", "four"] {
+        write_manifest(&dir, &format!("{name}.json"), &cat(name, ""), 0o600);
+    }
+    let h = RunningHost::start(&host, &["--per-remote-max", "100"]).await;
+    let phone = Tb::new(None);
+    let phone_id = phone.node_id("acp").await;
+    let reaches = |name: &'static str| {
+        let (phone, ticket) = (&phone, h.agent(name).ticket.clone());
+        async move { exchange(phone, "acp", &ticket, "{}\n").await.status.success() }
+    };
+
+    let code = mint_code(&host, &["--agent", "one"]).await;
+    let (echo, log) = pair_at(&phone, &code, "Phone", &h.agent("one").ticket).await;
+    assert!(!echo.is_empty(), "{log}");
+    assert_eq!(listed_device(&host, &phone_id).await["name"], "Phone");
+    assert!(!reaches("two").await, "paired with `one` only");
+
+    // A code for two agents, redeemed at the second, from a device that now calls itself otherwise.
+    let code = mint_code(&host, &["--agent", "two", "--agent", "three"]).await;
+    let (echo, log) = pair_at(&phone, &code, "Chrome on Linux", &h.agent("three").ticket).await;
+    assert!(!echo.is_empty(), "{log}");
+    assert!(log.contains("may now reach 3 agent(s)"), "{log}");
+    let d = listed_device(&host, &phone_id).await;
+    assert_eq!(d["name"], "Phone", "the name it had is kept: {d}");
+    assert_eq!(d["agents"], serde_json::json!(["one", "three", "two"]), "by name: {d}");
+    assert!(reaches("two").await && reaches("three").await && !reaches("four").await);
+
+    // The owner's name wins.
+    let code = mint_code(&host, &["--agent", "four", "--name", "Work phone"]).await;
+    let (echo, log) = pair_at(&phone, &code, "Chrome on Linux", &h.agent("four").ticket).await;
+    assert!(!echo.is_empty(), "{log}");
+    assert_eq!(listed_device(&host, &phone_id).await["name"], "Work phone");
+    assert!(reaches("four").await);
+    h.stop().await;
+}
+
 /// Descriptors the process `pid` holds now.
 fn descriptors(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)

@@ -562,17 +562,19 @@ pub enum IrohCmd {
     Id(IdArgs),
     /// Mint a one-time pairing code: one scan (or one command) on a new device adds it.
     ///
-    /// Prints the `connect --pair` command line and a browser link (the code in its #fragment,
-    /// which no web server sees), and the link as a QR code. The code is stored only as a hash,
-    /// pairs one device, and expires (10 minutes by default); five wrong codes tried at the
-    /// bridge burn it.
+    /// While a host runs, one code is for every agent of the host that admits your own devices
+    /// (`--agent NAME` for some), redeemable at any of them; the device learns them all when it
+    /// pairs. Prints the `connect --pair` command line and a browser link (the code in its
+    /// #fragment, which no web server sees), and the link as a QR code. The code is stored only
+    /// as a hash, pairs one device, and expires (10 minutes by default); a device that tries five
+    /// wrong codes waits.
     Pair(PairArgs),
     /// Allow a peer (by NodeId or ticket) to connect to your bridges.
     Allow(AllowArgs),
     /// Remove a peer from the allow file; a running bridge ends its sessions at once.
     Deny(DenyArgs),
-    /// List the peers in the allow file, with their names, how and when they were added, and
-    /// when they were last seen.
+    /// List the devices that may connect: how each was let in (a pairing code, the allow file,
+    /// the account), its name, the agents it may reach, when it was added and last seen.
     List(ListArgs),
 }
 
@@ -590,12 +592,14 @@ pub struct IdArgs {
 
 #[derive(Debug, Args)]
 pub struct PairArgs {
-    /// Whose NodeId the device pairs with: `acp` (the ACP bridge) or `mcp`.
+    /// Without a host: whose NodeId the device pairs with, `acp` (the ACP bridge) or `mcp`.
     #[arg(long, default_value = "acp")]
     pub protocol: String,
-    /// Pair with this agent of the host (`agents.d/<file>.json`'s name) instead.
+    /// Pair with this agent of the host only (`agents.d/<file>.json`'s name); repeat it for
+    /// several. Without it, while a host runs, the code is for every agent of the host that
+    /// admits your own devices.
     #[arg(long, value_name = "NAME")]
-    pub agent: Option<String>,
+    pub agent: Vec<String>,
     /// The name the device gets (`iroh list`, `status`, the log); else the name it sends.
     #[arg(long, value_name = "LABEL")]
     pub name: Option<String>,

@@ -343,7 +343,7 @@ async fn pair_first(d: Dial<'_>, code: &str, name: &str, dial_timeout: u64) -> R
         let (mut send, mut recv) = conn.open_bi().await?;
         send.write_all(&pairing_wire::request(code, name)).await?;
         send.finish()?;
-        let answer = recv.read_to_end(pairing_wire::MAX_PAIR_LINE).await?;
+        let answer = recv.read_to_end(pairing_wire::MAX_PAIR_ANSWER).await?;
         anyhow::Ok(answer)
     };
     let answer = tokio::time::timeout(PAIR_ANSWER_TIMEOUT, exchange).await;
@@ -380,6 +380,7 @@ async fn pair_first(d: Dial<'_>, code: &str, name: &str, dial_timeout: u64) -> R
         Some(n) => info!("paired with {} as \"{n}\"", target.id().fmt_short()),
         None => info!("paired with {}", target.id().fmt_short()),
     }
+    crate::cli::pair_cmd::tell_agents(&v, protocol);
     Ok(())
 }
 

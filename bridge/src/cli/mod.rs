@@ -6,8 +6,10 @@ pub mod args;
 pub mod banner;
 pub mod connect;
 pub mod control_cmd;
+pub mod device_list;
 pub mod iroh_cmd;
 pub mod output;
+pub mod pair_cmd;
 pub mod redial;
 pub mod stdio;
 

@@ -12,8 +12,8 @@ use tracing::{info, warn};
 
 use crate::{
     devices::How,
-    pairing::Redeemed,
-    serve::{session::refuse, AgentConfig, AgentName, Shared},
+    pairing::{Redeemed, Target},
+    serve::{session::refuse, AgentConfig, AgentName, Shared, Stores},
     trust::allowfile,
 };
 
@@ -22,31 +22,93 @@ struct Request {
     pair: String,
     #[serde(default)]
     name: String,
+    /// `1`: the device reads the agents it may reach in the answer.
+    #[serde(default)]
+    agents: serde_json::Value,
 }
 
-/// What a pairing code may have been minted for to pair at this agent: the
-/// agent itself, and for a host's agent on the protocol's single-agent
-/// bridge identity, that bridge too (`iroh pair` without `--agent` prints
-/// its ticket, which is this agent's).
-pub fn targets(cfg: &AgentConfig) -> Vec<String> {
-    let bridge = crate::pairing::bridge_target(&cfg.protocol);
-    let AgentName::Hosted(name) = &cfg.name else { return vec![bridge] };
-    let mut v = vec![crate::pairing::agent_target(name)];
-    if cfg.bridge_identity {
-        v.push(bridge);
+impl Request {
+    fn wants_agents(&self) -> bool {
+        self.agents.as_u64() == Some(1) || self.agents.as_bool() == Some(true)
     }
-    v
+}
+
+/// What the pairing door needs to know of the agent it opens on.
+#[derive(Debug, Clone)]
+struct Door {
+    name: AgentName,
+    protocol: String,
+    /// On the protocol's single-agent bridge identity (a host's agent).
+    bridge_identity: bool,
+    /// It admits your own devices (the allow file, the account).
+    own_devices: bool,
 }
 
 /// What a redeemed code lets the device use.
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Grants {
-    /// The allow file: the single-agent bridge (as the reference tool does,
-    /// so a user who switches back keeps the pairing), or a code minted for
-    /// that bridge redeemed at a host's agent on its identity that accepts
-    /// your own devices.
+    /// The allow file: the device is one of your own devices, so every agent
+    /// that admits them (and the single-agent bridge, as the reference tool
+    /// does, so a user who switches back keeps the pairing) lets it in.
     AllowFile,
-    /// Exactly this agent of the host (`devices.json`), nothing else.
-    Agent,
+    /// Exactly these agents of the host (`devices.json`), nothing else.
+    Agents(Vec<String>),
+}
+
+impl Door {
+    fn of(cfg: &AgentConfig) -> Self {
+        Self {
+            name: cfg.name.clone(),
+            protocol: cfg.protocol.clone(),
+            bridge_identity: cfg.bridge_identity,
+            own_devices: cfg.own_devices,
+        }
+    }
+
+    /// Where a code may have been minted for to pair here: the agent
+    /// itself; for a host's agent on the protocol's single-agent bridge
+    /// identity, that bridge too; for one that admits your own devices, a
+    /// code for them (a bare `iroh pair`).
+    fn accepts(&self) -> Vec<Target> {
+        let bridge = Target::Bridge(self.protocol.clone());
+        let AgentName::Hosted(name) = &self.name else { return vec![bridge] };
+        let mut v = vec![Target::Agent(name.to_string())];
+        if self.bridge_identity {
+            v.push(bridge);
+        }
+        if self.own_devices {
+            v.push(Target::OwnDevices);
+        }
+        v
+    }
+
+    /// What a code minted for `minted_for` grants when redeemed here.
+    fn grants(&self, minted_for: &[Target]) -> Grants {
+        let AgentName::Hosted(me) = &self.name else { return Grants::AllowFile };
+        let bridge = Target::Bridge(self.protocol.clone());
+        let for_own = minted_for.iter().any(|t| *t == Target::OwnDevices || *t == bridge);
+        if for_own && self.own_devices {
+            return Grants::AllowFile;
+        }
+        let agents: Vec<String> = minted_for
+            .iter()
+            .filter_map(|t| match t {
+                Target::Agent(n) => Some(n.clone()),
+                _ => None,
+            })
+            .collect();
+        // A code for the bridge redeemed at a host's agent on its identity
+        // that does not admit your own devices: that agent, and no other.
+        Grants::Agents(if agents.is_empty() { vec![me.to_string()] } else { agents })
+    }
+}
+
+/// Whether `peer` holds everything `g` grants already.
+fn holds(stores: &Stores, peer: &EndpointId, g: &Grants) -> bool {
+    match g {
+        Grants::AllowFile => allowfile::read(&stores.allow_file).is_ok_and(|a| a.ids.contains(peer)),
+        Grants::Agents(agents) => agents.iter().all(|a| stores.devices.granted(peer, a)),
+    }
 }
 
 pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, shared: &Arc<Shared>) {
@@ -91,36 +153,35 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
         refuse(&conn, wire::REASON_PAIR_BAD);
         return;
     };
-    let targets = targets(cfg);
-    let given = wire::clean_name(&req.name);
-    // An allowed device pairing again (a second scan) is simply told so; its
-    // code stays unspent and nothing is written.
-    if cfg.trust.check(&peer).is_some() {
-        info!(peer = %short, "pairing: {peer} is allowed already");
-        answer(&conn, send, stores.devices.name_of(&peer)).await;
-        return;
-    }
+    // A single-agent bridge answers as it always did.
+    let list = req.wants_agents() && cfg.name != AgentName::Single;
+    let door = Door::of(cfg);
+    // An allowed device pairing again (a second scan) is simply told so when
+    // the code gives it nothing new: the code stays unspent, nothing is written.
+    let allowed = cfg.trust.check(&peer).is_some();
     let verdict = {
-        let stores = stores.clone();
-        let code = req.pair.clone();
-        tokio::task::spawn_blocking(move || stores.pairings.redeem(&targets, &code))
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        let (stores, door, code) = (stores.clone(), door.clone(), req.pair.clone());
+        tokio::task::spawn_blocking(move || {
+            stores.pairings.redeem(&door.accepts(), &code, |minted_for| {
+                !allowed || !holds(&stores, &peer, &door.grants(minted_for))
+            })
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
     };
-    let (name, grants) = match verdict {
-        Ok((Redeemed::Paired { name }, minted_for)) => {
-            let name = name.or(given).or_else(|| stores.devices.name_of(&peer));
-            let own_devices = cfg.own_devices;
-            let for_bridge =
-                minted_for.as_deref() == Some(crate::pairing::bridge_target(&cfg.protocol).as_str());
-            let grants = if cfg.name == AgentName::Single || (for_bridge && own_devices) {
-                Grants::AllowFile
-            } else {
-                Grants::Agent
-            };
-            (name, grants)
+    let (minted_name, grants) = match verdict {
+        Ok(Redeemed::Paired { name, minted_for }) => (name, door.grants(&minted_for)),
+        Ok(Redeemed::Unneeded) => {
+            info!(peer = %short, "pairing: {peer} holds all the code grants already; the code stays unspent");
+            answer(&conn, send, stores.devices.name_of(&peer), list.then(|| reachable(shared, &peer))).await;
+            return;
         }
-        Ok((Redeemed::Refused(reason), _)) => {
+        Ok(Redeemed::Refused(_)) if allowed => {
+            info!(peer = %short, "pairing: {peer} is allowed already");
+            answer(&conn, send, stores.devices.name_of(&peer), list.then(|| reachable(shared, &peer))).await;
+            return;
+        }
+        Ok(Redeemed::Refused(reason)) => {
             if reason == wire::REASON_PAIR_WRONG {
                 stores.pair_throttle.lock().unwrap_or_else(|p| p.into_inner()).wrong(&peer, now);
             }
@@ -135,17 +196,20 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
         }
     };
     stores.pair_throttle.lock().unwrap_or_else(|p| p.into_inner()).paired(&peer);
+    // The name minted with the code, else the one the device has here
+    // already (pairing again does not rename it), else the one it sent.
+    let name = minted_name.or_else(|| stores.devices.name_of(&peer)).or_else(|| wire::clean_name(&req.name));
     let recorded = {
-        let (stores, name, agent) = (stores.clone(), name.clone(), cfg.name.clone());
+        let (stores, name, grants) = (stores.clone(), name.clone(), grants.clone());
         tokio::task::spawn_blocking(move || -> anyhow::Result<bool> {
-            match grants {
+            match &grants {
                 Grants::AllowFile => {
                     let added = allowfile::allow(&stores.allow_file, &peer)?;
                     stores.devices.record(&peer, name, How::Pairing)?;
                     Ok(added)
                 }
-                Grants::Agent => {
-                    stores.devices.grant(&peer, name, agent.as_str())?;
+                Grants::Agents(agents) => {
+                    stores.devices.grant(&peer, name, agents)?;
                     Ok(false)
                 }
             }
@@ -154,21 +218,22 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
         .unwrap_or_else(|e| Err(anyhow::anyhow!(e)))
     };
     let named = name.as_deref().map(|n| format!(" as \"{n}\"")).unwrap_or_default();
-    match (recorded, cfg.name == AgentName::Single) {
-        (Ok(added), true) => info!(
+    let single = cfg.name == AgentName::Single;
+    match (&recorded, &grants) {
+        (Ok(added), Grants::AllowFile) if single => info!(
             peer = %short,
             "paired {peer}{named} with a one-time code{}",
-            if added { "; it is in the allow file now" } else { " (it was in the allow file already)" }
+            if *added { "; it is in the allow file now" } else { " (it was in the allow file already)" }
         ),
-        (Ok(true), false) => info!(
+        (Ok(_), Grants::AllowFile) => info!(
             peer = %short,
-            "paired {peer}{named} with a one-time code minted for this machine's {} bridge; it is in the allow file now (one of your own devices)",
-            cfg.protocol
+            "paired {peer}{named} with a one-time code: one of your own devices now (the allow file), it may use every agent that admits them"
         ),
-        (Ok(false), false) => info!(
+        (Ok(_), Grants::Agents(agents)) => info!(
             peer = %short,
-            "paired {peer}{named} with a one-time code: it may use this agent ({}), and no other",
-            cfg.name
+            "paired {peer}{named} with a one-time code: it may use {} ({}), and no other agent",
+            if agents.len() == 1 { "this agent" } else { "these agents" },
+            agents.join(", ")
         ),
         (Err(e), _) => {
             warn!(peer = %short, "pairing: cannot record {peer}: {e:#}");
@@ -179,14 +244,78 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
     if cfg.trust.check(&peer).is_none() {
         warn!(peer = %short, "paired {peer}, but this agent does not admit it (its manifest's accept_from)");
     }
-    answer(&conn, send, name).await;
+    answer(&conn, send, name, list.then(|| reachable(shared, &peer))).await;
 }
 
-/// Tells the device it is paired, and waits (briefly) for it to hear it.
-async fn answer(conn: &Connection, mut send: iroh::endpoint::SendStream, name: Option<String>) {
-    let answer = serde_json::json!({ "paired": true, "name": name });
-    let _ = send.write_all(format!("{answer}\n").as_bytes()).await;
+/// Every agent of the host `peer` may reach now, by name.
+fn reachable(shared: &Shared, peer: &EndpointId) -> Vec<wire::PairedAgent> {
+    let mut agents: Vec<wire::PairedAgent> = shared
+        .served()
+        .values()
+        .filter_map(|a| {
+            let cfg = a.config();
+            let name = cfg.name.manifest_name()?.to_string();
+            cfg.trust.check(peer)?;
+            Some(wire::PairedAgent {
+                name,
+                label: cfg.label.to_string(),
+                protocol: cfg.protocol.clone(),
+                ticket: a.ticket().to_string(),
+            })
+        })
+        .collect();
+    agents.sort_by(|a, b| a.name.cmp(&b.name));
+    agents
+}
+
+/// Tells the device it is paired (and, when it asked, what it may reach),
+/// and waits (briefly) for it to hear it.
+async fn answer(
+    conn: &Connection,
+    mut send: iroh::endpoint::SendStream,
+    name: Option<String>,
+    agents: Option<Vec<wire::PairedAgent>>,
+) {
+    let line = wire::Answer { paired: true, name, agents: agents.unwrap_or_default() }.line();
+    let _ = send.write_all(&line).await;
     let _ = send.finish();
     let _ = tokio::time::timeout(crate::limits::FINISH_LINGER, send.stopped()).await;
     let _ = tokio::time::timeout(crate::limits::FINISH_LINGER, conn.closed()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn door(name: Option<&str>, bridge_identity: bool, own_devices: bool) -> Door {
+        Door {
+            name: name.map_or(AgentName::Single, AgentName::hosted),
+            protocol: "acp".into(),
+            bridge_identity,
+            own_devices,
+        }
+    }
+
+    #[test]
+    fn what_a_code_grants_where_it_is_redeemed() {
+        let (own, bridge) = (Target::OwnDevices, Target::Bridge("acp".into()));
+        let agent = |n: &str| Target::Agent(n.into());
+        // The single-agent bridge: its own codes only, into the allow file.
+        let single = door(None, false, true);
+        assert_eq!(single.accepts(), vec![bridge.clone()]);
+        assert_eq!(single.grants(&[bridge.clone(), own.clone()]), Grants::AllowFile);
+        // A host's agent for your own devices: a whole host's code makes one of them.
+        let main = door(Some("main"), false, true);
+        assert_eq!(main.accepts(), vec![agent("main"), own.clone()]);
+        assert_eq!(main.grants(&[bridge.clone(), own.clone()]), Grants::AllowFile);
+        // Codes for some agents grant those, wherever redeemed.
+        assert_eq!(
+            main.grants(&[agent("a"), agent("main")]),
+            Grants::Agents(vec!["a".into(), "main".into()])
+        );
+        // An agent for a guest only, on the bridge's identity: that agent alone.
+        let guest = door(Some("guest"), true, false);
+        assert_eq!(guest.accepts(), vec![agent("guest"), bridge.clone()]);
+        assert_eq!(guest.grants(&[bridge]), Grants::Agents(vec!["guest".into()]));
+    }
 }

@@ -124,6 +124,15 @@ impl Served {
         self.config().name.clone()
     }
 
+    /// Its ticket as served now: its relay and direct addresses, with every
+    /// relay of ours it is configured with.
+    pub fn ticket(&self) -> thunderbolt_shared::EndpointTicket {
+        thunderbolt_shared::EndpointTicket::new(crate::net::ticket_addr(
+            self.endpoint.addr(),
+            &self.relay.relays(),
+        ))
+    }
+
     /// Sessions of this agent with an agent process now.
     pub fn live_sessions(&self) -> usize {
         self.live.load(Ordering::Relaxed)

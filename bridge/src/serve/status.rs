@@ -9,7 +9,7 @@ use std::{
 };
 
 use iroh::endpoint::Connection;
-use thunderbolt_shared::{close, node_id_base32, EndpointTicket};
+use thunderbolt_shared::{close, node_id_base32};
 
 use crate::{
     control::api::{
@@ -117,11 +117,7 @@ impl BridgeHandle {
                     protocol: cfg.protocol.clone(),
                     node_id: id.to_string(),
                     node_id_base32: node_id_base32(&id),
-                    ticket: EndpointTicket::new(crate::net::ticket_addr(
-                        a.endpoint.addr(),
-                        &a.relay.relays(),
-                    ))
-                    .to_string(),
+                    ticket: a.ticket().to_string(),
                     live_sessions: a.live_sessions(),
                     relay: RelayStatus {
                         url: relay.url.clone(),

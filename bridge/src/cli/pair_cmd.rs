@@ -1,0 +1,322 @@
+//! `thunderbolt iroh pair`: mints one code and says how to use it.
+//!
+//! What the code is for follows what runs here: while a host runs (or none
+//! does, and `agents.d` has agents for your own devices), one code for every
+//! agent of the host that admits your own devices, redeemable at any of
+//! them; with `--agent NAME…`, those agents only; else this machine's
+//! single-agent bridge, as before hosts existed.
+
+use anyhow::{bail, Result};
+use iroh::{EndpointAddr, EndpointId, TransportAddr};
+use serde_json::json;
+use thunderbolt_shared::{node_id_base32, pairing as pairing_wire, EndpointTicket, Protocol};
+
+use crate::{
+    cli::{args::PairArgs, banner::pairing_url, iroh_cmd::qr},
+    control::api::Status,
+    devices::{now_ms, rfc3339},
+    home::Home,
+    host::{folder, manifest::Machine},
+    identity,
+    net::NetConfig,
+    pairing::{Pairings, Target},
+};
+
+/// One agent a code pairs with, as the device will dial it.
+#[derive(Debug, Clone)]
+struct Reached {
+    /// The manifest's name (empty for a single-agent bridge).
+    name: String,
+    label: String,
+    protocol: Protocol,
+    id: EndpointId,
+    ticket: EndpointTicket,
+}
+
+/// What a code is minted for.
+#[derive(Debug)]
+struct Plan {
+    /// "agent claude (Claude Code)", "every agent of this host that admits your own devices".
+    what: String,
+    targets: Vec<Target>,
+    /// The agents the device may reach once paired; the first is the one it dials.
+    agents: Vec<Reached>,
+    /// Whether what serves them runs now.
+    running: bool,
+    /// What to say when it does not run.
+    start: String,
+    /// Whether this is a host's code (the JSON's `agents`).
+    hosted: bool,
+}
+
+pub fn pair(home: &Home, a: PairArgs) -> Result<()> {
+    let net = a.net.config()?;
+    let statuses: Vec<Status> =
+        crate::control::client::each(home, |c| c.status()).into_iter().filter_map(|(_, r)| r.ok()).collect();
+    let plan = plan(home, &a, &net, &statuses)?;
+    let Some(first) = plan.agents.first().cloned() else { bail!("nothing to pair with") };
+    let name = a.name.as_deref().and_then(pairing_wire::clean_name);
+    let code = Pairings::new(home).mint(&plan.targets, name.clone(), a.expires)?;
+    let (protocol, ticket, id) = (&first.protocol, &first.ticket, first.id);
+    let command = format!("thunderbolt {protocol} connect --pair {code} {ticket}");
+    // A self-hosted relay rides along: a browser has no other way to learn it.
+    let relay = match &net.relays {
+        crate::net::Relays::Custom(urls) => {
+            urls.first().map(|u| format!("&relay={}", fragment_escape(u.as_str())))
+        }
+        _ => None,
+    };
+    let link = pairing_url(a.app_url.as_deref(), protocol)
+        .map(|page| format!("{page}#ticket={ticket}&pair={code}{}", relay.unwrap_or_default()));
+    let expires_ms = now_ms().saturating_add(a.expires.as_millis() as u64);
+    let no_address = ticket.endpoint_addr().addrs.is_empty();
+    if a.json {
+        let agents: Vec<_> = plan
+            .agents
+            .iter()
+            .filter(|_| plan.hosted)
+            .map(|r| {
+                json!({
+                    "name": r.name, "label": r.label, "protocol": r.protocol.as_str(),
+                    "nodeId": r.id.to_string(), "ticket": r.ticket.to_string(),
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "code": code, "ticket": ticket.to_string(), "command": command, "link": link,
+                "nodeId": id.to_string(), "nodeIdBase32": node_id_base32(&id), "protocol": protocol.as_str(),
+                "agent": a.agent.first(), "agents": agents, "name": name, "expires": rfc3339(expires_ms),
+                "bridgeRunning": plan.running,
+            })
+        );
+        return Ok(());
+    }
+    println!(
+        "One-time pairing code for {}: pairs one device, valid {}.\n",
+        plan.what,
+        for_how_long(a.expires)
+    );
+    println!("On the device, run:\n  {command}\n");
+    match &link {
+        Some(link) => {
+            println!("or open this link in its browser (the code rides in the #fragment, which no web server sees):");
+            println!("  {link}\n");
+        }
+        None => println!(
+            "(For a link a phone's browser opens, give the app's address: --app-url <url> or THUNDERBOLT_APP_URL.)\n"
+        ),
+    }
+    if plan.agents.len() > 1 {
+        println!(
+            "It dials {} ({}); the code pairs at any of these, and the device learns every one's ticket when it pairs:",
+            first.name,
+            id.fmt_short()
+        );
+        for r in &plan.agents {
+            println!("  {} ({}, {})  {}", r.name, r.label, r.protocol, r.ticket);
+        }
+        println!();
+    }
+    if !a.no_qr {
+        // The link when there is one: a phone's camera opens it.
+        println!("{}", qr(link.as_deref().unwrap_or(&command))?);
+    }
+    if !plan.running {
+        println!("{}", plan.start);
+    }
+    if no_address {
+        eprintln!(
+            "warning: this ticket carries no address (relays are disabled and no bridge runs to \
+             add its direct ones): start the bridge, then run `thunderbolt iroh pair` again"
+        );
+    }
+    println!(
+        "Without a code: on the device run `thunderbolt iroh id`, then here `thunderbolt iroh allow <its-nodeid> --name <label>`."
+    );
+    Ok(())
+}
+
+/// Tells the device's user (`connect --pair`'s log) every agent the pairing
+/// lets it reach, from the bridge's answer: each with the line that reaches it.
+pub fn tell_agents(answer: &serde_json::Value, protocol: &Protocol) {
+    let Ok(answer) = serde_json::from_value::<pairing_wire::Answer>(answer.clone()) else { return };
+    if answer.agents.is_empty() {
+        return;
+    }
+    tracing::info!("this device may now reach {} agent(s) of that host:", answer.agents.len());
+    for a in &answer.agents {
+        let p = if a.protocol == protocol.as_str() { protocol.as_str() } else { a.protocol.as_str() };
+        tracing::info!("  {} ({}): thunderbolt {p} connect {}", a.name, a.label, a.ticket);
+    }
+}
+
+/// What `a` asks a code for, given what runs here.
+fn plan(home: &Home, a: &PairArgs, net: &NetConfig, statuses: &[Status]) -> Result<Plan> {
+    let host = statuses.iter().find(|s| s.kind == "host");
+    let dir = home.agents_dir();
+    // A running host's ticket carries its direct addresses; else the configured relays.
+    let reached = |spec: &crate::host::manifest::AgentSpec| -> Result<Reached> {
+        let (key, _) = identity::load_or_create_named(home, &spec.identity.file_name(&spec.name))?;
+        let id = key.public();
+        let ticket = live_ticket(host.into_iter(), &id).unwrap_or_else(|| offline_ticket(id, net));
+        Ok(Reached {
+            name: spec.name.clone(),
+            label: spec.label.clone(),
+            protocol: spec.protocol.clone(),
+            id,
+            ticket,
+        })
+    };
+    let start = "No host serves these agents right now: start it before the device dials (thunderbolt host)."
+        .to_string();
+    if !a.agent.is_empty() {
+        let loaded = folder::load_dir(&dir, &Machine::this());
+        let mut agents = Vec::new();
+        for name in &a.agent {
+            let Some(spec) = loaded.agents.get(name) else {
+                let known: Vec<&str> = loaded.agents.keys().map(String::as_str).collect();
+                bail!(
+                    "no agent named '{name}' loads from {} ({}; `thunderbolt agents list` shows why)",
+                    dir.display(),
+                    if known.is_empty() {
+                        "none does".to_string()
+                    } else {
+                        format!("these do: {}", known.join(", "))
+                    }
+                );
+            };
+            if !agents.iter().any(|r: &Reached| r.name == *name) {
+                agents.push(reached(spec)?);
+            }
+        }
+        let what = agents.iter().map(|r| format!("{} ({})", r.name, r.label)).collect::<Vec<_>>().join(", ");
+        return Ok(Plan {
+            what: format!("{} {what}", if agents.len() == 1 { "agent" } else { "agents" }),
+            targets: agents.iter().map(|r| Target::Agent(r.name.clone())).collect(),
+            running: host.is_some(),
+            agents,
+            start,
+            hosted: true,
+        });
+    }
+    let protocol = Protocol::parse_known(&a.protocol)?;
+    let (key, _) = identity::load_or_create_named(home, &protocol.identity_file_name())?;
+    let bridge_id = key.public();
+    let bridge_live = live_ticket(statuses.iter().filter(|s| s.kind != "host"), &bridge_id);
+    // The host's agents for your own devices: while a host runs, or while
+    // nothing runs and it has some (it is what `service install` starts).
+    let own: Vec<Reached> = if host.is_some() || bridge_live.is_none() {
+        let loaded = folder::load_dir(&dir, &Machine::this());
+        let mut own = Vec::new();
+        for spec in loaded.agents.values().filter(|s| s.accept_from.own_devices) {
+            own.push(reached(spec)?);
+        }
+        own
+    } else {
+        Vec::new()
+    };
+    let targets = vec![Target::Bridge(protocol.to_string()), Target::OwnDevices];
+    if host.is_some() && own.is_empty() {
+        bail!(
+            "no agent of the running host admits your own devices (each manifest's accept_from): \
+             pair with one by name, `thunderbolt iroh pair --agent NAME`"
+        );
+    }
+    if !own.is_empty() {
+        let mut agents = own;
+        // The device dials the agent on the bridge's identity if there is one
+        // (its ticket stays the one a bridge here always had), else the
+        // first of the protocol asked for.
+        let first = agents
+            .iter()
+            .position(|r| r.id == bridge_id)
+            .or_else(|| agents.iter().position(|r| r.protocol == protocol))
+            .unwrap_or(0);
+        agents.swap(0, first);
+        agents[1..].sort_by(|x, y| x.name.cmp(&y.name));
+        let names = agents.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ");
+        return Ok(Plan {
+            what: format!("every agent of this host that admits your own devices ({names})"),
+            targets,
+            running: host.is_some(),
+            agents,
+            start,
+            hosted: true,
+        });
+    }
+    let running = bridge_live.is_some();
+    let ticket = bridge_live.unwrap_or_else(|| offline_ticket(bridge_id, net));
+    Ok(Plan {
+        what: format!("this machine's {protocol} bridge (NodeId {})", bridge_id.fmt_short()),
+        targets,
+        agents: vec![Reached {
+            name: String::new(),
+            label: protocol.to_string(),
+            protocol: protocol.clone(),
+            id: bridge_id,
+            ticket,
+        }],
+        running,
+        start: format!(
+            "No bridge serves this NodeId right now: start it before the device dials \
+             (thunderbolt {protocol} --transport iroh -- <agent-cmd…>, or thunderbolt host)."
+        ),
+        hosted: false,
+    })
+}
+
+/// The ticket one of `statuses`' bridges serves `id` with, if one does.
+fn live_ticket<'s>(statuses: impl Iterator<Item = &'s Status>, id: &EndpointId) -> Option<EndpointTicket> {
+    statuses
+        .flat_map(|s| s.agents.iter())
+        .find(|a| a.node_id == id.to_string())
+        .and_then(|a| a.ticket.parse().ok())
+}
+
+/// `id` at the configured relays (no direct addresses: those exist only
+/// while a bridge runs, and its banner has them).
+fn offline_ticket(id: EndpointId, net: &NetConfig) -> EndpointTicket {
+    EndpointTicket::new(EndpointAddr::from_parts(id, net.relays.urls().into_iter().map(TransportAddr::Relay)))
+}
+
+/// `text` safe as a value in a `#a=b&c=d` fragment (URLSearchParams reads it back).
+fn fragment_escape(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' | b':' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// "10 minutes", "1 hour", "90 seconds".
+fn for_how_long(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    let (n, unit) = if s.is_multiple_of(86_400) {
+        (s / 86_400, "day")
+    } else if s.is_multiple_of(3600) {
+        (s / 3600, "hour")
+    } else if s.is_multiple_of(60) {
+        (s / 60, "minute")
+    } else {
+        (s, "second")
+    };
+    format!("{n} {unit}{}", if n == 1 { "" } else { "s" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_people_say_them() {
+        assert_eq!(for_how_long(std::time::Duration::from_secs(600)), "10 minutes");
+        assert_eq!(for_how_long(std::time::Duration::from_secs(3600)), "1 hour");
+        assert_eq!(for_how_long(std::time::Duration::from_secs(90)), "90 seconds");
+        assert_eq!(fragment_escape("http://127.0.0.1:3340/?a=b"), "http://127.0.0.1:3340/%3Fa%3Db");
+    }
+}
