@@ -318,10 +318,16 @@ async fn probe_relay(url: &RelayUrl, ca: &[rustls_pki_types::CertificateDer<'sta
     match client.get(url.as_str()).send().await {
         Ok(r) => format!("answers over HTTP ({}), but no relay connection was made yet", r.status()),
         Err(e) => {
+            // The URL leads the line already: reqwest's own words would say it again.
+            let e = e.without_url();
             let mut chain = e.to_string();
             let mut source = std::error::Error::source(&e);
             while let Some(s) = source {
-                chain.push_str(&format!(": {s}"));
+                // A wrapper that quotes its cause already: the cause once.
+                let text = s.to_string();
+                if !chain.contains(&text) {
+                    chain.push_str(&format!(": {text}"));
+                }
                 source = s.source();
             }
             if e.is_timeout() && !chain.contains("timed out") {

@@ -238,6 +238,8 @@ async fn banner_redacts_secrets_and_never_prints_the_key() {
     assert!(!bridge.banner.contains("SECRET"));
     assert!(!bridge.banner.contains(secret_hex.trim()));
     assert!(bridge.banner.contains("same-account auto-trust: off"));
+    // It says how a device is paired, not only how a NodeId is allowed.
+    assert!(bridge.banner.contains("Pair:    run `thunderbolt iroh pair` here"), "{}", bridge.banner);
     bridge.terminate().await;
     assert!(!bridge.log.text().contains(secret_hex.trim()));
 }

@@ -72,15 +72,11 @@ impl Banner<'_> {
                  (give a second, --relay-url {url},<another>, and either may die)"
             );
         }
-        match pairing_url(self.app_url, p) {
-            Some(url) => {
-                let _ = writeln!(s, "  Pair:    open {url} and add this bridge with the ticket above");
-            }
-            None => {
-                let _ =
-                    writeln!(s, "  Pair:    in the app's settings, add this bridge with the ticket above");
-            }
-        }
+        let app = match pairing_url(self.app_url, p) {
+            Some(url) => format!("; or open {url} and add this bridge with the ticket above"),
+            None => String::new(),
+        };
+        let _ = writeln!(s, "  Pair:    {PAIR_HINT}{app}");
         let _ = writeln!(s, "  Agent:   {}", self.command);
         match &self.resume {
             Some(r) => {
@@ -112,10 +108,19 @@ impl Banner<'_> {
             if self.manual_peers == 1 { "" } else { "s" },
             self.account_trust
         );
-        let _ = writeln!(s, "  Allow a peer: thunderbolt iroh allow <its-nodeid>");
+        let _ = writeln!(s, "{ALLOW_LINE}");
         s
     }
 }
+
+/// How a device is paired, for every banner: one command here, one scan or
+/// command on the device.
+pub const PAIR_HINT: &str =
+    "run `thunderbolt iroh pair` here: it prints a one-time code, a command line and a QR code for the device";
+
+/// A banner's last line (scripts wait for its `Allow a peer:`): both ways in.
+pub const ALLOW_LINE: &str =
+    "  Allow a peer: thunderbolt iroh pair (one code, one scan), or thunderbolt iroh allow <its-nodeid>";
 
 #[cfg(test)]
 mod tests {

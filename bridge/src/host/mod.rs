@@ -314,24 +314,45 @@ pub fn banner(
             dir.display()
         );
     }
+    // Agents share their relays: one cause they all share is said once, not per agent.
+    let shared_problem = match started.split_first() {
+        Some((first, rest)) if rest.iter().all(|a| a.relay_problem == first.relay_problem) => {
+            first.relay_problem.clone()
+        }
+        _ => None,
+    };
     for a in started {
         let _ = writeln!(s, "  {} ({}, {})", a.name, a.label, a.protocol);
         let _ = writeln!(s, "    NodeId:  {}  ({})", a.addr.id, node_id_base32(&a.addr.id));
         let _ = writeln!(s, "    Ticket:  {}", a.ticket());
         let _ = writeln!(s, "    Account: {}", a.account);
-        if let Some(why) = &a.relay_problem {
+        if let Some(why) = a.relay_problem.as_ref().filter(|_| shared_problem.is_none()) {
             let _ = writeln!(
                 s,
                 "    Relay:   NOT reachable ({why}); browsers cannot reach this agent until it is"
             );
         }
     }
+    if let Some(why) = &shared_problem {
+        let _ = writeln!(
+            s,
+            "  Relay:   NOT reachable ({why}); browsers cannot reach {} until it is",
+            if started.len() == 1 { "this agent" } else { "these agents" }
+        );
+    }
     for (file, why) in &loaded.refused {
         let _ = writeln!(s, "  Refused: {}: {why}", file.display());
     }
     let _ = writeln!(s, "  Notify:  {notify}");
     let _ = writeln!(s, "  Trust:   allow file {} (and each agent's accept_from)", allow_file.display());
-    let _ = writeln!(s, "  Allow a peer: thunderbolt iroh allow <its-nodeid>");
+    if !started.is_empty() {
+        let _ = writeln!(
+            s,
+            "  Pair:    {}; one code is for every agent here that admits your own devices (--agent NAME for some)",
+            crate::cli::banner::PAIR_HINT
+        );
+    }
+    let _ = writeln!(s, "{}", crate::cli::banner::ALLOW_LINE);
     s
 }
 
@@ -339,4 +360,42 @@ pub fn banner(
 /// for `agents list` when no host runs.
 pub fn offline_addr(id: iroh::EndpointId, net: &NetConfig) -> EndpointAddr {
     EndpointAddr::from_parts(id, net.relays.urls().into_iter().map(TransportAddr::Relay))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn started(n: u8, relay_problem: Option<&str>) -> Started {
+        Started {
+            name: format!("agent{n}"),
+            label: format!("Agent {n}"),
+            protocol: "acp".into(),
+            addr: EndpointAddr::new(iroh::SecretKey::from_bytes(&[n; 32]).public()),
+            account: "off".into(),
+            relay_problem: relay_problem.map(str::to_string),
+            new_identity: false,
+        }
+    }
+
+    fn render(agents: &[Started]) -> String {
+        let p = std::path::Path::new("/h");
+        banner(p, agents, &folder::Loaded::default(), p, "off")
+    }
+
+    #[test]
+    fn the_banner_says_a_shared_relay_problem_once_and_how_to_pair() {
+        let why = "http://127.0.0.1:1/ nothing listens there (connection refused)";
+        let all = render(&[started(1, Some(why)), started(2, Some(why)), started(3, Some(why))]);
+        assert_eq!(all.matches("connection refused").count(), 1, "{all}");
+        assert!(all.contains("browsers cannot reach these agents until it is"), "{all}");
+        // Different causes are each the agent's own.
+        let two = render(&[started(1, Some(why)), started(2, None)]);
+        assert_eq!(two.matches("connection refused").count(), 1, "{two}");
+        assert!(two.contains("    Relay:   NOT reachable"), "under its agent: {two}");
+        assert!(!render(&[started(1, None), started(2, None)]).contains("NOT reachable"));
+        // How to pair, and the last line scripts wait for.
+        assert!(all.contains("Pair:    run `thunderbolt iroh pair` here"), "{all}");
+        assert!(all.trim_end().lines().last().unwrap().trim_start().starts_with("Allow a peer:"), "{all}");
+    }
 }
