@@ -5,12 +5,16 @@
 //! wait on the network is bounded so an offline machine still starts and still
 //! prints a ticket with direct addresses.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::{bail, Context, Result};
 use iroh::{
     address_lookup::{DnsAddressLookup, PkarrPublisher, PkarrResolver},
-    endpoint::{presets, AckFrequencyConfig, PortmapperConfig, QuicTransportConfig},
+    endpoint::{presets, AckFrequencyConfig, BindOpts, PortmapperConfig, QuicTransportConfig},
     Endpoint, EndpointAddr, RelayMode, RelayUrl, SecretKey, TransportAddr, Watcher,
 };
 use tracing::{debug, warn};
@@ -85,6 +89,16 @@ impl Relays {
     }
 }
 
+/// Ports for the default binding's two sockets (`0.0.0.0` and `[::]`); 0: any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DefaultPorts {
+    pub v4: u16,
+    pub v6: u16,
+    /// Whether failing to bind the IPv6 socket fails the endpoint (else it
+    /// runs on IPv4 alone, as iroh's default binding does on a host without IPv6).
+    pub v6_required: bool,
+}
+
 /// Resolved network settings.
 #[derive(Debug, Clone)]
 pub struct NetConfig {
@@ -106,7 +120,19 @@ impl NetConfig {
     /// endpoint, as `connect`'s). Its connections get [`bridge_transport`]'s
     /// limits, keep-alives and `idle` timeout, on both sides.
     pub async fn bind(&self, key: SecretKey, alpns: Vec<Vec<u8>>, idle: Duration) -> Result<Endpoint> {
-        self.bind_with(key, alpns, bridge_transport(idle)?).await
+        self.bind_with(key, alpns, bridge_transport(idle)?, None).await
+    }
+
+    /// Binds as [`Self::bind`] with no bind address does (every interface,
+    /// IPv4 and IPv6), on the given ports.
+    pub async fn bind_default_on(
+        &self,
+        ports: DefaultPorts,
+        key: SecretKey,
+        alpns: Vec<Vec<u8>>,
+        idle: Duration,
+    ) -> Result<Endpoint> {
+        self.bind_with(key, alpns, bridge_transport(idle)?, Some(ports)).await
     }
 
     async fn bind_with(
@@ -114,6 +140,7 @@ impl NetConfig {
         key: SecretKey,
         alpns: Vec<Vec<u8>>,
         transport: QuicTransportConfig,
+        ports: Option<DefaultPorts>,
     ) -> Result<Endpoint> {
         let mut b = Endpoint::builder(presets::Minimal)
             .secret_key(key)
@@ -148,6 +175,16 @@ impl NetConfig {
                 .clear_ip_transports()
                 .bind_addr(addr)
                 .with_context(|| format!("invalid bind address {addr}"))?;
+        } else if let Some(p) = ports {
+            // iroh's default binding, ports chosen: IPv4 required, IPv6 as
+            // required as the caller says (iroh's own lets it fail).
+            let v6 = BindOpts::default().set_is_required(p.v6_required);
+            b = b
+                .clear_ip_transports()
+                .bind_addr((Ipv4Addr::UNSPECIFIED, p.v4))
+                .context("invalid IPv4 bind address")?
+                .bind_addr_with_opts((Ipv6Addr::UNSPECIFIED, p.v6), v6)
+                .context("invalid IPv6 bind address")?;
         }
         let ep = b.bind().await.context("cannot bind the iroh endpoint")?;
         Ok(ep)

@@ -511,6 +511,35 @@ async fn a_restarted_bridge_keeps_its_port_so_the_old_ticket_reaches_it_without_
     again.stop().await;
 }
 
+/// The same with the default binding (every interface, as a user runs it;
+/// no `THUNDERBOLT_IROH_BIND`): with relays disabled the ports are kept too,
+/// so a ticket saved before the restart still reaches the bridge.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_free_bridge_on_the_default_binding_keeps_its_ports_so_a_saved_ticket_connects() {
+    let tb = Tb::new(None);
+    let dev = Tb::new(None);
+    tb.allow(&dev.node_id("acp").await).await;
+    let start = || {
+        let mut c = tb.cmd();
+        c.env_remove("THUNDERBOLT_IROH_BIND");
+        c.args(["acp", "--transport", "iroh", "--"]).arg(test_agent_bin()).arg("cat");
+        RunningBridge::start(c)
+    };
+    let first = start().await;
+    let saved = first.ticket.clone();
+    let ports = std::fs::read_to_string(tb.home().join("iroh/ports.json")).unwrap();
+    assert!(ports.contains(&first.node_id.to_string()) && ports.contains("\"v4\""), "{ports}");
+    first.stop().await;
+    let again = start().await;
+    assert_eq!(again.ticket, saved, "the same ports, the same ticket");
+    let mut c = Client::start(&dev, &[&saved]);
+    c.send(json!({"jsonrpc": "2.0", "method": "n", "params": {"n": 1}})).await;
+    assert_eq!(c.next().await["params"]["n"], 1, "the saved ticket reached the restarted bridge");
+    drop(c.stdin.take());
+    assert!(tokio::time::timeout(WAIT, c.child.wait()).await.unwrap().unwrap().success());
+    again.stop().await;
+}
+
 /// A journal as the bridge writes it (`bridge/src/journal/record.rs`): its
 /// header, then `runs` output records of the agent's lines, then a stop.
 fn planted_journal(path: &std::path::Path, node: &str, owner: &str, runs: &[Vec<u8>]) {
