@@ -79,7 +79,7 @@ impl Relays {
         match self {
             Self::Default => iroh::endpoint::default_relay_mode(),
             Self::Disabled => RelayMode::Disabled,
-            Self::Custom(urls) => RelayMode::custom(urls.iter().cloned()),
+            Self::Custom(urls) => RelayMode::Custom(urls.iter().cloned().map(relay_config).collect()),
         }
     }
 
@@ -87,6 +87,20 @@ impl Relays {
     pub fn urls(&self) -> Vec<RelayUrl> {
         self.mode().relay_map().urls::<Vec<_>>()
     }
+}
+
+/// How we speak to a relay of ours. QUIC address discovery (a UDP probe to
+/// the relay, iroh's default) only for an `https` relay: QUIC always uses
+/// TLS, so a plain `http` relay cannot answer it, and iroh's report of which
+/// relay is nearest waits 3 s for the unanswered probe each time it runs,
+/// which is when a relay died and another must become home (issue 59).
+fn relay_config(url: RelayUrl) -> iroh::RelayConfig {
+    let https = url.scheme() == "https";
+    let mut cfg = iroh::RelayConfig::from(url);
+    if !https {
+        cfg.quic = None;
+    }
+    cfg
 }
 
 /// Ports for the default binding's two sockets (`0.0.0.0` and `[::]`); 0: any.

@@ -51,11 +51,16 @@ const REHOME_MAX: Duration = Duration::from_secs(30);
 /// Ends with the client.
 pub(crate) fn keep_a_home_relay(client: &Rc<ClientInner>) {
     // The task holds neither the client nor its endpoint: it ends when they go.
-    let statuses = client.ep.home_relay_status().stream();
-    wasm_bindgen_futures::spawn_local(rehome(Rc::downgrade(client), statuses));
+    let statuses = client.ep().home_relay_status().stream();
+    let generation = client.generation();
+    wasm_bindgen_futures::spawn_local(rehome(Rc::downgrade(client), generation, statuses));
 }
 
-async fn rehome(client: Weak<ClientInner>, mut statuses: impl Stream<Item = Vec<RelayStatus>> + Unpin) {
+async fn rehome(
+    client: Weak<ClientInner>,
+    generation: u32,
+    mut statuses: impl Stream<Item = Vec<RelayStatus>> + Unpin,
+) {
     use n0_future::time::{timeout, Instant};
     // While no home relay answers: when to make iroh look again.
     let mut look: Option<Instant> = None;
@@ -65,7 +70,10 @@ async fn rehome(client: Weak<ClientInner>, mut statuses: impl Stream<Item = Vec<
             None => Ok(statuses.next().await),
             Some(at) => timeout(at.saturating_duration_since(Instant::now()), statuses.next()).await,
         };
-        let Some(c) = client.upgrade().filter(|c| !c.ep.is_closed()) else { return };
+        // A fresh endpoint has a task of its own.
+        let Some(c) = client.upgrade().filter(|c| c.generation() == generation && !c.ep().is_closed()) else {
+            return;
+        };
         match next {
             Ok(None) => return,
             Ok(Some(list)) => {
@@ -91,7 +99,7 @@ async fn rehome(client: Weak<ClientInner>, mut statuses: impl Stream<Item = Vec<
         }
         if c.relays.len() > 1 {
             if let Some(cfg) = c.relays.relays::<Vec<_>>().pop() {
-                c.ep.insert_relay(cfg.url.clone(), cfg).await;
+                c.ep().insert_relay(cfg.url.clone(), cfg).await;
             }
         }
     }

@@ -24,6 +24,7 @@ use thunderbolt_shared::{
     close,
     devices::{Role, METHOD_ANSWERED, METHOD_ROLE},
     resume::{AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS, MAX_CONTROL_LINE},
+    silence::{self, Silence, Verdict},
 };
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
@@ -47,6 +48,9 @@ const REDIAL_FIRST_ATTEMPT: Duration = Duration::from_millis(500);
 /// How long a resumable connection may be silent before it is taken for lost
 /// (and redialed), unless `options.idleTimeoutMs` says otherwise: as the bridge.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A redial not through within this from the endpoint the lost connection
+/// went out from goes on from a fresh one (once; see `ClientInner::renew`).
+const REDIAL_RENEW_AFTER: Duration = Duration::from_secs(2);
 /// Shortest idle timeout accepted: a few round trips through a relay.
 pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_millis(300);
 /// Keep-alive period (a third of the idle timeout when that is shorter).
@@ -83,6 +87,10 @@ struct State {
     /// Frames the page took; what acks and hellos say.
     ack: AckPolicy,
     ack_due: bool,
+    /// A repeated ack is to go out: the bridge was silent (`shared::silence`).
+    probe_due: bool,
+    /// The lost connection's relay died: redial from a fresh endpoint.
+    renew: bool,
     /// Frames queued for the page (taken or not).
     queued: u64,
     token: Option<String>,
@@ -397,10 +405,12 @@ impl Resumable {
         transport: QuicTransportConfig,
     ) {
         let mut conn = first;
+        // The endpoint `conn` went out from (see `ClientInner::renew`).
+        let mut generation = client.generation();
         let mut resumed = false;
         loop {
             self.st.borrow_mut().conn = Some(conn.clone());
-            let lost = self.carry(&client.ep, &conn, &mut out_rx, &mut poke_rx, resumed).await;
+            let lost = self.carry(&client.ep(), &conn, &mut out_rx, &mut poke_rx, resumed).await;
             let why = match lost {
                 Ok(why) => why,
                 Err((how, err)) => return self.end(how, err),
@@ -410,9 +420,14 @@ impl Resumable {
             }
             let grace = self.st.borrow().grace;
             self.event("reconnecting", Some(&why));
-            match redial(&client, &addr, &alpn, grace, &transport).await {
-                Ok(c) => {
+            let renewed = std::mem::take(&mut self.st.borrow_mut().renew);
+            if renewed {
+                client.renew(generation).await;
+            }
+            match redial(&client, &addr, &alpn, grace, &transport, renewed).await {
+                Ok((c, g)) => {
                     conn = c;
+                    generation = g;
                     resumed = true;
                 }
                 Err(e) => {
@@ -517,9 +532,13 @@ impl Resumable {
                 // Control lines first: an ack, a role asked for.
                 let ack = {
                     let mut st = self.st.borrow_mut();
+                    let probe = std::mem::take(&mut st.probe_due);
                     if st.ack_due {
                         st.ack_due = false;
                         st.ack.ack()
+                    } else if probe {
+                        // A probe is an ack as well, repeated if there is nothing new.
+                        Some(st.ack.ack().unwrap_or(Control::Ack(st.ack.received())))
                     } else if st.role_due {
                         st.role_due = false;
                         st.want.map(Control::Role)
@@ -650,18 +669,55 @@ impl Resumable {
             }
         };
         let closed = conn.closed();
-        let relay_lost = crate::relays::path_lost(ep, conn);
-        futures::pin_mut!(upload, download, closed, relay_lost);
+        // A relay that died may hold this endpoint's sends back: the redial
+        // goes out from a fresh one.
+        let relay_lost = crate::relays::path_lost(ep, conn).map(|why| {
+            self.st.borrow_mut().renew = true;
+            why
+        });
+        let silent = self.silent(conn);
+        futures::pin_mut!(upload, download, closed, relay_lost, silent);
         // Whichever stops first: the connection is over either way.
         let over = futures::future::select(upload, futures::future::select(download, closed));
-        if let futures::future::Either::Right((why, _)) = futures::future::select(over, relay_lost).await {
-            // Its relay is gone, and the path with it: redial now (through
-            // another relay), not at the idle timeout. Not `client closed`:
-            // should the bridge hear it, it takes it for a loss.
+        let lost = futures::future::select(relay_lost, silent).map(|e| e.factor_first().0);
+        if let futures::future::Either::Right((lost, _)) = futures::future::select(over, lost).await {
+            // Its relay is gone, and the path with it, or the bridge does not
+            // answer on it (killed and started again, it forgot it): redial
+            // now, not at the idle timeout. Not `client closed`: should the
+            // bridge hear it, it takes it for a loss.
             conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), b"path lost");
-            return Ok(why);
+            return Ok(lost);
         }
         self.conn_end(conn.closed().await)
+    }
+
+    /// Resolves, saying why, once `conn` heard nothing from the bridge, not
+    /// even an answer to a probe (`shared::silence`).
+    async fn silent(&self, conn: &Connection) -> String {
+        use n0_future::time::Instant;
+        let start = Instant::now();
+        let heard = || conn.stats().udp_rx.datagrams;
+        let rtt = || conn.paths().iter().find(|p| p.is_selected()).map(|p| p.rtt()).unwrap_or_default();
+        let mut w = Silence::new(Duration::ZERO, heard());
+        loop {
+            n0_future::time::sleep(silence::TICK).await;
+            match w.tick(start.elapsed(), heard(), rtt()) {
+                Verdict::Probe => {
+                    self.st.borrow_mut().probe_due = true;
+                    let _ = self.poke.unbounded_send(());
+                }
+                Verdict::Suspect { silent_for } => {
+                    // Its path went through a relay that may be dead (a
+                    // browser's always does), holding this endpoint's sends.
+                    self.st.borrow_mut().renew = true;
+                    return format!(
+                        "nothing heard from the bridge for {:.1} s, not even an answer to a probe",
+                        silent_for.as_secs_f64()
+                    );
+                }
+                Verdict::Fine => {}
+            }
+        }
     }
 
     /// The connection ended: the bridge's close ends the session; anything
@@ -728,26 +784,39 @@ fn closed_obj(kind: &str, code: Option<u64>, reason: &str) -> JsValue {
 /// in one round trip. (Overlapping attempts, as `connect` makes, cost the
 /// browser module more code than they win here.)
 async fn redial(
-    client: &ClientInner,
+    client: &Rc<ClientInner>,
     addr: &EndpointAddr,
     alpn: &[u8],
     grace: Duration,
     transport: &QuicTransportConfig,
-) -> Result<Connection, String> {
+    mut renewed: bool,
+) -> Result<(Connection, u32), String> {
     use n0_future::time::Instant;
-    let deadline = Instant::now() + grace;
+    let start = Instant::now();
+    let deadline = start + grace;
+    let renew_at = start + REDIAL_RENEW_AFTER;
     let mut backoff = REDIAL_FIRST_BACKOFF;
     let mut attempt_limit = REDIAL_FIRST_ATTEMPT;
     let mut last = String::from("no attempt");
     while Instant::now() < deadline {
+        if !renewed && Instant::now() >= renew_at {
+            // Once: whatever holds the old endpoint's sends back holds no fresh one.
+            client.renew(client.generation()).await;
+            renewed = true;
+        }
+        let (generation, ep) = (client.generation(), client.ep());
+        let mut limit = attempt_limit;
+        if !renewed {
+            limit = limit.min(renew_at.saturating_duration_since(Instant::now())).max(REDIAL_FIRST_BACKOFF);
+        }
         let opts = ConnectOptions::new().with_transport_config(transport.clone());
         let dial = async {
             let connecting =
-                client.ep.connect_with_opts(addr.clone(), alpn, opts).await.map_err(|e| e.to_string())?;
+                ep.connect_with_opts(addr.clone(), alpn, opts).await.map_err(|e| e.to_string())?;
             connecting.await.map_err(|e| e.to_string())
         };
-        match n0_future::time::timeout(attempt_limit, dial).await {
-            Ok(Ok(c)) => return Ok(c),
+        match n0_future::time::timeout(limit, dial).await {
+            Ok(Ok(c)) => return Ok((c, generation)),
             Ok(Err(e)) => {
                 last = e;
                 n0_future::time::sleep(backoff).await;
@@ -771,6 +840,7 @@ pub async fn connect_either(
     let opts = ConnectOptions::new()
         .with_additional_alpns(plain_alpn.into_iter().collect())
         .with_transport_config(transport);
-    let connecting = client.ep.connect_with_opts(addr, resume_alpn, opts).await.map_err(|e| e.to_string())?;
+    let connecting =
+        client.ep().connect_with_opts(addr, resume_alpn, opts).await.map_err(|e| e.to_string())?;
     connecting.await.map_err(|e| e.to_string())
 }

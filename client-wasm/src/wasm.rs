@@ -113,7 +113,10 @@ fn input_error(msg: impl std::fmt::Display) -> JsValue {
 }
 
 pub(crate) struct ClientInner {
-    pub(crate) ep: Endpoint,
+    /// The endpoint dialed from now; a fresh one may replace it ([`ClientInner::renew`]).
+    ep: RefCell<Endpoint>,
+    /// How many times it was replaced.
+    generation: std::cell::Cell<u32>,
     secret: SecretKey,
     relay: Option<RelayUrl>,
     /// The endpoint's relay map (the very one: a `RelayMap`'s clones share
@@ -158,15 +161,16 @@ impl IrohClient {
             Some(u) => RelayMap::from(u.clone()),
             None => iroh::endpoint::default_relay_mode().relay_map(),
         };
-        let ep = Endpoint::builder(presets::Minimal)
-            .crypto_provider(crate::crypto::browser_crypto())
-            .add_custom_transport(std::sync::Arc::new(crate::batching::Batching))
-            .secret_key(secret.clone())
-            .relay_mode(RelayMode::Custom(relays.clone()))
-            .bind()
+        let ep = bind(&secret, &relays)
             .await
             .map_err(|e| js_error(&ErrorKind::Network, &format!("cannot start the iroh endpoint: {e}")))?;
-        let inner = Rc::new(ClientInner { ep, secret, relay, relays });
+        let inner = Rc::new(ClientInner {
+            ep: RefCell::new(ep),
+            generation: Default::default(),
+            secret,
+            relay,
+            relays,
+        });
         crate::relays::keep_a_home_relay(&inner);
         Ok(IrohClient { inner })
     }
@@ -174,7 +178,7 @@ impl IrohClient {
     /// This client's NodeId (64 hex chars): what the bridge must allow.
     #[wasm_bindgen(js_name = nodeId)]
     pub fn node_id(&self) -> String {
-        self.inner.ep.id().to_string()
+        self.inner.ep().id().to_string()
     }
 
     /// The secret key as 64 hex chars, to persist for a stable NodeId.
@@ -416,9 +420,55 @@ impl IrohClient {
     pub fn shutdown(&self) -> Promise {
         let inner = self.inner.clone();
         future_to_promise(async move {
-            inner.ep.close().await;
+            inner.ep().close().await;
             Ok(JsValue::UNDEFINED)
         })
+    }
+}
+
+/// An endpoint with `secret` homed on one of `relays` (the very map: a
+/// `RelayMap`'s clones share their contents).
+async fn bind(secret: &SecretKey, relays: &RelayMap) -> Result<Endpoint, iroh::endpoint::BindError> {
+    Endpoint::builder(presets::Minimal)
+        .crypto_provider(crate::crypto::browser_crypto())
+        .add_custom_transport(std::sync::Arc::new(crate::batching::Batching))
+        .secret_key(secret.clone())
+        .relay_mode(RelayMode::Custom(relays.clone()))
+        .bind()
+        .await
+}
+
+impl ClientInner {
+    /// The endpoint to dial from now.
+    pub(crate) fn ep(&self) -> Endpoint {
+        self.ep.borrow().clone()
+    }
+
+    /// Which endpoint is current (see [`ClientInner::renew`]).
+    pub(crate) fn generation(&self) -> u32 {
+        self.generation.get()
+    }
+
+    /// A fresh endpoint (same key, same relays) in place of the one of
+    /// `generation`, unless another session replaced it already. iroh sends
+    /// every relay datagram of an endpoint through one queue, which waits
+    /// whenever one relay's own queue is full: a relay that died with a
+    /// stream going through it holds every relay's sends back for seconds
+    /// (as `connect`'s `ClientEndpoint` says). The old endpoint is closed,
+    /// and its connections with it: every session of this client redials.
+    pub(crate) async fn renew(self: &Rc<Self>, generation: u32) {
+        if self.generation() != generation {
+            return;
+        }
+        let Ok(fresh) = bind(&self.secret, &self.relays).await else { return };
+        if self.generation() != generation {
+            fresh.close().await;
+            return;
+        }
+        let old = self.ep.replace(fresh);
+        self.generation.set(generation.wrapping_add(1));
+        crate::relays::keep_a_home_relay(self);
+        wasm_bindgen_futures::spawn_local(async move { old.close().await });
     }
 }
 
@@ -460,13 +510,13 @@ async fn dial_conn(
     // Whether the relay was reached: a dial that never got that far says so.
     let online = std::cell::Cell::new(false);
     let fut = async {
-        client.ep.online().await;
+        client.ep().online().await;
         online.set(true);
         match fallback {
             Some((plain, transport)) => {
                 crate::resumable::connect_either(client, addr.clone(), alpn, plain, transport).await
             }
-            None => client.ep.connect(addr.clone(), alpn).await.map_err(|e| e.to_string()),
+            None => client.ep().connect(addr.clone(), alpn).await.map_err(|e| e.to_string()),
         }
     };
     match n0_future::time::timeout(Duration::from_millis(ms as u64), fut).await {
