@@ -662,6 +662,19 @@ async fn one_code_pairs_a_device_with_every_agent_of_the_host_that_admits_your_o
     // One code, one device.
     let (echo, log) = pair_at(&Tb::new(None), code, "Tablet", &h.agent("alpha").ticket).await;
     assert!(echo.is_empty() && log.contains(thunderbolt_shared::pairing::REASON_PAIR_SPENT), "{log}");
+
+    // A code that gives a paired device nothing new (a second scan) leaves it for the next device.
+    let again = mint_code(&host, &[]).await;
+    let for_alpha = mint_code(&host, &["--agent", "alpha"]).await;
+    for (code, at) in [(&again, "gamma"), (&for_alpha, "alpha")] {
+        let (echo, log) = pair_at(&phone, code, "Phone", &h.agent(at).ticket).await;
+        assert!(!echo.is_empty(), "{log}");
+    }
+    h.log.wait_for_count("holds all the code grants already", 2).await;
+    for code in [&again, &for_alpha] {
+        let (echo, log) = pair_at(&Tb::new(None), code, "Tablet", &h.agent("alpha").ticket).await;
+        assert!(!echo.is_empty(), "unspent: {log}");
+    }
     h.stop().await;
 }
 

@@ -3,7 +3,7 @@
 //! gate (per-remote budget, handshake cap) and the handshake, like every
 //! connection; no agent is ever spawned on it.
 
-use std::sync::Arc;
+use std::{collections::HashSet, sync::Arc};
 
 use iroh::{endpoint::Connection, EndpointId};
 use serde::Deserialize;
@@ -14,7 +14,7 @@ use crate::{
     devices::How,
     pairing::{Redeemed, Target},
     serve::{session::refuse, AgentConfig, AgentName, Shared, Stores},
-    trust::allowfile,
+    trust::{allowfile, Grant},
 };
 
 #[derive(Deserialize)]
@@ -103,11 +103,43 @@ impl Door {
     }
 }
 
-/// Whether `peer` holds everything `g` grants already.
-fn holds(stores: &Stores, peer: &EndpointId, g: &Grants) -> bool {
-    match g {
-        Grants::AllowFile => allowfile::read(&stores.allow_file).is_ok_and(|a| a.ids.contains(peer)),
-        Grants::Agents(agents) => agents.iter().all(|a| stores.devices.granted(peer, a)),
+/// What a device holds already as one of your own devices: whether it is
+/// one (the account, the allow file), and the host's agents it reaches as one.
+#[derive(Debug, Default)]
+struct Held {
+    own: bool,
+    agents: HashSet<String>,
+}
+
+impl Held {
+    /// What `peer` holds now at the agents `shared` serves.
+    fn of(shared: &Shared, peer: &EndpointId) -> Self {
+        let mut held = Held::default();
+        for a in shared.served().values() {
+            let cfg = a.config();
+            let grant = cfg.trust.check(peer);
+            held.own |= matches!(grant, Some(Grant::Account | Grant::Manual));
+            if let (Some(name), Some(Grant::Account | Grant::Manual | Grant::Paired)) =
+                (cfg.name.manifest_name(), grant)
+            {
+                held.agents.insert(name.to_string());
+            }
+        }
+        held
+    }
+
+    /// Whether `g` would give `peer` nothing it does not hold (a guest let
+    /// in by a manifest's NodeId does not hold what a code grants: it
+    /// becomes one of your own devices there).
+    fn covers(&self, stores: &Stores, peer: &EndpointId, g: &Grants) -> bool {
+        match g {
+            Grants::AllowFile => {
+                self.own || allowfile::read(&stores.allow_file).is_ok_and(|a| a.ids.contains(peer))
+            }
+            Grants::Agents(agents) => {
+                agents.iter().all(|a| self.agents.contains(a) || stores.devices.granted(peer, a))
+            }
+        }
     }
 }
 
@@ -159,11 +191,12 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
     // An allowed device pairing again (a second scan) is simply told so when
     // the code gives it nothing new: the code stays unspent, nothing is written.
     let allowed = cfg.trust.check(&peer).is_some();
+    let held = Held::of(shared, &peer);
     let verdict = {
         let (stores, door, code) = (stores.clone(), door.clone(), req.pair.clone());
         tokio::task::spawn_blocking(move || {
             stores.pairings.redeem(&door.accepts(), &code, |minted_for| {
-                !allowed || !holds(&stores, &peer, &door.grants(minted_for))
+                !allowed || !held.covers(&stores, &peer, &door.grants(minted_for))
             })
         })
         .await
