@@ -59,6 +59,15 @@ impl Protocol {
         &self.0
     }
 
+    /// `an ACP bridge`, `an MCP server`: the name as the initialism it is read
+    /// as, letter by letter, after the article its first letter's sound takes.
+    pub fn with_article(&self, noun: &str) -> String {
+        // Letters whose name starts with a vowel sound: "an ACP", "an MCP", "a TCP".
+        const VOWEL_SOUNDING: &str = "aefhilmnorsx";
+        let an = self.0.chars().next().is_some_and(|c| VOWEL_SOUNDING.contains(c));
+        format!("{} {} {noun}", if an { "an" } else { "a" }, self.0.to_ascii_uppercase())
+    }
+
     /// `thunderbolt/<name>/0` as bytes.
     pub fn alpn(&self) -> Vec<u8> {
         alpn_for(self)
@@ -109,6 +118,13 @@ impl fmt::Display for Protocol {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_take_their_article() {
+        assert_eq!(Protocol::acp().with_article("bridge"), "an ACP bridge");
+        assert_eq!(Protocol::mcp().with_article("bridge"), "an MCP bridge");
+        assert_eq!("tcp".parse::<Protocol>().unwrap().with_article("bridge"), "a TCP bridge");
+    }
 
     #[test]
     fn alpn_matches_contract() {

@@ -746,6 +746,20 @@ async fn why_the_agent_ended_reaches_the_client() {
     assert_eq!(closed_with(&conn).await, (2, "agent exited (code 0)".to_string()));
 }
 
+/// `connect` run in the bridge's own home would dial with the bridge's own
+/// identity: it says so, and what to do, before any dial (not iroh's
+/// `Connecting to ourself is not supported`).
+#[tokio::test(flavor = "multi_thread")]
+async fn connect_from_the_bridges_own_home_says_it_would_dial_itself() {
+    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let out = connect_from(&s.bridge_home, &s.bridge.ticket, b"{\"a\":1}\n").await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("this is the bridge of this very home"), "{err}");
+    assert!(err.contains("THUNDERBOLT_HOME=<another folder> thunderbolt acp connect"), "{err}");
+    assert!(!err.contains("ourself"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_ends_even_when_a_grandchild_holds_stdout() {
     let mut s = Setup::new("acp", &[], &[], true).await;

@@ -38,6 +38,7 @@ pub async fn sessions(home: &Home, args: crate::cli::args::SessionsArgs) -> Resu
     let net = args.net.config()?;
     let target = with_relay_hint(args.target.parse()?, &net.relays);
     let (key, _) = identity::load_or_create(home, &Protocol::acp())?;
+    not_ourselves(home, &target, &key, &protocol)?;
     let ep = net.bind(key, vec![], limits::IDLE_TIMEOUT).await?;
     let d = Dial { ep: &ep, target: &target, protocol: &protocol, net: &net };
     let result = list_sessions(d, args.dial_timeout).await;
@@ -173,8 +174,9 @@ pub fn describe_close(err: &ConnectionError, protocol: &Protocol) -> String {
             }
         }
         ConnectionError::ConnectionClosed(cc) if is_alpn_refusal(&cc.to_string()) => format!(
-            "the peer does not serve {protocol} (ALPN {} was refused): is it a {protocol} bridge?",
-            String::from_utf8_lossy(&protocol.alpn())
+            "the peer does not serve {protocol} (ALPN {} was refused): is it {}?",
+            String::from_utf8_lossy(&protocol.alpn()),
+            protocol.with_article("bridge")
         ),
         ConnectionError::TimedOut => "the connection timed out (the bridge stopped answering)".into(),
         e => format!("connection lost: {e}"),
@@ -186,6 +188,7 @@ pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<(
     let target = with_relay_hint(args.target.parse()?, &net.relays);
     // `connect` always dials with the ACP identity: the NodeId `iroh id` prints.
     let (key, _) = identity::load_or_create(home, &Protocol::acp())?;
+    not_ourselves(home, &target, &key, &protocol)?;
     // Keep-alives and a short idle timeout: a dead path is noticed (and, when
     // resuming, redialed) in seconds.
     let idle = Duration::try_from_secs_f64(args.idle_timeout)
@@ -228,6 +231,23 @@ pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<(
     result
 }
 
+/// A target with this home's own NodeId is this home's bridge: we dial with
+/// the identity it serves under, and an endpoint cannot dial itself (iroh says
+/// only `Connecting to ourself is not supported`). Said before dialing, with
+/// what to do instead.
+fn not_ourselves(home: &Home, target: &Target, key: &iroh::SecretKey, protocol: &Protocol) -> Result<()> {
+    if target.id() != key.public() {
+        return Ok(());
+    }
+    bail!(
+        "this is the bridge of this very home ({}): connect dials with this home's identity, which is the \
+         bridge's own, and nothing can dial itself. Connect from another home \
+         (`THUNDERBOLT_HOME=<another folder> thunderbolt {protocol} connect <ticket>`, then allow or pair \
+         that identity), or from the device that should reach this bridge",
+        home.root_path().display()
+    )
+}
+
 /// `dial`, given up early when it can only go through the relay and the
 /// relay refused this device (the reason is then found by [`unreachable`]).
 async fn relay_or_bust<T>(
@@ -262,8 +282,9 @@ async fn unreachable(d: Dial<'_>, secs: u64, err: Option<String>) -> anyhow::Err
     let text = err.unwrap_or_default();
     if is_alpn_refusal(&text) {
         return anyhow!(
-            "{id} does not serve {protocol} (ALPN {} refused): is it a {protocol} bridge?",
-            String::from_utf8_lossy(&protocol.alpn())
+            "{id} does not serve {protocol} (ALPN {} refused): is it {}?",
+            String::from_utf8_lossy(&protocol.alpn()),
+            protocol.with_article("bridge")
         );
     }
     if words::is_identity_mismatch(&text) {
@@ -333,9 +354,10 @@ async fn pair_first(d: Dial<'_>, code: &str, name: &str, dial_timeout: u64) -> R
     let Dial { target, protocol, .. } = d;
     let conn = dial_one(d, &pairing_wire::pair_alpn(protocol), dial_timeout, || {
         anyhow!(
-            "{} does not take pairing codes (it predates `iroh pair`, or is not a {protocol} bridge): \
+            "{} does not take pairing codes (it predates `iroh pair`, or is not {}): \
              run `thunderbolt iroh id` here and `thunderbolt iroh allow <that-nodeid>` there instead",
-            target.id()
+            target.id(),
+            protocol.with_article("bridge")
         )
     })
     .await?;

@@ -102,7 +102,10 @@ impl Control {
             let mut pid = String::new();
             let _ = lock.read_to_string(&mut pid);
             let pid = pid.trim();
-            let which = if name == "host" { "a host".to_string() } else { format!("a {name} bridge") };
+            let which = match name.parse::<thunderbolt_shared::Protocol>() {
+                Ok(p) if name != "host" => p.with_article("bridge"),
+                _ => format!("a {name}"),
+            };
             bail!(
                 "{which} is already running on {} (pid {}): `thunderbolt status` shows it; stop it first, \
                  or use another THUNDERBOLT_HOME",
