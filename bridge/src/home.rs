@@ -19,16 +19,19 @@ pub const DIR_MODE: u32 = 0o700;
 /// Mode for every file we write: only the owner may read it.
 pub const FILE_MODE: u32 = 0o600;
 
+/// Each message ends with its cause (`cause`), which is for that reason not
+/// also the error's `source()`: the CLI prints an error with its chain
+/// (`{:#}`), and a full disk would read `No space left on device` twice.
 #[derive(Debug, thiserror::Error)]
 pub enum HomeError {
     #[error("cannot find the home directory: set THUNDERBOLT_HOME or HOME")]
     NoHome,
-    #[error("cannot create directory {path}: {source}")]
-    CreateDir { path: PathBuf, source: std::io::Error },
-    #[error("cannot set permissions on {path}: {source}")]
-    Chmod { path: PathBuf, source: std::io::Error },
-    #[error("cannot write {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    #[error("cannot create directory {path}: {cause}")]
+    CreateDir { path: PathBuf, cause: std::io::Error },
+    #[error("cannot set permissions on {path}: {cause}")]
+    Chmod { path: PathBuf, cause: std::io::Error },
+    #[error("cannot write {path}: {cause}")]
+    Write { path: PathBuf, cause: std::io::Error },
 }
 
 /// The state directory.
@@ -77,9 +80,9 @@ impl Home {
     /// Creates `iroh/` (and the home above it) if missing and forces it to 0700.
     pub fn ensure_iroh_dir(&self) -> Result<PathBuf, HomeError> {
         let dir = self.iroh_dir();
-        fs::create_dir_all(&dir).map_err(|source| HomeError::CreateDir { path: dir.clone(), source })?;
+        fs::create_dir_all(&dir).map_err(|cause| HomeError::CreateDir { path: dir.clone(), cause })?;
         fs::set_permissions(&dir, fs::Permissions::from_mode(DIR_MODE))
-            .map_err(|source| HomeError::Chmod { path: dir.clone(), source })?;
+            .map_err(|cause| HomeError::Chmod { path: dir.clone(), cause })?;
         Ok(dir)
     }
 }
@@ -148,7 +151,7 @@ pub fn read_json<T: serde::de::DeserializeOwned + Default>(path: &Path) -> std::
 /// A change is logged (once: the next load finds 0600), so a user who made the
 /// file readable on purpose learns why it is not any more.
 pub fn force_file_mode(path: &Path) -> Result<(), HomeError> {
-    let chmod_err = |source| HomeError::Chmod { path: path.to_path_buf(), source };
+    let chmod_err = |cause| HomeError::Chmod { path: path.to_path_buf(), cause };
     let mode = fs::metadata(path).map_err(chmod_err)?.permissions().mode() & 0o7777;
     if mode == FILE_MODE {
         return Ok(());
@@ -165,7 +168,7 @@ pub fn force_file_mode(path: &Path) -> Result<(), HomeError> {
 /// in the same directory, synced, then renamed over the target. A crash leaves
 /// either the old file or the new one, never a torn mix.
 pub fn write_secure_atomic(path: &Path, contents: &[u8]) -> Result<(), HomeError> {
-    let err = |source| HomeError::Write { path: path.to_path_buf(), source };
+    let err = |cause| HomeError::Write { path: path.to_path_buf(), cause };
     let dir = path.parent().unwrap_or(Path::new("."));
     let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
@@ -228,5 +231,20 @@ mod tests {
         assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, FILE_MODE);
         // No temp files left behind.
         assert_eq!(fs::read_dir(&iroh).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_full_disk_is_said_once() {
+        const ENOSPC: i32 = 28;
+        let e = HomeError::Write {
+            path: "/h/iroh/allowlist".into(),
+            cause: std::io::Error::from_raw_os_error(ENOSPC),
+        };
+        let text = format!("{:#}", anyhow::Error::from(e).context("cannot allow the peer"));
+        assert_eq!(text.matches("No space left on device").count(), 1, "{text}");
+        assert!(
+            text.starts_with("cannot allow the peer: cannot write /h/iroh/allowlist: No space"),
+            "{text}"
+        );
     }
 }

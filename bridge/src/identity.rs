@@ -15,20 +15,22 @@ use crate::home::{self, Home, HomeError};
 /// Length of the key in the file: 32 bytes as lowercase hex.
 const KEY_HEX_LEN: usize = 64;
 
+/// A message ends with its `cause`, which is not also `source()` (printed as a
+/// chain it would read twice: see `HomeError`).
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
     #[error(transparent)]
     Home(#[from] HomeError),
-    #[error("cannot read identity {path}: {source}")]
-    Read { path: PathBuf, source: io::Error },
+    #[error("cannot read identity {path}: {cause}")]
+    Read { path: PathBuf, cause: io::Error },
     #[error(
         "identity file {path} is corrupt ({why}); refusing to replace it because that would \
          change this bridge's NodeId and break every pairing. Restore it from a backup, or \
          move it away to start over with a new identity"
     )]
     Corrupt { path: PathBuf, why: String },
-    #[error("cannot create identity {path}: {source}")]
-    Create { path: PathBuf, source: io::Error },
+    #[error("cannot create identity {path}: {cause}")]
+    Create { path: PathBuf, cause: io::Error },
 }
 
 /// Whether the identity was just created (the banner says so: peers must re-pair).
@@ -59,11 +61,11 @@ pub fn load_or_create_named(home: &Home, file_name: &str) -> Result<(SecretKey, 
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                     let key = load_path(&path)?.ok_or_else(|| IdentityError::Read {
                         path: path.clone(),
-                        source: io::Error::new(io::ErrorKind::NotFound, "vanished while reading"),
+                        cause: io::Error::new(io::ErrorKind::NotFound, "vanished while reading"),
                     })?;
                     Ok((key, Origin::Loaded))
                 }
-                Err(source) => Err(IdentityError::Create { path, source }),
+                Err(cause) => Err(IdentityError::Create { path, cause }),
             }
         }
     }
@@ -79,7 +81,7 @@ fn load_path(path: &std::path::Path) -> Result<Option<SecretKey>, IdentityError>
     let bytes = match fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(IdentityError::Read { path, source }),
+        Err(cause) => return Err(IdentityError::Read { path, cause }),
     };
     home::force_file_mode(&path)?;
     parse_key(&bytes).map(Some).map_err(|why| IdentityError::Corrupt { path, why })

@@ -124,10 +124,13 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D:
 }
 
 /// A config that cannot be used, with the key it is about.
+/// Each message ends with its cause (`cause`), which is for that reason not
+/// also the error's `source()`: the CLI prints an error with its chain
+/// (`{:#}`), and a full disk would read `No space left on device` twice.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    #[error("cannot read {path}: {cause}")]
+    Read { path: PathBuf, cause: std::io::Error },
     #[error("{path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("{path}: `{key}`: {reason}")]
@@ -137,8 +140,8 @@ pub enum ConfigError {
 impl Config {
     /// Reads and validates the file.
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|cause| ConfigError::Read { path: path.into(), cause })?;
         Self::parse(&text, path)
     }
 

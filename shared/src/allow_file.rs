@@ -19,10 +19,13 @@ use std::{
 use crate::allowlist::{parse, Allowed};
 
 /// Why an allow file cannot be read.
+/// Each message ends with its cause (`cause`), which is for that reason not
+/// also the error's `source()`: the CLI prints an error with its chain
+/// (`{:#}`), and a full disk would read `No space left on device` twice.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    #[error("cannot read allow file {path}: {source}")]
-    Read { path: PathBuf, source: io::Error },
+    #[error("cannot read allow file {path}: {cause}")]
+    Read { path: PathBuf, cause: io::Error },
     #[error("allow file {path} is not a regular file (a {kind}); replace it with a plain text file")]
     NotRegular { path: PathBuf, kind: &'static str },
 }
@@ -49,7 +52,7 @@ pub fn regular_metadata(path: &Path) -> Result<Option<fs::Metadata>, ReadError> 
         Ok(m) if m.is_file() => Ok(Some(m)),
         Ok(m) => Err(ReadError::NotRegular { path: path.to_path_buf(), kind: kind_of(m.file_type()) }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(ReadError::Read { path: path.to_path_buf(), source }),
+        Err(cause) => Err(ReadError::Read { path: path.to_path_buf(), cause }),
     }
 }
 
@@ -68,7 +71,7 @@ pub fn read_text(path: &Path) -> Result<String, ReadError> {
     match read {
         Ok(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(String::new()),
-        Err(source) => Err(ReadError::Read { path: path.to_path_buf(), source }),
+        Err(cause) => Err(ReadError::Read { path: path.to_path_buf(), cause }),
     }
 }
 

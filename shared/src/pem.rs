@@ -7,10 +7,13 @@ use std::path::{Path, PathBuf};
 use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 
 /// Why a PEM file gave nothing usable. `what` names the file for the user.
+/// Each message ends with its cause (`cause`), which is for that reason not
+/// also the error's `source()`: the CLI prints an error with its chain
+/// (`{:#}`), and a full disk would read `No space left on device` twice.
 #[derive(Debug, thiserror::Error)]
 pub enum PemError {
-    #[error("cannot read {what} {path}: {source}")]
-    Read { what: String, path: PathBuf, source: rustls_pki_types::pem::Error },
+    #[error("cannot read {what} {path}: {cause}")]
+    Read { what: String, path: PathBuf, cause: rustls_pki_types::pem::Error },
     #[error("{what} {path}: no certificate in it")]
     NoCertificate { what: String, path: PathBuf },
 }
@@ -18,7 +21,7 @@ pub enum PemError {
 /// Every certificate in the file (a chain or a CA bundle holds several); at
 /// least one.
 pub fn certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, PemError> {
-    let read = |source| PemError::Read { what: what.to_string(), path: path.to_path_buf(), source };
+    let read = |cause| PemError::Read { what: what.to_string(), path: path.to_path_buf(), cause };
     let certs: Vec<CertificateDer<'static>> =
         CertificateDer::pem_file_iter(path).map_err(read)?.collect::<Result<_, _>>().map_err(read)?;
     if certs.is_empty() {
@@ -29,10 +32,10 @@ pub fn certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, Pe
 
 /// The first private key in the file.
 pub fn private_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>, PemError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|source| PemError::Read {
+    PrivateKeyDer::from_pem_file(path).map_err(|cause| PemError::Read {
         what: what.to_string(),
         path: path.to_path_buf(),
-        source,
+        cause,
     })
 }
 

@@ -19,10 +19,12 @@ use crate::home::Home;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a request got no answer, or was refused.
+/// A message ends with its `cause`, which is not also `source()` (printed as a
+/// chain it would read twice: see `HomeError`).
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot reach {path}: {source}")]
-    Unreachable { path: PathBuf, source: std::io::Error },
+    #[error("cannot reach {path}: {cause}")]
+    Unreachable { path: PathBuf, cause: std::io::Error },
     #[error("{path} answered something that is not HTTP/1.1 JSON")]
     Garbled { path: PathBuf },
     /// The bridge answered with an error (403 for another user, 409 for a
@@ -68,7 +70,7 @@ impl Client {
         body: Option<&[u8]>,
     ) -> Result<T, ClientError> {
         let path = &self.path;
-        let unreachable = |source| ClientError::Unreachable { path: path.clone(), source };
+        let unreachable = |cause| ClientError::Unreachable { path: path.clone(), cause };
         let mut s = UnixStream::connect(path).map_err(unreachable)?;
         s.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(unreachable)?;
         s.set_write_timeout(Some(ANSWER_TIMEOUT)).map_err(unreachable)?;
@@ -113,8 +115,8 @@ pub fn each<T>(
     for p in sockets(home) {
         let client = Client::new(&p);
         match ask(&client) {
-            Err(ClientError::Unreachable { source, .. })
-                if source.kind() == std::io::ErrorKind::PermissionDenied =>
+            Err(ClientError::Unreachable { cause, .. })
+                if cause.kind() == std::io::ErrorKind::PermissionDenied =>
             {
                 eprintln!("cannot use {}: permission denied (it belongs to another user)", p.display());
             }

@@ -28,12 +28,14 @@ use thunderbolt_shared::{
     allowlist::{classify, Line},
 };
 
+/// A message ends with its `cause`, which is not also `source()` (printed as a
+/// chain it would read twice: see `HomeError`).
 #[derive(Debug, thiserror::Error)]
 pub enum AllowFileError {
     #[error(transparent)]
     File(#[from] ReadError),
-    #[error("cannot lock allow file {path} for editing: {source}")]
-    Lock { path: PathBuf, source: io::Error },
+    #[error("cannot lock allow file {path} for editing: {cause}")]
+    Lock { path: PathBuf, cause: io::Error },
     #[error(transparent)]
     Home(#[from] HomeError),
 }
@@ -57,7 +59,7 @@ fn edit_target(path: &Path) -> PathBuf {
 const MAX_SYMLINK_HOPS: usize = 40;
 
 fn lock_for_edit(path: &Path) -> Result<home::EditLock, AllowFileError> {
-    home::EditLock::take(path).map_err(|source| AllowFileError::Lock { path: path.to_path_buf(), source })
+    home::EditLock::take(path).map_err(|cause| AllowFileError::Lock { path: path.to_path_buf(), cause })
 }
 
 /// Reads and parses the file; a missing file is an empty list.

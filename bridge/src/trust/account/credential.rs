@@ -46,12 +46,14 @@ struct StoredCredential {
     token: String,
 }
 
+/// A message ends with its `cause`, which is not also `source()` (printed as a
+/// chain it would read twice: see `HomeError`).
 #[derive(Debug, thiserror::Error)]
 pub enum CredentialError {
     #[error("{0}")]
     Invalid(String),
-    #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    #[error("cannot read {path}: {cause}")]
+    Read { path: PathBuf, cause: std::io::Error },
     #[error("{path} is not a valid credential file ({why}); run `thunderbolt login` again")]
     Corrupt { path: PathBuf, why: String },
     #[error(transparent)]
@@ -125,7 +127,7 @@ pub fn load_credential(
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(CredentialError::Read { path, source }),
+        Err(cause) => return Err(CredentialError::Read { path, cause }),
     };
     home::force_file_mode(&path)?;
     let stored: StoredCredential = serde_json::from_slice(&bytes)
