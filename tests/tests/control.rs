@@ -121,7 +121,11 @@ async fn the_socket_is_the_owners_alone_a_second_bridge_is_refused_and_a_stale_s
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains(&format!("already running on {} (pid {})", home.home().display(), b.pid())),
+        err.contains(&format!(
+            "an ACP bridge is already running on {} (pid {})",
+            home.home().display(),
+            b.pid()
+        )),
         "{err}"
     );
 
@@ -213,6 +217,47 @@ async fn iroh_deny_on_a_running_bridge_ends_the_peers_sessions_at_once() {
     let _ = (token, conn.open_bi().await);
     assert_eq!(closed(&conn).await, (1, close::REASON_NOT_ALLOWLISTED.to_string()));
     drop(stdin);
+}
+
+/// `agents list` while a single-agent bridge (not a host) runs: agents.d is
+/// empty, and the list says what that folder is for and what does run.
+#[tokio::test(flavor = "multi_thread")]
+async fn agents_list_names_a_running_single_bridge_and_what_agents_d_is_for() {
+    let home = Tb::new(None);
+    let b = home.bridge("acp", &[], &[&test_agent_bin().display().to_string(), "cat"]).await;
+    let out = home.run(&["agents", "list"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("that folder is what `thunderbolt host` serves"), "{text}");
+    assert!(
+        text.contains(&format!("an ACP bridge runs here apart from agents.d (pid {}", b.pid())),
+        "{text}"
+    );
+    assert!(text.contains(&format!("Ticket: {}", b.ticket)), "{text}");
+    let out = home.run(&["agents", "list", "--json"]).await;
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["bridges"][0]["pid"], b.pid(), "{v}");
+    b.stop().await;
+}
+
+/// `service install --dry-run` on a home whose agents.d serves nothing says
+/// so (the service would run a host with no agent); with a manifest, it does not.
+#[tokio::test(flavor = "multi_thread")]
+async fn service_install_warns_when_agents_d_would_serve_nothing() {
+    let home = Tb::new(None);
+    let out = home.run(&["service", "install", "--dry-run", "--for", "systemd"]).await;
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("warning: no agent loads from"), "{err}");
+    assert!(err.contains("it would serve nothing"), "{err}");
+    let agents = home.home().join("agents.d");
+    std::fs::create_dir_all(&agents).unwrap();
+    let manifest = serde_json::json!({"name": "echo", "command": [test_agent_bin(), "cat"]});
+    std::fs::write(agents.join("echo.json"), manifest.to_string()).unwrap();
+    let out = home.run(&["service", "install", "--dry-run", "--for", "systemd"]).await;
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("warning"), "{err}");
 }
 
 #[test]

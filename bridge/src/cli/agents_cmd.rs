@@ -68,6 +68,9 @@ pub async fn host(home: &Home, args: HostArgs) -> Result<()> {
     Ok(())
 }
 
+/// The smallest manifest, as the words that ask for one show it.
+pub const MANIFEST_EXAMPLE: &str = r#"{"name": "my-agent", "command": ["my-agent", "--acp"]}"#;
+
 pub fn run(home: &Home, cmd: AgentsCmd) -> Result<()> {
     match cmd {
         AgentsCmd::List(a) => list(home, a),
@@ -79,15 +82,16 @@ fn list(home: &Home, a: crate::cli::args::AgentsListArgs) -> Result<()> {
     let net = a.net.config()?;
     let dir = home.agents_dir();
     let loaded = folder::load_dir(&dir, &Machine::this());
-    // What the running host (if one runs) serves: live sessions, and the
-    // ticket it prints (its addresses as bound: with relays disabled the only
-    // ticket that reaches it).
+    // What runs on this home: the host (its agents' live sessions, and the
+    // ticket it prints: its addresses as bound, with relays disabled the only
+    // ticket that reaches it), and single-agent bridges, which serve an agent
+    // of their command line, not of agents.d.
+    let (hosts, singles): (Vec<_>, Vec<_>) = crate::control::client::each(home, |c| c.status())
+        .into_iter()
+        .filter_map(|(_, r)| r.ok())
+        .partition(|s| s.kind == "host");
     let served: HashMap<String, crate::control::api::AgentStatus> =
-        crate::control::client::each(home, |c| c.status())
-            .into_iter()
-            .filter_map(|(_, r)| r.ok().filter(|s| s.kind == "host"))
-            .flat_map(|s| s.agents.into_iter().map(|a| (a.name.clone(), a)))
-            .collect();
+        hosts.into_iter().flat_map(|s| s.agents.into_iter().map(|a| (a.name.clone(), a))).collect();
     let mut rows = Vec::new();
     for spec in loaded.agents.values() {
         let (key, _) = identity::load_or_create_named(home, &spec.identity.file_name(&spec.name))?;
@@ -127,14 +131,41 @@ fn list(home: &Home, a: crate::cli::args::AgentsListArgs) -> Result<()> {
             .iter()
             .map(|(f, why)| json!({"file": f, "status": "refused", "reason": why}))
             .collect();
-        println!("{}", json!({"dir": dir, "agents": agents, "refused": refused, "folder": loaded.folder}));
+        let bridges: Vec<_> = singles
+            .iter()
+            .flat_map(|s| s.agents.iter().map(move |a| (s.pid, a)))
+            .map(|(pid, a)| {
+                json!({
+                    "pid": pid, "protocol": a.protocol, "nodeId": a.node_id, "ticket": a.ticket,
+                    "liveSessions": a.live_sessions,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({"dir": dir, "agents": agents, "refused": refused, "folder": loaded.folder, "bridges": bridges})
+        );
         return Ok(());
     }
     if rows.is_empty() && loaded.refused.is_empty() {
         println!(
-            "no agents in {} yet: add a manifest, e.g. {{\"name\": \"my-agent\", \"command\": [\"my-agent\", \"--acp\"]}}",
+            "no agents in {} yet: that folder is what `thunderbolt host` serves, one manifest per agent, e.g. {MANIFEST_EXAMPLE}",
             dir.display()
         );
+    }
+    for s in &singles {
+        for a in &s.agents {
+            let protocol = a.protocol.parse::<thunderbolt_shared::Protocol>();
+            let what =
+                protocol.map_or_else(|_| format!("a {} bridge", a.protocol), |p| p.with_article("bridge"));
+            println!(
+                "{what} runs here apart from agents.d (pid {}, {} live session(s)): it serves the agent of its \
+                 own command line; `thunderbolt status` shows it",
+                s.pid, a.live_sessions
+            );
+            println!("  NodeId: {}  ({})", a.node_id, a.node_id_base32);
+            println!("  Ticket: {}", a.ticket);
+        }
     }
     for (s, id, t, running) in &rows {
         let sessions = match live.get(s.name.as_str()) {

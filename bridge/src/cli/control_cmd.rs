@@ -199,6 +199,26 @@ pub fn kick(home: &Home, a: KickArgs) -> Result<()> {
     Ok(())
 }
 
+/// The service runs `thunderbolt host`, which serves agents.d: with no agent
+/// there it would run and serve nothing, which nothing else would say.
+fn warn_if_nothing_to_serve(home: &Home) {
+    let dir = home.agents_dir();
+    let loaded = crate::host::folder::load_dir(&dir, &crate::host::manifest::Machine::this());
+    if !loaded.agents.is_empty() {
+        return;
+    }
+    let refused = match loaded.refused.len() {
+        0 => String::new(),
+        n => format!(" ({n} manifest(s) there are refused: `thunderbolt agents list` says why)"),
+    };
+    eprintln!(
+        "warning: no agent loads from {}{refused}: the service runs `thunderbolt host`, which serves \
+         that folder, so it would serve nothing; add a manifest first, e.g. {}",
+        dir.display(),
+        crate::cli::agents_cmd::MANIFEST_EXAMPLE
+    );
+}
+
 pub fn service(home: &Home, cmd: ServiceCmd) -> Result<()> {
     let (args, what) = match &cmd {
         ServiceCmd::Install(a) => (a, "install"),
@@ -213,7 +233,10 @@ pub fn service(home: &Home, cmd: ServiceCmd) -> Result<()> {
         Home::new(std::path::absolute(home.root_path()).unwrap_or_else(|_| home.root_path().to_path_buf()));
     let unit = service::unit(args.manager.unwrap_or_else(service::Manager::here), &exe, &home, &user_home);
     match what {
-        "install" => service::install(&unit, args.dry_run),
+        "install" => {
+            warn_if_nothing_to_serve(&home);
+            service::install(&unit, args.dry_run)
+        }
         "uninstall" => service::uninstall(&unit, args.dry_run),
         _ => {
             service::status(&unit)?;
