@@ -127,6 +127,31 @@ test("the laptop takes control and then leaves: the page is told it controls the
   }
 });
 
+test("the page watching: the laptop's prompt shows as the laptop's, with the agent's reply, and its turn ends", async () => {
+  const b = await startAcpBridge(relay.url, ASK_AGENT);
+  const p = await pairedPhone(b);
+  let laptop;
+  try {
+    assert.match(await prompt(p, "first from the phone"), /^You said: first from the phone; pid \d+$/);
+    const laptopHome = pairedLaptop(b);
+    laptop = await attach(laptopHome, b, await phoneSession(laptopHome, b));
+    await control(p).getByText("Laptop is in control").waitFor({ timeout: WAIT_MS });
+    laptop.send({ jsonrpc: "2.0", id: 0, method: "session/prompt", params: { sessionId: "any", prompt: [{ type: "text", text: "from the laptop" }] } });
+    await laptop.seen((v) => v.id === 0 && v.result?.stopReason === "end_turn", "the laptop's answer");
+    // The page: the laptop's words in a bubble of the laptop's, the reply, the turn over.
+    const theirs = conversationOf(p).locator(".bubble.other").filter({ hasText: "from the laptop" });
+    await theirs.waitFor({ timeout: WAIT_MS });
+    assert.match(await theirs.textContent(), /^Laptop\s*from the laptop$/);
+    assert.match(await turnDone(p), /^You said: from the laptop; pid \d+$/);
+    assert.equal(await p.evaluate(() => document.querySelector("#reply").dataset.stopReason), "end_turn");
+    await shot(p, "session-watching-the-laptop.png");
+  } finally {
+    laptop?.child.stdin.end();
+    await p.context().close();
+    b.child.kill("SIGTERM");
+  }
+});
+
 test("the page observing: Take control makes it the controller (the laptop is told it observes) and its prompt goes through; Watch only steps down", async () => {
   const b = await startAcpBridge(relay.url, ASK_AGENT);
   const p = await pairedPhone(b);

@@ -384,6 +384,8 @@ function onMessage(value) {
     case "_thunderbolt/role": onRole(value.params || {}); return true;
     case "_thunderbolt/answered": onAnswered(value.params || {}); return true;
     case "_thunderbolt/missed": onMissed(value.params || {}); return true;
+    case "_thunderbolt/prompted": onPrompted(value.params || {}); return true;
+    case "_thunderbolt/turn_ended": onTurnEnded(value.params || {}); return true;
     default: break;
   }
   if (value.id !== undefined && state.pending.has(value.id)) {
@@ -424,6 +426,21 @@ function onRole(p) {
 function onAnswered(p) {
   const q = conversation.answeredElsewhere(p.id, deviceName(p.by));
   if (q) withdrawNotices((d) => d.event === "needs_answer" && d.request === key(p.id));
+}
+
+/// Another device sent the agent a prompt: its turn, with what it asked.
+function onPrompted(p) {
+  const said = Array.isArray(p.prompt) ? p.prompt.map((c) => (c && c.type === "text" ? c.text : `[${(c && c.type) || "content"}]`)).join("\n") : "";
+  conversation.otherTurn(cap(deviceName(p.by)), said || (p.truncated ? "(a long prompt, not shown here)" : ""), p.id);
+}
+
+/// The turn another device's prompt started is over.
+function onTurnEnded(p) {
+  const t = conversation.otherTurnOf(p.id);
+  if (!t) return;
+  if (p.stopReason) conversation.endTurn(undefined, p.stopReason, t);
+  else conversation.failTurn(undefined, `the agent answered ${deviceName(p.by)} with an error: ${p.error || "unknown"}`, "warn", t);
+  renderComposer();
 }
 
 /// This device fell behind the session while away, and was not kept what it missed.

@@ -165,6 +165,23 @@ export class Conversation {
     return this.push({ k: "turn", prompt: { text, id }, from: null, items: [], reply: "", stop: null, end: null, open: true });
   }
 
+  /// Another device's prompt (request `id` of device `from`; `text` what it
+  /// asked, when the bridge told it): a new turn, shown as theirs.
+  otherTurn(from, text, id) {
+    for (const b of this.blocks) if (b.k === "turn" && b.open && !b.prompt) b.open = false;
+    return this.push({ k: "turn", prompt: null, from, said: text, other: key(id), items: [], reply: "", stop: null, end: null, open: true });
+  }
+
+  /// The turn another device's prompt `id` started, still going.
+  otherTurnOf(id) {
+    for (let i = this.blocks.length - 1; i >= 0; i--) {
+      const b = this.blocks[i];
+      if (b.k === "session") return null;
+      if (b.k === "turn" && b.other === key(id) && b.open) return b;
+    }
+    return null;
+  }
+
   /// The turn of this session that prompt `id` started.
   turnOf(id) {
     for (let i = this.blocks.length - 1; i >= 0; i--) {
@@ -285,9 +302,9 @@ export class Conversation {
     }
   }
 
-  /// The turn of request `id` ended (`stop`: the agent's stopReason).
-  endTurn(id, stop) {
-    const t = (id !== undefined && this.turnOf(id)) || this.current();
+  /// The turn of request `id` (or `turn`) ended (`stop`: the agent's stopReason).
+  endTurn(id, stop, turn = null) {
+    const t = turn || (id !== undefined && this.turnOf(id)) || this.current();
     if (!t) return;
     t.stop = stop;
     t.open = false;
@@ -298,9 +315,9 @@ export class Conversation {
     this.redrawEnd(t);
   }
 
-  /// The turn of request `id` ended without an answer: `text` says why.
-  failTurn(id, text, kind = "error") {
-    const t = (id !== undefined && this.turnOf(id)) || this.current();
+  /// The turn of request `id` (or `turn`) ended without an answer: `text` says why.
+  failTurn(id, text, kind = "error", turn = null) {
+    const t = turn || (id !== undefined && this.turnOf(id)) || this.current();
     if (!t) return null;
     Object.assign(t, { open: false, end: text, endKind: kind });
     if (!t.stop) t.stop = "error";
@@ -333,6 +350,7 @@ export class Conversation {
     const v = { items: new Map() };
     v.root = el("article", { className: "turn" });
     if (b.prompt) v.root.append(el("div", { className: "bubble you" }, b.prompt.text));
+    else if (b.said) v.root.append(el("div", { className: "bubble other" }, el("div", { className: "who" }, b.from || "another device"), b.said));
     else v.root.append(el("div", { className: "bubble other" }, b.from ? `a prompt from ${b.from}` : "the agent, on its own"));
     v.activity = el("div", { className: "activity" });
     for (const i of b.items) {

@@ -206,6 +206,60 @@ pub fn missed_line(frames: u64, bytes: u64) -> Vec<u8> {
     }))
 }
 
+/// Another device of the session sent the agent a prompt (ACP
+/// `session/prompt`): the others are told who, and what it asked (`prompt`,
+/// the request's content blocks, unless the request was longer than
+/// [`PROMPT_TOLD_MAX`]: then `truncated`), so each shows the whole turn.
+pub const METHOD_PROMPTED: &str = "_thunderbolt/prompted";
+
+/// The agent answered another device's prompt: the turn it started is over
+/// (`stopReason`, or `error` with the error's message). The answer itself
+/// goes to the device that asked, only.
+pub const METHOD_TURN_ENDED: &str = "_thunderbolt/turn_ended";
+
+/// Longest prompt request whose content is passed on to the other devices
+/// in [`METHOD_PROMPTED`]: a prompt with an image or a pasted file is told
+/// without it, so a device's prompt costs each other device a bounded frame.
+pub const PROMPT_TOLD_MAX: usize = 16 * 1024;
+
+/// The [`METHOD_PROMPTED`] line for `request` (a `session/prompt` request
+/// line, `id` its id's JSON text) sent by `by`.
+pub fn prompted_line(request: &[u8], id: &[u8], by: &Device) -> Vec<u8> {
+    let mut params = json!({ "id": id_value(id), "by": by });
+    let content = (request.len() <= PROMPT_TOLD_MAX)
+        .then(|| serde_json::from_slice::<Value>(request).ok())
+        .flatten()
+        .and_then(|v| v.get("params").cloned())
+        .map(|p| (p.get("sessionId").cloned(), p.get("prompt").cloned()));
+    match content {
+        Some((session, prompt)) => {
+            if let Some(s) = session {
+                params["sessionId"] = s;
+            }
+            if let Some(p) = prompt {
+                params["prompt"] = p;
+            }
+        }
+        None => params["truncated"] = Value::Bool(true),
+    }
+    json_line(&json!({ "jsonrpc": "2.0", "method": METHOD_PROMPTED, "params": params }))
+}
+
+/// The [`METHOD_TURN_ENDED`] line for the agent's `answer` (its line) to
+/// the prompt `id` (its JSON text) `by` sent.
+pub fn turn_ended_line(answer: &[u8], id: &[u8], by: &Device) -> Vec<u8> {
+    let mut params = json!({ "id": id_value(id), "by": by });
+    if let Ok(v) = serde_json::from_slice::<Value>(answer) {
+        if let Some(r) = v.pointer("/result/stopReason") {
+            params["stopReason"] = r.clone();
+        }
+        if let Some(m) = v.pointer("/error/message") {
+            params["error"] = m.clone();
+        }
+    }
+    json_line(&json!({ "jsonrpc": "2.0", "method": METHOD_TURN_ENDED, "params": params }))
+}
+
 /// The JSON-RPC error code of a request whose id is another device's
 /// request in flight on the same session (a server error).
 pub const ID_IN_USE_CODE: i64 = -32004;
@@ -231,6 +285,8 @@ pub enum Notice {
     Role { role: Role, controller: Device },
     Answered { id: Value, by: Device },
     Missed { frames: u64, bytes: u64 },
+    Prompted { id: Value, by: Device },
+    TurnEnded { id: Value, by: Device, stop_reason: Option<String> },
 }
 
 /// Reads a line as one of the bridge's notifications about devices (cheap
@@ -251,6 +307,15 @@ pub fn notice(line: &[u8]) -> Option<Notice> {
         METHOD_MISSED => Some(Notice::Missed {
             frames: params.get("frames")?.as_u64()?,
             bytes: params.get("bytes")?.as_u64()?,
+        }),
+        METHOD_PROMPTED => Some(Notice::Prompted {
+            id: params.get("id")?.clone(),
+            by: serde_json::from_value(params.get("by")?.clone()).ok()?,
+        }),
+        METHOD_TURN_ENDED => Some(Notice::TurnEnded {
+            id: params.get("id")?.clone(),
+            by: serde_json::from_value(params.get("by")?.clone()).ok()?,
+            stop_reason: params.get("stopReason").and_then(Value::as_str).map(str::to_string),
         }),
         _ => None,
     }
@@ -273,5 +338,34 @@ mod tests {
         assert_eq!(v["error"]["code"], OBSERVER_REFUSED_CODE);
         assert!(v["error"]["message"].as_str().unwrap().contains("observer"));
         assert_eq!(notice(b"{\"jsonrpc\":\"2.0\",\"method\":\"x\"}"), None);
+    }
+    #[test]
+    fn a_prompt_and_its_end_are_told_with_what_was_asked_and_how_it_ended() {
+        let d = Device { node: "abc".into(), name: Some("laptop".into()) };
+        let req = br#"{"jsonrpc":"2.0","id":0,"method":"session/prompt","params":{"sessionId":"s-1","prompt":[{"type":"text","text":"hi"}]}}"#;
+        let l = prompted_line(req, b"0", &d);
+        assert_eq!(notice(&l), Some(Notice::Prompted { id: json!(0), by: d.clone() }));
+        let v: Value = serde_json::from_slice(&l).unwrap();
+        assert_eq!(v["params"]["prompt"][0]["text"], "hi");
+        assert_eq!(v["params"]["sessionId"], "s-1");
+        // A long prompt is told without its content.
+        let big = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{{"sessionId":"s-1","prompt":[{{"type":"text","text":"{}"}}]}}}}"#,
+            "x".repeat(PROMPT_TOLD_MAX)
+        );
+        let v: Value = serde_json::from_slice(&prompted_line(big.as_bytes(), b"1", &d)).unwrap();
+        assert_eq!(v["params"]["truncated"], true);
+        assert!(v["params"].get("prompt").is_none() && v.to_string().len() < 300, "{v}");
+
+        let ok = br#"{"jsonrpc":"2.0","id":0,"result":{"stopReason":"end_turn"}}"#;
+        let l = turn_ended_line(ok, b"0", &d);
+        assert_eq!(
+            notice(&l),
+            Some(Notice::TurnEnded { id: json!(0), by: d.clone(), stop_reason: Some("end_turn".into()) })
+        );
+        let err = br#"{"jsonrpc":"2.0","id":0,"error":{"code":-32000,"message":"boom"}}"#;
+        let v: Value = serde_json::from_slice(&turn_ended_line(err, b"0", &d)).unwrap();
+        assert_eq!(v["params"]["error"], "boom");
+        assert!(v["params"].get("stopReason").is_none());
     }
 }

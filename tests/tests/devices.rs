@@ -591,3 +591,44 @@ async fn each_device_gets_only_the_answers_to_its_own_requests() {
     p.until(is_note(4)).await;
     assert!(!p.seen.iter().any(is_note(3)), "the refused request reached the agent");
 }
+
+/// A device that watches sees the whole turn another device started: the
+/// prompt, with what it asked and who asked it, then that the turn ended and
+/// how; the answer itself goes only to the device that asked. The device that
+/// asked is told neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watching_device_is_told_of_the_prompt_another_sent_and_of_its_turns_end() {
+    use thunderbolt_shared::devices::{METHOD_PROMPTED, METHOD_TURN_ENDED};
+    let Rig { _relay, home: _home, bridge, laptop, phone } = rig("respond").await;
+    let ticket = bridge.ticket.as_str();
+    let mut l = Device::start(&laptop, &[ticket]);
+    l.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}})).await;
+    l.until(|v| v["id"] == 0).await;
+    let id = sessions(&phone, ticket).await[0]["id"].as_str().unwrap().to_string();
+    let mut p = Device::start(&phone, &["--attach", &id, "--observe", ticket]);
+    p.until(|v| role_of(v).is_some()).await;
+
+    let prompt = json!([{"type": "text", "text": "fix the build"}]);
+    l.send(json!({"jsonrpc": "2.0", "id": 1, "method": "session/prompt",
+                  "params": {"sessionId": "s-1", "prompt": prompt}}))
+        .await;
+    let answer = l.until(|v| v["id"] == 1).await;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let told = p.until(|v| v["method"] == METHOD_PROMPTED).await;
+    assert_eq!(told["params"]["by"]["name"], "laptop", "{told}");
+    assert_eq!(told["params"]["id"], 1, "{told}");
+    assert_eq!(told["params"]["prompt"], prompt, "{told}");
+    let ended = p.until(|v| v["method"] == METHOD_TURN_ENDED).await;
+    assert_eq!(ended["params"]["stopReason"], "end_turn", "{ended}");
+    assert_eq!(ended["params"]["by"]["name"], "laptop", "{ended}");
+    p.log.wait_for("the turn laptop started (its request 1) ended: end_turn").await;
+    assert!(!p.seen.iter().any(|v| v["id"] == 1), "the laptop's answer reached the phone: {:?}", p.seen);
+    // The laptop hears of neither: it asked.
+    l.send(json!({"jsonrpc": "2.0", "id": 2, "method": "x"})).await;
+    l.until(|v| v["id"] == 2).await;
+    assert!(
+        !l.seen.iter().any(|v| v["method"] == METHOD_PROMPTED || v["method"] == METHOD_TURN_ENDED),
+        "{:?}",
+        l.seen
+    );
+}

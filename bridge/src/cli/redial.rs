@@ -866,6 +866,12 @@ fn say_devices(run: &[u8]) {
                 controller.label()
             ),
             Some(Notice::Answered { id, by }) => info!("{} answered the agent's request {id}", by.label()),
+            Some(Notice::Prompted { id, by }) => info!("{} sent the agent a prompt (its request {id})", by.label()),
+            Some(Notice::TurnEnded { id, by, stop_reason }) => info!(
+                "the turn {} started (its request {id}) ended: {}",
+                by.label(),
+                stop_reason.as_deref().unwrap_or("with an error")
+            ),
             Some(Notice::Missed { frames, bytes }) => warn!(
                 "this device fell behind the session (it stopped reading) and missed {frames} of the agent's \
                  message(s), {bytes} bytes: the agent did not wait for it; to see them, join again with \

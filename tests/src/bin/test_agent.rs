@@ -214,6 +214,8 @@ fn respond(size: usize) {
         };
         let result = if method == "big" {
             serde_json::json!({ "pad": "p".repeat(size) })
+        } else if method == "session/prompt" {
+            serde_json::json!({ "stopReason": "end_turn" })
         } else {
             serde_json::json!({ "ok": true })
         };

@@ -82,6 +82,10 @@ const OPEN_REMEMBERED: usize = crate::serve::requests::MAX_TRACKED_REQUESTS;
 /// answer to one not remembered goes to every device, as before sharing).
 const ASKED_BY_REMEMBERED: usize = crate::serve::requests::MAX_TRACKED_REQUESTS;
 
+/// The ACP method whose answer ends a turn ([`wire::METHOD_TURN_ENDED`]), as
+/// raw JSON text ([`jsonrpc::request_head`]).
+const PROMPT_METHOD: &[u8] = b"\"session/prompt\"";
+
 /// ACP session ids a listing shows of one session, and the longest shown.
 const ACP_SESSIONS_LISTED: usize = 8;
 
@@ -122,6 +126,9 @@ pub(super) struct Members {
     /// requests alike, from 0: another device's answer would be taken for
     /// its own).
     asked_by: HashMap<String, u64>,
+    /// Which of those are prompts (ACP `session/prompt`): their answers end
+    /// a turn, which the other devices are told of.
+    prompts: HashSet<String>,
     acp_sessions: Vec<String>,
     pub(super) last_activity: SystemTime,
 }
@@ -140,6 +147,7 @@ impl Default for Members {
             open: HashSet::new(),
             answered: VecDeque::new(),
             asked_by: HashMap::new(),
+            prompts: HashSet::new(),
             acp_sessions: Vec::new(),
             last_activity: SystemTime::now(),
         }
@@ -181,9 +189,23 @@ pub(super) struct Routes {
     run: Bytes,
     /// Each line's length, and the seat its answer is for (`None`: everyone's).
     targets: Vec<(usize, Option<u64>)>,
+    /// Turns that ended (a prompt's answer): what the devices but the one
+    /// that asked are told ([`wire::turn_ended_line`]), once the session's
+    /// state is unlocked ([`Routes::tell_turns_ended`]).
+    ended: Vec<(Vec<Arc<Hub>>, Vec<u8>)>,
 }
 
 impl Routes {
+    /// Tells the other devices of each turn that ended (the session's state
+    /// unlocked: telling locks each device's).
+    pub(super) fn tell_turns_ended(self) {
+        for (others, line) in self.ended {
+            for o in others {
+                o.tell(line.clone());
+            }
+        }
+    }
+
     /// The run as device `seat` gets it (its own answers, no other's), with
     /// its line count; `None` when nothing of it is that device's.
     pub(super) fn view(&self, seat: u64) -> Option<(Bytes, u64)> {
@@ -329,21 +351,43 @@ impl Hub {
     /// Whose request each of the agent's answers in `run` answers, on a
     /// shared session (`None` when every device gets the run as it is: one
     /// device, no answer in it, or none to a request remembered).
-    pub(super) fn route_answers(&self, st: &mut State, run: &Bytes, names_an_id: bool) -> Option<Routes> {
+    pub(super) fn route_answers(
+        self: &Arc<Self>,
+        st: &mut State,
+        run: &Bytes,
+        names_an_id: bool,
+    ) -> Option<Routes> {
         let m = &mut st.members;
         if !m.joined || !names_an_id || m.asked_by.is_empty() {
             return None;
         }
         let mut targets = Vec::new();
+        let mut turns = Vec::new();
         let mut any = false;
         for line in thunderbolt_shared::ndjson::lines(run) {
-            let seat = jsonrpc::response_id(line)
-                .and_then(jsonrpc::canonical_id)
-                .and_then(|id| m.asked_by.remove(&*String::from_utf8_lossy(&id)));
+            let id = jsonrpc::response_id(line).and_then(jsonrpc::canonical_id);
+            let seat = id.as_ref().and_then(|id| {
+                let key = String::from_utf8_lossy(id);
+                let seat = m.asked_by.remove(&*key)?;
+                if m.prompts.remove(&*key) {
+                    turns.push((seat, id.to_vec(), line.to_vec()));
+                }
+                Some(seat)
+            });
             any |= seat.is_some();
             targets.push((line.len(), seat));
         }
-        any.then(|| Routes { run: run.clone(), targets })
+        let mut ended = Vec::new();
+        for (seat, id, answer) in turns {
+            let Some(by) = self.member_at(st, seat).map(|h| h.device()) else { continue };
+            let others: Vec<Arc<Hub>> = (0..1)
+                .chain(st.members.guests.iter().map(|g| g.seat_number()))
+                .filter(|s| *s != seat)
+                .filter_map(|s| self.member_at(st, s))
+                .collect();
+            ended.push((others, wire::turn_ended_line(&answer, &id, &by)));
+        }
+        any.then(|| Routes { run: run.clone(), targets, ended })
     }
 
     /// What the agent's output waits on: the controller's log (the first
@@ -432,6 +476,7 @@ impl Hub {
         let mut refusals = Vec::new();
         let mut answered = Vec::new();
         let mut in_use = Vec::new();
+        let mut prompted = Vec::new();
         // Each line read whole (`classify`): what decides where it goes is
         // every key it has, not the first that looks like an answer.
         for line in thunderbolt_shared::ndjson::lines(&run) {
@@ -470,6 +515,11 @@ impl Hub {
                             in_use.push(id.to_vec());
                         }
                         _ if m.asked_by.len() < ASKED_BY_REMEMBERED => {
+                            let prompt = jsonrpc::request_head(line).is_some_and(|(_, m)| m == PROMPT_METHOD);
+                            if prompt && m.prompts.len() < ASKED_BY_REMEMBERED {
+                                m.prompts.insert(key.clone());
+                                prompted.push(wire::prompted_line(line, id, &self.device()));
+                            }
                             m.asked_by.insert(key, me);
                         }
                         _ => {}
@@ -485,7 +535,7 @@ impl Hub {
                 }
             }
         }
-        if refusals.is_empty() && answered.is_empty() && in_use.is_empty() {
+        if refusals.is_empty() && answered.is_empty() && in_use.is_empty() && prompted.is_empty() {
             // The common case, on every run of the controller's: nothing to tell.
             return kept.finish();
         }
@@ -509,7 +559,7 @@ impl Hub {
                 self.tell(wire::observer_refused(&id, &by));
             }
         }
-        for line in answered {
+        for line in answered.into_iter().chain(prompted) {
             for o in &others {
                 o.tell(line.clone());
             }

@@ -291,6 +291,9 @@ impl Outbox {
         for g in guests.iter().flatten() {
             g.output.notify_waiters();
         }
+        if let Some(r) = routes {
+            r.tell_turns_ended();
+        }
         Poll::Ready(Ok(buf.len()))
     }
 }
