@@ -190,9 +190,26 @@ pub fn write_secure_atomic(path: &Path, contents: &[u8]) -> Result<(), HomeError
 /// Creates `path` with `contents` only if it does not exist yet (0600). Used for
 /// the identity so two bridges starting at once cannot overwrite each other's key.
 pub fn create_new_secure(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    create_new_with(path, |f| {
+        f.write_all(contents)?;
+        f.sync_all()
+    })
+}
+
+/// Creates `path` (0600) and fills it with `fill`. A file that could not be
+/// filled (a full disk) is removed: left empty or torn, it would read as a
+/// corrupt key at the next start, which is never replaced.
+fn create_new_with(
+    path: &Path,
+    fill: impl FnOnce(&mut fs::File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let mut f = fs::OpenOptions::new().write(true).create_new(true).mode(FILE_MODE).open(path)?;
-    f.write_all(contents)?;
-    f.sync_all()
+    let filled = fill(&mut f);
+    if filled.is_err() {
+        drop(f);
+        let _ = fs::remove_file(path);
+    }
+    filled
 }
 
 /// What a file that is not a regular one is, for a refusal or a reason in
@@ -231,6 +248,23 @@ mod tests {
         assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, FILE_MODE);
         // No temp files left behind.
         assert_eq!(fs::read_dir(&iroh).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_new_file_that_could_not_be_filled_is_not_left_behind() {
+        const ENOSPC: i32 = 28;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("identity");
+        let r = create_new_with(&p, |f| {
+            f.write_all(b"12")?;
+            Err(std::io::Error::from_raw_os_error(ENOSPC))
+        });
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(ENOSPC));
+        assert!(!p.exists(), "a torn key would be refused at every start");
+        create_new_secure(&p, b"k\n").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"k\n");
+        assert_eq!(create_new_secure(&p, b"x").unwrap_err().kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(fs::read(&p).unwrap(), b"k\n", "an existing file is never touched");
     }
 
     #[test]

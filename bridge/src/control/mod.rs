@@ -79,7 +79,11 @@ impl Control {
     pub fn bind(home: &Home, name: &str) -> Result<Self> {
         let root = home.root_path();
         fs::create_dir_all(root).with_context(|| format!("cannot create {}", root.display()))?;
-        let mode = fs::metadata(root)?.permissions().mode() & 0o777;
+        let mode = fs::metadata(root)
+            .with_context(|| format!("cannot read {}", root.display()))?
+            .permissions()
+            .mode()
+            & 0o777;
         if mode & 0o077 != 0 {
             fs::set_permissions(root, fs::Permissions::from_mode(0o700))
                 .with_context(|| format!("cannot make {} private (0700)", root.display()))?;
@@ -113,9 +117,13 @@ impl Control {
                 if pid.is_empty() { "unknown" } else { pid }
             );
         }
-        lock.set_len(0)?;
-        lock.rewind()?;
-        write!(lock, "{}", std::process::id())?;
+        // Our pid, for the next one to name (a full disk says so here, with the file).
+        (|| {
+            lock.set_len(0)?;
+            lock.rewind()?;
+            write!(lock, "{}", std::process::id())
+        })()
+        .with_context(|| format!("cannot write {}", lock_file.display()))?;
         let path = socket_path(home, name);
         // Ours now: whatever is there is a crashed process's leftover.
         if fs::symlink_metadata(&path).is_ok() {

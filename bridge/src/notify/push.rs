@@ -126,10 +126,18 @@ impl Vapid {
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                         parse(&std::fs::read_to_string(&path)?)?
                     }
-                    Err(e) => return Err(e.into()),
+                    Err(e) => {
+                        let e =
+                            std::io::Error::new(e.kind(), format!("cannot write {}: {e}", path.display()));
+                        return Err(e.into());
+                    }
                 }
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                return Err(
+                    std::io::Error::new(e.kind(), format!("cannot read {}: {e}", path.display())).into()
+                )
+            }
         };
         Ok(Self { key, rng, contact })
     }
