@@ -156,6 +156,9 @@ async fn agent_exit_codes_map_to_close_codes() {
     for (mode, code, reason) in [
         (vec!["exit", "0"], 1000u16, "agent exited (code 0)"),
         (vec!["exit", "3"], 1011, "agent exited (code 3)"),
+        // It says why on stderr: that line is not in a WebSocket reason (the
+        // reference's reason exactly; at most 123 bytes).
+        (vec!["no-such-mode"], 1011, "agent exited (code 2)"),
         (vec!["close-stdin"], 1011, "agent stdin closed"),
     ] {
         let b = Wss::start(&[], &mode).await;
