@@ -57,9 +57,11 @@ pub const AGENT_EXIT_AFTER_EOF: Duration = Duration::from_secs(5);
 /// session (the reference ends a session when the agent process exits).
 pub const STDOUT_DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 
-/// After a session ended, how long its agent's stderr may still be logged.
-/// Normally the pipe is closed already; this bounds a process that left the
-/// agent's group and keeps stderr open.
+/// After a session ended, how long its agent's stderr may still be logged;
+/// and after a failed agent exited, how long its last stderr line is waited
+/// for (it goes with the exit to the client). Normally the pipe is closed
+/// already; this bounds a process that left the agent's group (or that the
+/// agent started) and keeps stderr open.
 pub const STDERR_DRAIN: Duration = Duration::from_millis(500);
 
 /// Largest value a count flag (`--max-agents`, `--max-handshakes`,

@@ -4,7 +4,8 @@
 //! - the agent ends (closes its stdout, or exits): we finish our send stream so
 //!   its last response is never truncated, wait (bounded) until the peer has
 //!   acknowledged everything, then close with code 2 and how the agent ended
-//!   (`agent exited (code N)`, `agent killed by signal N (NAME)`). An agent that
+//!   (`agent exited (code N)`, `agent killed by signal N (NAME)`, then for an
+//!   agent that failed ` — ` and its last stderr line). An agent that
 //!   exited while a process it started still holds its stdout, or that closed
 //!   its stdin but keeps running, is given a short, named time and then cut off;
 //! - the peer goes away (or is revoked, or the bridge shuts down): the agent is
@@ -435,7 +436,10 @@ where
     let status = match (status, stderr) {
         (Some(end), Some(stderr)) if !end.is_success() => {
             let until = exited_at.unwrap_or_else(Instant::now) + limits::STDERR_DRAIN;
-            Some(end.with_stderr(stderr.last_line(until).await))
+            match or_ended(link, shutdown, stderr.last_line(until)).await {
+                Err(end) => return end,
+                Ok(line) => Some(end.with_stderr(line)),
+            }
         }
         (status, _) => status,
     };
