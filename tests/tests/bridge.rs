@@ -740,6 +740,13 @@ async fn why_the_agent_ended_reaches_the_client() {
     let (conn, _send, _recv) = s.open_session(&ep, b"{\"x\":1}\n").await;
     let (code, reason) = closed_with(&conn).await;
     assert_eq!((code, reason.as_str()), (2, "agent exited (code 3) — fatal: rejected --api-key ***"));
+    // connect on the plain protocol says it the same way (the first one was resumable).
+    let mut c = s.client_home.cmd();
+    c.args(["acp", "connect", "--no-resume", &s.bridge.ticket]);
+    let out = run_with_input(c, b"{\"a\":1}\n").await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the agent exited with code 3: fatal: rejected --api-key ***"), "stderr: {err}");
+    assert!(!err.contains("hunter2"), "stderr: {err}");
     // An agent that ended well is told as before, whatever it wrote.
     s.restart(&sh("echo 'bye' >&2; exit 0")).await;
     let (conn, _send, _recv) = s.open_session(&ep, b"{\"x\":1}\n").await;
