@@ -10,11 +10,11 @@
 // Screenshots go to client-wasm/e2e/artifacts/ (gitignored).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { mkdirSync, readFileSync } from "node:fs";
+import { mkdirSync, readFileSync, writeFileSync, chmodSync } from "node:fs";
 import { execFileSync } from "node:child_process";
 import { join } from "node:path";
 import { startServer } from "../serve.mjs";
-import { ROOT, BIN, WAIT_MS, waitFor, tb, tbEnv, tempHome, endAll, startRelay, startAcpBridge, jsonConnect, launchChromium } from "./harness.mjs";
+import { ROOT, BIN, WAIT_MS, waitFor, run, tb, tbEnv, tempHome, endAll, startRelay, startAcpBridge, jsonConnect, launchChromium } from "./harness.mjs";
 
 const ARTIFACTS = join(ROOT, "client-wasm/e2e/artifacts");
 const ASK_AGENT = [process.execPath, join(ROOT, "client-wasm/e2e/ask-agent.mjs")];
@@ -310,5 +310,46 @@ test("the host restarted mid-turn: the turn says it was not finished, its prompt
   } finally {
     await p.context().close();
     b.child.kill("SIGTERM");
+  }
+});
+
+test("one scan of a host's pairing link: every ACP agent of the host is one tap away, and each answers", async () => {
+  const home = tempHome();
+  mkdirSync(join(home, "agents.d"), { mode: 0o700 });
+  const agents = [["coder", "acp", "Coder", ASK_AGENT], ["reviewer", "acp", "Reviewer", ASK_AGENT], ["files", "mcp", "Files", [join(BIN, "test-agent"), "cat"]]];
+  for (const [name, protocol, label, command] of agents) {
+    const f = join(home, "agents.d", `${name}.json`);
+    writeFileSync(f, JSON.stringify({ name, protocol, label, command }));
+    chmodSync(f, 0o600);
+  }
+  const host = run(join(BIN, "thunderbolt"), ["host"], tbEnv(home, relay.url));
+  await waitFor(() => host.out.filter((l) => l.trim().startsWith("Ticket:")).length === 3, "the host's three tickets")
+    .catch((e) => { throw new Error(`${e.message}\n${host.err}`); });
+  const minted = JSON.parse(tb(home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
+  const ctx = await browser.newContext(PHONE);
+  const p = await ctx.newPage();
+  p.on("pageerror", (e) => console.log("page error:", e.message));
+  try {
+    await p.goto(minted.link);
+    await connected(p);
+    assert.equal((await p.evaluate(() => window.paired && window.paired.agents && window.paired.agents.length)), 3, "the pairing answer names the three agents");
+    assert.match(await prompt(p, "hello"), /^You said: hello; pid \d+$/);
+    // Both ACP agents are in the list, by the names the host gave them (the
+    // MCP one, which this page cannot talk to, is not).
+    const nav = p.getByRole("navigation", { name: "your agents" });
+    await nav.getByRole("button", { name: "Coder" }).waitFor({ timeout: WAIT_MS });
+    await nav.getByRole("button", { name: "Reviewer" }).waitFor({ timeout: WAIT_MS });
+    assert.equal(await nav.getByRole("button", { name: "Files" }).count(), 0);
+    await shot(p, "host-agents-after-one-scan.png");
+    // The other one, by a tap: it answers too, without another code.
+    const other = nav.locator("button[aria-current=false]");
+    assert.equal(await other.count(), 1);
+    const ticket = await other.getAttribute("data-ticket");
+    await other.click();
+    await p.waitForFunction((t) => window.thunderbolt?.state.ticket === t && document.querySelector("#status").className === "ok", ticket, { timeout: WAIT_MS });
+    assert.match(await prompt(p, "and you"), /^You said: and you; pid \d+$/);
+  } finally {
+    await ctx.close();
+    host.child.kill("SIGTERM");
   }
 });

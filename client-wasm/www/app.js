@@ -245,8 +245,30 @@ function busyElsewhere(ticket) {
 }
 
 function rememberAgent() {
-  const list = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]").filter((a) => a.ticket !== state.ticket);
-  list.unshift({ ticket: state.ticket, label: state.label || state.agent, relay: state.clientRelay, at: Date.now() });
+  const all = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]");
+  // A name the host gave it (its manifest's label) over the one the agent gives itself.
+  const named = all.find((a) => a.ticket === state.ticket && a.named);
+  const list = all.filter((a) => a.ticket !== state.ticket);
+  list.unshift({ ticket: state.ticket, label: named ? named.label : state.label || state.agent, named: Boolean(named), relay: state.clientRelay, at: Date.now() });
+  localStorage.setItem(AGENTS_KEY, JSON.stringify(list.slice(0, 20)));
+  renderAgents();
+  mirrorForWorker();
+}
+
+/// Every ACP agent a pairing answer named (one scan pairs a device with
+/// every agent of a host): each is one of this browser's agents from now on,
+/// after those it used lately.
+function knowAgents(agents) {
+  const list = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]");
+  for (const a of agents) {
+    if (!a || a.protocol !== "acp" || typeof a.ticket !== "string") continue;
+    const known = list.find((k) => k.ticket === a.ticket);
+    if (known) {
+      Object.assign(known, { label: a.label || known.label, named: true });
+      continue;
+    }
+    list.push({ ticket: a.ticket, label: a.label || a.name || "agent", named: true, relay: state.clientRelay, at: Date.now() });
+  }
   localStorage.setItem(AGENTS_KEY, JSON.stringify(list.slice(0, 20)));
   renderAgents();
   mirrorForWorker();
@@ -804,6 +826,7 @@ async function pairAndConnect(ticket, code) {
     const res = await state.client.pair(ticket, code, name, "acp");
     $("paired-as").textContent = `paired as “${res.name || name}”`;
     window.paired = res;
+    if (Array.isArray(res.agents)) knowAgents(res.agents);
   } catch (err) {
     setStatus(`pairing failed: ${describe(err)}`, "error");
     lastError(err);
