@@ -12,7 +12,7 @@ import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
 import { startServer } from "../serve.mjs";
-import { ROOT, BIN, WAIT_MS, waitFor, run, tbEnv, tempHome, tb, endAll, procs } from "./harness.mjs";
+import { ROOT, BIN, WAIT_MS, waitFor, run, tbEnv, tempHome, tb, endAll, procs, jsonConnect } from "./harness.mjs";
 
 const ARTIFACTS = join(ROOT, "target/e2e-artifacts");
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
@@ -575,20 +575,8 @@ test("a pairing link: the demo page pairs, connects and runs an ACP exchange; no
   b.child.kill("SIGTERM");
 });
 
-/// A device's `thunderbolt acp connect`, its stdin ours: JSON lines in, its stdout lines collected.
-function connectDevice(home, args) {
-  const child = spawn(join(BIN, "thunderbolt"), ["acp", "connect", ...args], {
-    env: { ...process.env, ...tbEnv(home, relayUrl) }, stdio: ["pipe", "pipe", "pipe"],
-  });
-  const p = { child, out: [], err: "" };
-  createInterface({ input: child.stdout }).on("line", (l) => { try { p.out.push(JSON.parse(l)); } catch { p.out.push(l); } });
-  child.stderr.on("data", (d) => (p.err += d));
-  p.send = (v) => child.stdin.write(JSON.stringify(v) + "\n");
-  p.seen = (pick, what) => waitFor(() => p.out.find((v) => typeof v === "object" && pick(v)), what)
-    .catch((e) => { throw new Error(`${e.message}; connect's stdout ${JSON.stringify(p.out)}, stderr:\n${p.err}`); });
-  procs.push(p);
-  return p;
-}
+/// A device's `thunderbolt acp connect` (the harness's), on this file's relay.
+const connectDevice = (home, args) => jsonConnect(home, relayUrl, args);
 
 const note = (n) => ({ jsonrpc: "2.0", method: "note", params: { sessionId: "s-1", n } });
 

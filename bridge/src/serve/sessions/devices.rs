@@ -169,10 +169,7 @@ pub(super) fn feed(st: &mut State, buffer: usize, run: &Bytes, lines: u64, waite
             st.missed = Some((frames + lines, bytes + len));
             return;
         }
-        Some((frames, bytes)) => {
-            st.out.push(Bytes::from(wire::missed_line(frames, bytes)));
-            st.missed = None;
-        }
+        Some(_) => tell_missed(st),
         None if !waited && held > 0 && held + run.len() > buffer => {
             st.missed = Some((lines, len));
             return;
@@ -180,6 +177,14 @@ pub(super) fn feed(st: &mut State, buffer: usize, run: &Bytes, lines: u64, waite
         None => {}
     }
     st.out.push_counted(run.clone(), lines);
+}
+
+/// Puts what the device missed ([`wire::missed_line`]) into its log, and
+/// starts counting afresh.
+fn tell_missed(st: &mut State) {
+    if let Some((frames, bytes)) = st.missed.take() {
+        st.out.push(Bytes::from(wire::missed_line(frames, bytes)));
+    }
 }
 
 /// A run of the agent's output with answers in it meant for one device each
@@ -413,14 +418,11 @@ impl Hub {
     /// is told now, not with the agent's next output (which may be long in
     /// coming). True when a notice was put in the log.
     pub(super) fn tell_missed_if_room(&self, st: &mut State) -> bool {
-        match st.missed {
-            Some((frames, bytes)) if st.out.bytes() <= self.cfg.buffer / 2 => {
-                st.out.push(Bytes::from(wire::missed_line(frames, bytes)));
-                st.missed = None;
-                true
-            }
-            _ => false,
+        let room = st.missed.is_some() && st.out.bytes() <= self.cfg.buffer / 2;
+        if room {
+            tell_missed(st);
         }
+        room
     }
 
     /// A frame for this device only (a refusal, a role, who answered). Never
