@@ -353,3 +353,33 @@ test("one scan of a host's pairing link: every ACP agent of the host is one tap 
     host.child.kill("SIGTERM");
   }
 });
+
+test("the host killed mid-turn (SIGKILL) and started again at once: the page notices without waiting for its idle timeout and offers the turn again", async () => {
+  const home = tempHome();
+  const store = join(tempHome(), "store");
+  const agent = [process.execPath, join(ROOT, "client-wasm/e2e/restart-agent.mjs"), "--store", store, "--caps", "load", "--chunk-ms", "150"];
+  let b = await startAcpBridge(relay.url, agent, [], { home });
+  const minted = JSON.parse(tb(b.home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
+  const ctx = await browser.newContext(PHONE);
+  const p = await ctx.newPage();
+  try {
+    // An idle timeout of a minute: only the page's silence watch can notice in time.
+    await p.goto(`${minted.link}&idle=60000`);
+    await connected(p);
+    await p.getByRole("textbox", { name: "prompt" }).fill("stream 12");
+    await p.getByRole("button", { name: "Send", exact: true }).click();
+    await p.waitForFunction(() => (document.querySelector("#reply")?.textContent || "").includes("chunk 2/12"), null, { timeout: WAIT_MS });
+    b.child.kill("SIGKILL");
+    await new Promise((r) => b.child.once("exit", r));
+    const restarting = Date.now();
+    b = await startAcpBridge(relay.url, agent, [], { home });
+    const ready = Date.now();
+    await p.getByRole("button", { name: "Send again" }).waitFor({ timeout: WAIT_MS });
+    console.log(`the page offered the turn again ${((Date.now() - restarting) / 1000).toFixed(2)} s after the restart began (${((Date.now() - ready) / 1000).toFixed(2)} s after the bridge was ready)`);
+    assert.match(await p.evaluate(() => window.lastLoss || ""), /nothing heard from the bridge/);
+    await conversationOf(p).getByText(/not finished: the host restarted/).waitFor({ timeout: WAIT_MS });
+  } finally {
+    await ctx.close();
+    b.child.kill("SIGTERM");
+  }
+});

@@ -691,6 +691,7 @@ async function connectNow(ticket, saved, release) {
     const onEvent = (e) => {
       window.events = [...(window.events || []), e.type];
       if (e.type === "reconnecting") {
+        window.lastLoss = e.detail;
         const restarting = e.detail === "bridge restarting: session kept";
         setStatus(`reconnecting… (${restarting ? "the host is restarting; it keeps the session" : "connection lost; the bridge keeps the session"})`, "warn");
       }
