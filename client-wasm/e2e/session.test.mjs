@@ -383,3 +383,37 @@ test("the host killed mid-turn (SIGKILL) and started again at once: the page not
     b.child.kill("SIGTERM");
   }
 });
+
+test("the laptop's session picked up on the phone: the page lists it, joins it with its history, takes control and goes on with it", async () => {
+  const b = await startAcpBridge(relay.url, ASK_AGENT);
+  const laptopHome = pairedLaptop(b);
+  const laptop = jsonConnect(laptopHome, relay.url, [b.ticket]);
+  try {
+    laptop.send({ jsonrpc: "2.0", id: 0, method: "initialize", params: { protocolVersion: 1 } });
+    laptop.send({ jsonrpc: "2.0", id: 1, method: "session/new", params: { cwd: "/", mcpServers: [] } });
+    const sid = (await laptop.seen((v) => v.id === 1, "the laptop's session")).result.sessionId;
+    laptop.send({ jsonrpc: "2.0", id: 2, method: "session/prompt", params: { sessionId: sid, prompt: [{ type: "text", text: "started on the laptop" }] } });
+    await laptop.seen((v) => v.id === 2 && v.result, "the laptop's turn");
+    const p = await pairedPhone(b);
+    try {
+      const join = p.getByRole("button", { name: "Join Laptop's session" });
+      await join.waitFor({ timeout: WAIT_MS });
+      await shot(p, "session-pick-up-offered.png");
+      await join.click();
+      // Its history: the laptop's turn; then the laptop in control, one tap to take it.
+      await conversationOf(p).getByText(/You said: started on the laptop/).waitFor({ timeout: WAIT_MS });
+      await control(p).getByText("Laptop is in control").waitFor({ timeout: WAIT_MS });
+      await p.getByRole("button", { name: "Take control" }).click();
+      await control(p).getByText("You are in control").waitFor({ timeout: WAIT_MS });
+      assert.match(await prompt(p, "finished on the phone"), /^You said: finished on the phone; pid \d+$/);
+      await shot(p, "session-picked-up.png");
+      // The laptop saw the phone's turn, and is told it watches now.
+      await laptop.seen((v) => v.params?.update?.content?.text?.startsWith("You said: finished on the phone"), "the phone's reply at the laptop");
+    } finally {
+      await p.context().close();
+    }
+  } finally {
+    laptop.child.stdin.end();
+    b.child.kill("SIGTERM");
+  }
+});

@@ -430,11 +430,13 @@ function onRole(p) {
   const before = state.role && `${state.role} ${state.controller && state.controller.node}`;
   const was = state.role;
   state.role = p.role === "controller" ? "controller" : "observer";
+  // Whether this device controlled the session before ("in control again").
+  state.hadControl = Boolean(state.hadControl || was === "controller");
   state.controller = p.controller || null;
   state.askedRole = null;
   if (before !== `${state.role} ${state.controller && state.controller.node}`) {
     if (state.role === "controller") {
-      conversation.note(was === "observer" ? "You are in control again: your prompts go to the agent" : "You are in control of this session");
+      conversation.note(was === "observer" && state.hadControl ? "You are in control again: your prompts go to the agent" : was === "observer" ? "You are in control: your prompts go to the agent" : "You are in control of this session");
     } else {
       const who = controllerName();
       conversation.note(who === "nobody" ? "Nobody is in control of this session: take control to send" : `${cap(who)} is in control: this device watches`, "warn");
@@ -620,11 +622,13 @@ async function pump(conn) {
       if (onMessage(value)) save();
       else saveSoon();
     }
-    ending = [state.userClosed ? "disconnected: you closed the session" : "the agent finished and ended the session", ""];
+    ending = [state.leftFor ? `you left it for ${state.leftFor}` : state.userClosed ? "disconnected: you closed the session" : "the agent finished and ended the session", ""];
   } catch (err) {
     for (const p of state.pending.values()) p.reject(err);
     state.pending.clear();
-    if (state.userClosed) {
+    if (state.leftFor) {
+      ending = [`you left it for ${state.leftFor}`, ""];
+    } else if (state.userClosed) {
       ending = ["disconnected: you closed the session", ""];
     } else {
       ending = [describe(err), "error"];
@@ -672,7 +676,7 @@ async function connect(saved = null, release = null) {
   }
 }
 
-async function connectNow(ticket, saved, release) {
+async function connectNow(ticket, saved, release, join = null) {
   $("connect").disabled = true;
   renderComposer();
   release = release || (await lockSession(ticket));
@@ -699,7 +703,9 @@ async function connectNow(ticket, saved, release) {
     };
     state.userClosed = false;
     const idle = Number(param("idle")) || undefined; // ?idle=MS: notice a lost path sooner
-    const conn = await state.client.connectProtocol(ticket, "acp", undefined, undefined, { onEvent, session: saved && saved.state, idleTimeoutMs: idle });
+    const conn = join
+      ? await state.client.attach(ticket, join.id, { observe: true, history: "all", onEvent, idleTimeoutMs: idle })
+      : await state.client.connectProtocol(ticket, "acp", undefined, undefined, { onEvent, session: saved && saved.state, idleTimeoutMs: idle });
     state.conn = conn;
     state.ticket = ticket;
     if (saved) {
@@ -713,11 +719,23 @@ async function connectNow(ticket, saved, release) {
     } else {
       Object.assign(state, { turn: null, role: null, controller: null, sendAgain: false });
     }
+    // A session this page started (or takes back) was its own to control.
+    state.hadControl = !join;
+    if (join) {
+      // Another device's session: it was set up there (no initialize, no
+      // session/new); its history comes first, then this device watches.
+      const known = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]").find((a) => a.ticket === ticket);
+      const label = (known && known.label) || join.agent || "agent";
+      Object.assign(state, { sessionId: join.acpSessions[0] || null, agent: join.agent || label, label });
+      conversation.session(`${cap(deviceName(join.startedBy))}'s session with ${state.label}, joined · ${new Date().toLocaleString([], { dateStyle: "medium", timeStyle: "short" })}`);
+    }
     renderTitle();
     renderRole();
     renderComposer();
-    pump(conn);
-    if (saved) {
+    state.pumping = pump(conn);
+    if (join) {
+      setStatus(`joined · ${state.agent} · session ${state.sessionId}`, "ok");
+    } else if (saved) {
       setStatus(`resumed after the reload · ${state.agent} · session ${state.sessionId}`, "ok");
       window.resumedAfterReload = true;
     } else {
@@ -742,6 +760,7 @@ async function connectNow(ticket, saved, release) {
     localStorage.setItem(CONNECTED_KEY, "1");
     $("settings").open = false;
     applyFocus();
+    renderOthers();
     // Already allowed: keep this browser's subscription registered with this bridge.
     if (typeof Notification !== "undefined" && Notification.permission === "granted") subscribe(false);
     else setNotify("not on: “notify me” asks the browser, then registers this browser with the bridge");
@@ -809,6 +828,63 @@ function askRole(role) {
     setStatus(describe(err), "error");
   }
   renderRole();
+}
+
+/// The sessions of this agent that the owner's other devices started (the
+/// laptop's, to pick up here), one Join button each; none: nothing shown.
+async function renderOthers() {
+  let box = $("others");
+  if (!box) {
+    box = document.createElement("nav");
+    box.id = "others";
+    box.setAttribute("aria-label", "sessions on your other devices");
+    box.hidden = true;
+    $("role").before(box);
+  }
+  const ticket = state.ticket;
+  let list = [];
+  try {
+    list = ticket && state.client ? await state.client.sessions(ticket) : [];
+  } catch {
+    list = [];
+  }
+  if (ticket !== state.ticket) return;
+  const me = state.client && state.client.nodeId();
+  const others = list.filter((s) => s.startedBy.node !== me && !s.attached.some((a) => a.node === me) && s.state !== "warm");
+  box.replaceChildren(...others.map((s) => {
+    const who = cap(deviceName(s.startedBy));
+    const li = document.createElement("p");
+    li.className = "note";
+    const b = document.createElement("button");
+    b.textContent = "Join";
+    b.setAttribute("aria-label", `Join ${who}'s session`);
+    b.onclick = () => joinSession(s);
+    li.append(`${who}'s session (${s.state}) `, b);
+    return li;
+  }));
+  box.hidden = others.length === 0;
+}
+
+/// Leaves this page's own session and joins `s` (another device's), as an
+/// observer with its history: Take control makes it this device's.
+async function joinSession(s) {
+  const ticket = state.ticket;
+  if (state.conn) {
+    state.userClosed = true;
+    state.leftFor = `${cap(deviceName(s.startedBy))}'s session`;
+    forget(ticket);
+    state.conn.close();
+    await state.pumping;
+    state.leftFor = null;
+  }
+  $("others").hidden = true;
+  state.connecting = true;
+  try {
+    await connectNow(ticket, null, null, s);
+  } finally {
+    state.connecting = false;
+    renderComposer();
+  }
 }
 
 function disconnect() {
