@@ -17,6 +17,8 @@
 // {k: "plan", entries}, {k: "q", id, method, params, state: "open" |
 // "answered" | "inert", outcome}.
 
+import { renderInto } from "./markdown.js";
+
 const PREFIX = "thunderbolt_iroh_conversation:";
 export const KEEP_BLOCKS = 200;
 export const KEEP_BYTES = 256 * 1024;
@@ -79,6 +81,7 @@ export class Conversation {
     this.storeKey = null;
     this.seq = 0;
     this.ids = {}; // "reply" | "tools" | "plan" → the element carrying that id
+    this.toDraw = new Set(); // turns whose reply grew since it was last drawn
     // What carries the id `reply` while there is no turn (a hidden element of the page's, if any).
     this.noReply = document.getElementById("reply");
     this.ids.reply = this.noReply;
@@ -100,6 +103,7 @@ export class Conversation {
     this.blocks = blocks;
     this.seq = blocks.reduce((m, b) => Math.max(m, b.n || 0), 0);
     this.views.clear();
+    this.toDraw.clear(); // the replies of the conversation shown before are not drawn here
     this.root.replaceChildren(...blocks.map((b) => this.draw(b)));
     this.claimIds();
   }
@@ -205,13 +209,26 @@ export class Conversation {
 
   // ---- what the agent sends ----
 
+  /// A chunk of the agent's reply: the reply's Markdown drawn again once a
+  /// frame at most (only its last blocks: markdown.js's renderInto), and at
+  /// once when the turn ends.
   agentText(text) {
     const t = this.turn();
     t.reply += text;
     const v = this.views.get(t.n);
-    v.reply.append(text);
     v.agent.hidden = false;
+    this.toDraw.add(t);
+    if (this.toDraw.size === 1) requestAnimationFrame(() => this.drawReplies());
     this.follow();
+  }
+
+  /// Draws the replies that grew.
+  drawReplies() {
+    for (const t of this.toDraw) {
+      const v = this.views.get(t.n);
+      if (v) renderInto(v.reply, t.reply);
+    }
+    this.toDraw.clear();
   }
 
   tool(u) {
@@ -358,7 +375,8 @@ export class Conversation {
       v.items.set(i, e);
       v.activity.append(e);
     }
-    v.reply = el("div", { className: "msg" }, b.reply);
+    v.reply = el("div", { className: "msg md" });
+    renderInto(v.reply, b.reply);
     if (b.stop) v.reply.dataset.stopReason = b.stop;
     v.agent = el("div", { className: "bubble agent" }, el("div", { className: "who" }, this.hooks.label()), v.reply);
     v.agent.hidden = !b.reply;
@@ -404,6 +422,7 @@ export class Conversation {
   redrawEnd(t) {
     const v = this.views.get(t.n);
     if (!v) return;
+    if (this.toDraw.has(t)) this.drawReplies();
     if (t.stop) v.reply.dataset.stopReason = t.stop;
     this.fillEnd(t, v);
   }
