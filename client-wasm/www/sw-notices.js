@@ -107,7 +107,9 @@ self.addEventListener("push", (event) => {
     if (await attachedPage(pages, notice)) return done(false);
     const permission = notice.event === "needs_answer" && notice.detail === "session/request_permission";
     await self.registration.showNotification(notice.title || "thunderbolt", {
-      body: notice.text ? `${notice.body}\n${notice.text}` : notice.body,
+      // The agent's own words (`text`), unless the body says them already
+      // (a worded notice's body starts with them).
+      body: notice.text && !String(notice.body || "").includes(notice.text) ? `${notice.body}\n${notice.text}` : notice.body,
       tag: tagOf(notice),
       renotify: true,
       requireInteraction: notice.event === "needs_answer",

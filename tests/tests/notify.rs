@@ -187,8 +187,8 @@ async fn a_detached_sessions_question_is_pushed_once_end_to_end_encrypted_and_an
     assert_eq!(notice["event"], "needs_answer", "{push}");
     assert_eq!(notice["detail"], "session/request_permission");
     assert!(notice["title"].as_str().unwrap().contains("needs your answer"), "{notice}");
-    assert!(notice["text"].is_null(), "no message text unless --notify-text");
-    assert!(!push.to_string().contains("delete the build"), "the default notice names the event only");
+    assert_eq!(notice["body"], "delete the build folder", "a push says what is asked: {notice}");
+    assert_eq!(notice["text"], "delete the build folder", "and the agent's own words in `text`");
     assert_eq!(push["urgency"], "high");
     assert_eq!(push["ttl"], 6 * 3600);
     assert_eq!(push["vapid"]["k"], server_key.as_str(), "signed with the key the page subscribed with");
@@ -198,7 +198,7 @@ async fn a_detached_sessions_question_is_pushed_once_end_to_end_encrypted_and_an
     let push = &pushes[1];
     assert_eq!(push["notice"]["event"], "finished", "{push}");
     assert_eq!(push["notice"]["detail"], "end_turn");
-    assert_eq!(push["notice"]["body"], "finished: end_turn");
+    assert_eq!(push["notice"]["body"], "finished: no tool calls");
     assert_eq!(push["urgency"], "normal");
 
     // The gone subscription got one push, a 410, and is removed; the hook
@@ -208,8 +208,12 @@ async fn a_detached_sessions_question_is_pushed_once_end_to_end_encrypted_and_an
     let body: Value = serde_json::from_str(hooks[0]["body"].as_str().unwrap()).unwrap();
     assert_eq!(body["event"], "needs_answer");
     assert_eq!(body["detail"], "session/request_permission");
+    assert_eq!(body["body"], "it asks: session/request_permission", "the URL's notice is bare: {body}");
+    assert!(body["text"].is_null(), "no words unless --notify-text");
+    assert!(!hooks[0].to_string().contains("delete the build"), "{}", hooks[0]);
     let body: Value = serde_json::from_str(hooks[1]["body"].as_str().unwrap()).unwrap();
     assert_eq!(body["event"], "finished");
+    assert_eq!(body["body"], "finished: end_turn");
     s.bridge.log.wait_for("a push subscription is gone (410").await;
     let stored = push_file(&s.bridge_home);
     assert!(stored.contains("/push/ok") && !stored.contains("/push/gone"), "{stored}");
@@ -316,7 +320,156 @@ async fn with_notify_always_an_attached_plain_session_notifies_too() {
     assert_eq!(v["path"], "/hook");
     let body: Value = serde_json::from_str(v["body"].as_str().unwrap()).unwrap();
     assert_eq!(body["event"], "needs_answer");
+    assert_eq!(body["body"], "rm -rf build", "--notify-text words the URL's notice: {body}");
     assert_eq!(body["text"], "rm -rf build", "--notify-text puts what it asks in");
+}
+
+/// A permission request for a tool call (`toolCall`'s fields as ACP has them).
+fn permission_for(id: &str, tool_call: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "session/request_permission",
+           "params": {"sessionId": "s1", "toolCall": tool_call, "options": []}})
+}
+
+/// The agent's `session/update` of `session` reporting a tool call.
+fn tool_update(session: &str, update: Value) -> Value {
+    json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": session, "update": update}})
+}
+
+/// The agent's report of a new tool call of `session`: `id`, of `kind`, `status`.
+fn tool_call(session: &str, id: &str, kind: &str, status: &str) -> Value {
+    tool_update(
+        session,
+        json!({"sessionUpdate": "tool_call", "toolCallId": id, "title": id, "kind": kind, "status": status}),
+    )
+}
+
+/// What the test agent says during a turn: three tool calls (a command, an
+/// edit of one file with its diff, a read), one of another session's (not
+/// counted), then the answer to prompt `id`.
+fn a_turn(id: u64) -> Vec<Value> {
+    let mut edit = tool_call("s1", "c2", "edit", "pending");
+    edit["params"]["update"]["content"] =
+        json!([{"type": "diff", "path": "/w/src/main.rs", "oldText": "a", "newText": "b"}]);
+    let mut read = tool_call("s1", "c3", "read", "completed");
+    read["params"]["update"]["locations"] = json!([{"path": "/w/README.md"}]);
+    let mut other = tool_call("s2", "x", "edit", "completed");
+    other["params"]["update"]["locations"] = json!([{"path": "/w/other.rs"}]);
+    let done = |call: &str| {
+        tool_update(
+            "s1",
+            json!({"sessionUpdate": "tool_call_update", "toolCallId": call, "status": "completed"}),
+        )
+    };
+    vec![
+        tool_call("s1", "c1", "execute", "pending"),
+        edit,
+        done("c1"),
+        done("c2"),
+        other,
+        read,
+        json!({"jsonrpc": "2.0", "id": id, "result": {"stopReason": "end_turn"}}),
+    ]
+}
+
+/// A secret in a command: masked in every notice.
+const SECRET: &str = "sk-ant-api03-abcdefghijklmnopqrstuvwxyz";
+
+/// A permission for a command that holds [`SECRET`].
+fn risky_permission(id: &str) -> Value {
+    permission_for(
+        id,
+        json!({"toolCallId": "t1", "title": "Terminal", "kind": "execute",
+               "rawInput": {"command": format!("rm -rf build/ && deploy --api-key {SECRET}")}}),
+    )
+}
+
+/// The client sends prompt `id`; the agent says `turn` (read by the client to its end).
+async fn prompt_turn(
+    send: &mut SendStream,
+    recv: &mut RecvStream,
+    buf: &mut Vec<u8>,
+    id: u64,
+    turn: Vec<Value>,
+) {
+    send.write_all(&request(json!(id), "session/prompt", json!({"sessionId": "s1", "prompt": []})))
+        .await
+        .unwrap();
+    let n = turn.len();
+    send.write_all(&later(id + 1, 0, turn)).await.unwrap();
+    assert_eq!(frame_json(&next_frame(recv, buf).await)["id"], id + 1);
+    for _ in 0..n {
+        next_frame(recv, buf).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_says_the_permissions_tool_and_command_masked_and_the_turns_tool_calls_while_the_url_stays_bare(
+) {
+    let mut svc = PushService::start().await;
+    let hook = format!("http://127.0.0.1:{}/hook", svc.port);
+    let s = Setup::with_env(&["--notify-always", "--notify-url", &hook], &agent(&["later"]), LOOPBACK).await;
+    svc.log = s.bridge.log.clone();
+    let ep = s.endpoint(&s.client_home).await;
+    let (_c, mut send, mut recv, mut buf) = plain(&s, &ep).await;
+    let r = call(&mut send, &mut recv, &mut buf, 1, "_thunderbolt/push/subscribe", svc.ok.clone()).await;
+    assert_eq!(r["result"]["subscribed"], true, "{r}");
+
+    send.write_all(&later(2, 0, vec![risky_permission("p1")])).await.unwrap();
+    assert_eq!(frame_json(&next_frame(&mut recv, &mut buf).await)["id"], 2);
+    assert_eq!(frame_json(&next_frame(&mut recv, &mut buf).await)["id"], "p1");
+    let (mut push, mut hooked) = (None, None);
+    while push.is_none() || hooked.is_none() {
+        let v = svc.next().await;
+        match v["path"].as_str() {
+            Some("/push/ok") => push = Some(v),
+            Some("/hook") => hooked = Some(v),
+            _ => panic!("{v}"),
+        }
+    }
+    let (push, hooked) = (push.unwrap(), hooked.unwrap());
+    let notice = &push["notice"];
+    assert_eq!(notice["body"], "Terminal: rm -rf build/ && deploy --api-key ***", "{notice}");
+    assert_eq!(notice["text"], "Terminal");
+    assert_eq!(notice["detail"], "session/request_permission", "what the service worker reads is kept");
+    assert!(!push.to_string().contains(SECRET), "the secret is masked: {push}");
+    let body: Value = serde_json::from_str(hooked["body"].as_str().unwrap()).unwrap();
+    assert_eq!(body["body"], "it asks: session/request_permission", "the URL's notice is bare: {body}");
+    assert!(!hooked.to_string().contains("rm -rf"), "{hooked}");
+
+    // A turn: its notice counts the session's tool calls and the file its edit changed.
+    prompt_turn(&mut send, &mut recv, &mut buf, 3, a_turn(3)).await;
+    let push = svc.next_push().await;
+    assert_eq!(push["notice"]["event"], "finished", "{push}");
+    assert_eq!(push["notice"]["detail"], "end_turn");
+    assert_eq!(push["notice"]["body"], "finished: 3 tool calls, 1 file changed");
+    // The next turn counts from nothing, and says why it stopped.
+    let cancelled = json!({"jsonrpc": "2.0", "id": 5, "result": {"stopReason": "cancelled"}});
+    prompt_turn(&mut send, &mut recv, &mut buf, 5, vec![cancelled]).await;
+    let push = svc.next_push().await;
+    assert_eq!(push["notice"]["body"], "finished: no tool calls (cancelled)", "{push}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_notify_bare_a_push_names_the_event_only() {
+    let mut svc = PushService::start().await;
+    let s = Setup::with_env(&["--notify-always", "--notify-bare"], &agent(&["later"]), LOOPBACK).await;
+    svc.log = s.bridge.log.clone();
+    let ep = s.endpoint(&s.client_home).await;
+    let (_c, mut send, mut recv, mut buf) = plain(&s, &ep).await;
+    let r = call(&mut send, &mut recv, &mut buf, 1, "_thunderbolt/push/subscribe", svc.ok.clone()).await;
+    assert_eq!(r["result"]["subscribed"], true, "{r}");
+
+    send.write_all(&later(2, 0, vec![risky_permission("p1")])).await.unwrap();
+    assert_eq!(frame_json(&next_frame(&mut recv, &mut buf).await)["id"], 2);
+    assert_eq!(frame_json(&next_frame(&mut recv, &mut buf).await)["id"], "p1");
+    let push = svc.next_push().await;
+    assert_eq!(push["notice"]["body"], "it asks: session/request_permission", "{push}");
+    assert!(push["notice"]["text"].is_null(), "{push}");
+    assert!(!push.to_string().contains("rm -rf"), "{push}");
+
+    prompt_turn(&mut send, &mut recv, &mut buf, 3, a_turn(3)).await;
+    let push = svc.next_push().await;
+    assert_eq!(push["notice"]["body"], "finished: end_turn", "{push}");
 }
 
 /// A plain (`/0`) session of `ep`'s device: its connection and stream.

@@ -457,10 +457,11 @@ pub struct NotifyArgs {
     #[arg(long)]
     pub notify_always: bool,
 
-    /// Put what the agent asks (a permission request's title, an elicitation's message) into
-    /// the notice. Off by default: a notice names the agent and the event only.
-    #[arg(long)]
-    pub notify_text: bool,
+    // How much notices say: `--notify-bare` (Web Push names the event only) and
+    // `--notify-text` (--notify-url's say what is asked or done too). Named for the flag it
+    // grew from: the notifier's config takes it as its `text`.
+    #[command(flatten)]
+    pub notify_text: crate::notify::words::Wording,
 
     /// No Web Push: browsers cannot subscribe, and none is sent.
     #[arg(long)]

@@ -18,9 +18,11 @@
 //!
 //! Sinks: Web Push to the subscriptions of the device whose session it is
 //! (registered over the session's own stream, [`session`]), and `--notify-url`
-//! ([`webhook`]). The default notice names the agent and the event only
-//! ("needs your answer", "finished: end_turn"); the text of what it asks is in
-//! it only with `--notify-text`.
+//! ([`webhook`]). A push says what is asked or done in words ("Run rm -rf
+//! build/", "finished: 3 tool calls, 1 file changed"; [`words`]): it is
+//! encrypted end to end to the device. `--notify-bare` makes it name the event
+//! only ("it asks: session/request_permission", "finished: end_turn"), as the
+//! notify URL's notices always do unless `--notify-text`.
 
 pub mod endpoint;
 pub mod limit;
@@ -28,6 +30,7 @@ pub mod methods;
 pub mod push;
 pub mod session;
 pub mod webhook;
+pub mod words;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -37,6 +40,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::{devices::Devices, home::Home};
+use words::Words;
 
 /// Notices waiting to be handed to their device's delivery. A burst past it
 /// (every session of a host at once) drops notices, never the stream.
@@ -77,13 +81,23 @@ pub const DEFAULT_CONTACT: &str = "mailto:thunderbolt-iroh@localhost";
 pub struct NotifyConfig {
     /// Notify while a client is attached too (by default only while none is).
     pub always: bool,
-    /// Put the text of what the agent asks into the notice (off: names only).
-    pub text: bool,
+    /// How much each sink's notices say (`--notify-bare`, `--notify-text`).
+    pub text: words::Wording,
     /// Web Push for the devices that subscribe (`--no-push` turns it off).
     pub push: bool,
     /// VAPID `sub`: a mailto: or https: contact for push services.
     pub contact: String,
     pub webhook: Option<webhook::Webhook>,
+}
+
+impl NotifyConfig {
+    /// Whether a notice that is sent says anything in words: then sessions
+    /// read what the agent asks, and count their turns' tool calls.
+    pub fn worded(&self) -> bool {
+        let push = self.push && self.text.push() == Words::Plain;
+        let hook = self.webhook.is_some() && self.text.hook() == Words::Plain;
+        push || hook
+    }
 }
 
 /// What happened in a session.
@@ -94,9 +108,15 @@ pub enum Kind {
         method: String,
         /// A permission request's options (`optionId`, `name`, `kind`).
         options: Option<serde_json::Value>,
+        /// What it asks, in words (`Run rm -rf build/`), when notices say it.
+        words: Option<String>,
     },
     /// The answer to a `session/prompt` passed: the turn ended.
-    Finished { stop_reason: String },
+    Finished {
+        stop_reason: String,
+        /// What the turn's tool calls did, when notices say it.
+        summary: Option<words::Summary>,
+    },
     /// A request that was notified has been answered: its notice is withdrawn.
     Answered,
     /// A session that had notices ended: they are all withdrawn.
@@ -129,7 +149,8 @@ pub struct Event {
     pub node: Arc<str>,
     /// The agent's protocol.
     pub protocol: Arc<str>,
-    /// What the agent asks, in its words (only with `--notify-text`).
+    /// What the agent asks, in its own words (a tool call's title, an
+    /// elicitation's message), masked and bounded; for worded notices only.
     pub text: Option<String>,
     /// Notices of this session the rate limit held back before this one.
     pub more: u64,
@@ -149,6 +170,8 @@ pub struct Notice {
     /// The request's method, or the turn's stop reason.
     pub detail: String,
     pub title: String,
+    /// What is asked or done: in words (`Run rm -rf build/`), or, bare, the
+    /// event only (`it asks: session/request_permission`).
     pub body: String,
     pub session: String,
     /// The JSON text of the agent's request id (`needs_answer`, `answered`).
@@ -166,25 +189,35 @@ pub struct Notice {
     pub protocol: String,
     pub device: Option<String>,
     pub more: u64,
+    /// The agent's own words for what it asks (worded notices only).
     pub text: Option<String>,
     pub at: String,
 }
 
 impl Notice {
-    pub fn of(ev: &Event, device: Option<String>) -> Self {
+    /// The notice of `ev` for a sink whose notices are worded as `style` says.
+    pub fn of(ev: &Event, device: Option<String>, style: Words) -> Self {
         let who = if ev.label.is_empty() { "the agent".to_string() } else { ev.label.to_string() };
+        let plain = style == Words::Plain;
         let (event, detail, title, mut body) = match &ev.kind {
-            Kind::NeedsAnswer { method, .. } => (
+            Kind::NeedsAnswer { method, words, .. } => (
                 "needs_answer",
                 method.clone(),
                 format!("{who} needs your answer"),
-                format!("it asks: {method}"),
+                match words.as_ref().filter(|_| plain) {
+                    Some(w) => w.clone(),
+                    None => format!("it asks: {method}"),
+                },
             ),
-            Kind::Finished { stop_reason } => (
+            Kind::Finished { stop_reason, summary } => (
                 "finished",
                 stop_reason.clone(),
                 format!("{who} finished"),
-                format!("finished: {stop_reason}"),
+                if plain {
+                    words::finished(stop_reason, summary.as_ref())
+                } else {
+                    format!("finished: {stop_reason}")
+                },
             ),
             Kind::Answered => ("answered", String::new(), format!("{who}: answered"), "answered".to_string()),
             Kind::Ended => {
@@ -212,7 +245,7 @@ impl Notice {
             protocol: ev.protocol.to_string(),
             device,
             more: ev.more,
-            text: ev.text.clone(),
+            text: ev.text.clone().filter(|_| plain),
             at: crate::devices::rfc3339(crate::devices::now_ms()),
         }
     }
@@ -275,6 +308,7 @@ impl Notifier {
             policy,
             subscriptions: subscriptions.clone(),
             webhook: config.webhook.clone(),
+            wording: config.text,
             devices: Arc::new(Devices::new(home)),
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
         });
@@ -330,6 +364,8 @@ struct Delivery {
     policy: endpoint::Policy,
     subscriptions: push::Registry,
     webhook: Option<webhook::Webhook>,
+    /// How much each sink's notices say.
+    wording: words::Wording,
     devices: Arc<Devices>,
     in_flight: Arc<tokio::sync::Semaphore>,
 }
@@ -386,7 +422,7 @@ impl Delivery {
         }
         let devices = self.devices.clone();
         let device = tokio::task::spawn_blocking(move || devices.name_of(&peer)).await.ok().flatten();
-        let notice = Notice::of(&ev, device);
+        let notice = Notice::of(&ev, device.clone(), self.wording.push());
         // Every push of the notice and the webhook at once, each bounded.
         let pushes = async {
             let Some(vapid) = &self.vapid else { return 0 };
@@ -399,8 +435,8 @@ impl Delivery {
         let hook = async {
             let hook = self.webhook.as_ref().filter(|_| !ev.kind.withdraws())?;
             let _permit = self.in_flight.acquire().await.ok()?;
-            // The answer token is the pushed device's alone.
-            let notice = Notice { answer: None, ..notice.clone() };
+            // Worded as the URL's own, and the answer token is the pushed device's alone.
+            let notice = Notice { answer: None, ..Notice::of(&ev, device, self.wording.hook()) };
             match hook.request(&self.hook_http, &notice).send().await {
                 Ok(r) if r.status().is_success() => Some(()),
                 Ok(r) => {

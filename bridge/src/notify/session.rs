@@ -1,11 +1,12 @@
 //! One session's side of notices: what the pump shows it, as it passes.
 //!
 //! From the agent: its requests to the client (`session/request_permission`,
-//! an elicitation, any request) and the answers to the client's
-//! `session/prompt`s (the turn's `stopReason`). A request that passes while
-//! the client is attached is remembered until the client answers it: when the
-//! session detaches first (a locked phone's connection is found lost seconds
-//! later) it is notified then.
+//! an elicitation, any request), the answers to the client's
+//! `session/prompt`s (the turn's `stopReason`) and, when notices say things in
+//! words, the tool calls its `session/update`s report during a turn. A request
+//! that passes while the client is attached is remembered until the client
+//! answers it: when the session detaches first (a locked phone's connection is
+//! found lost seconds later) it is notified then.
 //!
 //! From the client: the answers to those requests, and its `session/prompt`s.
 //!
@@ -14,7 +15,7 @@
 //! pass with a substring search or two.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc, Mutex,
@@ -28,6 +29,7 @@ use tracing::{debug, info};
 
 use super::{
     limit::{Held, Limiter},
+    words::{self, Tally},
     Event, Kind, Notifier,
 };
 use crate::{
@@ -45,10 +47,6 @@ const MAX_PROMPTS: usize = 256;
 /// Agent requests remembered while the client is attached, in case it goes
 /// before answering (agents ask one thing at a time; this bounds a flood).
 const MAX_WAITING: usize = 64;
-
-/// The longest piece of the agent's own words put into a notice
-/// (`--notify-text`): a title, not the whole diff.
-const MAX_TEXT: usize = 200;
 
 /// What a hosted agent (or the single bridge's agent) notifies with.
 #[derive(Debug, Clone)]
@@ -78,9 +76,13 @@ const MAX_NOTIFIED: usize = 64;
 pub struct SessionNotices {
     hook: Option<(Arc<AgentNotify>, Arc<SessionInfo>)>,
     attached: Presence,
-    /// Ids (raw JSON) of the client's `session/prompt`s not answered yet.
-    prompts: Mutex<HashSet<Box<[u8]>>>,
+    /// Ids (raw JSON) of the client's `session/prompt`s not answered yet →
+    /// the ACP session each is for, when its turn's tool calls are counted.
+    prompts: Mutex<HashMap<Box<[u8]>, Option<String>>>,
     prompt_count: AtomicUsize,
+    /// The tool calls of each ACP session's turn under way (one per prompt
+    /// in `prompts`, so as bounded), when notices say things in words.
+    turns: Mutex<HashMap<String, Tally>>,
     /// The agent's requests that passed while the client was attached and
     /// that it has not answered: id (raw JSON) → the notice it would be.
     waiting: Mutex<HashMap<Box<[u8]>, Pending>>,
@@ -152,6 +154,7 @@ impl SessionNotices {
             attached,
             prompts: Mutex::default(),
             prompt_count: 0.into(),
+            turns: Mutex::default(),
             waiting: Mutex::default(),
             waiting_count: 0.into(),
             notified: Mutex::default(),
@@ -199,7 +202,7 @@ impl SessionNotices {
             }
             if prompt {
                 if let Some((id, b"\"session/prompt\"")) = jsonrpc::request_head(line) {
-                    self.track_prompt(id);
+                    self.track_prompt(id, line);
                 }
             }
         }
@@ -216,22 +219,27 @@ impl SessionNotices {
         if !requests && !prompts {
             return;
         }
+        let worded = hook.notifier.config.worded();
         for line in thunderbolt_shared::ndjson::lines(run) {
             if requests {
                 if let Some((id, method)) = jsonrpc::request_head(line) {
                     let method = String::from_utf8_lossy(method.get(1..method.len() - 1).unwrap_or_default())
                         .into_owned();
-                    let text = hook.notifier.config.text.then(|| asked(line)).flatten();
+                    let asked = if worded { words::asked(line) } else { Default::default() };
                     let options = permission_options(line);
-                    self.agent_asks(hook, info, id, Kind::NeedsAnswer { method, options }, text);
+                    let kind = Kind::NeedsAnswer { method, options, words: asked.words };
+                    self.agent_asks(hook, info, id, kind, asked.own);
                     continue;
                 }
             }
             if prompts {
+                if worded && memmem::find(line, b"tool_call").is_some() {
+                    self.tool_call_seen(line);
+                }
                 if let Some(id) = jsonrpc::response_id(line) {
-                    if self.prompt_answered(id) {
+                    if let Some(summary) = self.prompt_answered(id) {
                         let stop_reason = stop_reason(line);
-                        let kind = Kind::Finished { stop_reason };
+                        let kind = Kind::Finished { stop_reason, summary };
                         if self.wanted() {
                             self.send(hook, info, kind, None, None);
                         }
@@ -348,19 +356,43 @@ impl SessionNotices {
         Some((hook, event))
     }
 
-    fn track_prompt(&self, id: &[u8]) {
+    /// Remembers the client's prompt `line` (of JSON-RPC id `id`) until its
+    /// answer ends the turn; when notices say things in words, the turn's
+    /// tool calls are counted from now on.
+    fn track_prompt(&self, id: &[u8], line: &[u8]) {
+        let worded = self.hook.as_ref().is_some_and(|(h, _)| h.notifier.config.worded());
+        let session = if worded { words::prompt_session(line) } else { None };
         let mut p = self.prompts.lock().unwrap_or_else(|p| p.into_inner());
-        if !p.contains(id) && p.len() < MAX_PROMPTS {
-            p.insert(id.into());
+        if !p.contains_key(id) && p.len() < MAX_PROMPTS {
+            if let Some(s) = &session {
+                // A new turn of the session counts from nothing.
+                self.turns.lock().unwrap_or_else(|p| p.into_inner()).insert(s.clone(), Tally::default());
+            }
+            p.insert(id.into(), session);
             self.prompt_count.store(p.len(), Ordering::Relaxed);
         }
     }
 
-    fn prompt_answered(&self, id: &[u8]) -> bool {
-        let mut p = self.prompts.lock().unwrap_or_else(|p| p.into_inner());
-        let was = p.remove(id);
-        self.prompt_count.store(p.len(), Ordering::Relaxed);
-        was
+    /// A tool call update of the agent's, counted in its session's turn
+    /// (of a session with no turn under way, or not a tool call: nothing).
+    fn tool_call_seen(&self, line: &[u8]) {
+        let Some((session, seen)) = words::tool_update(line) else { return };
+        if let Some(turn) = self.turns.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&session) {
+            turn.saw(seen);
+        }
+    }
+
+    /// Whether `id` answers a prompt of the client's (the turn ended): then
+    /// `Some`, with what its tool calls did when they were counted.
+    fn prompt_answered(&self, id: &[u8]) -> Option<Option<words::Summary>> {
+        let session = {
+            let mut p = self.prompts.lock().unwrap_or_else(|p| p.into_inner());
+            let was = p.remove(id);
+            self.prompt_count.store(p.len(), Ordering::Relaxed);
+            was?
+        };
+        let turn = session.and_then(|s| self.turns.lock().unwrap_or_else(|p| p.into_inner()).remove(&s));
+        Some(turn.map(|t| t.summary()))
     }
 
     /// Hands the notice on, within the session's rate limit, its device's
@@ -434,23 +466,6 @@ impl SessionNotices {
     }
 }
 
-/// What an agent's request asks, in its own words: a permission request's
-/// tool call title, an elicitation's message.
-fn asked(line: &[u8]) -> Option<String> {
-    let v: Value = serde_json::from_slice(line).ok()?;
-    let p = v.get("params")?;
-    let text = p
-        .pointer("/toolCall/title")
-        .or_else(|| p.get("message"))
-        .or_else(|| p.get("title"))
-        .and_then(Value::as_str)?;
-    let mut t: String = text.chars().take(MAX_TEXT).collect();
-    if t.len() < text.len() {
-        t.push('…');
-    }
-    Some(t)
-}
-
 /// The SHA-256 of a notice's answer token (the token itself is kept nowhere).
 fn token_hash(token: &str) -> [u8; 32] {
     use sha2::{Digest, Sha256};
@@ -500,13 +515,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stop_reasons_and_asked_text() {
+    fn stop_reasons() {
         assert_eq!(
             stop_reason(br#"{"jsonrpc":"2.0","id":1,"result":{"stopReason":"end_turn"}}"#),
             "end_turn"
         );
         assert_eq!(stop_reason(br#"{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":"x"}}"#), "error");
-        let line = br#"{"jsonrpc":"2.0","id":1,"method":"session/request_permission","params":{"toolCall":{"title":"rm -rf build"}}}"#;
-        assert_eq!(asked(line).as_deref(), Some("rm -rf build"));
     }
 }

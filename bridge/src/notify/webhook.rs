@@ -54,9 +54,10 @@ impl Webhook {
                 .header("Title", &notice.title)
                 .header("Priority", if notice.event == "needs_answer" { "high" } else { "default" })
                 .header("Tags", "robot")
+                // The agent's own words, unless the body says them already.
                 .body(match &notice.text {
-                    Some(t) => format!("{}\n{t}", notice.body),
-                    None => notice.body.clone(),
+                    Some(t) if !notice.body.contains(t.as_str()) => format!("{}\n{t}", notice.body),
+                    _ => notice.body.clone(),
                 }),
         }
     }
