@@ -8,7 +8,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { mkdirSync, readdirSync, readFileSync, existsSync, writeFileSync, chmodSync } from "node:fs";
 import { join } from "node:path";
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
 import { startServer } from "../serve.mjs";
@@ -473,8 +473,8 @@ test("the demo page: its relay field is applied, its ticket and session survive 
   await openSettings(p);
   await p.fill("#ticket", c.ticket);
   await p.click("#connect");
-  await p.waitForFunction(() => document.querySelector("#status").textContent.startsWith("the agent ended"), null, { timeout: WAIT_MS });
-  assert.equal(await p.textContent("#status"), "the agent ended: the agent exited with code 3");
+  await p.waitForFunction(() => document.querySelector("#status").textContent.startsWith("the agent exited"), null, { timeout: WAIT_MS });
+  assert.equal(await p.textContent("#status"), "the agent exited with code 3");
   await ctx.close();
   c.child.kill("SIGTERM");
 });
@@ -568,7 +568,7 @@ test("a pairing link: the demo page pairs, connects and runs an ACP exchange; no
   await late.goto(minted.link);
   await late.waitForFunction(() => window.lastError, null, { timeout: WAIT_MS });
   assert.equal((await late.evaluate(() => window.lastError)).reason, "pairing code already used");
-  assert.match(await late.textContent("#status"), /pairing failed: .*already used/);
+  assert.match(await late.textContent("#status"), /^pairing refused: pairing code already used \(mint a new one/);
   assert.equal(JSON.parse(tb(b.home, relayUrl, ["iroh", "list", "--json"])).devices.length, 1);
   await ctx.close();
   await ctx2.close();
@@ -1501,4 +1501,68 @@ test("a bridge with two relays, its home relay killed mid-stream: the page's str
   await late.close();
   cat.child.kill("SIGTERM");
   other.child.kill("SIGTERM");
+});
+
+/// `thunderbolt acp connect <args>` in `home`, its input empty: what it said last on stderr, without `error: `.
+function cliError(home, args, relay = relayUrl) {
+  const r = spawnSync(join(BIN, "thunderbolt"), ["acp", "connect", ...args], {
+    env: { ...process.env, ...tbEnv(home, relay) }, input: "", timeout: WAIT_MS,
+  });
+  const last = r.stderr.toString().trim().split("\n").filter((l) => l.startsWith("error: ")).pop() || r.stderr.toString();
+  assert.notEqual(r.status, 0, `connect succeeded: ${r.stderr}`);
+  return last.replace(/^error: /, "");
+}
+
+test("the page and connect say the same words for the same failure: not allowlisted, a wrong code, a spent code, an agent that died saying why, a relay never reached", async () => {
+  const b = await startBridge();
+  const dying = await startBridge(["sh", "-c", "echo 'missing API key ANTHROPIC_API_KEY' >&2; exit 3"]);
+  const cliHome = tempHome();
+  const cliId = JSON.parse(tb(cliHome, relayUrl, ["iroh", "id", "--json"])).nodeId;
+  const minted = () => JSON.parse(tb(b.home, relayUrl, ["iroh", "pair", "--json"])).code;
+  const wrong = (code) => code.slice(0, -1) + (code.endsWith("A") ? "B" : "A");
+  const spent = minted();
+  allow(dying, await page.textContent("#node-id"));
+  const page_ = await page.evaluate(async ([ticket, dyingTicket, relay, wrongCode, spentCode]) => {
+    const { IrohClient, describe } = window.thunderbolt;
+    const said = async (p) => { try { await p; return "no error"; } catch (e) { return describe(e); } };
+    const c = await IrohClient.create(undefined, relay);
+    const out = { id: c.nodeId() };
+    // Not allowlisted: the refusal arrives on the session's messages.
+    out.notAllowed = await said((async () => { const conn = await c.connectProtocol(ticket, "acp"); await conn.messages().getReader().read(); })());
+    out.wrong = await said(c.pair(ticket, wrongCode, "phone"));
+    await c.pair(ticket, spentCode, "phone");
+    await c.shutdown();
+    // Another device with the code this one spent.
+    const other = await IrohClient.create(undefined, relay);
+    out.spent = await said(other.pair(ticket, spentCode, "tablet"));
+    await other.shutdown();
+    // A device the dying bridge allows (the page's own client).
+    const mine = window.thunderbolt.state.client;
+    out.died = await said((async () => { const conn = await mine.connectProtocol(dyingTicket, "acp"); const r = conn.messages().getReader(); for (;;) { const { done } = await r.read(); if (done) return; } })());
+    const stranded = await IrohClient.create(undefined, "http://127.0.0.1:9/");
+    out.noRelay = await said(stranded.connectProtocol(window.thunderbolt.nodeOf(ticket), "acp", 3000));
+    await stranded.shutdown();
+    return out;
+  }, [b.ticket, dying.ticket, relayUrl, wrong(minted()), spent]);
+  const words = {
+    notAllowed: cliError(cliHome, [b.ticket]).replace(cliId, page_.id),
+    wrong: cliError(cliHome, ["--pair", wrong(minted()), b.ticket]),
+    spent: cliError(cliHome, ["--pair", spent, b.ticket]),
+  };
+  allow(dying, cliId);
+  words.died = cliError(cliHome, [dying.ticket]);
+  const noRelay = cliError(tempHome(), ["--dial-timeout", "3", JSON.parse(tb(b.home, relayUrl, ["iroh", "id", "--json"])).nodeId], "http://127.0.0.1:9/");
+  assert.equal(page_.notAllowed, words.notAllowed);
+  assert.match(page_.notAllowed, /not allowlisted: on the bridge's machine run `thunderbolt iroh allow [0-9a-f]{64}`/);
+  assert.equal(page_.wrong, words.wrong);
+  assert.match(page_.wrong, /^pairing refused: pairing code not recognised \(check the code/);
+  assert.equal(page_.spent, words.spent);
+  assert.match(page_.spent, /^pairing refused: pairing code already used \(mint a new one/);
+  assert.equal(page_.died, words.died);
+  assert.equal(page_.died, "the agent exited with code 3: missing API key ANTHROPIC_API_KEY");
+  // The CLI says more (what its own probe of the relay found), after the same words.
+  assert.ok(noRelay.startsWith(page_.noRelay), `page: ${page_.noRelay}\ncli:  ${noRelay}`);
+  assert.match(page_.noRelay, /^could not reach the relay http:\/\/127.0.0.1:9\/: is it running/);
+  b.child.kill("SIGTERM");
+  dying.child.kill("SIGTERM");
 });

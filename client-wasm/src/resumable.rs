@@ -127,6 +127,8 @@ pub struct Resumable {
     /// Wakes the driver: an ack is due, or the page took frames.
     poke: mpsc::UnboundedSender<()>,
     on_event: Option<Function>,
+    /// This device's NodeId (a refusal's words name it).
+    me: String,
     ended_wake: RefCell<Vec<futures::channel::oneshot::Sender<()>>>,
     /// The byte API: lines go to the page as bytes, not parsed.
     raw: bool,
@@ -168,6 +170,7 @@ impl Resumable {
             outgoing,
             poke,
             on_event,
+            me: client.ep().id().to_string(),
             ended_wake: RefCell::new(Vec::new()),
             raw,
             partial: RefCell::new(BytesMut::new()),
@@ -748,7 +751,7 @@ impl Resumable {
             // Nothing went wrong: this device left a session others go on with.
             Ending::Closed { code: 0, reason } => Err((closed_obj("closed", Some(0), &reason), None)),
             Ending::Closed { code, reason } => {
-                let msg = format!("the bridge closed the connection: {reason} (code {code})");
+                let msg = thunderbolt_shared::words::closed(code, &reason, &self.me);
                 Err((
                     closed_obj("closed", Some(code), &reason),
                     Some(js_error(&ErrorKind::Closed { code, reason: reason.clone() }, &msg)),

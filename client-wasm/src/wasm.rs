@@ -84,11 +84,12 @@ pub(crate) fn ending(err: &ConnectionError) -> Ending {
     }
 }
 
-fn conn_error(err: &ConnectionError) -> JsValue {
+/// `me`: this device's NodeId (a refusal's words name it).
+fn conn_error(err: &ConnectionError, me: &str) -> JsValue {
     match ending(err) {
         Ending::Agent(end) => js_error(&ErrorKind::Agent(end), &end.describe()),
         Ending::Closed { code, reason } => {
-            let msg = format!("the bridge closed the connection: {reason} (code {code})");
+            let msg = words::closed(code, &reason, me);
             js_error(&ErrorKind::Closed { code, reason }, &msg)
         }
         Ending::Local => js_error(&client_closed(), "the connection was closed by this client"),
@@ -98,9 +99,9 @@ fn conn_error(err: &ConnectionError) -> JsValue {
 
 /// Prefers the connection's close reason (a refusal often shows up first as a
 /// failed write or read) over the operation's own error.
-fn op_error(conn: &Connection, fallback: impl std::fmt::Display) -> JsValue {
+fn op_error(conn: &Connection, me: &str, fallback: impl std::fmt::Display) -> JsValue {
     match conn.close_reason() {
-        Some(e) => conn_error(&e),
+        Some(e) => conn_error(&e, me),
         None => {
             let text = fallback.to_string();
             js_error(&classify_text(&text), &text)
@@ -219,7 +220,7 @@ impl IrohClient {
             )
             .await?;
             if conn.alpn() != r1.as_slice() {
-                let c = open_plain(conn).await?;
+                let c = open_plain(conn, &inner).await?;
                 return Ok(IrohConnection { inner: Framed::Plain(c) }.into());
             }
             let r = crate::resumable::Resumable::start(
@@ -270,7 +271,7 @@ impl IrohClient {
                     .await?;
             if conn.alpn() != r1.as_slice() {
                 // A bridge without resume: the plain protocol, as before.
-                let c = open_plain(conn).await?;
+                let c = open_plain(conn, &inner).await?;
                 return Ok(FramedConnection { inner: Framed::Plain(c), max_frame }.into());
             }
             let r = crate::resumable::Resumable::start(
@@ -308,7 +309,7 @@ impl IrohClient {
             let answer = match n0_future::time::timeout(LISTING_TIMEOUT, recv.read_to_end(MAX_LISTING)).await
             {
                 Ok(Ok(a)) if !a.is_empty() => Ok(a),
-                Ok(Err(e)) => Err(op_error(&c.conn, e)),
+                Ok(Err(e)) => Err(op_error(&c.conn, &c.me, e)),
                 _ => Err(js_error(
                     &ErrorKind::Frame,
                     "the bridge did not answer the listing (an older version?)",
@@ -407,7 +408,7 @@ impl IrohClient {
             let _ = c.send.lock().await.finish();
             let mut recv = c.take_recv()?;
             let answer =
-                recv.read_to_end(pairing::MAX_PAIR_ANSWER).await.map_err(|e| op_error(&c.conn, e))?;
+                recv.read_to_end(pairing::MAX_PAIR_ANSWER).await.map_err(|e| op_error(&c.conn, &c.me, e))?;
             c.close();
             let text = String::from_utf8_lossy(&answer);
             js_sys::JSON::parse(text.trim())
@@ -474,6 +475,8 @@ impl ClientInner {
 
 struct ConnInner {
     conn: Connection,
+    /// This device's NodeId (the words of a refusal name it).
+    me: String,
     send: AsyncMutex<SendStream>,
     recv: RefCell<Option<RecvStream>>,
 }
@@ -485,7 +488,7 @@ async fn dial(
     timeout_ms: Option<u32>,
 ) -> Result<Rc<ConnInner>, JsValue> {
     let (conn, _) = dial_conn(client, target, &alpn, None, timeout_ms).await?;
-    open_plain(conn).await
+    open_plain(conn, client).await
 }
 
 /// Dials `target` with `alpn` (and `fallback` as a second choice); returns the
@@ -538,15 +541,16 @@ async fn dial_conn(
     }
 }
 
-async fn open_plain(conn: Connection) -> Result<Rc<ConnInner>, JsValue> {
-    let (send, recv) = conn.open_bi().await.map_err(|e| conn_error(&e))?;
-    Ok(Rc::new(ConnInner { conn, send: AsyncMutex::new(send), recv: RefCell::new(Some(recv)) }))
+async fn open_plain(conn: Connection, client: &ClientInner) -> Result<Rc<ConnInner>, JsValue> {
+    let me = client.ep().id().to_string();
+    let (send, recv) = conn.open_bi().await.map_err(|e| conn_error(&e, &me))?;
+    Ok(Rc::new(ConnInner { conn, me, send: AsyncMutex::new(send), recv: RefCell::new(Some(recv)) }))
 }
 
 impl ConnInner {
     async fn write(&self, bytes: &[u8]) -> Result<(), JsValue> {
         let mut send = self.send.lock().await;
-        send.write_all(bytes).await.map_err(|e| op_error(&self.conn, e))
+        send.write_all(bytes).await.map_err(|e| op_error(&self.conn, &self.me, e))
     }
 
     fn take_recv(&self) -> Result<RecvStream, JsValue> {
@@ -568,7 +572,7 @@ impl ConnInner {
                 Err(e) => match me.conn.close_reason().map(|c| ending(&c)) {
                     // The agent's end was announced: what came before it was everything.
                     Some(Ending::Agent(end)) if end.is_success() => None,
-                    _ => Some((Err(op_error(&me.conn, e)), None)),
+                    _ => Some((Err(op_error(&me.conn, &me.me, e)), None)),
                 },
             }
         }))
@@ -623,7 +627,7 @@ impl ConnInner {
     /// Finishes our send side: the bridge's agent sees end of input.
     async fn finish(&self) -> Result<(), JsValue> {
         let mut send = self.send.lock().await;
-        send.finish().map_err(|e| op_error(&self.conn, e))
+        send.finish().map_err(|e| op_error(&self.conn, &self.me, e))
     }
 }
 

@@ -72,7 +72,6 @@ function log(dir, msg) {
 }
 
 // Refusals at the door, as opposed to a session the bridge ended later.
-const ADMISSION = ["not allowlisted", "bridge at capacity", "idle: no data stream opened", "handshake timed out"];
 
 /// Describes a client error for people, in the CLI's words: what happened,
 /// and what to do. No error kinds, no close codes.
@@ -80,23 +79,13 @@ function describe(err) {
   if (!err) return "something went wrong";
   switch (err.kind) {
     case "closed": {
-      const r = err.reason || "";
-      if (r === "bridge shutting down") return "the bridge shut down: connect again once it runs";
-      if (r === "ended by the host") return "the workstation ended this session (thunderbolt kick)";
-      if (r === "membership revoked") return "this device is no longer allowed on the bridge (membership revoked)";
-      if (r === "not allowlisted") return "the bridge refused the connection: not allowlisted (pair this browser with the link `thunderbolt iroh pair` prints, or run the allow command of Settings on the workstation)";
-      if (r === "unknown session") return "the session is gone: the bridge does not hold it (the bridge restarted, or the session ended a while ago)";
-      if (r === "session expired") return "the session is gone: it waited for this device longer than the bridge's grace and was ended";
-      if (r === "session evicted") return "the session is gone: the bridge ended it to make room";
-      if (r === "host restarted: the agent cannot reload sessions") return "the session is gone: the host restarted and its agent cannot reload sessions";
-      if (r === "too many devices") return "the bridge refused: too many devices on this session";
-      if (r === "left the session") return "this device left the session";
-      if (ADMISSION.includes(r) || r.startsWith("failed to spawn")) return `the bridge refused the connection: ${r}`;
-      return `the bridge ended the session: ${r}`;
+      // The client's words for the bridge's reason: the CLI's, word for word
+      // (thunderbolt_shared::words::closed), each saying what to do next.
+      return err.message || `the bridge closed the connection: ${err.reason}`;
     }
-    case "agent": return `the agent ended: ${err.message}`;
+    case "agent": return err.message; // the CLI's words: `the agent exited with code 3: <its last stderr line>`
     case "session_gone": return `the session is gone (${err.message}): connect to start a new one`;
-    case "timeout": return `could not connect: ${err.message}`;
+    case "timeout": return err.message;
     case "alpn": return `the peer is not an ACP bridge: ${err.message}`;
     default: return err.message || String(err);
   }
@@ -905,7 +894,7 @@ async function pairAndConnect(ticket, code) {
     window.paired = res;
     if (Array.isArray(res.agents)) knowAgents(res.agents);
   } catch (err) {
-    setStatus(`pairing failed: ${describe(err)}`, "error");
+    setStatus(describe(err), "error");
     lastError(err);
     return;
   }

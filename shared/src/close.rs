@@ -357,6 +357,10 @@ impl Refusal {
             Self::StaleResume => "the session is gone: the resume used an older copy of the session state \
                                   than this client had already confirmed, so the bridge ended it"
                 .into(),
+            Self::ShuttingDown => "the bridge shut down: connect again once it runs".into(),
+            Self::Kicked => {
+                "the bridge ended the session: ended by the host (`thunderbolt kick` on its machine)".into()
+            }
             r if r.is_admission() => format!("the bridge refused the connection: {r}"),
             Self::FrameTooLarge => {
                 format!("the bridge ended the session: {} (a message over its frame limit)", self.reason())

@@ -47,9 +47,65 @@ pub fn relay_unreachable(url: &str) -> String {
     )
 }
 
+/// What a person is told when the bridge closed the connection with `code`
+/// and `reason`: the same words from `connect` and on the page. A refusal
+/// says what to do next; a pairing refusal says what went wrong with the
+/// code; anything else names the code. `node_id` is this device's (the
+/// line that lets it in names it).
+pub fn closed(code: u64, reason: &str, node_id: &str) -> String {
+    use crate::close::Refusal;
+    if let Some(hint) = pairing_hint(reason) {
+        return format!("pairing refused: {reason}{hint}");
+    }
+    match Refusal::from_close(code, reason.as_bytes()) {
+        Some(Refusal::NotAllowlisted) => format!(
+            "the bridge refused the connection: not allowlisted: on the bridge's machine run `thunderbolt iroh \
+             allow {node_id}` (or `thunderbolt iroh pair` there, and pair this device with the code or link it \
+             prints)"
+        ),
+        Some(Refusal::MembershipRevoked) => "the bridge ended the session: membership revoked (this device is \
+                                             no longer one of the account's: `thunderbolt iroh pair` on the \
+                                             bridge's machine pairs it again)"
+            .into(),
+        Some(r) => r.describe(),
+        None => format!("the bridge closed the connection: {reason} (code {code})"),
+    }
+}
+
+/// What to do after a refused pairing (`reason` one of the bridge's
+/// `REASON_PAIR_*`); `None` for any other reason.
+pub fn pairing_hint(reason: &str) -> Option<&'static str> {
+    use crate::pairing::*;
+    Some(match reason {
+        REASON_PAIR_EXPIRED | REASON_PAIR_SPENT | REASON_PAIR_BURNED => {
+            " (mint a new one with `thunderbolt iroh pair` on the bridge's machine)"
+        }
+        REASON_PAIR_WRONG => " (check the code, or mint a new one with `thunderbolt iroh pair`)",
+        REASON_PAIR_OTHER_AGENT => " (use the ticket printed beside the code)",
+        REASON_PAIR_BACKOFF => " (wait a minute, then check the code you type)",
+        REASON_PAIR_BAD => "",
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_close_is_said_the_same_everywhere_with_what_to_do() {
+        let na = closed(1, "not allowlisted", "abc");
+        assert!(na.starts_with("the bridge refused the connection: not allowlisted: "), "{na}");
+        assert!(na.contains("`thunderbolt iroh allow abc`"), "{na}");
+        assert_eq!(
+            closed(1, crate::pairing::REASON_PAIR_WRONG, "abc"),
+            "pairing refused: pairing code not recognised (check the code, or mint a new one with \
+             `thunderbolt iroh pair`)"
+        );
+        assert_eq!(closed(1, "bridge shutting down", "abc"), "the bridge shut down: connect again once it runs");
+        assert!(closed(1, "unknown session", "abc").starts_with("the session is gone"));
+        assert_eq!(closed(7, "odd", "abc"), "the bridge closed the connection: odd (code 7)");
+    }
 
     #[test]
     fn handshake_words() {

@@ -182,7 +182,8 @@ async fn refused_peer_spawns_nothing_then_allow_admits_without_restart() {
     assert!(
         err.contains(&format!(
             "error: the bridge refused the connection: not allowlisted: on the bridge's machine run \
-             `thunderbolt iroh allow {own}` (or `thunderbolt iroh pair` there, then connect here with --pair <code>)"
+             `thunderbolt iroh allow {own}` (or `thunderbolt iroh pair` there, and pair this device with the code or \
+             link it prints)"
         )),
         "stderr: {err}"
     );

@@ -215,10 +215,14 @@ pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<(
         if e.downcast_ref::<Interrupted>().is_none()
             && format!("{e:#}").ends_with(close::REASON_NOT_ALLOWLISTED)
         {
+            // The page says the same (`words::closed`).
             anyhow!(
-                "{e:#}: on the bridge's machine run `thunderbolt iroh allow {}` (or `thunderbolt iroh pair` \
-                 there, then connect here with --pair <code>)",
-                ep.id()
+                "{}",
+                thunderbolt_shared::words::closed(
+                    close::CLOSE_CODE_REFUSED as u64,
+                    close::REASON_NOT_ALLOWLISTED,
+                    &ep.id().to_string()
+                )
             )
         } else {
             e
@@ -309,9 +313,14 @@ async fn unreachable(d: Dial<'_>, secs: u64, err: Option<String>) -> anyhow::Err
              ticket from the bridge's banner, or --relay-url with the bridge's relay"
         );
     }
-    let relay =
-        crate::net::relay_problem(ep, net).await.map(|p| format!("; the relay: {p}")).unwrap_or_default();
-    if text.is_empty() || text.to_ascii_lowercase().contains("timed out") {
+    let problem = crate::net::relay_problem(ep, net).await;
+    let timed_out = text.is_empty() || text.to_ascii_lowercase().contains("timed out");
+    if let (Some(p), true, Some(url)) = (&problem, timed_out, net.relays.urls().first()) {
+        // Never out of this device at all: the page's words, then what we found.
+        return anyhow!("{}; {p}", words::relay_unreachable(url.as_str()));
+    }
+    let relay = problem.map(|p| format!("; the relay: {p}")).unwrap_or_default();
+    if timed_out {
         return anyhow!(
             "could not reach {id} within {secs}s: is the bridge running, and does the ticket carry a \
              reachable address or relay?{relay}"
@@ -388,7 +397,7 @@ async fn pair_first(d: Dial<'_>, code: &str, name: &str, dial_timeout: u64) -> R
                     _ => format!("{e:#}"),
                 },
             };
-            bail!("pairing refused: {why}{}", pair_hint(&why));
+            bail!("pairing refused: {why}{}", thunderbolt_shared::words::pairing_hint(&why).unwrap_or(""));
         }
         Err(_) => bail!("the bridge did not answer the pairing request within {PAIR_ANSWER_TIMEOUT:?}"),
     };
@@ -404,23 +413,6 @@ async fn pair_first(d: Dial<'_>, code: &str, name: &str, dial_timeout: u64) -> R
     }
     crate::cli::pair_cmd::tell_agents(&v, protocol);
     Ok(())
-}
-
-/// What to do next after a refused pairing.
-fn pair_hint(reason: &str) -> &'static str {
-    match reason {
-        pairing_wire::REASON_PAIR_EXPIRED
-        | pairing_wire::REASON_PAIR_SPENT
-        | pairing_wire::REASON_PAIR_BURNED => {
-            " (mint a new one with `thunderbolt iroh pair` on the bridge's machine)"
-        }
-        pairing_wire::REASON_PAIR_WRONG => {
-            " (check the code, or mint a new one with `thunderbolt iroh pair`)"
-        }
-        pairing_wire::REASON_PAIR_OTHER_AGENT => " (use the ticket printed beside the code)",
-        pairing_wire::REASON_PAIR_BACKOFF => " (wait a minute, then check the code you type)",
-        _ => "",
-    }
 }
 
 /// A bare NodeId carries no address. With relays of our own (`--relay-url`, e.g. a
