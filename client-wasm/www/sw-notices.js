@@ -9,7 +9,7 @@
 //
 // A notice (docs/browser.md, "Notices"): {title, body, text?, agent, label,
 // event, detail, session, at, node?, request?, options?, answer?}. `event` is
-// `needs_answer` or `finished`, or, to withdraw what was shown, `answered`
+// `needs_answer`, `finished` or `stopped`, or, to withdraw what was shown, `answered`
 // (with `request`, or without: every question of the session) or `ended`.
 
 /// One notice per question on screen (by its request id when the notice has
@@ -78,7 +78,8 @@ async function withdraw(notice) {
   const mine = shown.filter((n) => {
     const d = n.data || {};
     if ((d.session || "") !== (notice.session || "")) return false;
-    if (notice.event === "ended") return true;
+    // A session's end takes back what it asked, not why its agent stopped.
+    if (notice.event === "ended") return d.event !== "stopped";
     return d.event === "needs_answer" && (notice.request === undefined || d.request === notice.request);
   });
   for (const n of mine) {

@@ -786,3 +786,38 @@ async fn a_question_answered_from_its_notice_reaches_the_agent_once_and_its_noti
     assert_eq!(next["method"], "marker", "the client's second answer was dropped, not echoed: {next}");
     s.bridge.log.wait_for("answered from a notice").await;
 }
+
+/// An agent that fails says why in a notice: its exit and its last stderr
+/// line (what a person needs to fix it: a missing key), worded; bare, the
+/// exit only.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_that_fails_is_notified_with_its_last_stderr_line() {
+    let failing: Vec<String> =
+        ["sh", "-c", "read -r l; echo 'missing API key ANTHROPIC_API_KEY' >&2; exit 3"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    for (worded, flags) in [(true, &["--notify-text"][..]), (false, &[][..])] {
+        let mut svc = PushService::start().await;
+        let hook = format!("http://127.0.0.1:{}/hook", svc.port);
+        let mut args = vec!["--notify-always", "--notify-url", &hook];
+        args.extend_from_slice(flags);
+        let s = Setup::new(&args, &failing).await;
+        svc.log = s.bridge.log.clone();
+        let ep = s.endpoint(&s.client_home).await;
+        let conn = s.bridge.dial(&ep, &thunderbolt_shared::Protocol::acp().alpn()).await;
+        let (mut send, _recv) = conn.open_bi().await.unwrap();
+        send.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\"}\n").await.unwrap();
+        let v = svc.next().await;
+        assert_eq!(v["path"], "/hook");
+        let body: Value = serde_json::from_str(v["body"].as_str().unwrap()).unwrap();
+        assert_eq!(body["event"], "stopped", "{body}");
+        assert_eq!(body["detail"], "agent exited (code 3)", "{body}");
+        let expected = if worded {
+            "the agent exited with code 3: missing API key ANTHROPIC_API_KEY"
+        } else {
+            "stopped: agent exited (code 3)"
+        };
+        assert_eq!(body["body"], expected, "{body}");
+    }
+}

@@ -117,6 +117,9 @@ pub enum Kind {
         /// What the turn's tool calls did, when notices say it.
         summary: Option<words::Summary>,
     },
+    /// The agent failed: `how` it ended (`agent exited (code 3)`), and
+    /// `said`, the same with its last stderr line (masked) in words.
+    Stopped { how: String, said: String },
     /// A request that was notified has been answered: its notice is withdrawn.
     Answered,
     /// A session that had notices ended: they are all withdrawn.
@@ -164,7 +167,7 @@ pub struct Event {
 pub struct Notice {
     pub agent: String,
     pub label: String,
-    /// `needs_answer` or `finished`; `answered` and `ended` withdraw what
+    /// `needs_answer`, `finished` or `stopped` (the agent failed); `answered` and `ended` withdraw what
     /// was shown of the session (a request's, or all of it).
     pub event: &'static str,
     /// The request's method, or the turn's stop reason.
@@ -218,6 +221,12 @@ impl Notice {
                 } else {
                     format!("finished: {stop_reason}")
                 },
+            ),
+            Kind::Stopped { how, said } => (
+                "stopped",
+                how.clone(),
+                format!("{who} stopped"),
+                if plain { said.clone() } else { format!("stopped: {how}") },
             ),
             Kind::Answered => ("answered", String::new(), format!("{who}: answered"), "answered".to_string()),
             Kind::Ended => {

@@ -141,6 +141,10 @@ impl Tap for SessionNotices {
         SessionNotices::detached(self)
     }
 
+    fn agent_ended(&self, end: &thunderbolt_shared::close::AgentEnd) {
+        self.agent_stopped(end)
+    }
+
     fn redeem(&self, request: &[u8], token: &str) -> Redeem {
         SessionNotices::redeem(self, request, token)
     }
@@ -261,6 +265,18 @@ impl SessionNotices {
         if let Some((id, (kind, text))) = left.into_iter().next() {
             self.send(hook, info, kind, text, Some(&id));
         }
+    }
+
+    /// The agent failed (a non-zero exit, a signal): the device is told,
+    /// with the agent's last stderr line when notices say things in words
+    /// (it says why: a missing key, a crash). A clean exit is no news.
+    pub fn agent_stopped(&self, end: &thunderbolt_shared::close::AgentEnd) {
+        let Some((hook, info)) = &self.hook else { return };
+        if end.is_success() || !self.reachable() || !self.wanted() {
+            return;
+        }
+        let kind = Kind::Stopped { how: end.exit_reason(), said: end.describe() };
+        self.send(hook, info, kind, None, None);
     }
 
     fn wanted(&self) -> bool {

@@ -443,6 +443,9 @@ where
         }
         (status, _) => status,
     };
+    if let (Some(end), Some(tap)) = (&status, observers.tap()) {
+        tap.agent_ended(end);
+    }
     let how = status.map_or_else(|| "agent ended".to_string(), |s| s.reason());
     if answer_first {
         info!(peer = %peer, "answering {} request(s) the agent left unanswered ({how})", requests.len());

@@ -42,6 +42,9 @@ pub trait Tap: Send + Sync + std::fmt::Debug {
     fn agent_run(&self, _run: &[u8]) {}
     /// The client went away; the session waits for it (resumable, warm).
     fn detached(&self) {}
+    /// The agent ended, as `end` says (with its last stderr line when it
+    /// failed and said why).
+    fn agent_ended(&self, _end: &thunderbolt_shared::close::AgentEnd) {}
     /// Takes the one-time token a notice gave for the agent's `request`
     /// (the JSON text of its id): whether it may be answered with it.
     fn redeem(&self, _request: &[u8], _token: &str) -> Redeem {
