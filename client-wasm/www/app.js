@@ -473,8 +473,10 @@ function onRestored(p) {
   conversation.inertAll("the host restarted");
   for (const id of p.aborted || []) abortedTurn(id);
   if (p.failed) {
-    setStatus(`host restarted: ${p.failed}`, "error");
-    conversation.note(`The host restarted and could not take the session back: ${p.failed}`, "error");
+    // The bridge's reason may say "host restarted" itself: said once.
+    const why = String(p.failed).replace(/^host restarted: /, "");
+    setStatus(`host restarted: ${why}`, "error");
+    conversation.note(`The host restarted and could not take the session back: ${why}`, "error");
     return;
   }
   const how = (p.sessions || []).map((s) => `${s.how}${s.error ? ` (${s.error})` : ""}`).join(", ");
