@@ -195,8 +195,12 @@ pub async fn devices_rows(b: &Bench) -> Result<Vec<Row>> {
 
     // Aggregate throughput: the controller's bulk echo, every observer receiving the same bytes.
     let mut single = Vec::new();
+    let mut single_cpu = Vec::new();
     for devices in DEVICE_COUNTS {
         let mut runs = Vec::new();
+        // CPU seconds of the bridge (its agent's not counted) and of each
+        // observer's connect, per run: on two cores they share the machine.
+        let (mut bridge_cpu, mut observer_cpu) = (Vec::new(), Vec::new());
         for _ in 0..b.plan.bulk_reps {
             let mut c = ConnectProc::start(client, &ticket, &[]).await?;
             c.round_trips(1).await?;
@@ -205,13 +209,30 @@ pub async fn devices_rows(b: &Bench) -> Result<Vec<Row>> {
             for w in watchers.iter().take(devices - 1) {
                 observers.push(observer(w, &ticket, &id).await?);
             }
+            let pids: Vec<u32> = observers.iter().filter_map(|(o, _)| o.child.id()).collect();
+            let observers_cpu = || pids.iter().map(|p| cpu_secs(*p)).sum::<Result<f64>>();
+            let before = (cpu_secs(bridge.pid())?, observers_cpu()?);
             let mbs = c.bulk(total).await?;
+            // The controller's connect has ended with its transfer (its CPU is not read).
+            let after = (cpu_secs(bridge.pid())?, observers_cpu()?);
+            bridge_cpu.push(after.0 - before.0);
+            if !pids.is_empty() {
+                observer_cpu.push((after.1 - before.1) / pids.len() as f64);
+            }
             // What was delivered: the controller's echo and what each observer got.
             let observed: usize = close_all(observers).await.iter().sum();
             runs.push(mbs * (1.0 + observed as f64 / total as f64));
         }
         if devices == 1 {
             single = runs.clone();
+            single_cpu = bridge_cpu.clone();
+        }
+        let streaming = format!("streaming {} MiB to {devices} device(s)", total >> 20);
+        let bridge_row = format!("bridge CPU (its agent's not counted) {streaming}");
+        rows.push(row(&bridge_row, "s", bridge_cpu.clone(), "one device", single_cpu.clone(), false));
+        if !observer_cpu.is_empty() {
+            let observer_row = format!("each observer's connect CPU {streaming}");
+            rows.push(row(&observer_row, "s", observer_cpu, "the bridge's", bridge_cpu, false));
         }
         rows.push(row(
             &format!(
@@ -253,3 +274,17 @@ pub async fn devices_rows(b: &Bench) -> Result<Vec<Row>> {
 
 /// `SESSION_HISTORY` in KiB (the bridge's constant).
 const SESSION_HISTORY_KIB: usize = 1024;
+
+/// CPU seconds (user and system) process `pid` has used so far.
+fn cpu_secs(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // After the command's name in parentheses (which may hold spaces): fields
+    // 14 and 15 of proc(5), utime and stime, are the 12th and 13th.
+    let rest = stat.rsplit_once(')').context("a stat line")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 =
+        f.get(11).context("utime")?.parse::<f64>()? + f.get(12).context("stime")?.parse::<f64>()?;
+    // SAFETY: a plain libc query.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks / hz)
+}
