@@ -102,7 +102,10 @@ mod tests {
             "pairing refused: pairing code not recognised (check the code, or mint a new one with \
              `thunderbolt iroh pair`)"
         );
-        assert_eq!(closed(1, "bridge shutting down", "abc"), "the bridge shut down: connect again once it runs");
+        assert_eq!(
+            closed(1, "bridge shutting down", "abc"),
+            "the bridge shut down: connect again once it runs"
+        );
         assert!(closed(1, "unknown session", "abc").starts_with("the session is gone"));
         assert_eq!(closed(7, "odd", "abc"), "the bridge closed the connection: odd (code 7)");
     }
