@@ -429,9 +429,15 @@ pub async fn loopback_endpoint(
     relay_only: bool,
     alpns: Vec<Vec<u8>>,
 ) -> anyhow::Result<Endpoint> {
+    // One datagram per batch, as the bridge sends (`thunderbolt::net::
+    // SEGMENTATION_OFFLOAD`: GSO batches of loss probes panic noq-proto
+    // 1.4.0). A measuring client or echo with GSO would die of that panic
+    // now and then, and measure against a different send path.
+    let transport = iroh::endpoint::QuicTransportConfig::builder().enable_segmentation_offload(false).build();
     let mut b = Endpoint::builder(presets::Minimal)
         .secret_key(key)
         .alpns(alpns)
+        .transport_config(transport)
         .relay_mode(match relay {
             Some(url) => RelayMode::custom([url.clone()]),
             None => RelayMode::Disabled,

@@ -35,7 +35,8 @@ impl Bench {
 
     /// A bridge on the local relay running `argv` (the built-in agent when empty).
     async fn bridge(&self, argv: Vec<String>) -> RunningBridge {
-        self.bridge_with(&[], argv, "warn").await
+        let log = std::env::var("BENCH_BRIDGE_LOG").unwrap_or_else(|_| "warn".into());
+        self.bridge_with(&[], argv, &log).await
     }
 
     /// [`Self::bridge`] with more flags and a log level.
@@ -238,7 +239,8 @@ pub async fn bulk_rows(b: &Bench, p: &Path, want_bulk: bool, dumbpipe: bool) -> 
     // baselines take turns with it so drift lands on all of them.
     for _ in 0..b.plan.bulk_reps {
         let conn = p.ep.connect(p.addr_of(&cat)?, &Protocol::acp().alpn()).await?;
-        bridge.push(bulk(&conn, total).await?);
+        let got = bulk(&conn, total).await;
+        bridge.push(got.with_context(|| format!("bulk through the bridge; its log:\n{}", cat.log.text()))?);
         conn.close(0u32.into(), b"client closed");
         raw.push(bulk(&rconn, total).await?);
         if !p.relay_only {
