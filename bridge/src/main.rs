@@ -27,6 +27,18 @@ use thunderbolt::{
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options, read before `main` (its weak `malloc_conf`, under the
+/// crate's prefix). Freed pages go back to the system after 1 s unused
+/// instead of 10 s: memory a transfer used is not counted as a session's for
+/// ten seconds after (a session's 4 MiB of output left 2.0× its history bound
+/// resident at once, 1.2–1.7× ten seconds later), and a burst of strangers
+/// costs its peak for less long. The pages a busy transfer frees are reused
+/// long before a second passes, so a transfer pays nothing for it
+/// (docs/performance.md, "A session's memory").
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[export_name = "_rjem_malloc_conf"]
+pub static JEMALLOC_OPTIONS: &[u8; 20] = b"dirty_decay_ms:1000\0";
+
 /// Default log filter: our own info lines, only warnings from the network stack.
 /// iroh's relay transport (the module, not its relay actor, which reports
 /// what relay servers say) is silenced: at every exit of a process that had a

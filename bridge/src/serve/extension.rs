@@ -67,6 +67,17 @@ impl<'a> KeptLines<'a> {
             Some(k) => Some(k.freeze()),
         }
     }
+
+    /// [`Self::finish`], in memory of its own: for what is kept long (a
+    /// session's history). The run is a slice of the pump's read buffer and
+    /// would pin all of it for as long as it is kept.
+    pub(super) fn finish_owned(self) -> Option<Bytes> {
+        match self.kept {
+            None => Some(Bytes::copy_from_slice(self.run)),
+            Some(k) if k.is_empty() => None,
+            Some(k) => Some(k.freeze()),
+        }
+    }
 }
 
 /// JSON-RPC's "method not found".

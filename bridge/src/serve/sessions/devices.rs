@@ -329,7 +329,7 @@ impl Hub {
                 }
             }
         }
-        if let Some(run) = history.finish() {
+        if let Some(run) = history.finish_owned() {
             m.history_bytes += run.len();
             m.history.push_back(run);
         }
