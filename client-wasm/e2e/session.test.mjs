@@ -284,6 +284,97 @@ test("the conversation first: your prompts and every reply appended, kept across
   }
 });
 
+/// A long conversation: 2000 messages (1000 prompts, each with a Markdown reply)
+/// appended to the live page, then the page reloaded and scrolled. Figures, not
+/// asserted as timings: the time per message appended (first hundred against
+/// last: appending must not draw the rest again), the time from the reload to
+/// the transcript's first paint, the JS heap and DOM size, what the device kept.
+test("a 2000-message transcript: appended without drawing the rest again, reloaded from what the device keeps (bounded), scrolled end to end", async () => {
+  const b = await startAcpBridge(relay.url, ASK_AGENT);
+  const p = await pairedPhone(b);
+  try {
+    // Time to the transcript's first paint after a load: the first frame in
+    // which the conversation has a block, from the navigation's start.
+    await p.addInitScript(() => {
+      const seen = () => {
+        if (document.getElementById("conversation")?.querySelector(".turn")) window.transcriptPaintMs = performance.now();
+        else requestAnimationFrame(seen);
+      };
+      requestAnimationFrame(seen);
+    });
+    const TURNS = 1000;
+    const appended = await p.evaluate(async (TURNS) => {
+      // A reply as agents write them: emphasis, a list, inline code, a code block.
+      const reply = (i) => `Reply **${i}**: done.\n\n- checked \`src/${i}.rs\`\n- ran the tests\n\n\`\`\`sh\ncargo test -p part${i}\n\`\`\`\n`;
+      const c = window.thunderbolt.conversation;
+      const frame = () => new Promise((r) => requestAnimationFrame(() => r()));
+      const batches = [];
+      let first = null;
+      for (let i = 0; i < TURNS; i += 100) {
+        const t0 = performance.now();
+        for (let k = i; k < i + 100; k++) {
+          c.startTurn(`message ${k}`, `long-${k}`);
+          c.agentText(reply(k));
+          c.endTurn(`long-${k}`, "end_turn");
+          if (k === 100) first = document.querySelector("#conversation .turn:last-of-type");
+        }
+        c.drawReplies();
+        await frame();
+        batches.push((performance.now() - t0) / 200);
+      }
+      c.save();
+      return { batches, firstStillShown: first.isConnected, turns: document.querySelectorAll("#conversation .turn").length, nodes: document.getElementsByTagName("*").length };
+    }, TURNS);
+    assert.equal(appended.turns, TURNS, "all 2000 messages on the page");
+    assert.ok(appended.firstStillShown, "the first message's element was kept, not drawn again");
+    const conv = conversationOf(p);
+    await conv.getByText("message 999", { exact: true }).waitFor({ timeout: WAIT_MS });
+    const cdp = await p.context().newCDPSession(p);
+    const metric = async (name) => (await cdp.send("Performance.getMetrics")).metrics.find((m) => m.name === name).value;
+    await cdp.send("Performance.enable");
+    const liveHeap = await metric("JSHeapUsedSize");
+
+    await p.reload();
+    await connected(p);
+    await p.waitForFunction(() => window.transcriptPaintMs !== undefined, null, { timeout: WAIT_MS });
+    const paintMs = await p.evaluate(() => window.transcriptPaintMs);
+    const kept = await p.evaluate(() => {
+      const raw = localStorage.getItem(window.thunderbolt.conversation.storeKey);
+      return { bytes: raw.length, blocks: JSON.parse(raw).blocks.length, turns: document.querySelectorAll("#conversation .turn").length };
+    });
+    // Bounded: the newest turns that fit in 200 blocks and 256 KiB; the newest shown, in order.
+    assert.ok(kept.blocks <= 200 && kept.bytes <= 256 * 1024, JSON.stringify(kept));
+    assert.ok(kept.turns >= 100, `a long tail of the conversation came back: ${JSON.stringify(kept)}`);
+    const newest = conv.getByText("message 999", { exact: true });
+    await newest.scrollIntoViewIfNeeded();
+    assert.ok(await newest.isVisible());
+    const oldest = TURNS - kept.turns;
+    // Scrolled to the top: the oldest kept message; to the end again: the newest and its reply.
+    await p.evaluate(() => window.scrollTo(0, 0));
+    await conv.getByText(`message ${oldest}`, { exact: true }).waitFor({ timeout: WAIT_MS });
+    const top = await conv.getByText(`message ${oldest}`, { exact: true }).boundingBox();
+    assert.ok(top && top.y < 844 * 3, `the oldest kept message near the top: ${JSON.stringify(top)}`);
+    await p.evaluate(() => window.scrollTo(0, document.scrollingElement.scrollHeight));
+    await conv.getByText("cargo test -p part999").waitFor({ timeout: WAIT_MS });
+    assert.ok(await conv.getByText("cargo test -p part999").isVisible(), "the newest reply's code block in view at the end");
+    const reloadHeap = await metric("JSHeapUsedSize");
+    const nodes = await p.evaluate(() => document.getElementsByTagName("*").length);
+    await shot(p, "session-transcript-2000.png");
+    const figures = {
+      messages: 2 * TURNS,
+      appendMsPerMessage: { first100: +appended.batches[0].toFixed(3), last100: +appended.batches.at(-1).toFixed(3), all: appended.batches.map((x) => +x.toFixed(3)) },
+      liveDomElements: appended.nodes,
+      liveJsHeapMB: +(liveHeap / 1e6).toFixed(1),
+      reload: { transcriptFirstPaintMs: Math.round(paintMs), keptBlocks: kept.blocks, keptBytes: kept.bytes, turnsShown: kept.turns, domElements: nodes, jsHeapMB: +(reloadHeap / 1e6).toFixed(1) },
+    };
+    writeFileSync(join(ARTIFACTS, "transcript-2000.json"), JSON.stringify(figures, null, 2));
+    console.log(`a 2000-message transcript: ${JSON.stringify(figures)}`);
+  } finally {
+    await p.context().close();
+    b.child.kill("SIGTERM");
+  }
+});
+
 test("the host restarted mid-turn: the turn says it was not finished, its prompt is back in the box, and Send again sends it", async () => {
   const home = tempHome();
   const store = join(tempHome(), "store");
