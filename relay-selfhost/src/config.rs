@@ -37,6 +37,9 @@ pub struct Config {
     pub key_cache_capacity: Option<usize>,
     #[serde(default)]
     pub access: AccessConfig,
+    /// Also serve the phone app from this directory (its `www/` and `pkg/`)
+    /// under `/app/`, so the relay's https origin is the app's origin too.
+    pub app_dir: Option<PathBuf>,
 }
 
 fn yes() -> bool {
@@ -201,6 +204,25 @@ impl Config {
                 return bad("limits.client.rx.max_burst_bytes", "needs bytes_per_second too");
             }
         }
+        if let Some(dir) = &self.app_dir {
+            if !self.enable_relay {
+                return bad("app_dir", "is served by the relay's listener: needs enable_relay = true");
+            }
+            if !dir.join("www/index.html").is_file() {
+                return bad(
+                    "app_dir",
+                    &format!(
+                        "{} has no www/index.html (give the directory holding www/ and pkg/)",
+                        dir.display()
+                    ),
+                );
+            }
+            if self.tls.as_ref().is_some_and(|t| t.cert_mode == CertMode::LetsEncrypt) {
+                // iroh-relay keeps its ACME acceptor private, and the app's routes
+                // need a listener of our own (see app_relay.rs).
+                return bad("app_dir", "needs cert_mode = \"Manual\" (LetsEncrypt cannot serve the app yet)");
+            }
+        }
         match &self.access {
             AccessConfig::SharedToken(tokens) if tokens.is_empty() => {
                 return bad("access.shared_token", "needs at least one token")
@@ -259,5 +281,24 @@ mod tests {
         assert!(e.contains("cert_mode") || e.contains("Sometimes"), "{e}");
         let e = parse("[limits.client.rx]\nbytes_per_second = 0\n").unwrap_err().to_string();
         assert!(e.contains("bytes_per_second"), "{e}");
+        let e = parse("app_dir = \"/nonexistent/app\"\n").unwrap_err().to_string();
+        assert!(e.contains("app_dir") && e.contains("www/index.html"), "{e}");
+    }
+
+    #[test]
+    fn app_dir_needs_a_manual_certificate() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("www")).unwrap();
+        std::fs::write(t.path().join("www/index.html"), "<html>").unwrap();
+        let dir = t.path().display().to_string();
+        let c = parse(&format!("app_dir = {dir:?}\n")).unwrap();
+        assert_eq!(c.app_dir.as_deref(), Some(t.path()));
+        let e = parse(&format!(
+            "app_dir = {dir:?}\n[tls]\nhostname = \"r.example\"\ncert_mode = \"LetsEncrypt\"\n\
+             contact = \"a@b.c\"\ncert_dir = {dir:?}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("app_dir") && e.contains("Manual"), "{e}");
     }
 }

@@ -9,8 +9,13 @@
 //! the relay decides availability and sees metadata (which NodeIds talk, when,
 //! how much). `access.allow_file` locks it to your own devices. See
 //! `relay-selfhost/deploy/GUIDE.md`.
+//!
+//! With `app_dir` (or `--app-dir`) it also serves the phone app's files under
+//! `/app/` on the same origin ([`app_files`], [`app_relay`]).
 
 mod access;
+mod app_files;
+mod app_relay;
 mod config;
 
 use std::{net::SocketAddr, num::NonZeroU32, path::PathBuf, sync::Arc};
@@ -20,10 +25,12 @@ use clap::Parser;
 use iroh_relay::server::{
     AcmeConfig, CertConfig, ClientRateLimit, Limits, QuicConfig, RelayConfig, Server, ServerConfig, TlsConfig,
 };
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     access::{live_allow_file, Gatekeeper, RelayAccess},
+    app_files::AppFiles,
+    app_relay::AppRelay,
     config::{AccessConfig, CertMode, Config},
 };
 
@@ -59,6 +66,10 @@ struct Args {
     #[arg(long, value_name = "ADDR", requires = "dev")]
     metrics: Option<SocketAddr>,
 
+    /// With --dev: also serve the app in DIR (its www/ and pkg/) under /app/ (as `app_dir`).
+    #[arg(long, value_name = "DIR", requires = "dev")]
+    app_dir: Option<PathBuf>,
+
     /// The operator's config file (TOML; unknown keys are refused).
     #[arg(long, short, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -82,42 +93,160 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<()> {
-    let (server_config, summary, gatekeeper) = if args.dev {
+    let (server_config, summary, gatekeeper, app_dir) = if args.dev {
         let (c, s) = dev_config(args.bind, args.metrics)?;
-        (c, s, None)
+        (c, s, None, args.app_dir)
     } else if let Some(path) = &args.config {
-        let cfg = Config::load(path)?;
-        operator_config(cfg)?
+        let mut cfg = Config::load(path)?;
+        let app_dir = cfg.app_dir.take();
+        let (c, s, g) = operator_config(cfg)?;
+        (c, s, g, app_dir)
     } else {
         bail!("nothing to run: give --dev (local, plain http) or --config relay.toml (see --help)");
+    };
+    let app = match &app_dir {
+        Some(dir) => {
+            let app = AppFiles::load(dir).with_context(|| format!("app_dir {}", dir.display()))?;
+            for (path, why) in &app.skipped {
+                warn!("app_dir: not serving {}: {why}", path.display());
+            }
+            Some(app)
+        }
+        None => None,
     };
     let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     rt.block_on(async move {
         // Installed before the relay announces itself, so an early SIGTERM is graceful too.
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        let server = Server::spawn(server_config).await.context("cannot start the relay")?;
-        if let Some(addr) = server.https_addr() {
-            println!("relay listening on https://{addr}");
-        }
-        if let Some(addr) = server.http_addr() {
-            println!("relay listening on http://{addr}");
-        }
-        if let Some(addr) = server.quic_addr() {
-            println!("quic address discovery on {addr}");
-        }
+        let running = match app {
+            None => Running::Relay(Server::spawn(server_config).await.context("cannot start the relay")?),
+            Some(app) => spawn_with_app(server_config, &app).await?,
+        };
+        running.announce();
         info!("{summary}");
         if let Some(gk) = gatekeeper {
-            let clients = server.relay_service().map(|s| s.clients().clone());
-            tokio::spawn(drop_revoked(gk, clients));
+            tokio::spawn(drop_revoked(gk, running.clients()));
         }
         tokio::select! {
             _ = tokio::signal::ctrl_c() => info!("Ctrl-C: shutting down"),
             _ = term.recv() => info!("SIGTERM: shutting down"),
         }
-        server.shutdown().await.context("relay shutdown")?;
+        running.shutdown().await?;
         info!("relay stopped");
         Ok(())
     })
+}
+
+/// The relay as it runs: iroh-relay's server alone, or, with the app, the
+/// listener of [`app_relay`] beside iroh-relay's server for QUIC and metrics.
+enum Running {
+    Relay(Server),
+    App {
+        relay: AppRelay,
+        captive_http: Option<(SocketAddr, tokio::task::JoinHandle<()>)>,
+        aux: Option<Server>,
+    },
+}
+
+impl Running {
+    fn announce(&self) {
+        let (https, http, quic) = match self {
+            Running::Relay(s) => (s.https_addr(), s.http_addr(), s.quic_addr()),
+            Running::App { relay, captive_http: Some((http, _)), aux } => {
+                (Some(relay.addr), Some(*http), aux.as_ref().and_then(|s| s.quic_addr()))
+            }
+            Running::App { relay, captive_http: None, aux } => {
+                (None, Some(relay.addr), aux.as_ref().and_then(|s| s.quic_addr()))
+            }
+        };
+        if let Some(addr) = https {
+            println!("relay listening on https://{addr}");
+        }
+        if let Some(addr) = http {
+            println!("relay listening on http://{addr}");
+        }
+        if let Some(addr) = quic {
+            println!("quic address discovery on {addr}");
+        }
+        if let Running::App { relay, captive_http, .. } = self {
+            let scheme = if captive_http.is_some() { "https" } else { "http" };
+            println!("app at {scheme}://{}{}", relay.addr, app_files::PAGE);
+        }
+    }
+
+    fn clients(&self) -> Option<iroh_relay::server::clients::Clients> {
+        match self {
+            Running::Relay(s) => s.relay_service().map(|s| s.clients().clone()),
+            Running::App { relay, .. } => Some(relay.service.clients().clone()),
+        }
+    }
+
+    async fn shutdown(self) -> Result<()> {
+        match self {
+            Running::Relay(s) => s.shutdown().await.context("relay shutdown")?,
+            Running::App { relay, captive_http, aux } => {
+                relay.shutdown().await;
+                if let Some((_, task)) = captive_http {
+                    task.abort();
+                }
+                if let Some(s) = aux {
+                    // With metrics only (no QUIC) its supervisor has nothing to
+                    // supervise and has already ended; that is not a failure here.
+                    if let Err(e) = s.shutdown().await {
+                        tracing::debug!("quic/metrics server: {e}");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Starts the relay with the app: the relay's http(s) listener is ours (iroh-relay
+/// takes no extra routes), QUIC address discovery and metrics stay iroh-relay's.
+async fn spawn_with_app(mut cfg: ServerConfig, app: &AppFiles) -> Result<Running> {
+    let relay = cfg.relay.take().context("app_dir needs the relay on")?;
+    let (bind, tls) = match relay.tls {
+        None => (relay.http_bind_addr, None),
+        Some(t) => match t.cert {
+            CertConfig::Manual { server_config } => (t.https_bind_addr, Some(server_config)),
+            _ => bail!("app_dir needs cert_mode = \"Manual\""),
+        },
+    };
+    if let (Some(q), Some(tls)) = (cfg.quic.as_mut(), &tls) {
+        q.server_config.get_or_insert_with(|| tls.clone());
+    }
+    let aux = if cfg.quic.is_some() || cfg.metrics_addr.is_some() {
+        Some(Server::spawn(cfg).await.context("cannot start QUIC address discovery or metrics")?)
+    } else {
+        None
+    };
+    let metrics = aux.as_ref().map(|s| s.metrics().server.clone()).unwrap_or_default();
+    let captive_http = match &tls {
+        Some(_) => Some(
+            app_relay::spawn_captive_portal(relay.http_bind_addr)
+                .await
+                .with_context(|| format!("cannot listen on {}", relay.http_bind_addr))?,
+        ),
+        None => None,
+    };
+    let options = app_relay::Options {
+        bind,
+        // The listener speaks HTTP/1.1 only (iroh-relay's connection handler):
+        // a browser offered h2 would pick it for the page and be cut off.
+        tls: tls.map(|mut t| {
+            t.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Arc::new(t)
+        }),
+        client_rx: relay.limits.client_rx,
+        key_cache_capacity: relay
+            .key_cache_capacity
+            .unwrap_or(iroh_relay::defaults::DEFAULT_KEY_CACHE_CAPACITY),
+        access: relay.access,
+        metrics,
+    };
+    let relay = AppRelay::spawn(app, options).await.with_context(|| format!("cannot listen on {bind}"))?;
+    Ok(Running::App { relay, captive_http, aux })
 }
 
 fn dev_config(bind: Option<SocketAddr>, metrics: Option<SocketAddr>) -> Result<(ServerConfig, String)> {
