@@ -1102,7 +1102,9 @@ const params = new URLSearchParams(location.search);
 const frag = new URLSearchParams(location.hash.slice(1));
 const param = (k) => frag.get(k) || params.get(k);
 const opened = frag.get("open") ? Object.fromEntries(frag) : null;
-$("relay").value = param("relay") ?? localStorage.getItem(RELAY_KEY) ?? "";
+// Loaded from a thunderbolt-relay (it answers ../relay.json, beside www/): that relay is the default.
+const ownRelay = () => fetch("../relay.json").then((r) => (r.ok ? r.json() : {})).then((j) => (j.thunderbolt_relay === true ? location.origin : ""), () => "");
+$("relay").value = param("relay") ?? localStorage.getItem(RELAY_KEY) ?? await ownRelay();
 $("ticket").value = param("ticket") || localStorage.getItem(TICKET_KEY) || "";
 $("device-name").value = defaultDeviceName();
 const code = frag.get("pair");
