@@ -445,6 +445,61 @@ test("one scan of a host's pairing link: every ACP agent of the host is one tap 
   }
 });
 
+test("three hosts of five agents each in one list, by the names the hosts gave; one host off is shown unreachable and the others answer", async () => {
+  const hosts = [];
+  for (const letter of ["A", "B", "C"]) {
+    const home = tempHome();
+    mkdirSync(join(home, "agents.d"), { mode: 0o700 });
+    for (let i = 1; i <= 5; i++) {
+      const f = join(home, "agents.d", `agent${i}.json`);
+      writeFileSync(f, JSON.stringify({ name: `agent${i}`, protocol: "acp", label: `${letter}${i} helper`, command: ASK_AGENT }));
+      chmodSync(f, 0o600);
+    }
+    const host = run(join(BIN, "thunderbolt"), ["host"], { ...tbEnv(home, relay.url), THUNDERBOLT_HOST_NAME: `workstation-${letter}` });
+    hosts.push({ letter, home, host });
+  }
+  for (const h of hosts) {
+    await waitFor(() => h.host.out.filter((l) => l.trim().startsWith("Ticket:")).length === 5, `host ${h.letter}'s five tickets`)
+      .catch((e) => { throw new Error(`${e.message}\n${h.host.err}`); });
+  }
+  const ctx = await browser.newContext(PHONE);
+  const p = await ctx.newPage();
+  p.on("pageerror", (e) => console.log("page error:", e.message));
+  try {
+    // One scan per host.
+    for (const h of hosts) {
+      const minted = JSON.parse(tb(h.home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
+      await p.goto(minted.link);
+      await connected(p);
+      assert.equal(await p.evaluate(() => window.paired.host), `workstation-${h.letter}`);
+    }
+    // Host B goes off; the page is opened again (a new visit asks every host).
+    hosts[1].host.child.kill("SIGKILL");
+    await p.reload();
+    await connected(p);
+    const nav = p.getByRole("navigation", { name: "your agents" });
+    for (const h of hosts) {
+      const group = nav.getByRole("group", { name: `workstation-${h.letter}` });
+      await group.waitFor({ timeout: WAIT_MS });
+      for (let i = 1; i <= 5; i++) await group.getByRole("button", { name: `${h.letter}${i} helper`, exact: true }).waitFor({ timeout: WAIT_MS });
+      assert.equal(await group.getByRole("button").count(), 5, `host ${h.letter}: its five agents`);
+    }
+    const state = (letter) => nav.getByRole("group", { name: `workstation-${letter}` }).locator(".host-state");
+    await p.waitForFunction(() => [...document.querySelectorAll(".host-state")].every((e) => e.textContent !== "checking…"), null, { timeout: WAIT_MS });
+    assert.match(await state("A").textContent(), /^reachable · /);
+    assert.match(await state("C").textContent(), /^reachable · /);
+    assert.equal(await state("B").textContent(), "unreachable");
+    await shot(p, "hosts-list.png");
+    // An agent of another host, by a tap: it answers.
+    await nav.getByRole("group", { name: "workstation-A" }).getByRole("button", { name: "A3 helper", exact: true }).click();
+    await p.waitForFunction(() => document.querySelector("#agent-name").textContent === "A3 helper" && document.querySelector("#status").className === "ok", null, { timeout: WAIT_MS });
+    assert.match(await prompt(p, "hello A3"), /^You said: hello A3; pid \d+$/);
+  } finally {
+    await ctx.close();
+    for (const h of hosts) h.host.child.kill("SIGTERM");
+  }
+});
+
 test("the host killed mid-turn (SIGKILL) and started again at once: the page notices without waiting for its idle timeout and offers the turn again", async () => {
   const home = tempHome();
   const store = join(tempHome(), "store");

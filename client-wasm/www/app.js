@@ -53,7 +53,7 @@ const state = {
 };
 
 const conversation = new Conversation($("conversation"), {
-  label: () => state.label || state.agent || "agent",
+  label: () => agentLabel(state.agent || "agent"),
   controller: () => (state.role === "observer" ? controllerName() : null),
   answer: (q, result, said) => answer(q, result, said),
   log: (text) => log("·", text),
@@ -238,7 +238,9 @@ function rememberAgent() {
   // A name the host gave it (its manifest's label) over the one the agent gives itself.
   const named = all.find((a) => a.ticket === state.ticket && a.named);
   const list = all.filter((a) => a.ticket !== state.ticket);
-  list.unshift({ ticket: state.ticket, label: named ? named.label : state.label || state.agent, named: Boolean(named), relay: state.clientRelay, at: Date.now() });
+  // Its host, when a pairing named it, stays.
+  const host = named && named.host ? { host: named.host, hostName: named.hostName } : {};
+  list.unshift({ ticket: state.ticket, label: named ? named.label : state.label || state.agent, named: Boolean(named), relay: state.clientRelay, at: Date.now(), ...host });
   localStorage.setItem(AGENTS_KEY, JSON.stringify(list.slice(0, 20)));
   renderAgents();
   mirrorForWorker();
@@ -247,23 +249,27 @@ function rememberAgent() {
 /// Every ACP agent a pairing answer named (one scan pairs a device with
 /// every agent of a host): each is one of this browser's agents from now on,
 /// after those it used lately.
-function knowAgents(agents) {
+function knowAgents(agents, host = null) {
   const list = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]");
+  // The host: the name it gave, keyed by the NodeId this page paired through
+  // (two hosts may share a name).
+  const at = host && host.name ? { host: host.key, hostName: String(host.name).slice(0, 64) } : {};
   for (const a of agents) {
     if (!a || a.protocol !== "acp" || typeof a.ticket !== "string") continue;
     const known = list.find((k) => k.ticket === a.ticket);
     if (known) {
-      Object.assign(known, { label: a.label || known.label, named: true });
+      Object.assign(known, { label: a.label || known.label, named: true, ...at });
       continue;
     }
-    list.push({ ticket: a.ticket, label: a.label || a.name || "agent", named: true, relay: state.clientRelay, at: Date.now() });
+    list.push({ ticket: a.ticket, label: a.label || a.name || "agent", named: true, relay: state.clientRelay, at: Date.now(), ...at });
   }
   localStorage.setItem(AGENTS_KEY, JSON.stringify(list.slice(0, 20)));
   renderAgents();
   mirrorForWorker();
 }
 
-/// The agents this browser knows, one button each, named by its label.
+/// The agents this browser knows, one button each, named by its label; with
+/// agents of several hosts, under each host, with whether it answers.
 function renderAgents() {
   const list = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]");
   const ul = $("agent-list");
@@ -273,7 +279,7 @@ function renderAgents() {
   $("agents").hidden = list.length === 0 || (list.length === 1 && list[0].ticket === current);
   const seen = new Map();
   for (const a of list) seen.set(a.label, (seen.get(a.label) || 0) + 1);
-  for (const a of list) {
+  const button = (a) => {
     const li = document.createElement("li");
     const b = document.createElement("button");
     const node = nodeOf(a.ticket);
@@ -282,15 +288,107 @@ function renderAgents() {
     b.setAttribute("aria-current", String(a.ticket === current));
     b.onclick = () => openAgent(a);
     li.append(b);
+    return li;
+  };
+  const hosts = hostsOf(list);
+  if (hosts.length < 2) {
+    ul.classList.remove("hosts");
+    ul.append(...list.map(button));
+    return;
+  }
+  ul.classList.add("hosts");
+  for (const h of hosts) {
+    const li = document.createElement("li");
+    li.className = "host";
+    const head = document.createElement("div");
+    head.className = "host-head";
+    const name = document.createElement("strong");
+    name.textContent = h.name;
+    const st = document.createElement("span");
+    st.className = "host-state";
+    st.dataset.host = h.key;
+    st.textContent = hostStates.get(h.key) || "checking…";
+    head.append(name, " ", st);
+    const agents = document.createElement("ul");
+    agents.setAttribute("aria-label", `agents of ${h.name}`);
+    agents.append(...h.agents.map(button));
+    li.setAttribute("aria-label", h.name);
+    li.setAttribute("role", "group");
+    li.append(head, agents);
     ul.append(li);
   }
+  probeHosts(hosts);
+}
+
+/// The known agents by host: a host a pairing named, else each agent alone
+/// (paired by a ticket or the allow line: its host is not known).
+function hostsOf(list) {
+  const by = new Map();
+  for (const a of list) {
+    const key = a.host || `agent:${a.ticket}`;
+    if (!by.has(key)) by.set(key, { key, name: a.hostName || a.label, agents: [] });
+    by.get(key).agents.push(a);
+  }
+  return [...by.values()];
+}
+
+/// What each host said last: "reachable · …" or "unreachable".
+const hostStates = new Map();
+/// When each host was last asked (ms), and whether an ask is out.
+const hostAsked = new Map();
+/// How long a host has to answer before it is shown as unreachable: a dial
+/// through a relay takes well under a second; a host that is off never answers.
+const HOST_PROBE_MS = 8000;
+/// How often a visible list asks its hosts again.
+const HOST_REFRESH_MS = 30000;
+
+/// Asks each host (through its first agent) for its sessions, all at once:
+/// each host's line changes when its own answer comes, so a host that is off
+/// delays nobody.
+function probeHosts(hosts) {
+  if (!state.client || document.visibilityState === "hidden") return;
+  const now = Date.now();
+  for (const h of hosts) {
+    const asked = hostAsked.get(h.key);
+    if (asked && (asked.out || now - asked.at < HOST_REFRESH_MS)) continue;
+    hostAsked.set(h.key, { at: now, out: true });
+    const timeout = new Promise((_, reject) => setTimeout(() => reject(new Error("no answer")), HOST_PROBE_MS));
+    Promise.race([state.client.sessions(h.agents[0].ticket, "acp", HOST_PROBE_MS), timeout]).then(
+      (sessions) => {
+        const live = sessions.filter((x) => x.state !== "warm").length;
+        return `reachable · ${live === 0 ? "no session" : live === 1 ? "1 session" : `${live} sessions`}`;
+      },
+      () => "unreachable",
+    ).then((said) => {
+      hostAsked.set(h.key, { at: Date.now(), out: false });
+      hostStates.set(h.key, said);
+      const el = document.querySelector(`.host-state[data-host="${CSS.escape(h.key)}"]`);
+      if (el) {
+        el.textContent = said;
+        el.classList.toggle("down", said === "unreachable");
+      }
+    });
+  }
+}
+
+setInterval(() => {
+  const list = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]");
+  const hosts = hostsOf(list);
+  if (hosts.length > 1) probeHosts(hosts);
+}, HOST_REFRESH_MS);
+
+/// The name of the agent shown: the one its host gave it (a manifest's
+/// label: two manifests of one program are told apart), else the one the
+/// agent gives itself.
+function agentLabel(fallback = "agent") {
+  const ticket = state.ticket || $("ticket").value.trim();
+  const known = ticket && JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]").find((a) => a.ticket === ticket);
+  return (known && known.named && known.label) || state.label || (known && known.label) || fallback;
 }
 
 /// The header names the agent of the conversation shown.
 function renderTitle() {
-  const ticket = state.ticket || $("ticket").value.trim();
-  const known = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]").find((a) => a.ticket === ticket);
-  $("agent-name").textContent = state.label || (known && known.label) || "thunderbolt";
+  $("agent-name").textContent = agentLabel("thunderbolt");
 }
 
 /// One tap: the agent's session taken back, or a new one. Another agent's
@@ -576,7 +674,7 @@ function renderComposer() {
   send.textContent = state.sendAgain ? "Send again" : "Send";
   $("cancel").hidden = !turning;
   $("cancel").disabled = !live || !turning;
-  $("prompt").placeholder = state.role === "observer" ? `${cap(controllerName())} is in control: take control to send` : `Message ${state.label || "the agent"}…`;
+  $("prompt").placeholder = state.role === "observer" ? `${cap(controllerName())} is in control: take control to send` : `Message ${agentLabel("the agent")}…`;
 }
 
 /// A notice's request: shown (scrolled to, its first button focused), and
@@ -718,7 +816,7 @@ async function connectNow(ticket, saved, release, join = null) {
       const known = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]").find((a) => a.ticket === ticket);
       const label = (known && known.label) || join.agent || "agent";
       Object.assign(state, { sessionId: join.acpSessions[0] || null, agent: join.agent || label, label });
-      conversation.session(`${cap(deviceName(join.startedBy))}'s session with ${state.label}, joined · ${new Date().toLocaleString([], { dateStyle: "medium", timeStyle: "short" })}`);
+      conversation.session(`${cap(deviceName(join.startedBy))}'s session with ${agentLabel()}, joined · ${new Date().toLocaleString([], { dateStyle: "medium", timeStyle: "short" })}`);
     }
     renderTitle();
     renderRole();
@@ -739,7 +837,7 @@ async function connectNow(ticket, saved, release, join = null) {
       state.agent = init.agentInfo ? init.agentInfo.name : "agent";
       state.label = (init.agentInfo && (init.agentInfo.title || init.agentInfo.name)) || "agent";
       state.sessionId = session.sessionId;
-      conversation.session(`New session with ${state.label} · ${new Date().toLocaleString([], { dateStyle: "medium", timeStyle: "short" })}`);
+      conversation.session(`New session with ${agentLabel()} · ${new Date().toLocaleString([], { dateStyle: "medium", timeStyle: "short" })}`);
       setStatus(`connected · ${state.agent} · session ${state.sessionId}`, "ok");
     }
     save();
@@ -894,7 +992,7 @@ async function pairAndConnect(ticket, code) {
     const res = await state.client.pair(ticket, code, name, "acp");
     $("paired-as").textContent = `paired as “${res.name || name}”`;
     window.paired = res;
-    if (Array.isArray(res.agents)) knowAgents(res.agents);
+    if (Array.isArray(res.agents)) knowAgents(res.agents, res.host ? { name: res.host, key: nodeOf(ticket) || ticket } : null);
   } catch (err) {
     setStatus(describe(err), "error");
     lastError(err);

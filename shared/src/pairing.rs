@@ -108,6 +108,11 @@ pub struct Answer {
     /// bridge, and for clients that did not ask).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub agents: Vec<PairedAgent>,
+    /// What the workstation is called (its hostname, or `THUNDERBOLT_HOST_NAME`),
+    /// sent with `agents` to a device that asked for them: a page lists every
+    /// agent under its host. At most [`MAX_DEVICE_NAME`] characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 impl Answer {
@@ -168,7 +173,7 @@ mod tests {
 
     #[test]
     fn the_old_answer_stays_as_it_was_and_a_long_one_is_cut_to_fit() {
-        let old = Answer { paired: true, name: Some("Pixel 9".into()), agents: vec![] };
+        let old = Answer { paired: true, name: Some("Pixel 9".into()), agents: vec![], host: None };
         assert_eq!(old.clone().line(), b"{\"paired\":true,\"name\":\"Pixel 9\"}\n");
         let agent = |i: usize| PairedAgent {
             name: format!("a{i}"),
@@ -176,11 +181,13 @@ mod tests {
             protocol: "acp".into(),
             ticket: format!("endpoint{}", "x".repeat(2000)),
         };
-        let many = Answer { agents: (0..100).map(agent).collect(), ..old };
+        let many =
+            Answer { agents: (0..100).map(agent).collect(), host: Some("h".repeat(MAX_DEVICE_NAME)), ..old };
         let line = many.line();
         assert!(line.len() <= MAX_PAIR_ANSWER);
         let back: Answer = serde_json::from_slice(&line).unwrap();
         assert!(back.agents.len() > 20 && back.agents.len() < 100, "{}", back.agents.len());
         assert_eq!(back.agents[0].name, "a0", "the first ones are kept");
+        assert_eq!(back.host.as_deref(), Some(&*"h".repeat(MAX_DEVICE_NAME)), "the host's name is kept");
     }
 }

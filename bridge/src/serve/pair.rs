@@ -309,7 +309,10 @@ async fn answer(
     name: Option<String>,
     agents: Option<Vec<wire::PairedAgent>>,
 ) {
-    let line = wire::Answer { paired: true, name, agents: agents.unwrap_or_default() }.line();
+    // The host's name goes with the agents (a device that asked for them);
+    // an old client's answer stays byte for byte as it was.
+    let host = agents.as_ref().and_then(|_| wire::clean_name(&crate::trust::account::device_name()));
+    let line = wire::Answer { paired: true, name, agents: agents.unwrap_or_default(), host }.line();
     let _ = send.write_all(&line).await;
     let _ = send.finish();
     let _ = tokio::time::timeout(crate::limits::FINISH_LINGER, send.stopped()).await;

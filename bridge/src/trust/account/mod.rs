@@ -100,8 +100,13 @@ pub async fn refresh_all(accounts: &[std::sync::Arc<Account>]) {
     }
 }
 
-/// The name the bridge registers under: the hostname, else "Bridge".
+/// The name the bridge registers under and that paired devices list its
+/// agents under: `THUNDERBOLT_HOST_NAME` when set (two hosts on one machine, or
+/// a hostname that says nothing to a person), else the hostname, else "Bridge".
 pub fn device_name() -> String {
+    if let Some(n) = std::env::var("THUNDERBOLT_HOST_NAME").ok().filter(|n| !n.trim().is_empty()) {
+        return n.trim().to_string();
+    }
     // The kernel's own copy (Linux), then what `hostname` prints (elsewhere).
     let from_proc = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
     let name = from_proc.or_else(|| {
