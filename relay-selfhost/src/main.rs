@@ -269,7 +269,10 @@ fn load_tls(cert: &std::path::Path, key: &std::path::Path) -> Result<rustls::Ser
             .with_no_client_auth()
             .with_single_cert(certs, key)
             .context("certificate and key do not match")?;
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // HTTP/1.1 only: iroh-relay's server speaks nothing else, and a browser
+    // offered h2 takes it (a page's fetch of the relay, e.g. its /ping) and is
+    // cut off. Relay clients upgrade an HTTP/1.1 request to a WebSocket.
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(cfg)
 }
 

@@ -164,6 +164,46 @@ async fn manual_tls_with_a_private_ca() {
     assert!(b2.banner.contains("relay none"), "{}", b2.banner);
 }
 
+/// A browser offers h2 and HTTP/1.1; iroh-relay's server speaks only HTTP/1.1,
+/// so the relay must pick that: a page's fetch of the relay (its `/ping`) was
+/// cut off when h2 was chosen.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_offering_h2_gets_http1_and_its_request_answered() {
+    use rustls_pki_types::{pem::PemObject, CertificateDer, ServerName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tls_config(dir.path(), "");
+    let relay = Relay::start(&["--config", cfg.to_str().unwrap()]).await;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(dir.path().join("ca.pem")).expect("ca") {
+        roots.add(c.expect("ca cert")).expect("root");
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let addr = format!("{}:{}", relay.url.host_str().unwrap(), relay.url.port().unwrap());
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut s = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .expect("TLS handshake with the relay");
+    assert_eq!(
+        s.get_ref().1.alpn_protocol(),
+        Some(&b"http/1.1"[..]),
+        "the relay chose a protocol it does not speak"
+    );
+    s.write_all(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut answer)).await.expect("an answer in time").ok();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn allow_file_admits_only_listed_devices_and_reloads() {
     init_tracing();
