@@ -176,14 +176,15 @@ test("the app's files have their types, the pairing paths lead to the page, and 
   assert.equal((await raw("/app/www/app.js", "PUT")).status, 404);
 });
 
-test("a phone paired through a link to the relay's page talks to a bridge through that relay", async () => {
+test("a phone paired through a link to the relay's page (the link `iroh pair` makes by itself) talks to a bridge through that relay", async () => {
   const b = await startAcpBridge(origin, [process.execPath, join(ROOT, "client-wasm/e2e/ask-agent.mjs")]);
   const ctx = await browser.newContext(PHONE);
   const p = await ctx.newPage();
   p.on("pageerror", (e) => console.log("page error:", e.message));
   try {
-    const minted = JSON.parse(tb(b.home, origin, ["iroh", "pair", "--json", "--app-url", `${origin}/app`]));
-    assert.ok(minted.link.startsWith(`${origin}/app/settings/agents#`), minted.link);
+    // No --app-url: `iroh pair` finds that its relay serves the app, and links there.
+    const minted = JSON.parse(tb(b.home, origin, ["iroh", "pair", "--json"]));
+    assert.ok(minted.link && minted.link.startsWith(`${origin}/app/settings/agents#`), minted.link);
     await p.goto(minted.link);
     await p.waitForFunction(() => document.querySelector("#status").className === "ok" || window.lastError, null, { timeout: WAIT_MS });
     assert.equal(await p.evaluate(() => window.lastError), undefined, await p.textContent("#status"));

@@ -49,6 +49,50 @@ struct Plan {
     hosted: bool,
 }
 
+/// How long `iroh pair` waits for a self-hosted relay to say whether it
+/// serves the app: a relay on the way answers in milliseconds; one that is off
+/// must not hold up the code.
+const RELAY_APP_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The most of `relay.json` read: it is `{"thunderbolt_relay":true}`.
+const RELAY_APP_ANSWER_MAX: usize = 1024;
+
+/// `<relay>/app` when the first self-hosted relay serves the app
+/// (thunderbolt-relay's `app_dir`: its `/app/relay.json` says
+/// `thunderbolt_relay`), else `None`. Asked from a thread of its own: the
+/// command runs inside the CLI's runtime, which must not be blocked on.
+fn relay_app(net: &NetConfig) -> Option<String> {
+    let crate::net::Relays::Custom(urls) = &net.relays else { return None };
+    let relay = urls.first()?.clone();
+    let probe = relay.join("app/relay.json").ok()?;
+    let ask = move || -> Option<String> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+        rt.block_on(async {
+            // The certificate is not checked: only whether it serves the app is
+            // wanted, and a relay with a private CA answers like any other (the
+            // phone checks it when it opens the page).
+            let client = reqwest::Client::builder()
+                .no_proxy()
+                .danger_accept_invalid_certs(true)
+                .redirect(reqwest::redirect::Policy::none())
+                .timeout(RELAY_APP_CHECK)
+                .build()
+                .ok()?;
+            let r = client.get(probe).send().await.ok()?;
+            if !r.status().is_success() || r.content_length().is_some_and(|n| n > RELAY_APP_ANSWER_MAX as u64)
+            {
+                return None;
+            }
+            let body = r.bytes().await.ok()?;
+            let said: serde_json::Value =
+                serde_json::from_slice(body.get(..RELAY_APP_ANSWER_MAX).unwrap_or(&body)).ok()?;
+            (said["thunderbolt_relay"] == true)
+                .then(|| format!("{}/app", relay.as_str().trim_end_matches('/')))
+        })
+    };
+    std::thread::spawn(ask).join().ok().flatten()
+}
+
 pub fn pair(home: &Home, a: PairArgs) -> Result<()> {
     let net = a.net.config()?;
     let statuses: Vec<Status> =
@@ -66,7 +110,10 @@ pub fn pair(home: &Home, a: PairArgs) -> Result<()> {
         }
         _ => None,
     };
-    let link = pairing_url(a.app_url.as_deref(), protocol)
+    // No app address given: a self-hosted relay that serves the app is one,
+    // so the link (and the QR code) opens a page a phone can use.
+    let app_url = a.app_url.clone().or_else(|| relay_app(&net));
+    let link = pairing_url(app_url.as_deref(), protocol)
         .map(|page| format!("{page}#ticket={ticket}&pair={code}{}", relay.unwrap_or_default()));
     let expires_ms = now_ms().saturating_add(a.expires.as_millis() as u64);
     let no_address = ticket.endpoint_addr().addrs.is_empty();
