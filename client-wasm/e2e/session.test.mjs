@@ -375,6 +375,33 @@ test("a 2000-message transcript: appended without drawing the rest again, reload
   }
 });
 
+test("what the workstation printed, pasted into the ticket field: the CLI's pairing line and the pairing link each pair and connect", async () => {
+  const b = await startAcpBridge(relay.url, ASK_AGENT);
+  try {
+    for (const which of ["command", "link"]) {
+      const minted = JSON.parse(tb(b.home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
+      const ctx = await browser.newContext(PHONE);
+      const p = await ctx.newPage();
+      p.on("pageerror", (e) => console.log("page error:", e.message));
+      try {
+        // A fresh phone on the page itself, no link opened: the settings sheet is where to paste.
+        await p.goto(`${baseUrl}/www/?${new URLSearchParams({ relay: relay.url })}`);
+        await p.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+        await p.getByRole("textbox", { name: "Ticket or NodeId of the bridge" }).fill(minted[which]);
+        await p.getByRole("button", { name: "Connect", exact: true }).click();
+        await connected(p);
+        assert.match(await p.textContent("#paired-as"), /^paired as /, `paired by the pasted ${which}`);
+        assert.equal(await p.evaluate(() => window.thunderbolt.state.ticket), minted.ticket);
+        assert.match(await prompt(p, `hello from the ${which}`), new RegExp(`^You said: hello from the ${which}; pid \\d+$`));
+      } finally {
+        await ctx.close();
+      }
+    }
+  } finally {
+    b.child.kill("SIGTERM");
+  }
+});
+
 test("the host restarted mid-turn: the turn says it was not finished, its prompt is back in the box, and Send again sends it", async () => {
   const home = tempHome();
   const store = join(tempHome(), "store");

@@ -1122,7 +1122,34 @@ function defaultDeviceName() {
   return os ? `${browser} on ${os}` : browser;
 }
 
+/// What a person may paste into the ticket field besides a ticket or a
+/// NodeId: a pairing link (`…#ticket=…&pair=…&relay=…`, or `?ticket=`), or the
+/// line `iroh pair` prints for a CLI (`thunderbolt acp connect --pair CODE
+/// TICKET`). `{ticket, code?, relay?}`, or null for anything else.
+function pastedPairing(text) {
+  if (/^https?:\/\//i.test(text)) {
+    try {
+      const u = new URL(text);
+      const f = new URLSearchParams(u.hash.slice(1));
+      const get = (k) => f.get(k) || u.searchParams.get(k);
+      if (get("ticket")) return { ticket: get("ticket"), code: get("pair"), relay: get("relay") };
+    } catch {}
+    return null;
+  }
+  const words = text.split(/\s+/);
+  const ticket = words.find((w) => /^endpoint[a-z0-9]{20,}$/.test(w));
+  const at = words.indexOf("--pair");
+  if (ticket && words.length > 1) return { ticket, code: at >= 0 ? words[at + 1] : null, relay: null };
+  return null;
+}
+
 $("connect").onclick = () => {
+  const pasted = pastedPairing($("ticket").value.trim());
+  if (pasted) {
+    $("ticket").value = pasted.ticket;
+    if (pasted.relay) $("relay").value = pasted.relay;
+    if (pasted.code && !state.conn) return pairAndConnect(pasted.ticket, pasted.code);
+  }
   const ticket = $("ticket").value.trim();
   // Another bridge while a session is live: this one is left to resume later.
   if (state.conn && ticket && ticket !== state.ticket) return openAgent({ ticket, relay: $("relay").value.trim() });
