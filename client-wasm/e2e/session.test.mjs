@@ -576,6 +576,9 @@ test("the laptop's session picked up on the phone: the page lists it, joins it w
       // Its history: the laptop's turn; then the laptop in control, one tap to take it.
       await conversationOf(p).getByText(/You said: started on the laptop/).waitFor({ timeout: WAIT_MS });
       await control(p).getByText("Laptop is in control").waitFor({ timeout: WAIT_MS });
+      // The history's turn is the laptop's, not the agent's on its own.
+      const earlier = conversationOf(p).locator("article.turn", { hasText: "You said: started on the laptop" });
+      assert.equal(await earlier.locator(".bubble.other").textContent(), "a prompt from Laptop");
       await p.getByRole("button", { name: "Take control" }).click();
       await control(p).getByText("You are in control").waitFor({ timeout: WAIT_MS });
       assert.match(await prompt(p, "finished on the phone"), /^You said: finished on the phone; pid \d+$/);

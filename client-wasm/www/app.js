@@ -54,7 +54,9 @@ const state = {
 
 const conversation = new Conversation($("conversation"), {
   label: () => agentLabel(state.agent || "agent"),
-  controller: () => (state.role === "observer" ? controllerName() : null),
+  // Before the bridge says who controls a joined session, its history's
+  // turns are the device's that started it.
+  controller: () => (state.role === "observer" ? controllerName() : state.role ? null : state.joinedFrom || null),
   answer: (q, result, said) => answer(q, result, said),
   log: (text) => log("·", text),
 });
@@ -517,6 +519,7 @@ function onRole(p) {
   const before = state.role && `${state.role} ${state.controller && state.controller.node}`;
   const was = state.role;
   state.role = p.role === "controller" ? "controller" : "observer";
+  state.joinedFrom = null;
   // Whether this device controlled the session before ("in control again").
   state.hadControl = Boolean(state.hadControl || was === "controller");
   state.controller = p.controller || null;
@@ -816,6 +819,7 @@ async function connectNow(ticket, saved, release, join = null) {
       const known = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]").find((a) => a.ticket === ticket);
       const label = (known && known.label) || join.agent || "agent";
       Object.assign(state, { sessionId: join.acpSessions[0] || null, agent: join.agent || label, label });
+      state.joinedFrom = cap(deviceName(join.startedBy));
       conversation.session(`${cap(deviceName(join.startedBy))}'s session with ${agentLabel()}, joined · ${new Date().toLocaleString([], { dateStyle: "medium", timeStyle: "short" })}`);
     }
     renderTitle();
