@@ -431,6 +431,30 @@ test("the host restarted mid-turn: the turn says it was not finished, its prompt
   }
 });
 
+test("the host restarted and its agent cannot take the session back: the page says so once, in plain words", async () => {
+  const home = tempHome();
+  const store = join(tempHome(), "store");
+  const agent = [process.execPath, join(ROOT, "client-wasm/e2e/restart-agent.mjs"), "--store", store, "--caps", "none"];
+  let b = await startAcpBridge(relay.url, agent, [], { home });
+  const p = await pairedPhone(b);
+  try {
+    assert.match(await prompt(p, "hello"), /hello/);
+    b.child.kill("SIGTERM");
+    await new Promise((r) => b.child.once("exit", r));
+    b = await startAcpBridge(relay.url, agent, [], { home });
+    await p.waitForFunction(() => /host restarted/.test(document.querySelector("#status").textContent), null, { timeout: WAIT_MS });
+    const status = await p.textContent("#status");
+    assert.equal(status.split("host restarted").length - 1, 1, `said once: ${status}`);
+    // The conversation says it once too, and what to do.
+    await conversationOf(p).getByText("Session over: start a new session to go on").waitFor({ timeout: WAIT_MS });
+    const said = await conversationOf(p).innerText();
+    assert.equal(said.split("restarted").length - 1, 1, `the restart said once: ${said}`);
+  } finally {
+    await p.context().close();
+    b.child.kill("SIGTERM");
+  }
+});
+
 test("one scan of a host's pairing link: every ACP agent of the host is one tap away, and each answers", async () => {
   const home = tempHome();
   mkdirSync(join(home, "agents.d"), { mode: 0o700 });

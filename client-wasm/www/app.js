@@ -578,6 +578,7 @@ function onRestored(p) {
     const why = String(p.failed).replace(/^host restarted: /, "");
     setStatus(`host restarted: ${why}`, "error");
     conversation.note(`The host restarted and could not take the session back: ${why}`, "error");
+    state.restoreFailed = why;
     return;
   }
   const how = (p.sessions || []).map((s) => `${s.how}${s.error ? ` (${s.error})` : ""}`).join(", ");
@@ -729,7 +730,10 @@ async function pump(conn) {
   } finally {
     if (state.conn === conn) state.conn = null;
     setStatus(...ending);
-    conversation.note(`Session over: ${ending[0].replace(/^disconnected: /, "")}`, ending[1]);
+    // A restart that could not take the session back was said already (onRestored).
+    const said = state.restoreFailed ? "start a new session to go on" : ending[0].replace(/^disconnected: /, "");
+    state.restoreFailed = null;
+    conversation.note(`Session over: ${said}`, ending[1]);
     sessionEnded();
   }
 }
