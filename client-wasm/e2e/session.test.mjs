@@ -581,6 +581,58 @@ test("the host killed mid-turn (SIGKILL) and started again at once: the page not
   }
 });
 
+test("one session of a page goes silent and the page's endpoint is renewed: its other session, to another bridge, moves to the fresh endpoint and goes on", async () => {
+  const a = await startAcpBridge(relay.url, ASK_AGENT);
+  const b = await startAcpBridge(relay.url, ASK_AGENT);
+  const p = await pairedPhone(a);
+  try {
+    const minted = JSON.parse(tb(b.home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
+    await p.goto(minted.link);
+    await connected(p);
+    await p.evaluate(async ([ta, tb]) => {
+      const client = window.thunderbolt.state.client;
+      window.ev = { a: [], b: [] };
+      const open = async (ticket, k) => {
+        const c = await client.connectProtocol(ticket, "acp", undefined, undefined, { idleTimeoutMs: 1500, onEvent: (e) => window.ev[k].push(e.type) });
+        const r = c.messages().getReader();
+        await c.send({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: 1 } });
+        const { value } = await r.read();
+        if (value.id !== 1) throw new Error("no initialize reply");
+        return { c, r };
+      };
+      window.sa = await open(ta, "a");
+      window.sb = await open(tb, "b");
+    }, [a.ticket, b.ticket]);
+    // Bridge A stops answering: A's session hears nothing, takes the path
+    // for dead and redials from a fresh endpoint, closing the old one, on
+    // which B's session was going on.
+    await p.evaluate(() => {
+      // B's next message, or how its session ended.
+      window.bNext = window.sb.r.read().then((v) => (v.done ? "ended" : v.value), (e) => `ended: ${e.message || e}`);
+      window.bNext.then((v) => (window.bOver = typeof v === "string"));
+    });
+    process.kill(a.child.pid, "SIGSTOP");
+    try {
+      await p.waitForFunction(() => window.ev.a.includes("reconnecting"), null, { timeout: WAIT_MS });
+      await p.waitForFunction(() => window.ev.b.includes("resumed") || window.bOver, null, { timeout: WAIT_MS });
+      const r = await p.evaluate(async () => {
+        if (window.bOver) return { over: await window.bNext, events: window.ev.b };
+        await window.sb.c.send({ jsonrpc: "2.0", id: 2, method: "initialize", params: { protocolVersion: 1 } });
+        const v = await window.bNext;
+        return { id: v.id, events: window.ev.b };
+      });
+      assert.deepEqual(r, { id: 2, events: ["reconnecting", "resumed"] }, "B's session goes on from the fresh endpoint");
+    } finally {
+      process.kill(a.child.pid, "SIGCONT");
+    }
+    await p.evaluate(() => { window.sa.c.close(); window.sb.c.close(); });
+  } finally {
+    await p.context().close();
+    a.child.kill("SIGTERM");
+    b.child.kill("SIGTERM");
+  }
+});
+
 test("the laptop's session picked up on the phone: the page lists it, joins it with its history, takes control and goes on with it", async () => {
   const b = await startAcpBridge(relay.url, ASK_AGENT);
   const laptopHome = pairedLaptop(b);

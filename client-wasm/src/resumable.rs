@@ -51,6 +51,9 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A redial not through within this from the endpoint the lost connection
 /// went out from goes on from a fresh one (once; see `ClientInner::renew`).
 const REDIAL_RENEW_AFTER: Duration = Duration::from_secs(2);
+
+/// Why a connection was lost when this page's own endpoint closed it.
+const LOCALLY_CLOSED: &str = "closed by this page's endpoint";
 /// Shortest idle timeout accepted: a few round trips through a relay.
 pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_millis(300);
 /// Keep-alive period (a third of the idle timeout when that is shorter).
@@ -421,9 +424,17 @@ impl Resumable {
             if self.st.borrow().closing {
                 return self.end(closed_obj("closed", Some(0), close::REASON_CLIENT_CLOSED), None);
             }
+            // Closed here, not by the bridge: by another session of this page
+            // that replaced the endpoint (`ClientInner::renew` closes the old
+            // one), a move to redial from the fresh one; or by the client's
+            // shutdown, when the endpoint is still the one it went out from.
+            if why == LOCALLY_CLOSED && client.generation() == generation {
+                return self.end(closed_obj("closed", Some(0), close::REASON_CLIENT_CLOSED), None);
+            }
             let grace = self.st.borrow().grace;
             self.event("reconnecting", Some(&why));
-            let renewed = std::mem::take(&mut self.st.borrow_mut().renew);
+            // Moved: the endpoint is a fresh one already.
+            let renewed = std::mem::take(&mut self.st.borrow_mut().renew) || why == LOCALLY_CLOSED;
             if renewed {
                 client.renew(generation).await;
             }
@@ -757,7 +768,8 @@ impl Resumable {
                     Some(js_error(&ErrorKind::Closed { code, reason: reason.clone() }, &msg)),
                 ))
             }
-            Ending::Local => Err((closed_obj("closed", Some(0), close::REASON_CLIENT_CLOSED), None)),
+            // Ended or moved: `drive` tells which (the endpoint's generation).
+            Ending::Local => Ok(LOCALLY_CLOSED.into()),
             Ending::Lost(text) => Ok(text),
         }
     }
