@@ -578,7 +578,9 @@ impl RelayCheck {
         Self { client }
     }
 
-    fn client(dns: Option<iroh::dns::DnsResolver>) -> Option<reqwest::Client> {
+    /// How we ask a relay over HTTP: no proxy, no redirects, its certificate
+    /// unchecked (only an answer is wanted), names through `dns` when given.
+    pub(crate) fn client(dns: Option<iroh::dns::DnsResolver>) -> Option<reqwest::Client> {
         // The binary installs it first; a library user (a test) may not have.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mut b = reqwest::Client::builder()

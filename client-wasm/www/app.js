@@ -136,8 +136,16 @@ async function ensureClient() {
 /// What the service worker needs to answer a notice with no page open (it
 /// cannot read localStorage): the secret key, the relay, and the agents by
 /// NodeId, mirrored into IndexedDB (www/keystore.js). Never logged.
+/// The agents this browser knows, newest first (read each time: another tab
+/// of the app may have paired with one).
+function knownAgents() {
+  return JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]");
+}
+
+const knownAgent = (ticket) => knownAgents().find((a) => a.ticket === ticket);
+
 async function mirrorForWorker() {
-  const agents = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]")
+  const agents = knownAgents()
     .map((a) => ({ node: nodeOf(a.ticket), ticket: a.ticket, relay: a.relay ?? "" }))
     .filter((a) => a.node);
   try {
@@ -236,7 +244,7 @@ function busyElsewhere(ticket) {
 }
 
 function rememberAgent() {
-  const all = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]");
+  const all = knownAgents();
   // A name the host gave it (its manifest's label) over the one the agent gives itself.
   const named = all.find((a) => a.ticket === state.ticket && a.named);
   const list = all.filter((a) => a.ticket !== state.ticket);
@@ -252,7 +260,7 @@ function rememberAgent() {
 /// every agent of a host): each is one of this browser's agents from now on,
 /// after those it used lately.
 function knowAgents(agents, host = null) {
-  const list = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]");
+  const list = knownAgents();
   // The host: the name it gave, keyed by the NodeId this page paired through
   // (two hosts may share a name).
   const at = host && host.name ? { host: host.key, hostName: String(host.name).slice(0, 64) } : {};
@@ -273,7 +281,7 @@ function knowAgents(agents, host = null) {
 /// The agents this browser knows, one button each, named by its label; with
 /// agents of several hosts, under each host, with whether it answers.
 function renderAgents() {
-  const list = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]");
+  const list = knownAgents();
   const ul = $("agent-list");
   ul.replaceChildren();
   const current = state.ticket || $("ticket").value.trim();
@@ -374,7 +382,7 @@ function probeHosts(hosts) {
 }
 
 setInterval(() => {
-  const list = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]");
+  const list = knownAgents();
   const hosts = hostsOf(list);
   if (hosts.length > 1) probeHosts(hosts);
 }, HOST_REFRESH_MS);
@@ -384,7 +392,7 @@ setInterval(() => {
 /// agent gives itself.
 function agentLabel(fallback = "agent") {
   const ticket = state.ticket || $("ticket").value.trim();
-  const known = ticket && JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]").find((a) => a.ticket === ticket);
+  const known = ticket && knownAgent(ticket);
   return (known && known.named && known.label) || state.label || (known && known.label) || fallback;
 }
 
@@ -661,7 +669,7 @@ function renderComposer() {
   $("connect").hidden = live && ticket === state.ticket;
   $("start").hidden = live || state.connecting || !ticket || window.busyElsewhere || !localStorage.getItem(CONNECTED_KEY);
   if (!$("start").hidden) {
-    const known = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]").find((a) => a.ticket === ticket);
+    const known = knownAgent(ticket);
     const label = (known && known.label) || "the agent";
     $("new-session").textContent = loadSession(ticket) ? `Resume the session with ${label}` : `New session with ${label}`;
   }
@@ -820,7 +828,7 @@ async function connectNow(ticket, saved, release, join = null) {
     if (join) {
       // Another device's session: it was set up there (no initialize, no
       // session/new); its history comes first, then this device watches.
-      const known = JSON.parse(localStorage.getItem(AGENTS_KEY) || "[]").find((a) => a.ticket === ticket);
+      const known = knownAgent(ticket);
       const label = (known && known.label) || join.agent || "agent";
       Object.assign(state, { sessionId: join.acpSessions[0] || null, agent: join.agent || label, label });
       state.joinedFrom = cap(deviceName(join.startedBy));

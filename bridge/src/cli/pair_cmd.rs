@@ -67,23 +67,20 @@ fn relay_app(net: &NetConfig) -> Option<String> {
     let probe = relay.join("app/relay.json").ok()?;
     let ask = move || -> Option<String> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+        // As relays are asked (`RelayCheck`): a relay with a private CA
+        // answers like any other (the phone checks it when it opens the page).
+        let client = crate::net::RelayCheck::client(None)?;
         rt.block_on(async {
-            // The certificate is not checked: only whether it serves the app is
-            // wanted, and a relay with a private CA answers like any other (the
-            // phone checks it when it opens the page).
-            let client = reqwest::Client::builder()
-                .no_proxy()
-                .danger_accept_invalid_certs(true)
-                .redirect(reqwest::redirect::Policy::none())
-                .timeout(RELAY_APP_CHECK)
-                .build()
-                .ok()?;
-            let r = client.get(probe).send().await.ok()?;
-            if !r.status().is_success() || r.content_length().is_some_and(|n| n > RELAY_APP_ANSWER_MAX as u64)
-            {
-                return None;
-            }
-            let body = r.bytes().await.ok()?;
+            let ask = async {
+                let r = client.get(probe).send().await.ok()?;
+                if !r.status().is_success()
+                    || r.content_length().is_some_and(|n| n > RELAY_APP_ANSWER_MAX as u64)
+                {
+                    return None;
+                }
+                r.bytes().await.ok()
+            };
+            let body = tokio::time::timeout(RELAY_APP_CHECK, ask).await.ok()??;
             let said: serde_json::Value =
                 serde_json::from_slice(body.get(..RELAY_APP_ANSWER_MAX).unwrap_or(&body)).ok()?;
             (said["thunderbolt_relay"] == true)
