@@ -69,6 +69,12 @@ async function turnDone(p) {
 }
 
 const conversationOf = (p) => p.getByRole("log", { name: "conversation" });
+/// While a conversation is shown the list of hosts and sessions is folded
+/// into one button: unfolded here (a tap, as a person would).
+async function unfoldList(p) {
+  const fold = p.getByRole("button", { name: /^Hosts and sessions/ });
+  if (await fold.isVisible() && (await fold.getAttribute("aria-expanded")) === "false") await fold.click();
+}
 const control = (p) => p.getByRole("region", { name: "control of the session" });
 
 /// The laptop: another of the owner's own devices (paired by a one-time code),
@@ -479,6 +485,7 @@ test("one scan of a host's pairing link: every ACP agent of the host is one tap 
     // Both ACP agents are in the list, by the names the host gave them (the
     // MCP one, which this page cannot talk to, is not).
     const nav = p.getByRole("navigation", { name: "your agents" });
+    await unfoldList(p);
     await nav.getByRole("button", { name: "Coder" }).waitFor({ timeout: WAIT_MS });
     await nav.getByRole("button", { name: "Reviewer" }).waitFor({ timeout: WAIT_MS });
     assert.equal(await nav.getByRole("button", { name: "Files" }).count(), 0);
@@ -491,6 +498,68 @@ test("one scan of a host's pairing link: every ACP agent of the host is one tap 
     await p.waitForFunction((t) => window.thunderbolt?.state.ticket === t && document.querySelector("#status").className === "ok", ticket, { timeout: WAIT_MS });
     assert.match(await prompt(p, "and you"), /^You said: and you; pid \d+$/);
   } finally {
+    await ctx.close();
+    host.child.kill("SIGTERM");
+  }
+});
+
+test("the list: the laptop's session at another agent of the host, waiting for an answer, shown first and joined from the list; control taken and the question answered on the phone", async () => {
+  const home = tempHome();
+  mkdirSync(join(home, "agents.d"), { mode: 0o700 });
+  for (const [name, label] of [["coder", "Coder"], ["reviewer", "Reviewer"]]) {
+    const f = join(home, "agents.d", `${name}.json`);
+    writeFileSync(f, JSON.stringify({ name, protocol: "acp", label, command: ASK_AGENT }));
+    chmodSync(f, 0o600);
+  }
+  const host = run(join(BIN, "thunderbolt"), ["host"], { ...tbEnv(home, relay.url), THUNDERBOLT_HOST_NAME: "workstation" });
+  await waitFor(() => host.out.filter((l) => l.trim().startsWith("Ticket:")).length === 2, "the host's two tickets")
+    .catch((e) => { throw new Error(`${e.message}\n${host.err}`); });
+  const minted = JSON.parse(tb(home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
+  const reviewer = minted.agents.find((a) => a.name === "reviewer").ticket;
+  // The laptop: one of the owner's own devices (a code of its own), its
+  // session at the reviewer left asking for a permission.
+  const laptopHome = tempHome();
+  const code = JSON.parse(tb(home, relay.url, ["iroh", "pair", "--json"])).code;
+  execFileSync(join(BIN, "thunderbolt"), ["acp", "connect", "--pair", code, "--device-name", "laptop", reviewer], {
+    env: { ...process.env, ...tbEnv(laptopHome, relay.url) }, stdio: ["ignore", "ignore", "pipe"],
+  });
+  const laptop = jsonConnect(laptopHome, relay.url, [reviewer]);
+  const ctx = await browser.newContext(PHONE);
+  const p = await ctx.newPage();
+  p.on("pageerror", (e) => console.log("page error:", e.message));
+  try {
+    laptop.send({ jsonrpc: "2.0", id: 0, method: "initialize", params: { protocolVersion: 1 } });
+    laptop.send({ jsonrpc: "2.0", id: 1, method: "session/new", params: { cwd: "/", mcpServers: [] } });
+    const sid = (await laptop.seen((v) => v.id === 1, "the laptop's session")).result.sessionId;
+    laptop.send({ jsonrpc: "2.0", id: 2, method: "session/prompt", params: { sessionId: sid, prompt: [{ type: "text", text: "permission" }] } });
+    const unknown = await laptop.seen((v) => v.method === "x_unknown/thing", "the reviewer's first request");
+    laptop.send({ jsonrpc: "2.0", id: unknown.id, error: { code: -32601, message: "not here" } });
+    await laptop.seen((v) => v.method === "session/request_permission", "the reviewer's question at the laptop");
+    // The phone scans the host's link: its own session with the first agent.
+    await p.goto(minted.link);
+    await connected(p);
+    await unfoldList(p);
+    const sessions = p.getByRole("list", { name: "sessions on workstation" });
+    const theirs = sessions.getByRole("button", { name: /^Reviewer · Laptop's needs your answer/ });
+    await theirs.waitFor({ timeout: WAIT_MS });
+    assert.equal(await sessions.getByRole("button").first().getAttribute("data-session"), await theirs.getAttribute("data-session"), "the one that needs an answer first");
+    await shot(p, "list-needs-your-answer.png");
+    // A tap joins it (the page's own session is kept, to resume later): its
+    // history, the laptop in control, the question waiting.
+    await theirs.click();
+    await p.waitForFunction(() => /^joined/.test(document.querySelector("#status")?.textContent || ""), null, { timeout: WAIT_MS });
+    assert.equal(await p.textContent("#agent-name"), "Reviewer");
+    await control(p).getByText("Laptop is in control").waitFor({ timeout: WAIT_MS });
+    await p.getByRole("button", { name: "Take control" }).click();
+    await control(p).getByText("You are in control").waitFor({ timeout: WAIT_MS });
+    await p.getByRole("button", { name: "Allow", exact: true }).click({ timeout: WAIT_MS });
+    // The reviewer's turn goes on with the phone's answer; the laptop sees it end.
+    const ended = await laptop.seen((v) => v.id === 2 && v.result, "the laptop's turn, answered from the phone");
+    assert.equal(ended.result.stopReason, "end_turn");
+    await conversationOf(p).getByText(/allow/).first().waitFor({ timeout: WAIT_MS });
+    await shot(p, "list-joined-and-answered.png");
+  } finally {
+    laptop.child.stdin.end();
     await ctx.close();
     host.child.kill("SIGTERM");
   }
@@ -529,11 +598,12 @@ test("three hosts of five agents each in one list, by the names the hosts gave; 
     await p.reload();
     await connected(p);
     const nav = p.getByRole("navigation", { name: "your agents" });
+    await unfoldList(p);
     for (const h of hosts) {
       const group = nav.getByRole("group", { name: `workstation-${h.letter}` });
       await group.waitFor({ timeout: WAIT_MS });
       for (let i = 1; i <= 5; i++) await group.getByRole("button", { name: `${h.letter}${i} helper`, exact: true }).waitFor({ timeout: WAIT_MS });
-      assert.equal(await group.getByRole("button").count(), 5, `host ${h.letter}: its five agents`);
+      assert.equal(await group.getByRole("list", { name: `agents of workstation-${h.letter}` }).getByRole("button").count(), 5, `host ${h.letter}: its five agents`);
     }
     const state = (letter) => nav.getByRole("group", { name: `workstation-${letter}` }).locator(".host-state");
     await p.waitForFunction(() => [...document.querySelectorAll(".host-state")].every((e) => e.textContent !== "checking…"), null, { timeout: WAIT_MS });

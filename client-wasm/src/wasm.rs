@@ -294,34 +294,38 @@ impl IrohClient {
     /// code, or the account's), those the owner's other own devices started.
     /// `protocol`: `acp` (default) or `mcp`. Resolves with the bridge's list
     /// (`[{id, agent, startedBy: {node, name?}, sinceMs, state, attached:
-    /// [{node, name?, role}], acpSessions, lastActivityMs}]`); a refusal
-    /// rejects with `kind: "closed"` and the bridge's `reason`.
+    /// [{node, name?, role}], acpSessions, lastActivityMs, activity?}]`;
+    /// `activity`: `asking`, `working` or `idle`); a refusal rejects with
+    /// `kind: "closed"` and the bridge's `reason`.
     #[wasm_bindgen(
-        unchecked_return_type = "Promise<Array<{id: string, agent: string, startedBy: {node: string, name?: string}, sinceMs: number, state: string, attached: Array<{node: string, name?: string, role: string}>, acpSessions: string[], lastActivityMs: number}>>"
+        unchecked_return_type = "Promise<Array<{id: string, agent: string, startedBy: {node: string, name?: string}, sinceMs: number, state: string, attached: Array<{node: string, name?: string, role: string}>, acpSessions: string[], lastActivityMs: number, activity?: string}>>"
     )]
     pub fn sessions(&self, target: String, protocol: Option<String>, timeout_ms: Option<u32>) -> Promise {
         let inner = self.inner.clone();
         future_to_promise(async move {
-            let p: Protocol = protocol.as_deref().unwrap_or("acp").parse().map_err(input_error)?;
-            let c = dial(&inner, &target, resume_alpn(&p), timeout_ms).await?;
-            c.write(&Control::List.encode()).await?;
-            let mut recv = c.take_recv()?;
-            let answer = match n0_future::time::timeout(LISTING_TIMEOUT, recv.read_to_end(MAX_LISTING)).await
-            {
-                Ok(Ok(a)) if !a.is_empty() => Ok(a),
-                Ok(Err(e)) => Err(op_error(&c.conn, &c.me, e)),
-                _ => Err(js_error(
-                    &ErrorKind::Frame,
-                    "the bridge did not answer the listing (an older version?)",
-                )),
-            };
-            c.close();
-            js_sys::JSON::parse(String::from_utf8_lossy(&answer?).trim())
-                .ok()
-                .map(|v| Reflect::get(&v, &"sessions".into()).unwrap_or_default())
-                .filter(JsValue::is_array)
-                .ok_or_else(|| js_error(&ErrorKind::Frame, "the bridge's listing is unreadable"))
+            let v = listing(&inner, &target, protocol, false, timeout_ms).await?;
+            Ok(Reflect::get(&v, &"sessions".into()).unwrap_or_default())
         })
+    }
+
+    /// The host the bridge's agent runs on, in one round trip: `{sessions,
+    /// agents?, host?}`, the sessions of every agent of the host this device
+    /// may join (as `sessions()`, each with its `agent`'s name), every agent
+    /// it reaches (`[{name, label, protocol, ticket}]`) and the host's name.
+    /// A single bridge, or one that predates host listings, answers with its
+    /// own sessions and no `agents`.
+    #[wasm_bindgen(
+        js_name = hostSessions,
+        unchecked_return_type = "Promise<{sessions: Array<any>, agents?: Array<{name: string, label: string, protocol: string, ticket: string}>, host?: string}>"
+    )]
+    pub fn host_sessions(
+        &self,
+        target: String,
+        protocol: Option<String>,
+        timeout_ms: Option<u32>,
+    ) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move { listing(&inner, &target, protocol, true, timeout_ms).await })
     }
 
     /// Joins session `id` (from `sessions()`) as one more device on it: a
@@ -479,6 +483,31 @@ struct ConnInner {
     me: String,
     send: AsyncMutex<SendStream>,
     recv: RefCell<Option<RecvStream>>,
+}
+
+/// Asks the bridge at `target` for its listing (of the `host`, or of its
+/// agent): the answer as a JS object with a `sessions` array.
+async fn listing(
+    inner: &ClientInner,
+    target: &str,
+    protocol: Option<String>,
+    host: bool,
+    timeout_ms: Option<u32>,
+) -> Result<JsValue, JsValue> {
+    let p: Protocol = protocol.as_deref().unwrap_or("acp").parse().map_err(input_error)?;
+    let c = dial(inner, target, resume_alpn(&p), timeout_ms).await?;
+    c.write(&Control::List { host }.encode()).await?;
+    let mut recv = c.take_recv()?;
+    let answer = match n0_future::time::timeout(LISTING_TIMEOUT, recv.read_to_end(MAX_LISTING)).await {
+        Ok(Ok(a)) if !a.is_empty() => Ok(a),
+        Ok(Err(e)) => Err(op_error(&c.conn, &c.me, e)),
+        _ => Err(js_error(&ErrorKind::Frame, "the bridge did not answer the listing (an older version?)")),
+    };
+    c.close();
+    js_sys::JSON::parse(String::from_utf8_lossy(&answer?).trim())
+        .ok()
+        .filter(|v| Reflect::get(v, &"sessions".into()).is_ok_and(|s| s.is_array()))
+        .ok_or_else(|| js_error(&ErrorKind::Frame, "the bridge's listing is unreadable"))
 }
 
 async fn dial(

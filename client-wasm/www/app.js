@@ -22,6 +22,9 @@ const CONNECTED_KEY = "thunderbolt_iroh_connected_once";
 const SESSION_PREFIX = "thunderbolt_iroh_session:";
 // The agents this browser connected to: [{ticket, label, relay, at}].
 const AGENTS_KEY = "thunderbolt_iroh_agents";
+// In sessionStorage across one reload: another agent's session to join
+// ({ticket, s}), picked in the list while this page had a session open.
+const JOIN_KEY = "thunderbolt_iroh_join";
 // The methods the page answers with a form; any other request from the agent
 // is answered "method not found" at once, so no agent waits on the page.
 const ASKS = ["session/request_permission", "elicitation/create"];
@@ -50,6 +53,8 @@ const state = {
   release: null,
   // A notice's request to show (and answer) once it is there.
   focus: null,
+  // The list unfolded while a conversation is shown.
+  listOpen: false,
 };
 
 const conversation = new Conversation($("conversation"), {
@@ -261,32 +266,50 @@ function rememberAgent() {
 /// after those it used lately.
 function knowAgents(agents, host = null) {
   const list = knownAgents();
+  const before = JSON.stringify(list);
   // The host: the name it gave, keyed by the NodeId this page paired through
   // (two hosts may share a name).
   const at = host && host.name ? { host: host.key, hostName: String(host.name).slice(0, 64) } : {};
   for (const a of agents) {
     if (!a || a.protocol !== "acp" || typeof a.ticket !== "string") continue;
-    const known = list.find((k) => k.ticket === a.ticket);
+    // Known by its NodeId: a ticket with other addresses is the same agent
+    // (its sessions are kept under the ticket first used).
+    const node = nodeOf(a.ticket);
+    const known = list.find((k) => k.ticket === a.ticket || (node && nodeOf(k.ticket) === node));
     if (known) {
       Object.assign(known, { label: a.label || known.label, named: true, ...at });
       continue;
     }
     list.push({ ticket: a.ticket, label: a.label || a.name || "agent", named: true, relay: state.clientRelay, at: Date.now(), ...at });
   }
+  if (JSON.stringify(list) === before) return;
   localStorage.setItem(AGENTS_KEY, JSON.stringify(list.slice(0, 20)));
   renderAgents();
   mirrorForWorker();
 }
 
-/// The agents this browser knows, one button each, named by its label; with
-/// agents of several hosts, under each host, with whether it answers.
+/// The ticket this browser knows an agent by (same NodeId), else `ticket`.
+function knownTicket(ticket) {
+  const node = nodeOf(ticket);
+  const known = knownAgents().find((k) => k.ticket === ticket || (node && nodeOf(k.ticket) === node));
+  return known ? known.ticket : ticket;
+}
+
+/// The list: every host this browser knows, its live sessions (the ones that
+/// need an answer first; yours to open, your other devices' to join) and its
+/// agents (a tap starts a session). While a conversation is shown it folds
+/// into one line when it is long; the first screen (no session open) shows
+/// it whole.
 function renderAgents() {
   const list = knownAgents();
   const ul = $("agent-list");
   ul.replaceChildren();
   const current = state.ticket || $("ticket").value.trim();
-  // One agent, the one shown: nothing to pick.
-  $("agents").hidden = list.length === 0 || (list.length === 1 && list[0].ticket === current);
+  const hosts = hostsOf(list);
+  const sessions = hosts.flatMap((h) => liveSessions(h));
+  // One agent, the one shown, and no other session: nothing to pick.
+  const alone = list.length === 1 && list[0].ticket === current && !sessions.some((x) => !x.shown);
+  $("agents").hidden = list.length === 0 || alone;
   const seen = new Map();
   for (const a of list) seen.set(a.label, (seen.get(a.label) || 0) + 1);
   const button = (a) => {
@@ -300,33 +323,53 @@ function renderAgents() {
     li.append(b);
     return li;
   };
-  const hosts = hostsOf(list);
-  if (hosts.length < 2) {
-    ul.classList.remove("hosts");
-    ul.append(...list.map(button));
-    return;
-  }
-  ul.classList.add("hosts");
-  for (const h of hosts) {
+  const group = (h, named) => {
     const li = document.createElement("li");
     li.className = "host";
-    const head = document.createElement("div");
-    head.className = "host-head";
-    const name = document.createElement("strong");
-    name.textContent = h.name;
-    const st = document.createElement("span");
-    st.className = "host-state";
-    st.dataset.host = h.key;
-    st.textContent = hostStates.get(h.key) || "checking…";
-    head.append(name, " ", st);
+    if (named) {
+      const head = document.createElement("div");
+      head.className = "host-head";
+      const name = document.createElement("strong");
+      name.textContent = h.name;
+      const st = document.createElement("span");
+      st.className = "host-state";
+      st.dataset.host = h.key;
+      st.textContent = hostStates.get(h.key) || "checking…";
+      st.classList.toggle("down", st.textContent === "unreachable");
+      head.append(name, " ", st);
+      li.append(head);
+      li.setAttribute("aria-label", h.name);
+      li.setAttribute("role", "group");
+    }
+    const live = liveSessions(h).filter((x) => !x.shown);
+    if (live.length) {
+      const ss = document.createElement("ul");
+      ss.className = "sessions";
+      ss.setAttribute("aria-label", `sessions on ${h.name}`);
+      ss.append(...live.map(sessionItem));
+      li.append(ss);
+    }
     const agents = document.createElement("ul");
+    agents.className = "agents";
     agents.setAttribute("aria-label", `agents of ${h.name}`);
     agents.append(...h.agents.map(button));
-    li.setAttribute("aria-label", h.name);
-    li.setAttribute("role", "group");
-    li.append(head, agents);
-    ul.append(li);
-  }
+    li.append(agents);
+    return li;
+  };
+  ul.classList.toggle("hosts", hosts.length > 1);
+  ul.append(...hosts.map((h) => group(h, hosts.length > 1)));
+  // Folded while a conversation is shown: one line says what waits.
+  const asking = sessions.filter((x) => x.s.activity === "asking" && !x.shown).length;
+  const fold = $("list-toggle");
+  fold.textContent = `Hosts and sessions${asking ? ` · ${asking} need${asking === 1 ? "s" : ""} you` : ""}`;
+  // A short list stays in sight; a long one (more than LIST_SHORT agents
+  // and sessions) folds while a conversation is shown.
+  const entries = list.length + sessions.filter((x) => !x.shown).length;
+  const folds = !!state.conn && entries > LIST_SHORT;
+  const open = !folds || state.listOpen;
+  fold.hidden = !folds;
+  fold.setAttribute("aria-expanded", String(open));
+  ul.hidden = !open;
   probeHosts(hosts);
 }
 
@@ -344,6 +387,8 @@ function hostsOf(list) {
 
 /// What each host said last: "reachable · …" or "unreachable".
 const hostStates = new Map();
+/// Each host's last listing: its sessions, and its agents' names → tickets.
+const hostListed = new Map();
 /// When each host was last asked (ms), and whether an ask is out.
 const hostAsked = new Map();
 /// How long a host has to answer before it is shown as unreachable: a dial
@@ -351,10 +396,72 @@ const hostAsked = new Map();
 const HOST_PROBE_MS = 8000;
 /// How often a visible list asks its hosts again.
 const HOST_REFRESH_MS = 30000;
+/// Entries (agents and sessions) a list may have and stay unfolded beside a
+/// conversation: a row or two of buttons at 390 px.
+const LIST_SHORT = 4;
+/// Needs a person first, then what works, then the rest by last activity.
+const ACTIVITY_RANK = { asking: 0, working: 1, idle: 2 };
 
-/// Asks each host (through its first agent) for its sessions, all at once:
-/// each host's line changes when its own answer comes, so a host that is off
-/// delays nobody.
+/// A host's live sessions as the list shows them: `{s, ticket, label, mine,
+/// shown}` (`shown`: the one this page has open).
+function liveSessions(h) {
+  const listed = hostListed.get(h.key);
+  if (!listed) return [];
+  const me = state.client && state.client.nodeId();
+  const out = [];
+  for (const s of listed.sessions) {
+    if (s.state === "warm") continue;
+    // Its agent: by the host's name for it, else the host's only agent.
+    const ticket = listed.tickets.get(s.agent) || (h.agents.length === 1 ? h.agents[0].ticket : null);
+    if (!ticket) continue;
+    const known = knownAgent(ticket);
+    const mine = s.startedBy.node === me;
+    const shown = !!state.conn && state.ticket === ticket && s.attached.some((a) => a.node === me);
+    // One of this browser's that it keeps no state of (ended here, the
+    // listing older than the end): nothing to open.
+    if (mine && !shown && !loadSession(ticket)) continue;
+    out.push({ s, ticket, label: (known && known.label) || s.agent || "agent", mine, shown });
+  }
+  return out.sort((a, b) => (ACTIVITY_RANK[a.s.activity] ?? 3) - (ACTIVITY_RANK[b.s.activity] ?? 3) || b.s.lastActivityMs - a.s.lastActivityMs);
+}
+
+/// "2 min ago", from a time in ms since the epoch.
+function ago(ms) {
+  const s = Math.max(0, Math.round((Date.now() - ms) / 1000));
+  if (s < 60) return "just now";
+  if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h ago`;
+  return `${Math.floor(s / 86400)} d ago`;
+}
+
+/// Joins another device's session from the list (its agent's ticket known).
+function joinFromList(x) {
+  joinSession(x.s, x.ticket);
+}
+
+/// One session of the list: what it is, who started it, what its agent is
+/// doing; a tap opens it (yours) or joins it (another device's).
+function sessionItem(x) {
+  const { s, label, mine } = x;
+  const li = document.createElement("li");
+  const b = document.createElement("button");
+  b.className = `session ${s.activity || ""}`;
+  const doing = { asking: "needs your answer", working: "working", idle: "idle" }[s.activity] || s.state;
+  const who = mine ? "yours" : `${cap(deviceName(s.startedBy))}'s`;
+  const title = document.createElement("strong");
+  title.textContent = `${label} · ${who}`;
+  const detail = document.createElement("span");
+  detail.textContent = `${doing}${s.state === "detached" ? " · detached" : ""} · ${ago(s.lastActivityMs)}`;
+  b.append(title, " ", detail);
+  b.dataset.session = s.id;
+  b.onclick = () => (mine ? openAgent(knownAgent(x.ticket) || { ticket: x.ticket }) : joinFromList(x));
+  li.append(b);
+  return li;
+}
+
+/// Asks each host (through its first agent) for its agents and sessions in
+/// one round trip each, all at once: each host's line changes when its own
+/// answer comes, so a host that is off delays nobody.
 function probeHosts(hosts) {
   if (!state.client || document.visibilityState === "hidden") return;
   const now = Date.now();
@@ -363,29 +470,25 @@ function probeHosts(hosts) {
     if (asked && (asked.out || now - asked.at < HOST_REFRESH_MS)) continue;
     hostAsked.set(h.key, { at: now, out: true });
     const timeout = new Promise((_, reject) => setTimeout(() => reject(new Error("no answer")), HOST_PROBE_MS));
-    Promise.race([state.client.sessions(h.agents[0].ticket, "acp", HOST_PROBE_MS), timeout]).then(
-      (sessions) => {
-        const live = sessions.filter((x) => x.state !== "warm").length;
+    Promise.race([state.client.hostSessions(h.agents[0].ticket, "acp", HOST_PROBE_MS), timeout]).then(
+      (listing) => {
+        const agents = (listing.agents || []).filter((a) => a && a.protocol === "acp");
+        // The host's agents as it serves them now (one added since the scan, a label changed).
+        if (agents.length && !h.key.startsWith("agent:")) knowAgents(agents, { key: h.key, name: listing.host || h.name });
+        hostListed.set(h.key, { sessions: listing.sessions, tickets: new Map(agents.map((a) => [a.name, knownTicket(a.ticket)])) });
+        const live = listing.sessions.filter((x) => x.state !== "warm").length;
         return `reachable · ${live === 0 ? "no session" : live === 1 ? "1 session" : `${live} sessions`}`;
       },
       () => "unreachable",
     ).then((said) => {
       hostAsked.set(h.key, { at: Date.now(), out: false });
       hostStates.set(h.key, said);
-      const el = document.querySelector(`.host-state[data-host="${CSS.escape(h.key)}"]`);
-      if (el) {
-        el.textContent = said;
-        el.classList.toggle("down", said === "unreachable");
-      }
+      renderAgents();
     });
   }
 }
 
-setInterval(() => {
-  const list = knownAgents();
-  const hosts = hostsOf(list);
-  if (hosts.length > 1) probeHosts(hosts);
-}, HOST_REFRESH_MS);
+setInterval(() => probeHosts(hostsOf(knownAgents())), HOST_REFRESH_MS);
 
 /// The name of the agent shown: the one its host gave it (a manifest's
 /// label: two manifests of one program are told apart), else the one the
@@ -759,6 +862,7 @@ function sessionEnded() {
   $("connect").disabled = false;
   renderRole();
   renderComposer();
+  renderAgents();
 }
 
 /// Connects (or, with `saved`, takes back the session a closed tab or a
@@ -972,8 +1076,18 @@ async function renderOthers() {
 
 /// Leaves this page's own session and joins `s` (another device's), as an
 /// observer with its history: Take control makes it this device's.
-async function joinSession(s) {
-  const ticket = state.ticket;
+async function joinSession(s, ticket = state.ticket) {
+  if (state.conn && ticket !== state.ticket) {
+    // Another agent's: this page's own session there is left to resume
+    // later (a reload never ends a session); the join goes on after it.
+    save();
+    sessionStorage.setItem(JOIN_KEY, JSON.stringify({ ticket, s }));
+    localStorage.setItem(TICKET_KEY, ticket);
+    location.hash = new URLSearchParams({ ticket, ...(knownAgent(ticket)?.relay ? { relay: knownAgent(ticket).relay } : {}) }).toString();
+    location.reload();
+    return;
+  }
+  $("ticket").value = ticket;
   if (state.conn) {
     state.userClosed = true;
     state.leftFor = `${cap(deviceName(s.startedBy))}'s session`;
@@ -982,7 +1096,7 @@ async function joinSession(s) {
     await state.pumping;
     state.leftFor = null;
   }
-  $("others").hidden = true;
+  if ($("others")) $("others").hidden = true;
   state.connecting = true;
   try {
     await connectNow(ticket, null, null, s);
@@ -1189,6 +1303,10 @@ $("prompt").onkeydown = (e) => {
   }
 };
 $("cancel").onclick = cancelTurn;
+$("list-toggle").onclick = () => {
+  state.listOpen = !state.listOpen;
+  renderAgents();
+};
 $("disconnect").onclick = disconnect;
 $("take-control").onclick = () => askRole("controller");
 $("watch-only").onclick = () => askRole("observer");
@@ -1263,6 +1381,9 @@ await init();
 await ensureClient();
 window.ready = true;
 const saved = loadSession($("ticket").value.trim());
-if (code && $("ticket").value) pairAndConnect($("ticket").value.trim(), code);
+const joining = JSON.parse(sessionStorage.getItem(JOIN_KEY) || "null");
+sessionStorage.removeItem(JOIN_KEY);
+if (joining && joining.s && joining.ticket === $("ticket").value.trim()) joinSession(joining.s, joining.ticket);
+else if (code && $("ticket").value) pairAndConnect($("ticket").value.trim(), code);
 else if (opened) openFromNotice(opened);
 else if (saved || frag.get("open-agent")) connect(saved);

@@ -5,7 +5,10 @@
 //! A device lists the sessions of an agent it may join with a hello that
 //! says `"list":1`; the bridge answers with one line (no `!`),
 //! `{"sessions":[…]}` ([`Listed`]), finishes its stream and waits for the
-//! client's close. It joins one with a hello that names it:
+//! client's close. With `"host":1` as well it lists the sessions of every
+//! agent of the host that admits the device, and names those agents
+//! (`"agents":[…]`, `"host"`): a device's list learns a host in one round
+//! trip. It joins one with a hello that names it:
 //!
 //! ```text
 //! !{"hello":1,"session":null,"received":0,"join":"ab12cd34","observe":true,"history":"all"}
@@ -141,12 +144,37 @@ pub struct Listed {
     pub acp_sessions: Vec<String>,
     /// When a frame last went either way (milliseconds since the epoch).
     pub last_activity_ms: u64,
+    /// What its agent is doing now (absent from older bridges).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<Activity>,
+}
+
+/// What a session's agent is doing, for a device's list: the sessions that
+/// need a person go first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activity {
+    /// It asked its client something (a permission, a question) that no
+    /// device has answered yet.
+    Asking,
+    /// A request of its client's is in flight (a prompt's turn).
+    Working,
+    /// Nothing in flight: it waits for a prompt.
+    Idle,
 }
 
 /// The bridge's answer to a listing.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Listing {
     pub sessions: Vec<Listed>,
+    /// For a listing of the host (`"host":1`): every agent of the host the
+    /// device may reach, with its ticket; absent otherwise (and from older
+    /// bridges, which answer with the one agent's sessions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agents: Option<Vec<crate::pairing::PairedAgent>>,
+    /// For a listing of the host: what the workstation is called.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 /// A request id given as its JSON text, as a value (`null` if it is not JSON).

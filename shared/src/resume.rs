@@ -141,8 +141,12 @@ pub enum Control {
         observe: bool,
         history: History,
     },
-    /// A hello that asks which sessions this device may join.
-    List,
+    /// A hello that asks which sessions this device may join: of this agent,
+    /// or (`host`) of every agent of the host that admits it, with those
+    /// agents (one round trip per host for a device's list).
+    List {
+        host: bool,
+    },
     /// A device asks for a role in the session it shares.
     Role(Role),
 }
@@ -169,7 +173,12 @@ impl Control {
                 text(id),
                 history.as_str()
             ),
-            Self::List => "!{\"hello\":1,\"session\":null,\"received\":0,\"list\":1}\n".to_string(),
+            // `host` is a key of its own: a bridge that does not know it
+            // answers with this agent's sessions (never a new session).
+            Self::List { host: false } => "!{\"hello\":1,\"session\":null,\"received\":0,\"list\":1}\n".to_string(),
+            Self::List { host: true } => {
+                "!{\"hello\":1,\"session\":null,\"received\":0,\"list\":1,\"host\":1}\n".to_string()
+            }
             Self::Role(r) => format!("!{{\"role\":\"{}\"}}\n", r.as_str()),
         };
         line.into()
@@ -215,8 +224,9 @@ impl Control {
                 Some(_) => return Err(BadControl::NotASession),
             };
             let received = required("received")?;
-            if o.get("list").is_some_and(|l| l.as_u64() == Some(1) || l.as_bool() == Some(true)) {
-                return Ok(Some(Self::List));
+            let flag = |k: &str| o.get(k).is_some_and(|l| l.as_u64() == Some(1) || l.as_bool() == Some(true));
+            if flag("list") {
+                return Ok(Some(Self::List { host: flag("host") }));
             }
             if let Some(join) = o.get("join") {
                 let id = join.as_str().ok_or(BadControl::NotASession)?.to_string();
@@ -927,7 +937,8 @@ mod devices_tests {
         for c in [
             Control::Join { id: "ab12cd34".into(), observe: true, history: History::Now },
             Control::Join { id: "x".into(), observe: false, history: History::All },
-            Control::List,
+            Control::List { host: false },
+            Control::List { host: true },
             Control::Role(Role::Controller),
             Control::Role(Role::Observer),
         ] {

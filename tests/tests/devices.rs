@@ -10,6 +10,12 @@ use thunderbolt_tests::*;
 /// One device's `connect`: JSON lines in and out.
 type Device = JsonConnect;
 
+/// A second connection of one device at the same time dials directly
+/// (`--relay-url disabled`): two endpoints of one NodeId on one relay
+/// displace each other (the relay keeps the newest), and the one displaced
+/// loses its connection if it was still on the relay path.
+const SECOND: &str = "--relay-url";
+
 fn note(n: u64) -> Value {
     json!({"jsonrpc": "2.0", "method": "note", "params": {"sessionId": "s-1", "n": n}})
 }
@@ -131,7 +137,7 @@ async fn the_laptops_session_is_picked_up_on_the_phone_and_control_moves_between
     assert!(refused["error"]["message"].as_str().unwrap().contains("observer"), "{refused}");
 
     // The phone takes control (a second device of the phone's, joining as controller, from now on).
-    let mut pc = Device::start(&phone, &["--attach", &id, "--history", "now", ticket]);
+    let mut pc = Device::start(&phone, &[SECOND, "disabled", "--attach", &id, "--history", "now", ticket]);
     let role = pc.until(|v| role_of(v).is_some()).await;
     assert_eq!(role.get("params").unwrap()["role"], "controller");
     let told = l.until(|v| role_of(v).is_some()).await;
@@ -189,7 +195,10 @@ async fn the_agents_question_goes_to_every_device_and_the_first_answer_wins() {
     l.until(|v| v["id"] == "q1").await;
     let id = sessions(&phone, ticket).await[0]["id"].as_str().unwrap().to_string();
     let mut p1 = Device::start(&phone, &["--attach", &id, "--observe", ticket]);
-    let mut p2 = Device::start(&phone, &["--attach", &id, "--observe", "--history", "all", ticket]);
+    let mut p2 = Device::start(
+        &phone,
+        &[SECOND, "disabled", "--attach", &id, "--observe", "--history", "all", ticket],
+    );
     // Both joined with the history: the open question is theirs too.
     p1.until(|v| v["id"] == "q1" && v["method"].is_string()).await;
     p2.until(|v| v["id"] == "q1" && v["method"].is_string()).await;
@@ -520,7 +529,10 @@ async fn a_session_stays_joinable_after_the_device_that_started_it_leaves() {
     let mut l2 = Device::start(&laptop, &["--attach", &id, "--observe", "--history", "now", ticket]);
     let role = l2.until(|v| role_of(v).is_some()).await;
     assert_eq!(role_of(&role), Some(("observer".into(), "phone".into())), "{role}");
-    let mut p2 = Device::start(&phone, &["--attach", &id, "--observe", "--history", "now", ticket]);
+    let mut p2 = Device::start(
+        &phone,
+        &[SECOND, "disabled", "--attach", &id, "--observe", "--history", "now", ticket],
+    );
     p2.until(|v| role_of(v).is_some()).await;
     p.send(note(2)).await;
     for d in [&mut p, &mut l2, &mut p2] {

@@ -36,6 +36,11 @@ impl RunningHost {
         let mut c = home.cmd();
         c.arg("host").args(extra);
         let (child, banner, log) = start_with_banner(c).await;
+        Self::parse(child, banner, log)
+    }
+
+    /// A host started by the caller, its banner read.
+    fn parse(child: tokio::process::Child, banner: String, log: Log) -> Self {
         let mut agents = Vec::new();
         let mut lines = banner.lines().peekable();
         while let Some(line) = lines.next() {
@@ -913,6 +918,124 @@ async fn a_device_paired_with_one_agent_holds_what_the_owners_devices_hold_there
     for c in live {
         let log = c.log.clone();
         assert!(c.close().await.success(), "{}", log.text());
+    }
+    h.stop().await;
+}
+
+/// `sessions --host` from `device` at `ticket`: the host's listing.
+async fn host_listing(device: &Tb, ticket: &str) -> Value {
+    let out = device.run(&["sessions", "--host", ticket, "--json"]).await;
+    assert!(out.status.success(), "sessions --host: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Asks the host (at `ticket`) until its listing shows the session of
+/// `agent` with `activity`: the wait is for the state asserted, bounded by `WAIT`.
+async fn until_activity(device: &Tb, ticket: &str, agent: &str, activity: &str) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let v = host_listing(device, ticket).await;
+        let s = v["sessions"].as_array().unwrap().iter().find(|s| s["agent"] == agent).cloned();
+        if s.as_ref().is_some_and(|s| s["activity"] == activity) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "no {agent} session {activity} in time: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A device learns a host in one round trip: one listing at any of its
+/// agents names every agent it reaches (labels, tickets, the host's name)
+/// and the sessions of all of them it may join, each with what its agent is
+/// doing (asking the person, working, idle); the sessions of a device the
+/// owner merely listed, and the agents that do not admit it, stay out.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_listing_names_every_agent_of_the_host_and_what_each_session_is_doing() {
+    init_tracing();
+    let host = Tb::new(None);
+    let dir = agents_dir(&host);
+    let someone = Tb::new(None).node_id("acp").await;
+    let ask = format!(
+        r#"{{"name":"alpha","label":"Agent Alpha","command":["{}","ask"]}}"#,
+        test_agent_bin().display()
+    );
+    write_manifest(&dir, "alpha.json", &ask, 0o600);
+    write_manifest(&dir, "beta.json", &cat("beta", r#","label":"Agent Beta""#), 0o600);
+    write_manifest(&dir, "guest.json", &cat("guest", &format!(r#","accept_from":["{someone}"]"#)), 0o600);
+    let mut c = host.cmd();
+    c.arg("host").env("THUNDERBOLT_HOST_NAME", "workstation-T");
+    let (child, banner, log) = start_with_banner(c).await;
+    let h = RunningHost::parse(child, banner, log);
+
+    // Two of the owner's own devices (one code each), and one the owner
+    // only listed in the allow file.
+    let (phone, tablet, listed) = (Tb::new(None), Tb::new(None), Tb::new(None));
+    for (device, name) in [(&phone, "Phone"), (&tablet, "Tablet")] {
+        let code = mint_code(&host, &[]).await;
+        let (echo, log) = pair_at(device, &code, name, &h.agent("beta").ticket).await;
+        assert!(!echo.is_empty(), "{log}");
+    }
+    host.allow(&listed.node_id("acp").await).await;
+
+    // The phone at alpha (it asks its client something for each message),
+    // the tablet and the listed device at beta.
+    let mut on_alpha = JsonConnect::start(&phone, &[&h.agent("alpha").ticket]);
+    let mut tablet_beta = JsonConnect::start(&tablet, &[&h.agent("beta").ticket]);
+    let mut listed_beta = JsonConnect::start(&listed, &[&h.agent("beta").ticket]);
+    for d in [&mut tablet_beta, &mut listed_beta] {
+        d.send(serde_json::json!({"jsonrpc": "2.0", "method": "hi"})).await;
+        d.until(|v| v["method"] == "hi").await;
+    }
+    on_alpha.send(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "session/prompt"})).await;
+    on_alpha.until(|v| v["id"] == "q1").await;
+
+    // Asked at beta: both agents, and alpha's session needs an answer.
+    let v = until_activity(&phone, &h.agent("beta").ticket, "alpha", "asking").await;
+    assert_eq!(v["host"], "workstation-T", "{v}");
+    let agents: Vec<(String, String, String)> = v["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["name"].as_str().unwrap().into(),
+                a["label"].as_str().unwrap().into(),
+                a["ticket"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String, String)> = [("alpha", "Agent Alpha"), ("beta", "Agent Beta")]
+        .iter()
+        .map(|(n, l)| (n.to_string(), l.to_string(), h.agent(n).ticket.clone()))
+        .collect();
+    assert_eq!(agents, want, "the guest's agent is not one the phone reaches: {v}");
+    let sessions = v["sessions"].as_array().unwrap();
+    let who: Vec<(&str, &str)> = sessions
+        .iter()
+        .map(|s| (s["agent"].as_str().unwrap(), s["startedBy"]["name"].as_str().unwrap_or("?")))
+        .collect();
+    assert_eq!(who.len(), 2, "the phone's own and the tablet's, not the listed device's: {v}");
+    assert!(who.contains(&("alpha", "Phone")) && who.contains(&("beta", "Tablet")), "{v}");
+    let beta = sessions.iter().find(|s| s["agent"] == "beta").unwrap();
+    assert_eq!(beta["activity"], "idle", "{beta}");
+
+    // Answered: the prompt is still in flight, so alpha's agent is working.
+    on_alpha.send(serde_json::json!({"jsonrpc": "2.0", "id": "q1", "result": {}})).await;
+    until_activity(&phone, &h.agent("alpha").ticket, "alpha", "working").await;
+
+    // The listing of one agent is as it was: that agent's sessions, no agents.
+    let out = phone.run(&["sessions", &h.agent("alpha").ticket, "--json"]).await;
+    let one: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(one["sessions"].as_array().unwrap().len(), 1, "{one}");
+    assert!(one.get("agents").is_none(), "{one}");
+    // And in words.
+    let out = phone.run(&["sessions", "--host", &h.agent("alpha").ticket]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("workstation-T: 2 agent(s) you reach"), "{text}");
+    assert!(text.lines().any(|l| l.contains("  alpha  ") && l.contains("; working;")), "{text}");
+
+    for d in [on_alpha, tablet_beta, listed_beta] {
+        drop(d);
     }
     h.stop().await;
 }

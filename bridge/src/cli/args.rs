@@ -353,6 +353,11 @@ pub struct SessionsArgs {
     #[arg(long)]
     pub json: bool,
 
+    /// Every agent of the host the ticket's agent runs on: the sessions of
+    /// each that you may join, and the agents you reach (one round trip).
+    #[arg(long)]
+    pub host: bool,
+
     /// How long to wait for the connection before giving up, in seconds.
     #[arg(long, default_value_t = crate::limits::DEFAULT_DIAL_TIMEOUT_SECS, value_name = "SECS")]
     pub dial_timeout: u64,

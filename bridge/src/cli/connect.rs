@@ -34,6 +34,7 @@ const LISTING_TIMEOUT: Duration = Duration::from_secs(10);
 /// `thunderbolt sessions <ticket>`: the sessions of the bridge's agent this
 /// device may join, one per line (or the bridge's JSON).
 pub async fn sessions(home: &Home, args: crate::cli::args::SessionsArgs) -> Result<()> {
+    use thunderbolt_shared::devices::Activity;
     let protocol: Protocol = args.protocol.parse().map_err(|e| anyhow!("--protocol: {e}"))?;
     let net = args.net.config()?;
     let target = with_relay_hint(args.target.parse()?, &net.relays);
@@ -41,15 +42,30 @@ pub async fn sessions(home: &Home, args: crate::cli::args::SessionsArgs) -> Resu
     not_ourselves(home, &target, &key, &protocol)?;
     let ep = net.bind(key, vec![], limits::IDLE_TIMEOUT).await?;
     let d = Dial { ep: &ep, target: &target, protocol: &protocol, net: &net };
-    let result = list_sessions(d, args.dial_timeout).await;
+    let result = list_sessions(d, args.dial_timeout, args.host).await;
     crate::net::close_endpoint(ep, CLOSE_FLUSH_TIMEOUT).await;
     let listing = result?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&listing)?);
         return Ok(());
     }
+    if let Some(agents) = &listing.agents {
+        let name = listing.host.as_deref().unwrap_or("the host");
+        println!("{name}: {} agent(s) you reach", agents.len());
+        for a in agents {
+            println!(
+                "  {} ({}, {}): thunderbolt {} connect {}",
+                a.name, a.label, a.protocol, a.protocol, a.ticket
+            );
+        }
+    } else if args.host {
+        println!("(not a host of several agents, or an older version: this agent's sessions only)");
+    }
     if listing.sessions.is_empty() {
-        println!("no session of this agent you may join (start one with `thunderbolt {protocol} connect <ticket>`)");
+        let of = if listing.agents.is_some() { "the host" } else { "this agent" };
+        println!(
+            "no session of {of} you may join (start one with `thunderbolt {protocol} connect <ticket>`)"
+        );
         return Ok(());
     }
     let now = crate::devices::now_ms();
@@ -64,8 +80,14 @@ pub async fn sessions(home: &Home, args: crate::cli::args::SessionsArgs) -> Resu
     for s in &listing.sessions {
         let attached: Vec<String> =
             s.attached.iter().map(|a| format!("{} ({})", a.device.label(), a.role.as_str())).collect();
-        let state =
+        let mut state =
             if attached.is_empty() { s.state.clone() } else { format!("attached: {}", attached.join(", ")) };
+        match s.activity {
+            Some(Activity::Asking) => state.push_str("; needs an answer"),
+            Some(Activity::Working) => state.push_str("; working"),
+            Some(Activity::Idle) => state.push_str("; idle"),
+            None => {}
+        }
         println!(
             "{}  {}  started by {} {} ago; {}; last activity {} ago{}",
             s.id,
@@ -88,7 +110,11 @@ pub async fn sessions(home: &Home, args: crate::cli::args::SessionsArgs) -> Resu
 }
 
 /// Asks the bridge for its listing.
-async fn list_sessions(d: Dial<'_>, dial_timeout: u64) -> Result<thunderbolt_shared::devices::Listing> {
+async fn list_sessions(
+    d: Dial<'_>,
+    dial_timeout: u64,
+    host: bool,
+) -> Result<thunderbolt_shared::devices::Listing> {
     let Dial { target, protocol, .. } = d;
     let conn = dial_one(d, &resume::resume_alpn(protocol), dial_timeout, || {
         anyhow!(
@@ -99,7 +125,7 @@ async fn list_sessions(d: Dial<'_>, dial_timeout: u64) -> Result<thunderbolt_sha
     .await?;
     let exchange = async {
         let (mut send, mut recv) = conn.open_bi().await?;
-        send.write_all(&resume::Control::List.encode()).await?;
+        send.write_all(&resume::Control::List { host }.encode()).await?;
         anyhow::Ok(recv.read_to_end(MAX_LISTING).await?)
     };
     let answer = tokio::time::timeout(LISTING_TIMEOUT, exchange).await;

@@ -35,7 +35,7 @@ pub(super) async fn enter(conn: Connection, door: Door, send: SendStream, mut re
             let Some((hello, leftover)) = hello(&conn, &mut recv, &a).await else { return };
             let (token, received) = match hello {
                 Control::Hello { session, received } => (session, received),
-                Control::List => return super::joining::list(conn, send, &a).await,
+                Control::List { host } => return super::joining::list(conn, send, &a, host).await,
                 Control::Join { id, observe, history } => {
                     let how = sessions::JoinAs { observe, history };
                     return super::joining::join(&conn, &id, how, (send, recv), leftover, &a);

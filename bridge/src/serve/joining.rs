@@ -6,7 +6,7 @@
 //! devices also those another of the owner's own devices started. A session a
 //! device may not see is, to it, a session that does not exist.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use iroh::{
@@ -18,6 +18,7 @@ use tracing::info;
 
 use super::{
     admit::Admitted,
+    served::{AgentConfig, AgentName},
     session::refuse,
     sessions::{AttachError, Hub, HubKind, JoinAs, JoinError},
     standing::{self, Standing},
@@ -40,6 +41,40 @@ fn may_see(a: &Admitted, owner: &EndpointId) -> bool {
     *owner == a.peer || (own(&a.peer) && own(owner))
 }
 
+/// Whether the connection's device may see a session `owner` started at
+/// another agent of the host (`cfg`): as [`may_see`], by its standing there
+/// (none: that agent does not admit it, and none of its sessions is shown).
+fn may_see_at(a: &Admitted, cfg: &AgentConfig, owner: &EndpointId) -> bool {
+    let at = |node: &EndpointId| standing::at(&a.shared, cfg, node);
+    match at(&a.peer) {
+        None => false,
+        Some(_) if *owner == a.peer => true,
+        Some(mine) => mine == Standing::Own && at(owner) == Some(Standing::Own),
+    }
+}
+
+/// The sessions of every agent of the host the device may join: this
+/// agent's as [`visible`], another's by the device's standing there.
+fn visible_on_host(a: &Admitted) -> Vec<Arc<Hub>> {
+    let configs: HashMap<AgentName, Arc<AgentConfig>> =
+        a.shared.served().into_iter().map(|(name, s)| (name, s.config())).collect();
+    let mut hubs: Vec<Arc<Hub>> = a
+        .shared
+        .hubs
+        .all()
+        .into_iter()
+        .filter(|h| h.kind() == HubKind::Resumable && !h.view().gone)
+        .filter(|h| {
+            if *h.agent() == a.cfg.name {
+                return may_see(a, &h.owner());
+            }
+            configs.get(h.agent()).is_some_and(|cfg| may_see_at(a, cfg, &h.owner()))
+        })
+        .collect();
+    hubs.sort_by_key(|h| h.info().started);
+    hubs
+}
+
 /// The sessions of this agent the device may join.
 fn visible(a: &Admitted) -> Vec<Arc<Hub>> {
     let mut hubs: Vec<Arc<Hub>> = a
@@ -54,11 +89,21 @@ fn visible(a: &Admitted) -> Vec<Arc<Hub>> {
     hubs
 }
 
-/// Answers a listing: one line, then the stream's end; the device closes.
-pub(super) async fn list(conn: Connection, mut send: SendStream, a: &Admitted) {
-    let sessions: Vec<_> = visible(a).iter().map(|h| h.listed()).collect();
-    info!(peer = %a.short, "listed {} session(s) of {} it may join", sessions.len(), a.cfg.name);
-    let mut line = serde_json::to_vec(&Listing { sessions }).expect("a listing serializes");
+/// Answers a listing (of this agent, or of the `host`): one line, then the
+/// stream's end; the device closes.
+pub(super) async fn list(conn: Connection, mut send: SendStream, a: &Admitted, host: bool) {
+    let listing = if host && a.cfg.name.manifest_name().is_some() {
+        let sessions: Vec<_> = visible_on_host(a).iter().map(|h| h.listed()).collect();
+        let agents = super::pair::reachable(&a.shared, &a.peer);
+        info!(peer = %a.short, "listed {} session(s) of the host's {} agent(s) it may reach", sessions.len(), agents.len());
+        let host = thunderbolt_shared::pairing::clean_name(&crate::trust::account::device_name());
+        Listing { sessions, agents: Some(agents), host }
+    } else {
+        let sessions: Vec<_> = visible(a).iter().map(|h| h.listed()).collect();
+        info!(peer = %a.short, "listed {} session(s) of {} it may join", sessions.len(), a.cfg.name);
+        Listing { sessions, ..Listing::default() }
+    };
+    let mut line = serde_json::to_vec(&listing).expect("a listing serializes");
     line.push(b'\n');
     if send.write_all(&line).await.is_err() || send.finish().is_err() {
         return;

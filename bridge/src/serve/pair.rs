@@ -281,7 +281,7 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
 }
 
 /// Every agent of the host `peer` may reach now, by name.
-fn reachable(shared: &Shared, peer: &EndpointId) -> Vec<wire::PairedAgent> {
+pub(super) fn reachable(shared: &Shared, peer: &EndpointId) -> Vec<wire::PairedAgent> {
     let mut agents: Vec<wire::PairedAgent> = shared
         .served()
         .values()

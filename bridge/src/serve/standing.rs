@@ -18,7 +18,7 @@
 
 use iroh::EndpointId;
 
-use super::admit::Admitted;
+use super::{admit::Admitted, bridge::Shared, served::AgentConfig};
 use crate::{devices::How, trust::Grant};
 
 /// A device's standing with the owner at one agent (see the module docs).
@@ -40,11 +40,20 @@ impl Standing {
 /// there at all, e.g. revoked since).
 pub(super) fn of(a: &Admitted, node: &EndpointId) -> Option<Standing> {
     let grant = if *node == a.peer { Some(a.grant) } else { a.cfg.trust.check(node) }?;
-    Some(match grant {
+    Some(from_grant(&a.shared, grant, node))
+}
+
+/// `node`'s standing at another agent of the host (`None`: that agent does
+/// not admit it).
+pub(super) fn at(shared: &Shared, cfg: &AgentConfig, node: &EndpointId) -> Option<Standing> {
+    Some(from_grant(shared, cfg.trust.check(node)?, node))
+}
+
+fn from_grant(shared: &Shared, grant: Grant, node: &EndpointId) -> Standing {
+    match grant {
         Grant::Account | Grant::Paired => Standing::Own,
         Grant::Manual => {
-            let paired = a
-                .shared
+            let paired = shared
                 .stores()
                 .and_then(|s| s.devices.get(node))
                 .is_some_and(|d| matches!(d.how, How::Pairing | How::Account));
@@ -55,5 +64,5 @@ pub(super) fn of(a: &Admitted, node: &EndpointId) -> Option<Standing> {
             }
         }
         Grant::Manifest => Standing::Guest,
-    })
+    }
 }

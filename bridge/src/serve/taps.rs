@@ -106,6 +106,9 @@ pub trait OnRevoked: Send + Sync + std::fmt::Debug {
 /// and the session's tap.
 pub struct Observers {
     pub requests: Arc<Requests>,
+    /// The agent's requests its client has not answered yet (a permission,
+    /// a question): a session that needs a person, in a device's list.
+    pub asks: Requests,
     extension: Extension,
     tap: Option<Arc<dyn Tap>>,
     /// The agent's input, for an answer from a notice.
@@ -132,6 +135,7 @@ impl Observers {
     ) -> Self {
         Self {
             requests: Arc::default(),
+            asks: Requests::default(),
             extension: Extension::new(device, methods),
             tap,
             to_agent: OnceLock::new(),
@@ -182,6 +186,7 @@ impl Observers {
         }
         // The notices see it as the client's answer: its notice is withdrawn.
         tap.client_run(&line);
+        self.asks.answered_id(request.as_bytes());
         permit.send(line.into());
         Ok(())
     }
@@ -223,6 +228,7 @@ impl Observers {
             }
             if names_an_id {
                 self.requests.sent(run);
+                self.asks.answered(run);
             }
         }
         out
@@ -232,6 +238,7 @@ impl Observers {
     pub fn from_agent(&self, run: &[u8], names_an_id: bool) {
         if names_an_id {
             self.requests.answered(run);
+            self.asks.sent(run);
         }
         if let Some(t) = &self.tap {
             t.agent_run(run);

@@ -33,7 +33,7 @@ use iroh::{
 };
 use thunderbolt_shared::{
     close,
-    devices::{self as wire, Attached, Device, History, Listed, Role},
+    devices::{self as wire, Activity, Attached, Device, History, Listed, Role},
     jsonrpc,
     ndjson::OVERSIZE_PEEK,
     resume::ReplayLog,
@@ -1044,6 +1044,15 @@ impl Hub {
                 .last_activity
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
+            activity: self.info().observers().map(|o| {
+                if !o.asks.is_empty() {
+                    Activity::Asking
+                } else if !o.requests.is_empty() {
+                    Activity::Working
+                } else {
+                    Activity::Idle
+                }
+            }),
         }
     }
 }

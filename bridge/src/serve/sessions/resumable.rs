@@ -422,7 +422,9 @@ impl Hub {
 pub async fn read_hello(recv: &mut RecvStream) -> Result<(Control, Bytes), String> {
     let (line, rest) = read_line(recv).await.map_err(|e| format!("{REASON_PROTOCOL}: no hello: {e}"))?;
     match Control::parse(&line) {
-        Ok(Some(c @ (Control::Hello { .. } | Control::Join { .. } | Control::List))) if line[0] == b'!' => {
+        Ok(Some(c @ (Control::Hello { .. } | Control::Join { .. } | Control::List { .. })))
+            if line[0] == b'!' =>
+        {
             Ok((c, rest))
         }
         Err(bad) => Err(format!("{REASON_PROTOCOL}: {bad}")),
