@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Tiny static server for the demo page: serves client-wasm/ (www/ and pkg/) on
 // loopback with the right MIME types (.wasm must be application/wasm).
-//   node client-wasm/serve.mjs [port]      then open http://127.0.0.1:<port>/www/
+//   node client-wasm/serve.mjs [port] [--host ADDR]   then open http://127.0.0.1:<port>/www/
 // Also, read-only under /reference/app-client/, the Thunderbolt app's shipped
 // client (measure.mjs compares against it), from TB_REFERENCE_DIR (default
 // <project root>/../shared/reference/thunderbolt-app-client): served from
@@ -50,8 +50,33 @@ export function startServer(port = 0, host = "127.0.0.1") {
   return new Promise((resolve) => server.listen(port, host, () => resolve(server)));
 }
 
+const USAGE = `usage: node client-wasm/serve.mjs [PORT] [--host ADDR]
+  PORT         default 8080 (0: any free port)
+  --host ADDR  where to listen (default 127.0.0.1); 0.0.0.0 for a phone on your LAN.
+               Over plain http on a LAN the page loads and talks to your agents, but a
+               browser gives a service worker, notifications, install to the home screen
+               and Web Locks to https and localhost only: for a phone, let
+               thunderbolt-relay serve the page over https (docs/browser.md,
+               "The page from your relay").`;
+
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
-  const server = await startServer(Number(process.argv[2] || 8080));
-  const { port } = server.address();
-  console.log(`serving ${ROOT} at http://127.0.0.1:${port}/www/`);
+  const args = process.argv.slice(2);
+  if (args.includes("--help") || args.includes("-h")) {
+    console.log(USAGE);
+    process.exit(0);
+  }
+  const at = args.indexOf("--host");
+  const host = at >= 0 ? args[at + 1] : "127.0.0.1";
+  const rest = args.filter((_, i) => at < 0 || (i !== at && i !== at + 1));
+  const port = Number(rest[0] ?? 8080);
+  if (!host || !Number.isInteger(port) || port < 0 || port > 65535 || rest.length > 1) {
+    console.error(USAGE);
+    process.exit(2);
+  }
+  const server = await startServer(port, host);
+  const shown = host === "0.0.0.0" || host === "::" ? "<this machine's address>" : host.includes(":") ? `[${host}]` : host;
+  console.log(`serving ${ROOT} at http://${shown}:${server.address().port}/www/`);
+  if (!["127.0.0.1", "localhost", "::1"].includes(host)) {
+    console.log("plain http off this machine: no service worker, notifications, install or Web Locks there (they need https); see --help");
+  }
 }

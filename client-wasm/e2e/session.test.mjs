@@ -158,7 +158,7 @@ test("the page watching: the laptop's prompt shows as the laptop's, with the age
   }
 });
 
-test("the page observing: Take control makes it the controller (the laptop is told it observes) and its prompt goes through; Watch only steps down", async () => {
+test("the page observing: Take control makes it the controller (the laptop is told it observes) and its prompt goes through; Give back hands control to the laptop", async () => {
   const b = await startAcpBridge(relay.url, ASK_AGENT);
   const p = await pairedPhone(b);
   let laptop;
@@ -173,9 +173,12 @@ test("the page observing: Take control makes it the controller (the laptop is to
     assert.match(await prompt(p, "mine again"), /^You said: mine again; pid \d+$/);
     // The laptop sees the agent's side of the page's turn.
     await laptop.seen((v) => v.params?.update?.content?.text?.startsWith("You said: mine again"), "the page's reply at the laptop");
-    // Watch only: nobody controls the session until a device takes it.
-    await p.getByRole("button", { name: "Watch only" }).click();
-    await control(p).getByText("Nobody is in control").waitFor({ timeout: WAIT_MS });
+    // Given back: the laptop, still attached, controls the session again (and is told so).
+    const controls = (v) => typeof v === "object" && v !== null && v.method === "_thunderbolt/role" && v.params.role === "controller";
+    const told = laptop.out.filter(controls).length;
+    await p.getByRole("button", { name: "Give back to Laptop" }).click();
+    await control(p).getByText("Laptop is in control").waitFor({ timeout: WAIT_MS });
+    await waitFor(() => laptop.out.filter(controls).length > told, "the laptop told it controls again");
     await take.click();
     await control(p).getByText("You are in control").waitFor({ timeout: WAIT_MS });
     assert.match(await prompt(p, "and again"), /^You said: and again; pid \d+$/);
@@ -381,18 +384,24 @@ test("a 2000-message transcript: appended without drawing the rest again, reload
   }
 });
 
-test("what the workstation printed, pasted into the ticket field: the CLI's pairing line and the pairing link each pair and connect", async () => {
+/// A fresh phone on the page itself, no link opened (the settings sheet is
+/// where to paste), ready.
+async function freshPhone() {
+  const ctx = await browser.newContext(PHONE);
+  const p = await ctx.newPage();
+  p.on("pageerror", (e) => console.log("page error:", e.message));
+  await p.goto(`${baseUrl}/www/?${new URLSearchParams({ relay: relay.url })}`);
+  await p.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
+  return { ctx, p };
+}
+
+test("what the workstation printed, pasted into the ticket field: the CLI's pairing line, the pairing link and the code alone each pair and connect", async () => {
   const b = await startAcpBridge(relay.url, ASK_AGENT);
   try {
     for (const which of ["command", "link"]) {
       const minted = JSON.parse(tb(b.home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
-      const ctx = await browser.newContext(PHONE);
-      const p = await ctx.newPage();
-      p.on("pageerror", (e) => console.log("page error:", e.message));
+      const { ctx, p } = await freshPhone();
       try {
-        // A fresh phone on the page itself, no link opened: the settings sheet is where to paste.
-        await p.goto(`${baseUrl}/www/?${new URLSearchParams({ relay: relay.url })}`);
-        await p.waitForFunction(() => window.ready === true, null, { timeout: WAIT_MS });
         await p.getByRole("textbox", { name: "Ticket or NodeId of the bridge" }).fill(minted[which]);
         await p.getByRole("button", { name: "Connect", exact: true }).click();
         await connected(p);
@@ -402,6 +411,28 @@ test("what the workstation printed, pasted into the ticket field: the CLI's pair
       } finally {
         await ctx.close();
       }
+    }
+    // The code alone: a fresh page cannot know which workstation it is for, and says so.
+    const minted = JSON.parse(tb(b.home, relay.url, ["iroh", "pair", "--json"]));
+    const { ctx, p } = await freshPhone();
+    try {
+      const field = p.getByRole("textbox", { name: "Ticket or NodeId of the bridge" });
+      const connect = p.getByRole("button", { name: "Connect", exact: true });
+      await field.fill(minted.code);
+      await connect.click();
+      await p.waitForFunction(() => /does not say which workstation/.test(document.querySelector("#status").textContent), null, { timeout: WAIT_MS });
+      // Once the page has tried that workstation (refused: not paired yet), the code pairs it.
+      await field.fill(b.ticket);
+      await connect.click();
+      await p.waitForFunction(() => /not allowlisted/.test(document.querySelector("#status").textContent), null, { timeout: WAIT_MS });
+      await p.evaluate(() => { window.lastError = undefined; });
+      await field.fill(minted.code);
+      await connect.click();
+      await connected(p);
+      assert.match(await p.textContent("#paired-as"), /^paired as /, "paired by the code alone");
+      assert.match(await prompt(p, "hello from the code"), /^You said: hello from the code; pid \d+$/);
+    } finally {
+      await ctx.close();
     }
   } finally {
     b.child.kill("SIGTERM");
@@ -503,7 +534,7 @@ test("one scan of a host's pairing link: every ACP agent of the host is one tap 
   }
 });
 
-test("the list: the laptop's session at another agent of the host, waiting for an answer, shown first and joined from the list; control taken and the question answered on the phone", async () => {
+test("the list: the laptop's session at another agent of the host, waiting for an answer, shown first and joined from the list; control taken, the question answered on the phone, control given back", async () => {
   const home = tempHome();
   mkdirSync(join(home, "agents.d"), { mode: 0o700 });
   for (const [name, label] of [["coder", "Coder"], ["reviewer", "Reviewer"]]) {
@@ -558,6 +589,9 @@ test("the list: the laptop's session at another agent of the host, waiting for a
     assert.equal(ended.result.stopReason, "end_turn");
     await conversationOf(p).getByText(/allow/).first().waitFor({ timeout: WAIT_MS });
     await shot(p, "list-joined-and-answered.png");
+    // Given back: the laptop, still attached, is in control again.
+    await p.getByRole("button", { name: "Give back to Laptop" }).click();
+    await control(p).getByText("Laptop is in control").waitFor({ timeout: WAIT_MS });
   } finally {
     laptop.child.stdin.end();
     await ctx.close();

@@ -635,6 +635,7 @@ function onRole(p) {
   state.hadControl = Boolean(state.hadControl || was === "controller");
   state.controller = p.controller || null;
   state.askedRole = null;
+  if (state.role === "observer") state.tookFrom = null;
   if (before !== `${state.role} ${state.controller && state.controller.node}`) {
     if (state.role === "controller") {
       conversation.note(was === "observer" && state.hadControl ? "You are in control again: your prompts go to the agent" : was === "observer" ? "You are in control: your prompts go to the agent" : "You are in control of this session");
@@ -759,6 +760,9 @@ function renderRole() {
   take.disabled = asking;
   watch.disabled = asking;
   take.textContent = asking && observing ? "Taking control…" : "Take control";
+  // Stepping down hands control back to the device it was taken from while
+  // that one is attached (the bridge decides; it says who controls then).
+  watch.textContent = state.tookFrom ? `Give back to ${cap(state.tookFrom)}` : "Watch only";
 }
 
 /// The prompt box while a session is live (Send, or Cancel while a turn of
@@ -1030,8 +1034,12 @@ async function cancelTurn() {
 function askRole(role) {
   if (!state.conn) return;
   try {
-    if (role === "controller") state.conn.takeControl();
-    else state.conn.observe();
+    if (role === "controller") {
+      // Taken from another device: the bridge gives it back there when this one steps down.
+      const from = state.role === "observer" ? controllerName() : null;
+      state.tookFrom = from && from !== "nobody" ? from : null;
+      state.conn.takeControl();
+    } else state.conn.observe();
     state.askedRole = role;
   } catch (err) {
     setStatus(describe(err), "error");
@@ -1257,6 +1265,13 @@ function defaultDeviceName() {
 /// line `iroh pair` prints for a CLI (`thunderbolt acp connect --pair CODE
 /// TICKET`). `{ticket, code?, relay?}`, or null for anything else.
 function pastedPairing(text) {
+  // A code alone (32 hex digits, as `iroh pair` prints it): it pairs with
+  // the workstation this page used last; it does not say which one.
+  if (/^[0-9a-f]{32}$/i.test(text)) {
+    const ticket = state.ticket || localStorage.getItem(TICKET_KEY);
+    if (!ticket) return { error: "a code alone does not say which workstation: paste the whole link or line `thunderbolt iroh pair` printed, or scan its QR code" };
+    return { ticket, code: text.toLowerCase(), relay: null };
+  }
   if (/^https?:\/\//i.test(text)) {
     try {
       const u = new URL(text);
@@ -1275,6 +1290,7 @@ function pastedPairing(text) {
 
 $("connect").onclick = () => {
   const pasted = pastedPairing($("ticket").value.trim());
+  if (pasted && pasted.error) return setStatus(pasted.error, "error");
   if (pasted) {
     $("ticket").value = pasted.ticket;
     if (pasted.relay) $("relay").value = pasted.relay;

@@ -107,6 +107,9 @@ pub(super) struct Members {
     pub(super) guests: Vec<Arc<Hub>>,
     /// The seat of the device whose frames go to the agent (0: the first).
     pub(super) controller: u64,
+    /// The seat of the device control was last taken from ([`NOBODY`]:
+    /// none): it gets control back when the device that took it steps down.
+    taken_from: u64,
     pub(super) next_seat: u64,
     /// The first device closed while others went on: its log is no longer fed.
     pub(super) left: bool,
@@ -138,6 +141,7 @@ impl Default for Members {
         Self {
             guests: Vec::new(),
             controller: 0,
+            taken_from: NOBODY,
             next_seat: 1,
             left: false,
             joined: false,
@@ -588,9 +592,17 @@ impl Hub {
         let before = st.members.controller;
         let after = match role {
             Role::Controller => me,
-            Role::Observer if before == me => NOBODY,
+            // Stepping down hands control on (a session is not left with
+            // nobody in control while a device is attached): to the device
+            // it was taken from, else the earliest attached.
+            Role::Observer if before == me => {
+                session.next_controller(&st, me).map_or(NOBODY, |h| h.seat_number())
+            }
             Role::Observer => before,
         };
+        if role == Role::Controller && before != me {
+            st.members.taken_from = before;
+        }
         if before == after {
             drop(st);
             let controller = session.controller_device().unwrap_or_else(nobody);
@@ -603,8 +615,30 @@ impl Hub {
         st.members.controller = after;
         session.refresh_roles(&st);
         let old = session.member_at(&st, before);
+        let new = (role == Role::Observer).then(|| session.member_at(&st, after)).flatten();
         drop(st);
         session.announce_control(old, self, role);
+        if let Some(new) = new {
+            new.tell(wire::role_line(Role::Controller, &new.device()));
+        }
+    }
+
+    /// Who gets control when the device at `seat` gives it up: the device it
+    /// was taken from while that one is attached, else the earliest attached
+    /// (the first device, then the guests in seat order); never `seat`.
+    fn next_controller(self: &Arc<Self>, st: &State, seat: u64) -> Option<Arc<Hub>> {
+        let attached = |h: &Arc<Hub>| {
+            h.seat_number() != seat
+                && if Arc::ptr_eq(h, self) {
+                    !st.members.left && !st.leaving && st.attached.is_some()
+                } else {
+                    let g = h.lock();
+                    g.attached.is_some() && !g.leaving
+                }
+        };
+        let back = self.member_at(st, st.members.taken_from).filter(&attached);
+        back.or_else(|| self.member_at(st, 0).filter(&attached))
+            .or_else(|| st.members.guests.iter().find(|g| attached(g)).cloned())
     }
 
     /// Control moved from `old` (if any) because `by` asked for `role`.
@@ -615,8 +649,10 @@ impl Hub {
             "{} {}",
             by.device().label(),
             match role {
-                Role::Controller => "took control of the session",
-                Role::Observer => "stepped down: nobody controls the session",
+                Role::Controller => "took control of the session".to_string(),
+                Role::Observer if controller.node.is_empty() =>
+                    "stepped down: nobody controls the session".into(),
+                Role::Observer => format!("stepped down: {} controls the session", controller.label()),
             }
         );
         if let Some(old) = old.filter(|o| !Arc::ptr_eq(o, by)) {
