@@ -23,7 +23,8 @@ use js_sys::{Function, Object, Promise};
 use thunderbolt_shared::{
     close,
     devices::{Role, METHOD_ANSWERED, METHOD_ROLE},
-    resume::{AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS, MAX_CONTROL_LINE},
+    resume::{Control, Event, Receiver, ACK_DELAY_MS, MAX_CONTROL_LINE},
+    resume_client::ClientSession,
     silence::{self, Silence, Verdict},
 };
 use wasm_bindgen::prelude::*;
@@ -86,19 +87,13 @@ pub struct Restore {
 /// What the driver knows about the session.
 #[derive(Default)]
 struct State {
-    out: ReplayLog,
-    /// Frames the page took; what acks and hellos say.
-    ack: AckPolicy,
-    ack_due: bool,
-    /// A repeated ack is to go out: the bridge was silent (`shared::silence`).
-    probe_due: bool,
+    /// The protocol's side of the session ([`ClientSession`]: frames, acks,
+    /// token, hello and welcome; `State` `Deref`s to it).
+    r1: ClientSession,
     /// The lost connection's relay died: redial from a fresh endpoint.
     renew: bool,
     /// Frames queued for the page (taken or not).
     queued: u64,
-    token: Option<String>,
-    grace: Duration,
-    eof: bool,
     end_at: Option<u64>,
     /// How the session ended, once it did (what `closed()` resolves with).
     ended: Option<JsValue>,
@@ -106,8 +101,8 @@ struct State {
     closing: bool,
     /// A message taken from the page that did not fit the send buffer yet.
     held: Option<Bytes>,
-    /// The hello that joins another device's session, until the welcome.
-    join: Option<Control>,
+    /// The bridge broke the protocol (a bad ack): why; the session ends.
+    broken: Option<String>,
     /// The error the session ended with (what `attach` rejects with).
     error: Option<JsValue>,
     /// This device's role as the bridge last said it.
@@ -117,6 +112,8 @@ struct State {
     /// `want` is to be sent on the current connection.
     role_due: bool,
 }
+
+thunderbolt_shared::holds_client_session!(State, r1);
 
 /// A resumable session.
 pub struct Resumable {
@@ -159,12 +156,10 @@ impl Resumable {
     ) -> Rc<Self> {
         let (outgoing, out_rx) = mpsc::unbounded();
         let (poke, poke_rx) = mpsc::unbounded();
-        let mut st = State { join, ..State::default() };
+        let mut st = State { r1: ClientSession::new(join), ..State::default() };
         if let Some(r) = restore {
-            st.token = Some(r.token);
-            st.ack = AckPolicy::at(r.received);
             st.queued = r.received;
-            st.out = ReplayLog::new();
+            st.r1 = ClientSession::restored(r.token, r.received);
         }
         let me = Rc::new(Self {
             st: RefCell::new(st),
@@ -248,7 +243,7 @@ impl Resumable {
         loop {
             {
                 let st = self.st.borrow();
-                if st.token.is_some() {
+                if st.token().is_some() {
                     return Ok(());
                 }
                 if st.ended.is_some() {
@@ -360,8 +355,8 @@ impl Resumable {
     pub fn state(&self) -> JsValue {
         let st = self.st.borrow();
         let v: JsValue = Object::new().into();
-        if let Some(t) = &st.token {
-            set(&v, "session", t.as_str().into());
+        if let Some(t) = st.token() {
+            set(&v, "session", t.into());
         }
         set(&v, "received", JsValue::from_f64(st.ack.received() as f64));
         v
@@ -431,7 +426,7 @@ impl Resumable {
             if why == LOCALLY_CLOSED && client.generation() == generation {
                 return self.end(closed_obj("closed", Some(0), close::REASON_CLIENT_CLOSED), None);
             }
-            let grace = self.st.borrow().grace;
+            let grace = self.st.borrow().grace();
             self.event("reconnecting", Some(&why));
             // Moved: the endpoint is a fresh one already.
             let renewed = std::mem::take(&mut self.st.borrow_mut().renew) || why == LOCALLY_CLOSED;
@@ -472,13 +467,7 @@ impl Resumable {
             Ok(s) => s,
             Err(e) => return self.conn_end(e),
         };
-        let hello = {
-            let st = self.st.borrow();
-            match (&st.token, &st.join) {
-                (None, Some(join)) => join.clone(),
-                _ => Control::Hello { session: st.token.clone(), received: st.ack.received() },
-            }
-        };
+        let hello = self.st.borrow().hello();
         if send.write_all(&hello.encode()).await.is_err() {
             return self.conn_end(conn.closed().await);
         }
@@ -489,10 +478,10 @@ impl Resumable {
             if let Some(nl) = buf.iter().position(|b| *b == b'\n') {
                 let line = buf.split_to(nl + 1);
                 rx.push(&buf);
-                break Control::parse(&line).ok().flatten();
+                break line;
             }
             if buf.len() > MAX_CONTROL_LINE {
-                break None;
+                break BytesMut::new();
             }
             let Ok(read) = n0_future::time::timeout(WELCOME_TIMEOUT, recv.read_chunk(64 * 1024)).await else {
                 return Ok("the bridge did not answer our hello".into());
@@ -502,30 +491,18 @@ impl Resumable {
                 _ => return self.conn_end(conn.closed().await),
             }
         };
-        let Some(Control::Welcome { session, received, grace_ms }) = welcome else {
-            let msg = "the bridge answered our hello with something else";
-            return Err((closed_obj("frame", None, msg), Some(js_error(&ErrorKind::Frame, msg))));
-        };
         let replay = {
             let mut st = self.st.borrow_mut();
-            // A restored page holds none of its old frames: number new ones from the bridge's count.
-            if st.out.total() == 0 && st.out.acked() == 0 && received > 0 {
-                st.out = ReplayLog::starting_at(received);
+            match st.welcome(&welcome) {
+                Ok(w) => {
+                    st.role_due = st.want.is_some();
+                    w.replay
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    return Err((closed_obj("frame", None, &msg), Some(js_error(&ErrorKind::Frame, &msg))));
+                }
             }
-            if let Err(e) = st.out.ack(received) {
-                let msg = format!("the bridge's resume point is wrong: {e}");
-                return Err((closed_obj("frame", None, &msg), Some(js_error(&ErrorKind::Frame, &msg))));
-            }
-            st.token = Some(session);
-            st.grace = Duration::from_millis(grace_ms);
-            st.ack.resumed();
-            st.ack_due = false;
-            st.role_due = st.want.is_some();
-            let mut r = st.out.since(received).unwrap_or_default();
-            if st.eof {
-                r.push(Control::Eof(st.out.total()).encode());
-            }
-            r
         };
         // Frames from the page's count on; those already queued for it are skipped.
         let mut index = self.st.borrow().ack.received();
@@ -546,18 +523,13 @@ impl Resumable {
                 // Control lines first: an ack, a role asked for.
                 let ack = {
                     let mut st = self.st.borrow_mut();
-                    let probe = std::mem::take(&mut st.probe_due);
-                    if st.ack_due {
-                        st.ack_due = false;
-                        st.ack.ack()
-                    } else if probe {
-                        // A probe is an ack as well, repeated if there is nothing new.
-                        Some(st.ack.ack().unwrap_or(Control::Ack(st.ack.received())))
-                    } else if st.role_due {
-                        st.role_due = false;
-                        st.want.map(Control::Role)
-                    } else {
-                        None
+                    match st.next_ack() {
+                        Some(a) => Some(a),
+                        None if st.role_due => {
+                            st.role_due = false;
+                            st.want.map(Control::Role)
+                        }
+                        None => None,
                     }
                 };
                 if let Some(a) = ack {
@@ -573,7 +545,7 @@ impl Resumable {
                         Some(h) => n == 0 || n + h.len() <= SEND_BUFFER,
                         None => n < SEND_BUFFER,
                     };
-                    (room, st.ack.pending(), st.eof, st.held.is_some())
+                    (room, st.ack.pending(), st.eof_at().is_some(), st.held.is_some())
                 };
                 if !pending {
                     ack_timer = futures::future::Fuse::terminated();
@@ -607,9 +579,7 @@ impl Resumable {
                                 b
                             }
                             Some(Outgoing::Eof) | None => {
-                                let mut st = self.st.borrow_mut();
-                                st.eof = true;
-                                Control::Eof(st.out.total()).encode()
+                                self.st.borrow_mut().input_ended().encode()
                             }
                         };
                         if send.write_chunk(line).await.is_err() {
@@ -663,7 +633,11 @@ impl Resumable {
                             }
                         }
                         Event::Control(Some(Control::Ack(n))) => {
-                            let _ = self.st.borrow_mut().out.ack(n);
+                            if let Err(e) = self.st.borrow_mut().acked(n) {
+                                // The protocol is broken: the session ends (as the CLI's does).
+                                self.st.borrow_mut().broken = Some(format!("bad ack from the bridge: {e}"));
+                                return;
+                            }
                             let _ = self.poke.unbounded_send(());
                         }
                         Event::Control(Some(Control::End(n))) => {
@@ -702,6 +676,10 @@ impl Resumable {
             conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), b"path lost");
             return Ok(lost);
         }
+        if let Some(msg) = self.st.borrow_mut().broken.take() {
+            conn.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), b"protocol error");
+            return Err((closed_obj("frame", None, &msg), Some(js_error(&ErrorKind::Frame, &msg))));
+        }
         self.conn_end(conn.closed().await)
     }
 
@@ -739,7 +717,7 @@ impl Resumable {
     fn conn_end(&self, err: ConnectionError) -> Result<String, (JsValue, Option<JsValue>)> {
         let ending = ending(&err);
         // Before its first welcome a session cannot be gone: a join refused says why as it is.
-        let welcomed = self.st.borrow().token.is_some();
+        let welcomed = self.st.borrow().token().is_some();
         let gone = ending.refusal().filter(|r| welcomed && r.is_session_gone());
         let kept = ending.refusal().is_some_and(|r| r.is_session_kept());
         match ending {

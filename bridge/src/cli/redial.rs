@@ -19,7 +19,8 @@ use iroh::endpoint::{Connection, ConnectionError, RecvStream, SendStream, VarInt
 use thunderbolt_shared::{
     close::{self, AgentEnd, Refusal},
     ndjson::room_for_read,
-    resume::{self, escape_counted, AckPolicy, Control, Event, Receiver, ReplayLog, ACK_DELAY_MS},
+    resume::{self, escape_counted, Control, Event, Receiver, ACK_DELAY_MS},
+    resume_client::{ClientSession, WelcomeError},
     Protocol, Target,
 };
 use tokio::{
@@ -97,28 +98,21 @@ enum ConnEnd {
     LocalOutputClosed,
 }
 
+/// The session as this client keeps it: the protocol's side of it
+/// ([`ClientSession`]: frames, acks, token, hello and welcome; `Deref`s to
+/// it), and what is this client's own.
 #[derive(Debug, Default)]
 struct State {
-    /// Our frames, kept until acknowledged.
-    out: ReplayLog,
-    /// The bridge's frames delivered to our output.
-    ack: AckPolicy,
-    ack_due: bool,
-    /// A repeated ack is to go out: the bridge was silent (see [`silence`]).
-    probe_due: bool,
-    token: Option<String>,
-    /// The hello that joins another device's session (until it is joined).
-    join: Option<Control>,
+    r1: ClientSession,
     /// The ticket names several relays of the bridge's: the one our path goes
     /// through is watched, to move to another at once when it dies (with one,
     /// or n0's, there is nowhere to move to faster than the idle timeout).
     relay_checks: bool,
-    grace: Duration,
-    /// Our input ended after this many frames.
-    eof_at: Option<u64>,
     /// The agent ended after this many frames.
     end_at: Option<u64>,
 }
+
+thunderbolt_shared::holds_client_session!(State, r1);
 
 impl State {
     fn all_delivered(&self) -> bool {
@@ -143,7 +137,7 @@ pub async fn run(
     let mut output = local_out;
     let alpn = resume::resume_alpn(protocol);
     let relay_checks = target.endpoint_addr().relay_urls().count() > 1;
-    let st = RefCell::new(State { join, relay_checks, ..State::default() });
+    let st = RefCell::new(State { r1: ClientSession::new(join), relay_checks, ..State::default() });
     let mut conn = first;
     let mut attached_before = false;
     let mut check = RelayCheck::new(&ep.current());
@@ -151,7 +145,7 @@ pub async fn run(
         let end =
             carry(&conn, &st, &mut input, &mut output, term, attached_before, protocol, &check, ep, target)
                 .await;
-        attached_before = attached_before || st.borrow().token.is_some();
+        attached_before = attached_before || st.borrow().token().is_some();
         match end {
             Ok(ConnEnd::Stopped(which)) => {
                 conn.close(
@@ -192,10 +186,10 @@ pub async fn run(
                     // Everything arrived; only the bridge's word on how the agent ended was lost.
                     break Ok(Finish::AgentEnded(None));
                 }
-                if st.borrow().token.is_none() {
+                if st.borrow().token().is_none() {
                     break Err(anyhow!("connection lost before the session started: {why}"));
                 }
-                let grace = st.borrow().grace;
+                let grace = st.borrow().grace();
                 warn!("connection lost ({why}); reconnecting (the bridge keeps the session {grace:?})");
                 // The old endpoint may hold a queue for the dead relay that
                 // holds back every relay's sends: redial from a fresh one.
@@ -247,8 +241,8 @@ fn closed(err: &ConnectionError, st: &State, protocol: &Protocol) -> Result<Fini
         if let Some(end) = AgentEnd::from_close(code, &ac.reason) {
             return Ok(Finish::AgentEnded(Some(end)));
         }
-        if let (None, Some(Control::Join { id, .. }), Some(Refusal::UnknownSession)) =
-            (&st.token, &st.join, Refusal::from_close(code, &ac.reason))
+        if let (Some(Control::Join { id, .. }), Some(Refusal::UnknownSession)) =
+            (st.joining(), Refusal::from_close(code, &ac.reason))
         {
             bail!(
                 "no session '{id}' this device may join: `thunderbolt sessions <ticket>` lists those it may"
@@ -380,7 +374,7 @@ async fn bridge_forgot(
         let silent_since = Instant::now() - silent_for;
         debug!("nothing heard from the bridge for {silent_for:?}: dialing it afresh beside");
         // Never a fresh endpoint here: that would close `conn` with the old one.
-        let deadline = Instant::now() + st.borrow().grace.max(REDIAL_ATTEMPT);
+        let deadline = Instant::now() + st.borrow().grace().max(REDIAL_ATTEMPT);
         tokio::select! {
             biased;
             _ = watch(conn, &mut w, start, st, wake, true) => debug!("the bridge is heard again: carrying on"),
@@ -454,13 +448,7 @@ async fn carry(
         Ok(s) => s,
         Err(e) => return Ok(lost_or_closed(conn, e.to_string())),
     };
-    let hello = {
-        let s = st.borrow();
-        match (&s.token, &s.join) {
-            (None, Some(join)) => join.clone(),
-            _ => Control::Hello { session: s.token.clone(), received: s.ack.received() },
-        }
-    };
+    let hello = st.borrow().hello();
     if let Err(e) = send.write_all(&hello.encode()).await {
         return Ok(lost_or_closed(conn, e.to_string()));
     }
@@ -473,27 +461,13 @@ async fn carry(
         Ok(Err(e)) => return Ok(lost_or_closed(conn, e)),
         Err(_) => return Ok(ConnEnd::Lost("the bridge did not answer our hello".into())),
     };
-    let Ok(Some(Control::Welcome { session, received, grace_ms })) = Control::parse(&line) else {
-        bail!(
+    let replay = match st.borrow_mut().welcome(&line) {
+        Ok(w) => w.replay,
+        Err(WelcomeError::NotAWelcome) => bail!(
             "the bridge answered with something other than a welcome: it does not speak {}",
             String::from_utf8_lossy(&resume::resume_alpn(protocol))
-        );
-    };
-    let replay = {
-        let mut s = st.borrow_mut();
-        if s.token.as_ref().is_some_and(|t| *t != session) {
-            bail!("the bridge resumed a different session");
-        }
-        s.out.ack(received).map_err(|e| anyhow!("the bridge's resume point is wrong: {e}"))?;
-        s.ack.resumed();
-        s.ack_due = false;
-        s.token = Some(session);
-        s.grace = Duration::from_millis(grace_ms);
-        let mut replay = s.out.since(received).expect("acked up to here");
-        if let Some(n) = s.eof_at {
-            replay.push(Control::Eof(n).encode());
-        }
-        replay
+        ),
+        Err(e) => bail!("{e}"),
     };
     if resumed {
         info!("reconnected: session resumed (resending {} chunk(s))", replay.len());
@@ -616,21 +590,7 @@ async fn upload(
     tokio::pin!(ack_timer);
     let mut ack_armed = false;
     loop {
-        let ack = {
-            let mut s = st.borrow_mut();
-            let ack = if s.ack_due {
-                s.ack_due = false;
-                s.ack.ack()
-            } else {
-                None
-            };
-            // A probe is an ack as well, repeated if there is nothing new.
-            let probe = std::mem::take(&mut s.probe_due);
-            match ack {
-                None if probe => Some(Control::Ack(s.ack.received())),
-                ack => ack,
-            }
-        };
+        let ack = st.borrow_mut().next_ack();
         if let Some(a) = ack {
             send.write_all(&a.encode()).await.map_err(lost)?;
             continue;
@@ -643,7 +603,7 @@ async fn upload(
                 Some(n) => held == 0 || held + n <= SEND_BUFFER,
                 None => held < SEND_BUFFER,
             };
-            (room, s.eof_at.is_none(), s.ack.pending())
+            (room, s.eof_at().is_none(), s.ack.pending())
         };
         if !ack_pending {
             ack_armed = false;
@@ -668,10 +628,9 @@ async fn upload(
                             chunks.push(run);
                         }
                         None => {
-                            let n = s.out.total();
-                            s.eof_at = Some(n);
-                            debug!("our input ended after {n} frames");
-                            chunks.push(Control::Eof(n).encode());
+                            let eof = s.input_ended();
+                            debug!("our input ended after {} frames", s.out.total());
+                            chunks.push(eof.encode());
                         }
                     }
                 }
@@ -734,8 +693,7 @@ async fn download(
                 }
                 Event::Control(Some(Control::Ack(n))) => {
                     st.borrow_mut()
-                        .out
-                        .ack(n)
+                        .acked(n)
                         .map_err(|e| Down::Protocol(format!("bad ack from the bridge: {e}")))?;
                     room.notify_one();
                 }
