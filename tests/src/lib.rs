@@ -25,6 +25,7 @@ pub mod backend;
 pub mod hostile;
 pub mod nat;
 pub mod r1;
+pub mod setup;
 
 /// Upper bound for anything a test waits on. Generous because two-core CI
 /// machines run several test binaries at once; a passing test never waits it out.

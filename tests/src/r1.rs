@@ -3,96 +3,12 @@
 //! sends exactly the bytes a test asks for, so tests can play a well-behaved
 //! client, a stale one, a silent one or a hostile one.
 
-use iroh::{
-    endpoint::{Connection, RecvStream, SendStream, VarInt},
-    Endpoint,
-};
+use iroh::endpoint::{Connection, RecvStream, SendStream, VarInt};
 use thunderbolt_shared::resume::Control;
 
-use crate::{banner_port, client_endpoint, init_tracing, test_agent_bin, Log, RunningBridge, Tb, WAIT};
+use crate::WAIT;
 
-/// The test agent's argv with `args`.
-pub fn agent(args: &[&str]) -> Vec<String> {
-    let mut v = vec![test_agent_bin().display().to_string()];
-    v.extend(args.iter().map(|s| s.to_string()));
-    v
-}
-
-/// A bridge with no relay (direct loopback only, so one port carries it all)
-/// and a client home allowed on it.
-pub struct Setup {
-    pub bridge_home: Tb,
-    pub client_home: Tb,
-    pub bridge: RunningBridge,
-    pub work: tempfile::TempDir,
-}
-
-impl Setup {
-    pub async fn new(extra: &[&str], agent_argv: &[String]) -> Self {
-        Self::with_env(extra, agent_argv, &[]).await
-    }
-
-    /// Like [`Setup::new`], the bridge's processes getting `env` too.
-    pub async fn with_env(extra: &[&str], agent_argv: &[String], env: &[(&'static str, &str)]) -> Self {
-        init_tracing();
-        let mut bridge_home = Tb::new(None);
-        for (k, v) in env {
-            bridge_home = bridge_home.with_env(k, *v);
-        }
-        let client_home = Tb::new(None);
-        bridge_home.allow(&client_home.node_id("acp").await).await;
-        let argv: Vec<&str> = agent_argv.iter().map(String::as_str).collect();
-        let bridge = bridge_home.bridge("acp", extra, &argv).await;
-        Self { bridge_home, client_home, bridge, work: tempfile::tempdir().unwrap() }
-    }
-
-    pub fn path(&self, name: &str) -> String {
-        self.work.path().join(name).display().to_string()
-    }
-
-    pub fn port(&self) -> u16 {
-        banner_port(&self.bridge.banner)
-    }
-
-    /// `thunderbolt acp connect` with piped stdio; its stderr goes to the returned log.
-    pub fn connect(&self, extra: &[&str]) -> (tokio::process::Child, Log) {
-        let mut args = extra.to_vec();
-        args.push(&self.bridge.ticket);
-        self.client_home.connect(&args)
-    }
-
-    /// An in-process endpoint dialing as `home`.
-    pub async fn endpoint(&self, home: &Tb) -> Endpoint {
-        client_endpoint(home.secret_key("acp").await, None, false).await
-    }
-
-    /// A new resumable session from `home`: its connection, stream and token.
-    pub async fn session(&self, ep: &Endpoint) -> (Connection, SendStream, RecvStream, String) {
-        let conn = self
-            .bridge
-            .dial(ep, &thunderbolt_shared::resume::resume_alpn(&thunderbolt_shared::Protocol::acp()))
-            .await;
-        let (send, recv, welcome) = hello(&conn, None, 0).await;
-        let (token, _) = welcome.unwrap_or_else(|c| panic!("a new session is welcomed, got {c:?}"));
-        (conn, send, recv, token)
-    }
-
-    /// Resumes `token` holding `received` frames: the connection and the
-    /// welcome, or how it was closed.
-    pub async fn resume(
-        &self,
-        ep: &Endpoint,
-        token: &str,
-        received: u64,
-    ) -> (Connection, SendStream, RecvStream, Result<(String, u64), (u64, String)>) {
-        let conn = self
-            .bridge
-            .dial(ep, &thunderbolt_shared::resume::resume_alpn(&thunderbolt_shared::Protocol::acp()))
-            .await;
-        let (send, recv, welcome) = hello(&conn, Some(token), received).await;
-        (conn, send, recv, welcome)
-    }
-}
+pub use crate::setup::{agent, Setup};
 
 /// Opens a resumable stream: sends the hello, returns the stream and the
 /// bridge's welcome (or how it closed the connection).

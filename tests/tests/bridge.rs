@@ -4,74 +4,19 @@
 use std::{process::Stdio, time::Duration};
 
 use iroh::{
-    endpoint::{Connection, RecvStream, SendStream},
-    Endpoint, SecretKey,
+    endpoint::{RecvStream, SendStream},
+    SecretKey,
 };
 use serde_json::{json, Value};
 use thunderbolt_shared::{close, EndpointTicket, Protocol};
-use thunderbolt_tests::*;
+use thunderbolt_tests::{
+    setup::{agent, request, Setup},
+    *,
+};
 use tokio::io::AsyncWriteExt;
-
-fn agent(args: &[&str]) -> Vec<String> {
-    let mut v = vec![test_agent_bin().display().to_string()];
-    v.extend(args.iter().map(|s| s.to_string()));
-    v
-}
 
 fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
-}
-
-/// A bridge home, a client home allowed on it, and the running bridge.
-struct Setup {
-    relay: LocalRelay,
-    bridge_home: Tb,
-    client_home: Tb,
-    bridge: RunningBridge,
-    work: tempfile::TempDir,
-}
-
-impl Setup {
-    async fn new(protocol: &str, extra: &[&str], agent_argv: &[String], allow_client: bool) -> Self {
-        init_tracing();
-        let relay = LocalRelay::start().await;
-        let bridge_home = Tb::new(Some(&relay));
-        let client_home = Tb::new(Some(&relay));
-        if allow_client {
-            bridge_home.allow(&client_home.node_id("acp").await).await;
-        }
-        let bridge = bridge_home.bridge(protocol, extra, &strs(agent_argv)).await;
-        Self { relay, bridge_home, client_home, bridge, work: tempfile::tempdir().unwrap() }
-    }
-
-    /// Dials the running bridge, opens the session's stream and sends `line` (the
-    /// bridge sees the stream, and spawns the agent, once data arrives on it).
-    async fn open_session(&self, ep: &Endpoint, line: &[u8]) -> (Connection, SendStream, RecvStream) {
-        let conn = self.bridge.dial(ep, &Protocol::acp().alpn()).await;
-        let (mut send, recv) = conn.open_bi().await.unwrap();
-        write_all(&mut send, line).await;
-        (conn, send, recv)
-    }
-
-    /// Stops the running bridge and starts another with `agent_argv` (same home,
-    /// so same identity: two at once would share a NodeId).
-    async fn restart(&mut self, agent_argv: &[String]) {
-        self.restart_with(&[], agent_argv).await;
-    }
-
-    async fn restart_with(&mut self, extra: &[&str], agent_argv: &[String]) {
-        self.bridge.terminate().await;
-        self.bridge = self.bridge_home.bridge("acp", extra, &strs(agent_argv)).await;
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.work.path().join(name).display().to_string()
-    }
-
-    /// In-process client dialing as the client home's ACP identity.
-    async fn client(&self, relay_only: bool) -> Endpoint {
-        client_endpoint(self.client_home.secret_key("acp").await, Some(&self.relay), relay_only).await
-    }
 }
 
 async fn read_all(recv: &mut RecvStream) -> Vec<u8> {
@@ -127,7 +72,7 @@ async fn exchange_raw(s: &Setup, input: &[u8]) -> (Vec<Value>, Vec<u8>) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn connect_round_trip_is_byte_identical() {
-    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let s = Setup::with_relay("acp", &[], &agent(&["cat"]), true).await;
     // Canonical ndjson with unicode, escapes, a 1 MiB line and many small ones
     // (notifications: a request the cat agent only echoes would get the
     // bridge's answer when the agent ends, see `requests_left_unanswered…`).
@@ -150,7 +95,7 @@ async fn connect_round_trip_is_byte_identical() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn connect_dials_a_bare_node_id_in_hex_and_base32_through_its_relay() {
-    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let s = Setup::with_relay("acp", &[], &agent(&["cat"]), true).await;
     let id = s.bridge.node_id;
     for target in [id.to_string(), thunderbolt_shared::node_id_base32(&id)] {
         let out = connect_to(&s, &target, b"{\"a\":1}\n").await;
@@ -161,7 +106,7 @@ async fn connect_dials_a_bare_node_id_in_hex_and_base32_through_its_relay() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn refused_peer_spawns_nothing_then_allow_admits_without_restart() {
-    let mut s = Setup::new("acp", &[], &[], false).await;
+    let mut s = Setup::with_relay("acp", &[], &[], false).await;
     // Re-start with a pid-file agent so we can tell whether anything was spawned.
     let pid_file = s.path("agent.pid");
     s.restart(&agent(&["--pid-file", &pid_file, "cat"])).await;
@@ -211,7 +156,7 @@ async fn refused_peer_spawns_nothing_then_allow_admits_without_restart() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn acp_and_mcp_have_distinct_identities_and_alpns() {
-    let s = Setup::new("mcp", &[], &agent(&["cat"]), true).await;
+    let s = Setup::with_relay("mcp", &[], &agent(&["cat"]), true).await;
     let acp_id = s.bridge_home.node_id("acp").await;
     let mcp_id = s.bridge_home.node_id("mcp").await;
     assert_ne!(acp_id, mcp_id);
@@ -240,7 +185,7 @@ async fn acp_and_mcp_have_distinct_identities_and_alpns() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_exit_delivers_the_final_line() {
-    let s = Setup::new("acp", &[], &agent(&["final"]), true).await;
+    let s = Setup::with_relay("acp", &[], &agent(&["final"]), true).await;
     let ep = s.client(false).await;
     let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
@@ -260,7 +205,7 @@ async fn agent_exit_delivers_the_final_line() {
 /// the handshake is done.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_bridge_asks_its_peer_to_acknowledge_promptly() {
-    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let s = Setup::with_relay("acp", &[], &agent(&["cat"]), true).await;
     let ep = s.client(false).await;
     let line = b"{\"jsonrpc\":\"2.0\",\"method\":\"n\"}\n";
     let (conn, mut send, mut recv) = s.open_session(&ep, line).await;
@@ -283,7 +228,7 @@ async fn the_bridge_asks_its_peer_to_acknowledge_promptly() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn client_close_kills_the_agent() {
-    let mut s = Setup::new("acp", &[], &[], true).await;
+    let mut s = Setup::with_relay("acp", &[], &[], true).await;
     for mode in ["cat", "hang"] {
         let pid_file = s.path(&format!("{mode}.pid"));
         s.restart(&agent(&["--pid-file", &pid_file, mode])).await;
@@ -300,7 +245,7 @@ async fn client_close_kills_the_agent() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn invalid_json_gets_parse_error_and_never_reaches_agent() {
-    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let s = Setup::with_relay("acp", &[], &agent(&["cat"]), true).await;
     let (lines, out) = exchange_raw(&s, b"this is not json\n{\"ok\":true}\n").await;
     assert_eq!(lines.len(), 2, "expected a parse error and the echoed valid line: {lines:?}");
     let err = lines.iter().find(|v| v.get("error").is_some()).expect("parse error present");
@@ -326,17 +271,13 @@ async fn write_big_request(send: &mut SendStream, id: u64, len: usize) {
     write_all(send, tail).await;
 }
 
-fn request(id: u64, method: &str) -> Vec<u8> {
-    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"{method}\"}}\n").into_bytes()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn oversized_request_costs_only_itself() {
-    let mut s = Setup::new("acp", &[], &[], true).await;
+    let mut s = Setup::with_relay("acp", &[], &[], true).await;
     let pid_file = s.path("agent.pid");
     s.restart_with(&["--max-frame", "1M"], &agent(&["--pid-file", &pid_file, "respond", "10"])).await;
     let ep = s.client(false).await;
-    let (conn, mut send, mut recv) = s.open_session(&ep, &request(1, "ping")).await;
+    let (conn, mut send, mut recv) = s.open_session(&ep, &request(1, "ping", Value::Null)).await;
     let mut buf = Vec::new();
     read_until(&mut recv, &mut buf, |v| v["id"] == 1).await;
     let pid = agent_pid(&pid_file).await;
@@ -352,7 +293,7 @@ async fn oversized_request_costs_only_itself() {
     let got = read_until(&mut recv, &mut buf, |v| v.get("error").is_some()).await;
     assert!(got.last().unwrap()["id"].is_null());
     // The session goes on with the same agent.
-    write_all(&mut send, &request(3, "ping")).await;
+    write_all(&mut send, &request(3, "ping", Value::Null)).await;
     let got = read_until(&mut recv, &mut buf, |v| v["id"] == 3).await;
     assert_eq!(got.last().unwrap()["result"]["ok"], true);
     assert!(pid_alive(pid), "the agent must survive a peer's oversized message");
@@ -362,9 +303,9 @@ async fn oversized_request_costs_only_itself() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn default_frame_limit_carries_a_20_mib_message() {
-    let s = Setup::new("acp", &[], &agent(&["respond", "10"]), true).await;
+    let s = Setup::with_relay("acp", &[], &agent(&["respond", "10"]), true).await;
     let ep = s.client(false).await;
-    let (_conn, mut send, mut recv) = s.open_session(&ep, &request(1, "ping")).await;
+    let (_conn, mut send, mut recv) = s.open_session(&ep, &request(1, "ping", Value::Null)).await;
     write_big_request(&mut send, 2, 20 << 20).await;
     let mut buf = Vec::new();
     let got = read_until(&mut recv, &mut buf, |v| v["id"] == 2).await;
@@ -373,21 +314,21 @@ async fn default_frame_limit_carries_a_20_mib_message() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn oversized_agent_response_becomes_an_error_for_its_id() {
-    let s = Setup::new("acp", &["--max-frame", "64K"], &agent(&["respond", "200000"]), true).await;
+    let s = Setup::with_relay("acp", &["--max-frame", "64K"], &agent(&["respond", "200000"]), true).await;
     let ep = s.client(false).await;
-    let (_conn, mut send, mut recv) = s.open_session(&ep, &request(7, "big")).await;
+    let (_conn, mut send, mut recv) = s.open_session(&ep, &request(7, "big", Value::Null)).await;
     let mut buf = Vec::new();
     let got = read_until(&mut recv, &mut buf, |v| v["id"] == 7).await;
     let err = got.last().unwrap();
     assert_eq!(err["error"]["code"], -32603, "{err}");
-    write_all(&mut send, &request(8, "ping")).await;
+    write_all(&mut send, &request(8, "ping", Value::Null)).await;
     let got = read_until(&mut recv, &mut buf, |v| v["id"] == 8).await;
     assert_eq!(got.last().unwrap()["result"]["ok"], true);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn invalid_utf8_never_reaches_the_agent() {
-    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let s = Setup::with_relay("acp", &[], &agent(&["cat"]), true).await;
     let (lines, out) = exchange_raw(&s, b"{\"s\":\"\xff\xfe bad\"}\n{\"ok\":true}\n").await;
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(lines.contains(&json!({"ok": true})));
@@ -397,7 +338,7 @@ async fn invalid_utf8_never_reaches_the_agent() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn full_acp_exchange_with_the_builtin_agent_over_the_relay() {
-    let s = Setup::new("acp", &[], &[], true).await;
+    let s = Setup::with_relay("acp", &[], &[], true).await;
     // Relay only: the client has no IP transport at all.
     let ep = s.client(true).await;
     let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
@@ -447,7 +388,7 @@ async fn full_acp_exchange_with_the_builtin_agent_over_the_relay() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn spawn_failure_is_reported_to_the_peer() {
-    let mut s = Setup::new("acp", &[], &[], true).await;
+    let mut s = Setup::with_relay("acp", &[], &[], true).await;
     // A script that exists at startup and is gone when the peer arrives.
     let script = s.path("vanishing-agent");
     std::fs::write(&script, "#!/bin/sh\nexec cat\n").unwrap();
@@ -464,7 +405,7 @@ async fn spawn_failure_is_reported_to_the_peer() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn peer_that_opens_no_stream_is_closed_idle() {
-    let s = Setup::new("acp", &["--stream-open-timeout", "0.3"], &agent(&["cat"]), true).await;
+    let s = Setup::with_relay("acp", &["--stream-open-timeout", "0.3"], &agent(&["cat"]), true).await;
     let ep = s.client(false).await;
     let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let (code, reason) = closed_with(&conn).await;
@@ -473,7 +414,7 @@ async fn peer_that_opens_no_stream_is_closed_idle() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_ends_the_bridge_and_its_agents() {
-    let mut s = Setup::new("acp", &[], &[], true).await;
+    let mut s = Setup::with_relay("acp", &[], &[], true).await;
     let pid_file = s.path("agent.pid");
     s.restart(&agent(&["--pid-file", &pid_file, "hang"])).await;
     let ep = s.client(false).await;
@@ -490,7 +431,7 @@ async fn sigterm_ends_the_bridge_and_its_agents() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_stderr_goes_to_the_log_and_stdout_noise_is_dropped() {
-    let mut s = Setup::new("acp", &[], &agent(&["stderr"]), true).await;
+    let mut s = Setup::with_relay("acp", &[], &agent(&["stderr"]), true).await;
     let ep = s.client(false).await;
     let conn = s.bridge.dial(&ep, &Protocol::acp().alpn()).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
@@ -513,7 +454,7 @@ async fn agent_stderr_goes_to_the_log_and_stdout_noise_is_dropped() {
 #[tokio::test(flavor = "multi_thread")]
 async fn unknown_key_dialing_directly_is_refused() {
     // A stranger with a fresh key, dialing the direct address (no relay involved).
-    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let s = Setup::with_relay("acp", &[], &agent(&["cat"]), true).await;
     let stranger = client_endpoint(SecretKey::generate(), None, false).await;
     let conn = s.bridge.dial(&stranger, &Protocol::acp().alpn()).await;
     let (code, reason) = closed_with(&conn).await;
@@ -523,7 +464,7 @@ async fn unknown_key_dialing_directly_is_refused() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn connect_runs_a_local_client_against_the_remote_agent() {
-    let s = Setup::new("acp", &[], &[], true).await;
+    let s = Setup::with_relay("acp", &[], &[], true).await;
     // A local "client": sends initialize, reads one reply line, saves it.
     let out = s.path("reply.json");
     let script = format!(
@@ -545,7 +486,7 @@ async fn connect_runs_a_local_client_against_the_remote_agent() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_of_the_bridge_leaves_no_orphan_agent() {
-    let mut s = Setup::new("acp", &[], &[], true).await;
+    let mut s = Setup::with_relay("acp", &[], &[], true).await;
     let pid_file = s.path("agent.pid");
     s.restart(&agent(&["--pid-file", &pid_file, "hang"])).await;
     let ep = s.client(false).await;
@@ -560,7 +501,7 @@ async fn sigkill_of_the_bridge_leaves_no_orphan_agent() {
 #[tokio::test(flavor = "multi_thread")]
 async fn ctrl_c_or_sigterm_on_connect_closes_the_session_cleanly_and_exits_like_a_signal() {
     use tokio::io::AsyncBufReadExt;
-    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let s = Setup::with_relay("acp", &[], &agent(&["cat"]), true).await;
     // Resumable and plain; 128 + the signal, as a shell reports it (0 is for the agent's success).
     for (extra, sig, code) in [(&[][..], libc::SIGINT, 130), (&["--no-resume"][..], libc::SIGTERM, 143)] {
         let closes = s.bridge.log.text().matches("client closed").count();
@@ -592,7 +533,7 @@ async fn ctrl_c_or_sigterm_on_connect_closes_the_session_cleanly_and_exits_like_
 async fn connect_on_pipes_puts_them_back_as_they_were_and_shares_its_output_with_its_log() {
     use std::io::{Read, Write};
     use std::os::fd::AsRawFd;
-    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let s = Setup::with_relay("acp", &[], &agent(&["cat"]), true).await;
     let (in_r, mut in_w) = std::io::pipe().unwrap();
     let (mut out_r, out_w) = std::io::pipe().unwrap();
     // The same description as the child's stdin: what its flags are, we see.
@@ -645,7 +586,7 @@ async fn connect_on_pipes_puts_them_back_as_they_were_and_shares_its_output_with
 /// closed" at every exit (a race in its own shutdown).
 #[tokio::test(flavor = "multi_thread")]
 async fn connect_with_an_unreachable_relay_ends_without_an_error_line() {
-    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let s = Setup::with_relay("acp", &[], &agent(&["cat"]), true).await;
     let line = b"{\"jsonrpc\":\"2.0\",\"method\":\"n\"}\n";
     // The race is won most of the time by a release build, a third of the
     // time by a debug one: ten sessions, so that a regression shows.
@@ -695,7 +636,7 @@ fn sh(script: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn how_the_agent_ended_reaches_connect() {
-    let mut s = Setup::new("acp", &[], &agent(&["exit", "0"]), true).await;
+    let mut s = Setup::with_relay("acp", &[], &agent(&["exit", "0"]), true).await;
     let out = connect_with(&s, b"{\"a\":1}\n").await;
     assert!(out.status.success(), "agent exit 0 → connect exit 0: {}", String::from_utf8_lossy(&out.stderr));
 
@@ -725,7 +666,7 @@ async fn how_the_agent_ended_reaches_connect() {
 #[tokio::test(flavor = "multi_thread")]
 async fn why_the_agent_ended_reaches_the_client() {
     let script = "echo 'starting up' >&2; echo 'missing API key ANTHROPIC_API_KEY' >&2; echo >&2; exit 3";
-    let mut s = Setup::new("acp", &[], &sh(script), true).await;
+    let mut s = Setup::with_relay("acp", &[], &sh(script), true).await;
     let out = connect_with(&s, b"{\"a\":1}\n").await;
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "stderr: {err}");
@@ -759,7 +700,7 @@ async fn why_the_agent_ended_reaches_the_client() {
 /// `Connecting to ourself is not supported`).
 #[tokio::test(flavor = "multi_thread")]
 async fn connect_from_the_bridges_own_home_says_it_would_dial_itself() {
-    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let s = Setup::with_relay("acp", &[], &agent(&["cat"]), true).await;
     let out = connect_from(&s.bridge_home, &s.bridge.ticket, b"{\"a\":1}\n").await;
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
@@ -770,7 +711,7 @@ async fn connect_from_the_bridges_own_home_says_it_would_dial_itself() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_ends_even_when_a_grandchild_holds_stdout() {
-    let mut s = Setup::new("acp", &[], &[], true).await;
+    let mut s = Setup::with_relay("acp", &[], &[], true).await;
     let child_pid = s.path("grandchild.pid");
     // The agent exits at once, leaving a background child holding its stdout.
     let script = format!("sleep 1004 </dev/null & echo $! > {child_pid}; exit 0");
@@ -791,7 +732,7 @@ async fn a_session_ends_even_when_a_grandchild_holds_stdout() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_agent_that_stops_listening_cannot_hold_its_slot() {
-    let mut s = Setup::new("acp", &[], &[], true).await;
+    let mut s = Setup::with_relay("acp", &[], &[], true).await;
     let pid_file = s.path("agent.pid");
     // Closes stdin, keeps stdout open, runs on.
     let script = format!("echo $$ > {pid_file}; exec 0<&-; exec sleep 1004");
@@ -816,7 +757,7 @@ async fn an_agent_that_stops_listening_cannot_hold_its_slot() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_of_the_bridge_leaves_no_grandchild() {
-    let mut s = Setup::new("acp", &[], &[], true).await;
+    let mut s = Setup::with_relay("acp", &[], &[], true).await;
     let child_pid = s.path("grandchild.pid");
     let cat = test_agent_bin().display().to_string();
     s.restart(&sh(&format!("sleep 1004 </dev/null & echo $! > {child_pid}; exec {cat} cat"))).await;
@@ -830,7 +771,7 @@ async fn sigkill_of_the_bridge_leaves_no_grandchild() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dial_timeout_is_kept_and_the_exit_is_clean() {
-    let mut s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let mut s = Setup::with_relay("acp", &[], &agent(&["cat"]), true).await;
     s.bridge.terminate().await;
     let started = std::time::Instant::now();
     let out = s.client_home.run(&["acp", "connect", "--dial-timeout", "1", &s.bridge.ticket]).await;
@@ -847,7 +788,7 @@ async fn dial_timeout_is_kept_and_the_exit_is_clean() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_peer_gets_one_stream_and_nothing_else() {
     use futures::FutureExt;
-    let s = Setup::new("acp", &[], &agent(&["cat"]), true).await;
+    let s = Setup::with_relay("acp", &[], &agent(&["cat"]), true).await;
     let ep = s.client(false).await;
     let (conn, _send, mut recv) = s.open_session(&ep, b"{\"a\":1}\n").await;
     let mut buf = Vec::new();
@@ -876,8 +817,13 @@ async fn a_peer_gets_one_stream_and_nothing_else() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flood_on_agent_stderr_is_counted_not_logged() {
     let cat = test_agent_bin().display().to_string();
-    let s = Setup::new("acp", &[], &sh(&format!("yes noise-line | head -n 20000 >&2; exec {cat} cat")), true)
-        .await;
+    let s = Setup::with_relay(
+        "acp",
+        &[],
+        &sh(&format!("yes noise-line | head -n 20000 >&2; exec {cat} cat")),
+        true,
+    )
+    .await;
     let ep = s.client(false).await;
     let (_conn, mut send, mut recv) = s.open_session(&ep, b"{\"a\":1}\n").await;
     send.finish().unwrap();
@@ -890,7 +836,7 @@ async fn a_flood_on_agent_stderr_is_counted_not_logged() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_killed_without_a_close_frees_its_agent_after_the_idle_timeout() {
     use tokio::io::AsyncBufReadExt;
-    let mut s = Setup::new("acp", &[], &[], true).await;
+    let mut s = Setup::with_relay("acp", &[], &[], true).await;
     let pid_file = s.path("agent.pid");
     s.restart_with(&["--idle-timeout", "4"], &agent(&["--pid-file", &pid_file, "cat"])).await;
     let mut c = s.client_home.cmd();
@@ -929,7 +875,8 @@ async fn the_bridges_secrets_never_reach_the_agent() {
     let script = "read -r l; printf '{\"leaked\":%s,\"setting\":\"%s\",\"path\":%s}\\n' \
         \"$(env | grep -c s3cret)\" \"$AGENT_SETTING\" \"$([ -n \"$PATH\" ] && echo true || echo false)\"";
     let bridge = bridge_home.bridge("acp", &[], &strs(&sh(script))).await;
-    let s = Setup { relay, bridge_home, client_home, bridge, work: tempfile::tempdir().unwrap() };
+    let s =
+        Setup { relay: Some(relay), bridge_home, client_home, bridge, work: tempfile::tempdir().unwrap() };
     let out = connect_with(&s, b"{\"a\":1}\n").await;
     let reply: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|_| panic!("one JSON line: {}", String::from_utf8_lossy(&out.stdout)));

@@ -14,10 +14,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// `thunderbolt status --json` in `home`: the first bridge's status.
 async fn status(home: &Tb) -> Value {
-    let out = home.run(&["status", "--json"]).await;
-    assert!(out.status.success(), "status failed: {}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
-    v["bridges"][0].clone()
+    thunderbolt_tests::setup::status(home).await["bridges"][0].clone()
 }
 
 fn session<'a>(st: &'a Value, state: &str) -> &'a Value {

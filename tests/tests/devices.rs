@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 use thunderbolt_shared::devices::{METHOD_ANSWERED, METHOD_MISSED, METHOD_ROLE, OBSERVER_REFUSED_CODE};
-use thunderbolt_tests::*;
+use thunderbolt_tests::{setup::status, *};
 
 /// One device's `connect`: JSON lines in and out.
 type Device = JsonConnect;
@@ -48,12 +48,6 @@ async fn sessions(device: &Tb, ticket: &str) -> Vec<Value> {
     assert!(out.status.success(), "sessions: {}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     v["sessions"].as_array().unwrap().clone()
-}
-
-async fn status(home: &Tb) -> Value {
-    let out = home.run(&["status", "--json"]).await;
-    assert!(out.status.success(), "status: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// `thunderbolt kick <what>` on the host; `device`'s connect exits unsuccessfully, saying why.

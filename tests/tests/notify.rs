@@ -12,6 +12,7 @@ use iroh::{
 use serde_json::{json, Value};
 use thunderbolt_tests::{
     r1::{agent, lose, next_frame, Setup},
+    setup::{call, request},
     Log, Tb, WAIT,
 };
 use tokio::{
@@ -87,13 +88,6 @@ impl PushService {
 /// The tests' switch that lets push endpoints on loopback through (the
 /// stand-in push service listens there); without it they are refused.
 const LOOPBACK: &[(&str, &str)] = &[("THUNDERBOLT_TEST_PUSH_LOOPBACK", "1")];
-
-fn request(id: Value, method: &str, params: Value) -> Vec<u8> {
-    let mut b =
-        serde_json::to_vec(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).unwrap();
-    b.push(b'\n');
-    b
-}
 
 /// The test agent's `later`: it writes `send` after `ms`.
 fn later(id: u64, ms: u64, send: Vec<Value>) -> Vec<u8> {
@@ -477,21 +471,6 @@ async fn plain(s: &Setup, ep: &Endpoint) -> (Connection, SendStream, RecvStream,
     let conn = s.bridge.dial(ep, &thunderbolt_shared::Protocol::acp().alpn()).await;
     let (send, recv) = conn.open_bi().await.unwrap();
     (conn, send, recv, Vec::new())
-}
-
-/// Sends `method` on the stream and reads its answer.
-async fn call(
-    send: &mut SendStream,
-    recv: &mut RecvStream,
-    buf: &mut Vec<u8>,
-    id: u64,
-    method: &str,
-    params: Value,
-) -> Value {
-    send.write_all(&request(json!(id), method, params)).await.unwrap();
-    let r = frame_json(&next_frame(recv, buf).await);
-    assert_eq!(r["id"], id, "{r}");
-    r
 }
 
 /// The agent asks `n` questions; returns once the client has them all (the

@@ -3,7 +3,7 @@
 //! real outages (all UDP to the bridge dropped with nftables in the test's own
 //! network namespace).
 
-use iroh::endpoint::{RecvStream, SendStream, VarInt};
+use iroh::endpoint::VarInt;
 use serde_json::Value;
 use thunderbolt_shared::{
     close,
@@ -12,6 +12,7 @@ use thunderbolt_shared::{
 };
 use thunderbolt_tests::{
     r1::{agent, hello, lose, next_frame, Setup},
+    setup::call,
     *,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -369,26 +370,6 @@ async fn a_relay_killed_and_restarted_mid_session_loses_nothing() {
     assert!(status.success(), "{}", log.text());
     assert!(!pid_alive(pid) || wait_pid_gone(pid).await);
     assert_eq!(bridge.log.text().matches("agent started").count(), 1, "{}", bridge.log.text());
-}
-
-/// Sends one JSON-RPC request on a plain stream and reads until its response.
-async fn call(
-    send: &mut SendStream,
-    recv: &mut RecvStream,
-    buf: &mut Vec<u8>,
-    id: u64,
-    method: &str,
-    params: Value,
-) -> Value {
-    let req = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-    send.write_all(format!("{req}\n").as_bytes()).await.unwrap();
-    loop {
-        let line = next_frame(recv, buf).await;
-        let v: Value = serde_json::from_slice(&line).unwrap();
-        if v["id"] == id {
-            return v;
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
