@@ -1,0 +1,164 @@
+//! What of a device's input goes to the agent once the session is shared:
+//! the controller's frames (but a second answer to one request, or a request
+//! whose id another device's request in flight holds), only the answers of an
+//! observer's (its requests are refused, naming its role). The first answer
+//! to an agent's request wins, and the other devices are told who gave it.
+
+use std::{sync::Arc, time::SystemTime};
+
+use bytes::Bytes;
+use thunderbolt_shared::{
+    devices::{self as wire, Device},
+    jsonrpc,
+};
+use tracing::info;
+
+use super::{acp_sessions::note_acp_sessions, ASKED_BY_REMEMBERED};
+use crate::serve::{extension::KeptLines, sessions::hub::Hub};
+
+/// Answered requests remembered, to drop a later answer to the same one
+/// (agents ask one thing at a time; a few dozen covers any backlog).
+const ANSWERED_REMEMBERED: usize = 64;
+
+/// The ACP method whose answer ends a turn ([`wire::METHOD_TURN_ENDED`]), as
+/// raw JSON text ([`jsonrpc::request_head`]).
+const PROMPT_METHOD: &[u8] = b"\"session/prompt\"";
+
+impl Hub {
+    /// What of a run of this device's frames goes to the agent: everything
+    /// of the controller's (but a second answer to one request), only answers
+    /// of an observer's. Refusals and "answered" notices are sent here too.
+    /// `None` when nothing goes on.
+    ///
+    /// `names_an_id` is [`jsonrpc::names_an_id`] of the run. The ACP sessions
+    /// the device names are read from a run that has one, or is small (see
+    /// [`SESSIONS_READ_BELOW`](super::acp_sessions::SESSIONS_READ_BELOW)).
+    pub(in crate::serve::sessions) fn screen(
+        self: &Arc<Self>,
+        run: Bytes,
+        names_an_id: bool,
+    ) -> Option<Bytes> {
+        let Some(session) = self.session_hub() else { return Some(run) };
+        let me = self.seat_number();
+        let mut st = session.lock();
+        let m = &mut st.members;
+        m.last_activity = SystemTime::now();
+        note_acp_sessions(&mut m.acp_sessions, &run, names_an_id);
+        let controller = m.controller == me;
+        if !m.joined || (controller && !names_an_id) {
+            // One device: nothing is screened; its answers close what is open.
+            // Nor are the controller's lines when none is a request or an answer.
+            if names_an_id && !m.open.is_empty() {
+                for line in thunderbolt_shared::ndjson::lines(&run) {
+                    if let Some(id) = jsonrpc::response_id(line).and_then(jsonrpc::canonical_id) {
+                        m.open.remove(&*String::from_utf8_lossy(&id));
+                    }
+                }
+            }
+            return Some(run);
+        }
+        let mut kept = KeptLines::new(&run);
+        let mut refusals = Vec::new();
+        let mut answered = Vec::new();
+        let mut in_use = Vec::new();
+        let mut prompted = Vec::new();
+        // Each line read whole (`classify`): what decides where it goes is
+        // every key it has, not the first that looks like an answer.
+        for line in thunderbolt_shared::ndjson::lines(&run) {
+            let message = jsonrpc::classify(line);
+            if let jsonrpc::Message::Response(id) = &message {
+                let key = String::from_utf8_lossy(id).into_owned();
+                if m.open.remove(&key) {
+                    let mine = self.device();
+                    if m.answered.len() >= ANSWERED_REMEMBERED {
+                        m.answered.pop_front();
+                    }
+                    m.answered.push_back((key, me, mine.clone()));
+                    answered.push(wire::answered_line(id, &mine));
+                    kept.line(line, true);
+                } else if let Some((_, _, by)) =
+                    m.answered.iter().find(|(a, seat, _)| *a == key && *seat != me)
+                {
+                    info!(
+                        peer = %self.peer,
+                        session = session.short(),
+                        "{}'s answer to the agent's request {key} dropped: {} answered it first",
+                        self.device().label(),
+                        by.label()
+                    );
+                    kept.line(line, false);
+                } else {
+                    kept.line(line, true);
+                }
+            } else if controller {
+                let mut keep = true;
+                if let jsonrpc::Message::Request(id) = &message {
+                    let key = String::from_utf8_lossy(id).into_owned();
+                    match m.asked_by.get(&key) {
+                        Some(seat) if *seat != me => {
+                            keep = false;
+                            in_use.push(id.to_vec());
+                        }
+                        _ if m.asked_by.len() < ASKED_BY_REMEMBERED => {
+                            let prompt = jsonrpc::request_head(line).is_some_and(|(_, m)| m == PROMPT_METHOD);
+                            if prompt && m.prompts.len() < ASKED_BY_REMEMBERED {
+                                m.prompts.insert(key.clone());
+                                prompted.push(wire::prompted_line(line, id, &self.device()));
+                            }
+                            m.asked_by.insert(key, me);
+                        }
+                        _ => {}
+                    }
+                }
+                kept.line(line, keep);
+            } else {
+                // An observer's request is refused; anything else of its
+                // (a notification, a line that is no one thing) is dropped.
+                kept.line(line, false);
+                if let jsonrpc::Message::Request(id) = message {
+                    refusals.push(id.into_owned());
+                }
+            }
+        }
+        if refusals.is_empty() && answered.is_empty() && in_use.is_empty() && prompted.is_empty() {
+            // The common case, on every run of the controller's: nothing to tell.
+            return kept.finish();
+        }
+        let controller_device = session.member_at(&st, st.members.controller).map(|h| h.device());
+        let others: Vec<Arc<Hub>> = (0..1)
+            .chain(st.members.guests.iter().map(|g| g.seat_number()))
+            .filter(|s| *s != me)
+            .filter_map(|s| session.member_at(&st, s))
+            .collect();
+        drop(st);
+        if !refusals.is_empty() {
+            let by = controller_device.unwrap_or(Device { node: String::new(), name: Some("nobody".into()) });
+            info!(
+                peer = %self.peer,
+                session = session.short(),
+                "refused {} request(s) of {}: it observes the session",
+                refusals.len(),
+                self.device().label()
+            );
+            for id in refusals {
+                self.tell(wire::observer_refused(&id, &by));
+            }
+        }
+        for line in answered.into_iter().chain(prompted) {
+            for o in &others {
+                o.tell(line.clone());
+            }
+        }
+        for id in in_use {
+            info!(
+                peer = %self.peer,
+                session = session.short(),
+                "refused a request of {}: its id {} is another device's request in flight",
+                self.device().label(),
+                String::from_utf8_lossy(&id)
+            );
+            self.tell(wire::id_in_use(&id));
+        }
+        kept.finish()
+    }
+}
