@@ -46,8 +46,12 @@ pub mod errors;
 
 #[cfg(target_arch = "wasm32")]
 mod batching;
+#[cfg(target_arch = "wasm32")]
+mod client;
 #[cfg(any(target_arch = "wasm32", test))]
 mod crypto;
+#[cfg(target_arch = "wasm32")]
+mod js;
 #[cfg(target_arch = "wasm32")]
 mod relays;
 #[cfg(target_arch = "wasm32")]

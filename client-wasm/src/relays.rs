@@ -16,7 +16,7 @@ use iroh::{
 };
 use n0_watcher::Watcher;
 
-use crate::wasm::ClientInner;
+use crate::client::ClientInner;
 
 impl ClientInner {
     /// Makes every relay `addr` names one of ours (a ticket of a bridge with

@@ -31,8 +31,9 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
 use crate::{
+    client::ClientInner,
     errors::{Ending, ErrorKind},
-    wasm::{ending, js_error, set, set_agent_end, ClientInner},
+    js::{ending, js_error, set, set_agent_end},
 };
 
 /// First pause between starting redials; doubled after each start.
@@ -348,7 +349,7 @@ impl Resumable {
 
     /// The current connection's path kind (`"none"` between connections).
     pub fn path(&self) -> &'static str {
-        self.st.borrow().conn.as_ref().map_or("none", crate::wasm::path_kind)
+        self.st.borrow().conn.as_ref().map_or("none", crate::client::path_kind)
     }
 
     /// `{session, received}` to store, for resuming after a reload.
@@ -593,7 +594,7 @@ impl Resumable {
         let download = async {
             let mut events = Vec::new();
             // Everything the stream holds per wake-up (see `READ_CHUNK`).
-            let mut buf = vec![0u8; crate::wasm::READ_CHUNK];
+            let mut buf = vec![0u8; crate::client::READ_CHUNK];
             loop {
                 rx.drain(&mut events);
                 for ev in events.drain(..) {
@@ -609,7 +610,7 @@ impl Resumable {
                                     let notice = may_be_notice(text);
                                     if self.raw {
                                         if notice {
-                                            if let Ok(m) = crate::wasm::parse_frame(text) {
+                                            if let Ok(m) = crate::js::parse_frame(text) {
                                                 self.notice(&m);
                                             }
                                         }
@@ -618,7 +619,7 @@ impl Resumable {
                                             line.len(),
                                         );
                                     } else if !text.iter().all(u8::is_ascii_whitespace) {
-                                        let m = crate::wasm::parse_frame(text);
+                                        let m = crate::js::parse_frame(text);
                                         if let (true, Ok(m)) = (notice, &m) {
                                             self.notice(m);
                                         }
