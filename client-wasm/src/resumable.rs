@@ -16,7 +16,9 @@ use std::{cell::RefCell, collections::VecDeque, rc::Rc, time::Duration};
 use bytes::{Bytes, BytesMut};
 use futures::{channel::mpsc, FutureExt, StreamExt};
 use iroh::{
-    endpoint::{ConnectOptions, Connection, ConnectionError, QuicTransportConfig, VarInt},
+    endpoint::{
+        ConnectOptions, Connection, ConnectionError, QuicTransportConfig, RecvStream, SendStream, VarInt,
+    },
     EndpointAddr,
 };
 use js_sys::{Function, Object, Promise};
@@ -35,6 +37,14 @@ use crate::{
     errors::{Ending, ErrorKind},
     js::{ending, js_error, set, set_agent_end},
 };
+
+mod devices;
+mod outcome;
+mod streams;
+mod watch;
+
+use devices::*;
+use outcome::*;
 
 /// First pause between starting redials; doubled after each start.
 const REDIAL_FIRST_BACKOFF: Duration = Duration::from_millis(200);
@@ -189,53 +199,6 @@ impl Resumable {
             }
             let _ = f.call1(&JsValue::NULL, &v);
         }
-    }
-
-    /// A message from the bridge that may be one of its notices about the
-    /// session's devices (`msg` parsed): notes a role, and tells `onEvent`
-    /// (`{type: "role", role, controller}`, `{type: "answered", id, by}`).
-    fn notice(&self, msg: &JsValue) {
-        let get = |o: &JsValue, k: &str| js_sys::Reflect::get(o, &k.into()).unwrap_or_default();
-        let params = get(msg, "params");
-        let kind = match get(msg, "method").as_string().as_deref() {
-            Some(METHOD_ROLE) => {
-                let Some(role) = get(&params, "role").as_string().and_then(|r| Role::parse(&r)) else {
-                    return;
-                };
-                let mut st = self.st.borrow_mut();
-                st.role = Some(role);
-                if st.want == Some(role) {
-                    st.want = None;
-                }
-                "role"
-            }
-            Some(METHOD_ANSWERED) => "answered",
-            _ => return,
-        };
-        if let (Some(f), Some(p)) = (&self.on_event, params.dyn_ref::<Object>()) {
-            let v = Object::assign(&Object::new(), p);
-            set(&v, "type", kind.into());
-            let _ = f.call1(&JsValue::NULL, &v);
-        }
-    }
-
-    /// Asks the bridge for `role` in the session this device shares (sent
-    /// now, and again after a reconnect until the bridge says it is so).
-    pub fn set_role(&self, role: Role) -> Result<(), JsValue> {
-        let mut st = self.st.borrow_mut();
-        if st.ended.is_some() {
-            return Err(js_error(&ErrorKind::SessionGone, "the session has ended"));
-        }
-        st.want = Some(role);
-        st.role_due = true;
-        drop(st);
-        let _ = self.poke.unbounded_send(());
-        Ok(())
-    }
-
-    /// This device's role as the bridge last said it.
-    pub fn role(&self) -> Option<String> {
-        self.st.borrow().role.map(|r| r.as_str().into())
     }
 
     /// Resolves once the bridge welcomed the session (a join was accepted);
@@ -506,7 +469,7 @@ impl Resumable {
             }
         };
         // Frames from the page's count on; those already queued for it are skipped.
-        let mut index = self.st.borrow().ack.received();
+        let index = self.st.borrow().ack.received();
         self.wake_waiters();
         if resumed {
             self.event("resumed", None);
@@ -515,148 +478,8 @@ impl Resumable {
             return self.conn_end(conn.closed().await);
         }
 
-        let upload = async {
-            // Armed when a frame awaits its ack and kept across turns of the
-            // loop (one JS timer per ack, not one per message): the ack goes
-            // out ACK_DELAY_MS after the first frame it covers at the latest.
-            let mut ack_timer = futures::future::Fuse::terminated();
-            loop {
-                // Control lines first: an ack, a role asked for.
-                let ack = {
-                    let mut st = self.st.borrow_mut();
-                    match st.next_ack() {
-                        Some(a) => Some(a),
-                        None if st.role_due => {
-                            st.role_due = false;
-                            st.want.map(Control::Role)
-                        }
-                        None => None,
-                    }
-                };
-                if let Some(a) = ack {
-                    if send.write_all(&a.encode()).await.is_err() {
-                        return;
-                    }
-                    continue;
-                }
-                let (room, pending, eof, held) = {
-                    let st = self.st.borrow();
-                    let n = st.out.bytes();
-                    let room = match &st.held {
-                        Some(h) => n == 0 || n + h.len() <= SEND_BUFFER,
-                        None => n < SEND_BUFFER,
-                    };
-                    (room, st.ack.pending(), st.eof_at().is_some(), st.held.is_some())
-                };
-                if !pending {
-                    ack_timer = futures::future::Fuse::terminated();
-                } else if futures::future::FusedFuture::is_terminated(&ack_timer) {
-                    ack_timer = Box::pin(n0_future::time::sleep(Duration::from_millis(ACK_DELAY_MS))).fuse();
-                }
-                // `None`: the held message's turn; else the page's next one.
-                let mut next = if room && held {
-                    futures::future::Either::Left(futures::future::ready(None)).fuse()
-                } else if room && !eof {
-                    futures::future::Either::Right(out_rx.next().map(Some)).fuse()
-                } else {
-                    futures::future::Fuse::terminated()
-                };
-                futures::select_biased! {
-                    _ = poke_rx.next().fuse() => {}
-                    o = next => {
-                        let o = match o {
-                            Some(o) => o,
-                            None => self.st.borrow_mut().held.take().map(Outgoing::Frame),
-                        };
-                        let line = match o {
-                            Some(Outgoing::Frame(b)) => {
-                                let mut st = self.st.borrow_mut();
-                                let n = st.out.bytes();
-                                if n > 0 && n + b.len() > SEND_BUFFER {
-                                    st.held = Some(b);
-                                    continue;
-                                }
-                                st.out.push(b.clone());
-                                b
-                            }
-                            Some(Outgoing::Eof) | None => {
-                                self.st.borrow_mut().input_ended().encode()
-                            }
-                        };
-                        if send.write_chunk(line).await.is_err() {
-                            return;
-                        }
-                    }
-                    _ = ack_timer => self.st.borrow_mut().ack_due = true,
-                }
-            }
-        };
-        let download = async {
-            let mut events = Vec::new();
-            // Everything the stream holds per wake-up (see `READ_CHUNK`).
-            let mut buf = vec![0u8; crate::client::READ_CHUNK];
-            loop {
-                rx.drain(&mut events);
-                for ev in events.drain(..) {
-                    match ev {
-                        Event::Data { bytes, frames } => {
-                            if frames == 0 {
-                                continue;
-                            }
-                            for line in bytes.split_inclusive(|b| *b == b'\n') {
-                                let queued = self.st.borrow().queued;
-                                if index >= queued {
-                                    let text = line.strip_suffix(b"\n").unwrap_or(line);
-                                    let notice = may_be_notice(text);
-                                    if self.raw {
-                                        if notice {
-                                            if let Ok(m) = crate::js::parse_frame(text) {
-                                                self.notice(&m);
-                                            }
-                                        }
-                                        self.push_message(
-                                            Ok(js_sys::Uint8Array::from(line).into()),
-                                            line.len(),
-                                        );
-                                    } else if !text.iter().all(u8::is_ascii_whitespace) {
-                                        let m = crate::js::parse_frame(text);
-                                        if let (true, Ok(m)) = (notice, &m) {
-                                            self.notice(m);
-                                        }
-                                        self.push_message(m, line.len());
-                                    } else {
-                                        // Never shown, so never taken: count it as taken now.
-                                        self.st.borrow_mut().ack.took(1, 0);
-                                    }
-                                    self.st.borrow_mut().queued += 1;
-                                }
-                                index += 1;
-                            }
-                        }
-                        Event::Control(Some(Control::Ack(n))) => {
-                            if let Err(e) = self.st.borrow_mut().acked(n) {
-                                // The protocol is broken: the session ends (as the CLI's does).
-                                self.st.borrow_mut().broken = Some(format!("bad ack from the bridge: {e}"));
-                                return;
-                            }
-                            let _ = self.poke.unbounded_send(());
-                        }
-                        Event::Control(Some(Control::End(n))) => {
-                            let mut st = self.st.borrow_mut();
-                            st.end_at = Some(n);
-                            st.ack_due = true;
-                            drop(st);
-                            let _ = self.poke.unbounded_send(());
-                        }
-                        _ => {}
-                    }
-                }
-                match recv.read(&mut buf).await {
-                    Ok(Some(n)) => rx.push(&buf[..n]),
-                    _ => return,
-                }
-            }
-        };
+        let upload = self.upload(&mut send, out_rx, poke_rx);
+        let download = self.download(&mut recv, &mut rx, index);
         let closed = conn.closed();
         // A relay that died may hold this endpoint's sends back: the redial
         // goes out from a fresh one.
@@ -683,92 +506,6 @@ impl Resumable {
         }
         self.conn_end(conn.closed().await)
     }
-
-    /// Resolves, saying why, once `conn` heard nothing from the bridge, not
-    /// even an answer to a probe (`shared::silence`).
-    async fn silent(&self, conn: &Connection) -> String {
-        use n0_future::time::Instant;
-        let start = Instant::now();
-        let heard = || conn.stats().udp_rx.datagrams;
-        let rtt = || conn.paths().iter().find(|p| p.is_selected()).map(|p| p.rtt()).unwrap_or_default();
-        let mut w = Silence::new(Duration::ZERO, heard());
-        loop {
-            n0_future::time::sleep(silence::TICK).await;
-            match w.tick(start.elapsed(), heard(), rtt()) {
-                Verdict::Probe => {
-                    self.st.borrow_mut().probe_due = true;
-                    let _ = self.poke.unbounded_send(());
-                }
-                Verdict::Suspect { silent_for } => {
-                    // Its path went through a relay that may be dead (a
-                    // browser's always does), holding this endpoint's sends.
-                    self.st.borrow_mut().renew = true;
-                    return format!(
-                        "nothing heard from the bridge for {:.1} s, not even an answer to a probe",
-                        silent_for.as_secs_f64()
-                    );
-                }
-                Verdict::Fine => {}
-            }
-        }
-    }
-
-    /// The connection ended: the bridge's close ends the session; anything
-    /// else is a loss to resume from.
-    fn conn_end(&self, err: ConnectionError) -> Result<String, (JsValue, Option<JsValue>)> {
-        let ending = ending(&err);
-        // Before its first welcome a session cannot be gone: a join refused says why as it is.
-        let welcomed = self.st.borrow().token().is_some();
-        let gone = ending.refusal().filter(|r| welcomed && r.is_session_gone());
-        let kept = ending.refusal().is_some_and(|r| r.is_session_kept());
-        match ending {
-            Ending::Closed { code, reason } if gone.is_some() => {
-                let msg = gone.map(|g| g.describe()).unwrap_or_default();
-                self.event("gone", Some(&msg));
-                Err((
-                    closed_obj("session_gone", Some(code), &reason),
-                    Some(js_error(&ErrorKind::SessionGone, &msg)),
-                ))
-            }
-            Ending::Agent(end) => {
-                let v = closed_obj("agent", None, &end.reason());
-                set_agent_end(&v, &end);
-                let e = (!end.is_success()).then(|| js_error(&ErrorKind::Agent(end), &end.describe()));
-                Err((v, e))
-            }
-            // The bridge is restarting and keeps the session: redial as after a loss.
-            Ending::Closed { reason, .. } if kept => Ok(reason),
-            // Nothing went wrong: this device left a session others go on with.
-            Ending::Closed { code: 0, reason } => Err((closed_obj("closed", Some(0), &reason), None)),
-            Ending::Closed { code, reason } => {
-                let msg = thunderbolt_shared::words::closed(code, &reason, &self.me);
-                Err((
-                    closed_obj("closed", Some(code), &reason),
-                    Some(js_error(&ErrorKind::Closed { code, reason: reason.clone() }, &msg)),
-                ))
-            }
-            // Ended or moved: `drive` tells which (the endpoint's generation).
-            Ending::Local => Ok(LOCALLY_CLOSED.into()),
-            Ending::Lost(text) => Ok(text),
-        }
-    }
-}
-
-/// Whether a line from the bridge may be one of its notices about devices
-/// (`"_thunderbolt/` in it): only those are looked at further.
-fn may_be_notice(line: &[u8]) -> bool {
-    const MARK: &[u8] = b"\"_thunderbolt/";
-    line.iter().enumerate().any(|(i, b)| *b == b'"' && line[i..].starts_with(MARK))
-}
-
-fn closed_obj(kind: &str, code: Option<u64>, reason: &str) -> JsValue {
-    let v: JsValue = Object::new().into();
-    set(&v, "kind", kind.into());
-    if let Some(c) = code {
-        set(&v, "code", JsValue::from_f64(c as f64));
-    }
-    set(&v, "reason", reason.into());
-    v
 }
 
 /// Redials until a connection with the resumable protocol is made, or the
