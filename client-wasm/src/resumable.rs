@@ -390,7 +390,7 @@ impl Resumable {
             if why == LOCALLY_CLOSED && client.generation() == generation {
                 return self.end(closed_obj("closed", Some(0), close::REASON_CLIENT_CLOSED), None);
             }
-            let grace = self.st.borrow().grace();
+            let grace = self.st.borrow().redial_budget();
             self.event("reconnecting", Some(&why));
             // Moved: the endpoint is a fresh one already.
             let renewed = std::mem::take(&mut self.st.borrow_mut().renew) || why == LOCALLY_CLOSED;

@@ -24,6 +24,15 @@ use bytes::Bytes;
 
 use crate::resume::{AckPolicy, BadPosition, Control, ReplayLog};
 
+/// How long a client dials again for its first welcome, after losing the
+/// connection that carried its hello: the bridge's grace is not known until
+/// a welcome says it, and a relay that died between the hello and the
+/// welcome must not end a session the client already queued frames on.
+/// Long enough for a relay to come back or a path through another; short,
+/// because the bridge may hold the half-made session (it drops it within its
+/// own grace).
+pub const FIRST_WELCOME_BUDGET: Duration = Duration::from_secs(15);
+
 /// What a client keeps of its session across connections.
 #[derive(Debug, Default)]
 pub struct ClientSession {
@@ -115,6 +124,17 @@ impl ClientSession {
     /// How long the bridge keeps the session while no connection carries it.
     pub fn grace(&self) -> Duration {
         self.grace
+    }
+
+    /// How long to keep dialing after a lost connection: the grace the
+    /// bridge's welcome announced, or, before any welcome,
+    /// [`FIRST_WELCOME_BUDGET`] (the next hello starts the session afresh).
+    pub fn redial_budget(&self) -> Duration {
+        if self.token.is_some() {
+            self.grace
+        } else {
+            FIRST_WELCOME_BUDGET
+        }
     }
 
     /// After how many of our frames our input ended, if it did.
@@ -240,6 +260,15 @@ mod tests {
         // A fresh client is not restored: a bridge claiming frames it never got is wrong.
         let mut fresh = ClientSession::new(None);
         assert!(matches!(fresh.welcome(&welcome("tok", 4)), Err(WelcomeError::Position(_))));
+    }
+
+    #[test]
+    fn a_connection_lost_before_the_first_welcome_is_dialed_again_for_a_while() {
+        let mut c = ClientSession::new(None);
+        assert_eq!(c.redial_budget(), FIRST_WELCOME_BUDGET, "no grace known yet");
+        assert_eq!(c.hello(), Control::Hello { session: None, received: 0 }, "the next hello starts it");
+        c.welcome(&welcome("tok", 0)).unwrap();
+        assert_eq!(c.redial_budget(), Duration::from_secs(5), "the bridge's grace from then on");
     }
 
     #[test]

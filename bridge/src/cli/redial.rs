@@ -175,11 +175,12 @@ pub async fn run(
                     // Everything arrived; only the bridge's word on how the agent ended was lost.
                     break Ok(Finish::AgentEnded(None));
                 }
+                let grace = st.borrow().redial_budget();
                 if st.borrow().token().is_none() {
-                    break Err(anyhow!("connection lost before the session started: {why}"));
+                    warn!("connection lost before the bridge's welcome ({why}); dialing again for up to {grace:?}");
+                } else {
+                    warn!("connection lost ({why}); reconnecting (the bridge keeps the session {grace:?})");
                 }
-                let grace = st.borrow().grace();
-                warn!("connection lost ({why}); reconnecting (the bridge keeps the session {grace:?})");
                 // The old endpoint may hold a queue for the dead relay that
                 // holds back every relay's sends: redial from a fresh one.
                 let renewed = relay_gone && renew(ep, &why).await;
