@@ -306,7 +306,8 @@ function renderAgents() {
   ul.replaceChildren();
   const current = state.ticket || $("ticket").value.trim();
   const hosts = hostsOf(list);
-  const sessions = hosts.flatMap((h) => liveSessions(h));
+  const live = new Map(hosts.map((h) => [h.key, liveSessions(h)]));
+  const sessions = [...live.values()].flat();
   // One agent, the one shown, and no other session: nothing to pick.
   const alone = list.length === 1 && list[0].ticket === current && !sessions.some((x) => !x.shown);
   $("agents").hidden = list.length === 0 || alone;
@@ -341,12 +342,12 @@ function renderAgents() {
       li.setAttribute("aria-label", h.name);
       li.setAttribute("role", "group");
     }
-    const live = liveSessions(h).filter((x) => !x.shown);
-    if (live.length) {
+    const others = live.get(h.key).filter((x) => !x.shown);
+    if (others.length) {
       const ss = document.createElement("ul");
       ss.className = "sessions";
       ss.setAttribute("aria-label", `sessions on ${h.name}`);
-      ss.append(...live.map(sessionItem));
+      ss.append(...others.map(sessionItem));
       li.append(ss);
     }
     const agents = document.createElement("ul");

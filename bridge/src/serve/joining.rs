@@ -33,24 +33,30 @@ pub(super) fn device_name(a: &Admitted, node: &EndpointId) -> Option<String> {
     a.shared.stores().and_then(|s| s.devices.name_of(node))
 }
 
-/// Whether the connection's device may see (and join) a session `owner`
-/// started: its own, and, for one of the owner's own devices, those another
-/// of the owner's own devices started (`standing`).
-fn may_see(a: &Admitted, owner: &EndpointId) -> bool {
-    let own = |node: &EndpointId| standing::of(a, node) == Some(Standing::Own);
-    *owner == a.peer || (own(&a.peer) && own(owner))
+/// Whether the device `peer` may see (and join) a session `owner` started,
+/// by their standings at the session's agent (`standing`): its own, and, for
+/// one of the owner's own devices, those another of the owner's own devices
+/// started. A device the agent does not admit sees none of its sessions.
+fn sees(peer: &EndpointId, owner: &EndpointId, standing: impl Fn(&EndpointId) -> Option<Standing>) -> bool {
+    match standing(peer) {
+        None => false,
+        Some(_) if owner == peer => true,
+        Some(mine) => mine == Standing::Own && standing(owner) == Some(Standing::Own),
+    }
 }
 
-/// Whether the connection's device may see a session `owner` started at
-/// another agent of the host (`cfg`): as [`may_see`], by its standing there
-/// (none: that agent does not admit it, and none of its sessions is shown).
-fn may_see_at(a: &Admitted, cfg: &AgentConfig, owner: &EndpointId) -> bool {
-    let at = |node: &EndpointId| standing::at(&a.shared, cfg, node);
-    match at(&a.peer) {
-        None => false,
-        Some(_) if *owner == a.peer => true,
-        Some(mine) => mine == Standing::Own && at(owner) == Some(Standing::Own),
-    }
+/// The resumable sessions alive that `keep` keeps, oldest first.
+fn joinable(a: &Admitted, keep: impl Fn(&Arc<Hub>) -> bool) -> Vec<Arc<Hub>> {
+    let mut hubs: Vec<Arc<Hub>> = a
+        .shared
+        .hubs
+        .all()
+        .into_iter()
+        .filter(|h| h.kind() == HubKind::Resumable && !h.view().gone)
+        .filter(keep)
+        .collect();
+    hubs.sort_by_key(|h| h.info().started);
+    hubs
 }
 
 /// The sessions of every agent of the host the device may join: this
@@ -58,35 +64,19 @@ fn may_see_at(a: &Admitted, cfg: &AgentConfig, owner: &EndpointId) -> bool {
 fn visible_on_host(a: &Admitted) -> Vec<Arc<Hub>> {
     let configs: HashMap<AgentName, Arc<AgentConfig>> =
         a.shared.served().into_iter().map(|(name, s)| (name, s.config())).collect();
-    let mut hubs: Vec<Arc<Hub>> = a
-        .shared
-        .hubs
-        .all()
-        .into_iter()
-        .filter(|h| h.kind() == HubKind::Resumable && !h.view().gone)
-        .filter(|h| {
-            if *h.agent() == a.cfg.name {
-                return may_see(a, &h.owner());
-            }
-            configs.get(h.agent()).is_some_and(|cfg| may_see_at(a, cfg, &h.owner()))
-        })
-        .collect();
-    hubs.sort_by_key(|h| h.info().started);
-    hubs
+    joinable(a, |h| {
+        if *h.agent() == a.cfg.name {
+            return sees(&a.peer, &h.owner(), |n| standing::of(a, n));
+        }
+        configs
+            .get(h.agent())
+            .is_some_and(|cfg| sees(&a.peer, &h.owner(), |n| standing::at(&a.shared, cfg, n)))
+    })
 }
 
 /// The sessions of this agent the device may join.
 fn visible(a: &Admitted) -> Vec<Arc<Hub>> {
-    let mut hubs: Vec<Arc<Hub>> = a
-        .shared
-        .hubs
-        .all()
-        .into_iter()
-        .filter(|h| h.kind() == HubKind::Resumable && *h.agent() == a.cfg.name && !h.view().gone)
-        .filter(|h| may_see(a, &h.owner()))
-        .collect();
-    hubs.sort_by_key(|h| h.info().started);
-    hubs
+    joinable(a, |h| *h.agent() == a.cfg.name && sees(&a.peer, &h.owner(), |n| standing::of(a, n)))
 }
 
 /// Answers a listing (of this agent, or of the `host`): one line, then the
