@@ -1,0 +1,93 @@
+//! The manifest's shape: every field it may have and the JSON type each must
+//! be, checked before anything is deserialized. Separate from parsing so that
+//! a wrong field is refused with a reason that names it (and what it must
+//! be), which serde's own errors do not say in people's words.
+
+use serde_json::Value;
+
+use super::{refuse, Refused};
+
+/// The JSON type each field must have.
+#[derive(Clone, Copy)]
+enum Kind {
+    Str,
+    Words,
+    StrMap,
+    Secs,
+    Count,
+    Resume,
+}
+
+/// Every field of a manifest and its type: anything else refuses the file.
+const FIELDS: &[(&str, Kind)] = &[
+    ("name", Kind::Str),
+    ("label", Kind::Str),
+    ("protocol", Kind::Str),
+    ("command", Kind::Words),
+    ("env", Kind::StrMap),
+    ("cwd", Kind::Str),
+    ("accept_from", Kind::Words),
+    ("keep_warm", Kind::Secs),
+    ("idle_stop", Kind::Secs),
+    ("resume", Kind::Resume),
+    ("max_sessions", Kind::Count),
+    ("identity", Kind::Str),
+];
+
+/// Checks every field's type, and that no field is unknown, naming the field.
+pub(super) fn check_fields(obj: &serde_json::Map<String, Value>) -> Result<(), Refused> {
+    for (key, v) in obj {
+        let Some((_, kind)) = FIELDS.iter().find(|(k, _)| k == key) else {
+            let known: Vec<&str> = FIELDS.iter().map(|(k, _)| *k).collect();
+            return refuse(format!("unknown field `{key}` (a manifest has: {})", known.join(", ")));
+        };
+        let strings = |v: &Value| v.as_array().is_some_and(|a| a.iter().all(Value::is_string));
+        let ok = match kind {
+            Kind::Str => v.is_string(),
+            Kind::Words => strings(v),
+            Kind::StrMap => v.as_object().is_some_and(|m| m.values().all(Value::is_string)),
+            Kind::Secs => v.as_f64().is_some_and(|n| n >= 0.0),
+            Kind::Count => v.is_u64(),
+            Kind::Resume => match v {
+                Value::Bool(_) => true,
+                Value::Object(m) => {
+                    for (k, v) in m {
+                        let ok = match k.as_str() {
+                            "grace" => v.as_f64().is_some_and(|n| n >= 0.0),
+                            "buffer" => v.is_string() || v.is_u64(),
+                            _ => {
+                                return refuse(format!("unknown field `resume.{k}` (it has: grace, buffer)"))
+                            }
+                        };
+                        if !ok {
+                            return refuse(format!(
+                                "\"resume.{k}\" must be {}",
+                                if k == "grace" { "a number of seconds" } else { "a size such as \"32M\"" }
+                            ));
+                        }
+                    }
+                    true
+                }
+                _ => false,
+            },
+        };
+        if !ok {
+            let must = match (kind, key.as_str()) {
+                (Kind::Words, "command") => {
+                    "an array of words, e.g. [\"my-agent\", \"--acp\"] (it is run directly, never by a shell)"
+                }
+                (Kind::Words, _) => "an array of strings",
+                (Kind::StrMap, _) => "an object whose values are strings, e.g. {\"KEY\": \"value\"}",
+                (Kind::Secs, _) => "a number of seconds",
+                (Kind::Count, _) => "a whole number",
+                (Kind::Resume, _) => "false, or an object {\"grace\": seconds, \"buffer\": size}",
+                (Kind::Str, _) => "a string",
+            };
+            if v.is_string() && key == "command" {
+                return refuse(format!("\"command\" is a string; it must be {must}"));
+            }
+            return refuse(format!("\"{key}\" must be {must}"));
+        }
+    }
+    Ok(())
+}
