@@ -25,7 +25,7 @@ use js_sys::{Function, Object, Promise};
 use thunderbolt_shared::{
     close,
     devices::{Role, METHOD_ANSWERED, METHOD_ROLE},
-    resume::{Control, Event, Receiver, ACK_DELAY_MS, MAX_CONTROL_LINE},
+    resume::{Control, Event, Receiver, MAX_CONTROL_LINE},
     resume_client::ClientSession,
     silence::{self, Silence, Verdict},
 };
@@ -82,11 +82,6 @@ pub fn transport(idle: Duration) -> Result<QuicTransportConfig, String> {
 }
 /// How long the welcome may take after our hello.
 const WELCOME_TIMEOUT: Duration = Duration::from_secs(15);
-/// Most bytes of our messages held until the bridge acknowledges them; past
-/// it messages wait their turn, and a larger one goes out alone once all
-/// before it were acknowledged (the protocol's rule: the bridge then always
-/// reads as far as our acks).
-const SEND_BUFFER: usize = thunderbolt_shared::resume::CLIENT_SEND_BUFFER;
 
 /// Where a stored session resumes (from `sessionState()`).
 #[derive(Debug, Clone)]
@@ -100,18 +95,15 @@ pub struct Restore {
 struct State {
     /// The protocol's side of the session ([`ClientSession`]: frames, acks,
     /// token, hello and welcome; `State` `Deref`s to it).
-    r1: ClientSession,
+    r1: ClientSession<n0_future::time::Instant>,
     /// The lost connection's relay died: redial from a fresh endpoint.
     renew: bool,
     /// Frames queued for the page (taken or not).
     queued: u64,
-    end_at: Option<u64>,
     /// How the session ended, once it did (what `closed()` resolves with).
     ended: Option<JsValue>,
     conn: Option<Connection>,
     closing: bool,
-    /// A message taken from the page that did not fit the send buffer yet.
-    held: Option<Bytes>,
     /// The bridge broke the protocol (a bad ack): why; the session ends.
     broken: Option<String>,
     /// The error the session ended with (what `attach` rejects with).
@@ -124,7 +116,7 @@ struct State {
     role_due: bool,
 }
 
-thunderbolt_shared::holds_client_session!(State, r1);
+thunderbolt_shared::holds_client_session!(State, r1, n0_future::time::Instant);
 
 /// A resumable session.
 pub struct Resumable {
@@ -241,11 +233,8 @@ impl Resumable {
         loop {
             if let Some((m, bytes)) = self.inbox.borrow_mut().pop_front() {
                 if m.is_ok() {
-                    let due = self.st.borrow_mut().ack.took(1, bytes);
-                    if due {
-                        self.st.borrow_mut().ack_due = true;
-                    }
-                    // The driver decides when to ack (also after a short delay).
+                    self.st.borrow_mut().delivered(1, bytes, n0_future::time::Instant::now());
+                    // The driver writes the ack, or arms its timer.
                     let _ = self.poke.unbounded_send(());
                 }
                 return Some(m);
@@ -322,7 +311,7 @@ impl Resumable {
         if let Some(t) = st.token() {
             set(&v, "session", t.into());
         }
-        set(&v, "received", JsValue::from_f64(st.ack.received() as f64));
+        set(&v, "received", JsValue::from_f64(st.acks.received() as f64));
         v
     }
 
@@ -469,7 +458,7 @@ impl Resumable {
             }
         };
         // Frames from the page's count on; those already queued for it are skipped.
-        let index = self.st.borrow().ack.received();
+        let index = self.st.borrow().acks.received();
         self.wake_waiters();
         if resumed {
             self.event("resumed", None);

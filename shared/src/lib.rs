@@ -33,6 +33,7 @@ pub mod pem;
 pub mod protocol;
 pub mod restart;
 pub mod resume;
+pub mod resume_bridge;
 pub mod resume_client;
 pub mod silence;
 pub mod stderr_line;

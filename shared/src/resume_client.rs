@@ -17,12 +17,22 @@
 //!   protocol ([`WelcomeError::Position`]).
 //! - A client restored from stored state (a reloaded page: its token, no
 //!   frames of its own) numbers its next frame from the bridge's count.
+//! - At most [`CLIENT_SEND_BUFFER`] of our frames are unacknowledged: a run
+//!   that does not fit waits ([`ClientSession::offer`]), unless nothing is
+//!   unacknowledged (then it goes alone).
+//! - Acks follow [`Acks`]; the bridge's end is acknowledged once every
+//!   frame before it was delivered.
+//!
+//! Sans-IO, as `quinn-proto`: the driver passes in what arrived and the
+//! time (`T`, its clock's instant), writes what [`ClientSession::poll_transmit`]
+//! and [`ClientSession::offer`] hand out, and sleeps until
+//! [`ClientSession::poll_timeout`].
 
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::resume::{AckPolicy, BadPosition, Control, ReplayLog};
+use crate::resume::{Acks, BadPosition, Control, Moment, ReplayLog, CLIENT_SEND_BUFFER};
 
 /// How long a client dials again for its first welcome, after losing the
 /// connection that carried its hello: the bridge's grace is not known until
@@ -33,17 +43,19 @@ use crate::resume::{AckPolicy, BadPosition, Control, ReplayLog};
 /// own grace).
 pub const FIRST_WELCOME_BUDGET: Duration = Duration::from_secs(15);
 
-/// What a client keeps of its session across connections.
-#[derive(Debug, Default)]
-pub struct ClientSession {
+/// What a client keeps of its session across connections; `T` is the
+/// driver's clock's instant.
+#[derive(Debug)]
+pub struct ClientSession<T> {
     /// Our frames, kept until the bridge acknowledged them.
     pub out: ReplayLog,
     /// The bridge's frames delivered; what acks and hellos say.
-    pub ack: AckPolicy,
-    /// An ack is to go out now.
-    pub ack_due: bool,
-    /// A repeated ack is to go out: the bridge was silent (`crate::silence`).
-    pub probe_due: bool,
+    pub acks: Acks<T>,
+    /// A run of our frames that did not fit the send window, and its count
+    /// of lines if the driver counted them.
+    held: Option<(Bytes, Option<u64>)>,
+    /// The agent ended after this many of the bridge's frames.
+    end_at: Option<u64>,
     token: Option<String>,
     /// The hello that joins another device's session, until it is joined.
     join: Option<Control>,
@@ -59,9 +71,9 @@ pub struct ClientSession {
 /// their own.
 #[macro_export]
 macro_rules! holds_client_session {
-    ($state:ty, $field:ident) => {
+    ($state:ty, $field:ident, $time:ty) => {
         impl ::std::ops::Deref for $state {
-            type Target = $crate::resume_client::ClientSession;
+            type Target = $crate::resume_client::ClientSession<$time>;
             fn deref(&self) -> &Self::Target {
                 &self.$field
             }
@@ -99,7 +111,22 @@ pub enum WelcomeError {
     Position(BadPosition),
 }
 
-impl ClientSession {
+impl<T> Default for ClientSession<T> {
+    fn default() -> Self {
+        Self {
+            out: ReplayLog::default(),
+            acks: Acks::default(),
+            held: None,
+            end_at: None,
+            token: None,
+            join: None,
+            grace: Duration::ZERO,
+            eof_at: None,
+        }
+    }
+}
+
+impl<T: Moment> ClientSession<T> {
     /// A new session; with `join`, the hello that joins another device's.
     pub fn new(join: Option<Control>) -> Self {
         Self { join, ..Self::default() }
@@ -108,7 +135,7 @@ impl ClientSession {
     /// A session restored from stored state: its token and how many of the
     /// bridge's frames were taken before.
     pub fn restored(token: String, received: u64) -> Self {
-        Self { token: Some(token), ack: AckPolicy::at(received), ..Self::default() }
+        Self { token: Some(token), acks: Acks::at(received), ..Self::default() }
     }
 
     /// The session's token, once a welcome gave it.
@@ -146,7 +173,7 @@ impl ClientSession {
     pub fn hello(&self) -> Control {
         match (&self.token, &self.join) {
             (None, Some(join)) => join.clone(),
-            _ => Control::Hello { session: self.token.clone(), received: self.ack.received() },
+            _ => Control::Hello { session: self.token.clone(), received: self.acks.received() },
         }
     }
 
@@ -169,8 +196,7 @@ impl ClientSession {
         let first = self.token.is_none();
         self.token = Some(session);
         self.grace = Duration::from_millis(grace_ms);
-        self.ack.resumed();
-        self.ack_due = false;
+        self.acks.resumed();
         let mut replay = self.out.since(received).map_err(WelcomeError::Position)?;
         if let Some(n) = self.eof_at {
             replay.push(Control::Eof(n).encode());
@@ -193,18 +219,101 @@ impl ClientSession {
         Control::Eof(n)
     }
 
-    /// The control line due now, if any: an ack (or, after a silence, the
-    /// same ack repeated as a probe).
-    pub fn next_ack(&mut self) -> Option<Control> {
-        let probe = std::mem::take(&mut self.probe_due);
-        let due = std::mem::take(&mut self.ack_due);
-        if !(due || probe) {
+    /// The bridge acknowledged our frames up to `n`, or announced its end
+    /// after `n` frames; other control lines mean nothing to this side. A
+    /// wrong acknowledgement breaks the protocol: the session must end (both
+    /// clients end it, saying so).
+    pub fn handle_control(&mut self, c: &Control) -> Result<(), BadPosition> {
+        match *c {
+            Control::Ack(n) => self.acked(n)?,
+            Control::End(n) => {
+                self.end_at = Some(n);
+                if self.all_delivered() {
+                    self.acks.ack_now();
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// `frames` of the bridge's (`bytes` long) were delivered at `now`.
+    pub fn delivered(&mut self, frames: u64, bytes: usize, now: T) {
+        self.acks.took(frames, bytes, now);
+        if self.all_delivered() {
+            self.acks.ack_now();
+        }
+    }
+
+    /// After how many of the bridge's frames the agent ended, if it did.
+    pub fn end_at(&self) -> Option<u64> {
+        self.end_at
+    }
+
+    /// The agent ended and every frame before its end was delivered.
+    pub fn all_delivered(&self) -> bool {
+        self.end_at == Some(self.acks.received())
+    }
+
+    /// The bridge was silent: the next ack repeats the last as a probe.
+    pub fn probe(&mut self) {
+        self.acks.probe();
+    }
+
+    /// The control line to write now, if any: an ack, or the last one
+    /// repeated as a probe.
+    pub fn poll_transmit(&mut self) -> Option<Control> {
+        self.acks.poll_transmit()
+    }
+
+    /// When [`Self::handle_timeout`] is due next (a pending ack's deadline).
+    pub fn poll_timeout(&self) -> Option<T> {
+        self.acks.poll_timeout()
+    }
+
+    /// Time passed.
+    pub fn handle_timeout(&mut self, now: T) {
+        self.acks.handle_timeout(now);
+    }
+
+    /// Whether the send window takes a run now: the held one if it fits (or
+    /// nothing is unacknowledged), else a new one while below the window.
+    pub fn has_room(&self) -> bool {
+        let n = self.out.bytes();
+        match &self.held {
+            Some((run, _)) => n == 0 || n + run.len() <= CLIENT_SEND_BUFFER,
+            None => n < CLIENT_SEND_BUFFER,
+        }
+    }
+
+    /// Whether a run waits for room ([`Self::take_held`] once there is).
+    pub fn holds_run(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// Offers a run of whole lines (escaped; with its count of lines if the
+    /// driver counted them): the bytes to write if the window takes it, else
+    /// `None` and it is held for [`Self::take_held`].
+    pub fn offer(&mut self, run: Bytes, lines: Option<u64>) -> Option<Bytes> {
+        let n = self.out.bytes();
+        if n > 0 && n + run.len() > CLIENT_SEND_BUFFER {
+            self.held = Some((run, lines));
             return None;
         }
-        match self.ack.ack() {
-            None if probe => Some(Control::Ack(self.ack.received())),
-            ack => ack,
+        match lines {
+            Some(lines) => self.out.push_counted(run.clone(), lines),
+            None => self.out.push(run.clone()),
+        };
+        Some(run)
+    }
+
+    /// The held run, kept for a resend, to write now if it fits.
+    pub fn take_held(&mut self) -> Option<Bytes> {
+        if !self.has_room() {
+            return None;
         }
+        let (run, lines) = self.held.take()?;
+        self.offer(run, lines)
     }
 }
 
@@ -212,32 +321,36 @@ impl ClientSession {
 mod tests {
     use super::*;
 
+    /// Time in tests: a `Duration` since zero.
+    type C = ClientSession<Duration>;
+    const MS: Duration = Duration::from_millis(1);
+
     fn welcome(session: &str, received: u64) -> Vec<u8> {
         Control::Welcome { session: session.into(), received, grace_ms: 5000 }.encode().to_vec()
     }
 
     #[test]
     fn a_new_session_is_welcomed_then_resumed_with_what_the_bridge_missed() {
-        let mut c = ClientSession::new(None);
+        let mut c = C::new(None);
         assert_eq!(c.hello(), Control::Hello { session: None, received: 0 });
         let w = c.welcome(&welcome("tok", 0)).unwrap();
         assert_eq!(w, Welcomed { replay: vec![], first: true });
         assert_eq!((c.token(), c.grace()), (Some("tok"), Duration::from_secs(5)));
         c.out.push(Bytes::from_static(b"a\n"));
         c.out.push(Bytes::from_static(b"b\n"));
-        c.ack.took(3, 30);
+        c.delivered(3, 30, MS);
         assert_eq!(c.input_ended(), Control::Eof(2));
         // The next connection names the session and what we took.
         assert_eq!(c.hello(), Control::Hello { session: Some("tok".into()), received: 3 });
         let w = c.welcome(&welcome("tok", 1)).unwrap();
         assert_eq!(w.replay, vec![Bytes::from_static(b"b\n"), Control::Eof(2).encode()]);
         assert!(!w.first);
-        assert!(!c.ack.pending(), "the hello acknowledged what we took");
+        assert!(!c.acks.pending(), "the hello acknowledged what we took");
     }
 
     #[test]
     fn a_welcome_for_another_session_or_a_wrong_position_is_refused_and_changes_nothing() {
-        let mut c = ClientSession::new(None);
+        let mut c = C::new(None);
         c.welcome(&welcome("tok", 0)).unwrap();
         c.out.push(Bytes::from_static(b"a\n"));
         assert_eq!(c.welcome(&welcome("other", 0)), Err(WelcomeError::OtherSession));
@@ -251,20 +364,20 @@ mod tests {
 
     #[test]
     fn a_restored_client_numbers_its_frames_from_the_bridges_count() {
-        let mut c = ClientSession::restored("tok".into(), 7);
+        let mut c = C::restored("tok".into(), 7);
         assert_eq!(c.hello(), Control::Hello { session: Some("tok".into()), received: 7 });
         let w = c.welcome(&welcome("tok", 4)).unwrap();
         assert!(w.replay.is_empty());
         c.out.push(Bytes::from_static(b"x\n"));
         assert_eq!(c.out.total(), 5);
         // A fresh client is not restored: a bridge claiming frames it never got is wrong.
-        let mut fresh = ClientSession::new(None);
+        let mut fresh = C::new(None);
         assert!(matches!(fresh.welcome(&welcome("tok", 4)), Err(WelcomeError::Position(_))));
     }
 
     #[test]
     fn a_connection_lost_before_the_first_welcome_is_dialed_again_for_a_while() {
-        let mut c = ClientSession::new(None);
+        let mut c = C::new(None);
         assert_eq!(c.redial_budget(), FIRST_WELCOME_BUDGET, "no grace known yet");
         assert_eq!(c.hello(), Control::Hello { session: None, received: 0 }, "the next hello starts it");
         c.welcome(&welcome("tok", 0)).unwrap();
@@ -274,7 +387,7 @@ mod tests {
     #[test]
     fn a_join_says_its_hello_until_welcomed() {
         let join = Control::Join { id: "ab12".into(), observe: true, history: crate::devices::History::All };
-        let mut c = ClientSession::new(Some(join.clone()));
+        let mut c = C::new(Some(join.clone()));
         assert_eq!(c.hello(), join);
         assert!(c.joining().is_some());
         assert!(c.welcome(&welcome("mine", 0)).unwrap().first);
@@ -284,21 +397,74 @@ mod tests {
 
     #[test]
     fn acks_go_out_when_due_and_a_probe_repeats_the_last() {
-        let mut c = ClientSession::new(None);
-        assert_eq!(c.next_ack(), None);
-        c.ack.took(2, 10);
-        c.ack_due = true;
-        assert_eq!(c.next_ack(), Some(Control::Ack(2)));
-        assert_eq!(c.next_ack(), None);
-        c.probe_due = true;
-        assert_eq!(c.next_ack(), Some(Control::Ack(2)), "a probe repeats it");
-        assert_eq!(c.next_ack(), None);
-        // Due and a probe at once: one ack, the new one when there is one.
-        c.ack.took(1, 5);
-        (c.ack_due, c.probe_due) = (true, true);
-        assert_eq!(c.next_ack(), Some(Control::Ack(3)));
-        (c.ack_due, c.probe_due) = (true, true);
-        assert_eq!(c.next_ack(), Some(Control::Ack(3)), "nothing new: the probe repeats it");
-        assert_eq!(c.next_ack(), None);
+        let mut c = C::new(None);
+        assert_eq!((c.poll_transmit(), c.poll_timeout()), (None, None));
+        c.delivered(2, 10, MS);
+        // Not due yet: by ACK_DELAY_MS after the first frame it covers.
+        let at = MS + Duration::from_millis(crate::resume::ACK_DELAY_MS);
+        assert_eq!((c.poll_transmit(), c.poll_timeout()), (None, Some(at)));
+        c.delivered(1, 10, at - MS);
+        assert_eq!(c.poll_timeout(), Some(at), "kept from the first frame, not moved by later ones");
+        c.handle_timeout(at - MS);
+        assert_eq!(c.poll_transmit(), None);
+        c.handle_timeout(at);
+        assert_eq!(c.poll_timeout(), None);
+        assert_eq!(c.poll_transmit(), Some(Control::Ack(3)));
+        assert_eq!((c.poll_transmit(), c.poll_timeout()), (None, None));
+        c.probe();
+        assert_eq!(c.poll_transmit(), Some(Control::Ack(3)), "a probe repeats it");
+        assert_eq!(c.poll_transmit(), None);
+        // Past the count, due at once; a probe with it sends one ack.
+        c.delivered(crate::resume::ACK_EVERY_FRAMES, 5, at);
+        c.probe();
+        assert_eq!(c.poll_transmit(), Some(Control::Ack(3 + crate::resume::ACK_EVERY_FRAMES)));
+        assert_eq!(c.poll_transmit(), None);
+    }
+
+    #[test]
+    fn the_bridges_end_is_acknowledged_once_everything_before_it_was_delivered() {
+        let mut c = C::new(None);
+        c.welcome(&welcome("tok", 0)).unwrap();
+        c.delivered(1, 10, MS);
+        c.handle_control(&Control::End(3)).unwrap();
+        assert_eq!((c.end_at(), c.all_delivered()), (Some(3), false));
+        assert_eq!(c.poll_transmit(), None, "two frames are still on their way");
+        c.delivered(2, 10, MS);
+        assert!(c.all_delivered());
+        assert_eq!(c.poll_transmit(), Some(Control::Ack(3)));
+        // An acknowledgement of frames we never sent breaks the protocol.
+        assert!(c.handle_control(&Control::Ack(1)).is_err());
+        assert!(c.handle_control(&Control::Ack(0)).is_ok());
+    }
+
+    #[test]
+    fn the_send_window_holds_a_run_that_does_not_fit_until_acks_make_room() {
+        let mut c = C::new(None);
+        c.welcome(&welcome("tok", 0)).unwrap();
+        let lines = |n: usize| {
+            let mut v = vec![b'x'; n - 1];
+            v.push(b'\n');
+            Bytes::from(v)
+        };
+        let (first, big) = (lines(CLIENT_SEND_BUFFER - 2), lines(CLIENT_SEND_BUFFER + 10));
+        assert_eq!(c.offer(first, Some(1)).map(|b| b.len()), Some(CLIENT_SEND_BUFFER - 2));
+        assert!(c.has_room(), "below the window");
+        let line = Bytes::from_static(b"a\n");
+        assert_eq!(c.offer(line.clone(), None), Some(line.clone()), "the window is not full yet");
+        assert!(!c.has_room(), "at the window");
+        assert_eq!(c.offer(line.clone(), None), None, "held");
+        assert!(c.holds_run() && !c.has_room());
+        assert_eq!(c.take_held(), None, "no room yet");
+        c.handle_control(&Control::Ack(1)).unwrap();
+        assert!(c.has_room());
+        assert_eq!(c.take_held(), Some(line));
+        assert!(!c.holds_run());
+        assert_eq!(c.out.total(), 3);
+        // A run larger than the window waits until nothing is unacknowledged.
+        assert_eq!(c.offer(big.clone(), None), None);
+        c.handle_control(&Control::Ack(2)).unwrap();
+        assert_eq!(c.take_held(), None, "one line still unacknowledged");
+        c.handle_control(&Control::Ack(3)).unwrap();
+        assert_eq!(c.take_held().map(|b| b.len()), Some(big.len()));
     }
 }

@@ -1,7 +1,8 @@
 //! The resumable protocol's sans-IO pieces run against each other, seeded
-//! and reproducible: the client's [`ClientSession`] and a bridge built from
-//! the same primitives the bridge uses ([`ReplayLog`], [`AckPolicy`],
-//! [`Receiver`]), over a simulated connection that delivers each direction's
+//! and reproducible: the client's [`ClientSession`] and the bridge's
+//! [`BridgeSession`] (what the bridge keeps per device, the same type it
+//! drives), each reading with a [`Receiver`], with time injected (a `Duration` since zero, a
+//! millisecond a step), over a simulated connection that delivers each direction's
 //! bytes in pieces of random size, and dies at random points (mid-frame
 //! included: what was in flight is lost). Acknowledgements are lost with the
 //! connection, sent twice (a probe repeats one) and come late.
@@ -11,9 +12,12 @@
 //! reason (a welcome for another session), never with frames lost silently.
 //! A failing seed is printed; add it to `REGRESSIONS` once fixed.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use thunderbolt_shared::{
-    resume::{AckPolicy, Control, Event, Receiver, ReplayLog},
+    resume::{Control, Event, Receiver},
+    resume_bridge::{BridgeSession, FromDevice},
     resume_client::{ClientSession, WelcomeError},
 };
 
@@ -44,12 +48,11 @@ impl Rng {
     }
 }
 
-/// The bridge's side, from the shared primitives.
+/// The bridge's side.
 #[derive(Default)]
 struct Bridge {
     token: Option<String>,
-    out: ReplayLog,
-    ack: AckPolicy,
+    s: BridgeSession<Duration>,
     rx: Option<Receiver>,
     delivered: Vec<u64>,
     sent: u64,
@@ -58,7 +61,7 @@ struct Bridge {
 }
 
 struct Client {
-    s: ClientSession,
+    s: ClientSession<Duration>,
     rx: Receiver,
     delivered: Vec<u64>,
     sent: u64,
@@ -116,7 +119,8 @@ fn run(seed: u64) -> End {
     // (bounded: a calm that never drains is a failure below).
     for step in 0..STEPS + CALM_STEPS {
         let calm = step >= STEPS;
-        if calm && w.up.is_empty() && w.down.is_empty() && c.welcomed && !c.s.ack.pending() {
+        let now = Duration::from_millis(step as u64);
+        if calm && w.up.is_empty() && w.down.is_empty() && c.welcomed && !c.s.acks.pending() {
             break;
         }
         let pick = if calm { 30 + rng.below(50) } else { rng.below(100) };
@@ -125,14 +129,16 @@ fn run(seed: u64) -> End {
             0..=14 if c.welcomed && !calm => {
                 let f = frame('c', c.sent, &mut rng);
                 c.sent += 1;
-                c.s.out.push(f.clone());
-                w.up.extend_from_slice(&f);
+                match c.s.offer(f, None) {
+                    Some(f) => w.up.extend_from_slice(&f),
+                    None => panic!("seed {seed}: small frames overflow the send window"),
+                }
             }
             // The bridge sends a frame.
             15..=29 if b.welcomed && !calm => {
                 let f = frame('b', b.sent, &mut rng);
                 b.sent += 1;
-                b.out.push(f.clone());
+                b.s.out.push(f.clone());
                 w.down.extend_from_slice(&f);
             }
             // Bytes reach the bridge, in a piece of any size.
@@ -150,33 +156,35 @@ fn run(seed: u64) -> End {
                             // A bridge that lost the session (restarted without
                             // its journal) starts another: rarely.
                             let forgot = session.is_some() && rng.chance(1);
-                            if session.is_none() || forgot {
+                            let from = if session.is_none() || forgot {
                                 b.token = Some(format!("t{}", rng.next()));
+                                // A new session: its frames are numbered afresh (those
+                                // sent on an unwelcomed connection went to another).
+                                (b.s, b.sent) = (BridgeSession::default(), 0);
+                                if session.is_none() {
+                                    assert!(b.delivered.is_empty(), "seed {seed}: frames before a welcome");
+                                }
+                                0
                             } else if session != b.token {
                                 // A session the bridge no longer has (it started
                                 // another one since): refused, "unknown session".
                                 return End::Gone;
                             } else {
-                                b.out
-                                    .ack(received)
-                                    .unwrap_or_else(|e| panic!("seed {seed}: the client's hello: {e}"));
-                            }
-                            let welcome = Control::Welcome {
-                                session: b.token.clone().unwrap(),
-                                received: b.ack.received(),
-                                grace_ms: 5000,
+                                received
                             };
-                            b.ack.resumed();
+                            let token = b.token.clone().unwrap();
+                            let welcome =
+                                b.s.resume(&token, from, Duration::from_secs(5))
+                                    .unwrap_or_else(|e| panic!("seed {seed}: the client's hello: {e}"));
                             w.down.extend_from_slice(&welcome.encode());
-                            if !forgot {
-                                for r in b.out.since(received).unwrap() {
-                                    w.down.extend_from_slice(&r);
-                                }
+                            for r in b.s.out.since(from).unwrap() {
+                                w.down.extend_from_slice(&r);
                             }
                             b.welcomed = true;
                         }
-                        Event::Control(Some(Control::Ack(n))) => {
-                            b.out.ack(n).unwrap_or_else(|e| panic!("seed {seed}: the client's ack {n}: {e}"));
+                        Event::Control(Some(ack @ Control::Ack(n))) => {
+                            let said = b.s.handle_control(&ack);
+                            assert_eq!(said, Ok(FromDevice::Acked(n)), "seed {seed}: the client's ack {n}");
                         }
                         Event::Control(Some(Control::Eof(_))) => {}
                         Event::Data { bytes, frames } => {
@@ -184,10 +192,12 @@ fn run(seed: u64) -> End {
                             for line in bytes.split_inclusive(|b| *b == b'\n') {
                                 b.delivered.push(number(line, 'c'));
                             }
-                            if b.ack.took(frames, bytes.len()) || rng.chance(30) {
-                                if let Some(a) = b.ack.ack() {
-                                    w.down.extend_from_slice(&a.encode());
-                                }
+                            b.s.took(frames, bytes.len(), now);
+                            if rng.chance(30) {
+                                b.s.acks.ack_now();
+                            }
+                            if let Some(a) = b.s.poll_transmit(now) {
+                                w.down.extend_from_slice(&a.encode());
                             }
                         }
                         other => panic!("seed {seed}: the bridge got {other:?}"),
@@ -215,28 +225,29 @@ fn run(seed: u64) -> End {
                                 Err(e) => return End::Refused(e),
                             }
                         }
-                        Event::Control(Some(Control::Ack(n))) => {
-                            c.s.acked(n).unwrap_or_else(|e| panic!("seed {seed}: the bridge's ack {n}: {e}"));
+                        Event::Control(Some(ack @ Control::Ack(n))) => {
+                            c.s.handle_control(&ack)
+                                .unwrap_or_else(|e| panic!("seed {seed}: the bridge's ack {n}: {e}"));
                         }
                         Event::Data { bytes, frames } => {
                             assert!(c.welcomed, "seed {seed}: a frame before the welcome");
                             for line in bytes.split_inclusive(|b| *b == b'\n') {
                                 c.delivered.push(number(line, 'b'));
                             }
-                            c.s.ack_due |= c.s.ack.took(frames, bytes.len());
+                            c.s.delivered(frames, bytes.len(), now);
                         }
                         other => panic!("seed {seed}: the client got {other:?}"),
                     }
                 }
             }
-            // The client acks (its timer), or probes (the same ack again).
+            // The client's timer fires (an ack when its deadline came), or
+            // it probes (the same ack again).
             70..=79 if c.welcomed => {
                 if rng.chance(20) {
-                    c.s.probe_due = true;
-                } else {
-                    c.s.ack_due = true;
+                    c.s.probe();
                 }
-                if let Some(a) = c.s.next_ack() {
+                c.s.handle_timeout(now);
+                if let Some(a) = c.s.poll_transmit() {
                     w.up.extend_from_slice(&a.encode());
                 }
             }

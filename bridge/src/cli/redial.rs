@@ -19,7 +19,7 @@ use iroh::endpoint::{Connection, ConnectionError, RecvStream, SendStream, VarInt
 use thunderbolt_shared::{
     close::{self, AgentEnd, Refusal},
     ndjson::room_for_read,
-    resume::{self, escape_counted, Control, Event, Receiver, ACK_DELAY_MS},
+    resume::{self, escape_counted, Control, Event, Receiver},
     resume_client::{ClientSession, WelcomeError},
     Protocol, Target,
 };
@@ -49,13 +49,6 @@ use crate::{
     net::{ClientEndpoint, RelayCheck},
     signals::Terminate,
 };
-
-/// Most bytes of our input held until the bridge acknowledges them: past it we
-/// stop reading input (the local client waits) until acks make room; a run
-/// larger than this goes out alone, once everything before it was
-/// acknowledged. The protocol's rule ([`resume::CLIENT_SEND_BUFFER`]): it is
-/// what lets the bridge always read as far as our acks.
-pub const SEND_BUFFER: usize = resume::CLIENT_SEND_BUFFER;
 
 /// How long the bridge's welcome may take after our hello (one round trip).
 const WELCOME_TIMEOUT: Duration = Duration::from_secs(10);
@@ -92,22 +85,14 @@ enum ConnEnd {
 /// it), and what is this client's own.
 #[derive(Debug, Default)]
 struct State {
-    r1: ClientSession,
+    r1: ClientSession<Instant>,
     /// The ticket names several relays of the bridge's: the one our path goes
     /// through is watched, to move to another at once when it dies (with one,
     /// or n0's, there is nowhere to move to faster than the idle timeout).
     relay_checks: bool,
-    /// The agent ended after this many frames.
-    end_at: Option<u64>,
 }
 
-thunderbolt_shared::holds_client_session!(State, r1);
-
-impl State {
-    fn all_delivered(&self) -> bool {
-        self.end_at == Some(self.ack.received())
-    }
-}
+thunderbolt_shared::holds_client_session!(State, r1, Instant);
 
 /// Runs a session over `first` (a connection that negotiated r1), redialing
 /// `target` after losses; `join` joins another device's session first.
@@ -126,7 +111,7 @@ pub async fn run(
     let mut output = local_out;
     let alpn = resume::resume_alpn(protocol);
     let relay_checks = target.endpoint_addr().relay_urls().count() > 1;
-    let st = RefCell::new(State { r1: ClientSession::new(join), relay_checks, ..State::default() });
+    let st = RefCell::new(State { r1: ClientSession::new(join), relay_checks });
     let mut conn = first;
     let mut attached_before = false;
     let mut check = RelayCheck::new(&ep.current());

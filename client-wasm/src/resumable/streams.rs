@@ -2,89 +2,77 @@
 //! bridge acknowledges them, within the send buffer), with our acks and the role
 //! asked for; and the bridge's frames down to the page (each queued once).
 
+use n0_future::time::Instant;
+
 use super::*;
 
 impl Resumable {
-    /// Our side of the stream: control lines (acks, a role asked for), then the
-    /// page's messages and the end of its input. Returns once the stream fails.
+    /// Our side of the stream: what the session hands out (acks, a role
+    /// asked for, the page's messages within its send window, the end of its
+    /// input), and its ack deadline kept. Returns once the stream fails.
     pub(super) async fn upload(
         &self,
         send: &mut SendStream,
         out_rx: &mut mpsc::UnboundedReceiver<Outgoing>,
         poke_rx: &mut mpsc::UnboundedReceiver<()>,
     ) {
-        // Armed when a frame awaits its ack and kept across turns of the
-        // loop (one JS timer per ack, not one per message): the ack goes
-        // out ACK_DELAY_MS after the first frame it covers at the latest.
+        // One JS timer per deadline, not one per message.
         let mut ack_timer = futures::future::Fuse::terminated();
+        let mut armed = None;
         loop {
-            // Control lines first: an ack, a role asked for.
-            let ack = {
+            // Control lines first: an ack, a role asked for; then a held message.
+            let line = {
                 let mut st = self.st.borrow_mut();
-                match st.next_ack() {
-                    Some(a) => Some(a),
+                match st.poll_transmit() {
+                    Some(a) => Some(a.encode()),
                     None if st.role_due => {
                         st.role_due = false;
-                        st.want.map(Control::Role)
+                        st.want.map(|r| Control::Role(r).encode())
                     }
-                    None => None,
+                    None => st.take_held(),
                 }
             };
-            if let Some(a) = ack {
-                if send.write_all(&a.encode()).await.is_err() {
+            if let Some(line) = line {
+                if send.write_chunk(line).await.is_err() {
                     return;
                 }
                 continue;
             }
-            let (room, pending, eof, held) = {
+            let (room, eof, deadline) = {
                 let st = self.st.borrow();
-                let n = st.out.bytes();
-                let room = match &st.held {
-                    Some(h) => n == 0 || n + h.len() <= SEND_BUFFER,
-                    None => n < SEND_BUFFER,
-                };
-                (room, st.ack.pending(), st.eof_at().is_some(), st.held.is_some())
+                (st.has_room() && !st.holds_run(), st.eof_at().is_some(), st.poll_timeout())
             };
-            if !pending {
-                ack_timer = futures::future::Fuse::terminated();
-            } else if futures::future::FusedFuture::is_terminated(&ack_timer) {
-                ack_timer = Box::pin(n0_future::time::sleep(Duration::from_millis(ACK_DELAY_MS))).fuse();
+            if deadline != armed {
+                armed = deadline;
+                ack_timer = match deadline {
+                    Some(at) => {
+                        Box::pin(n0_future::time::sleep(at.saturating_duration_since(Instant::now()))).fuse()
+                    }
+                    None => futures::future::Fuse::terminated(),
+                };
             }
-            // `None`: the held message's turn; else the page's next one.
-            let mut next = if room && held {
-                futures::future::Either::Left(futures::future::ready(None)).fuse()
-            } else if room && !eof {
-                futures::future::Either::Right(out_rx.next().map(Some)).fuse()
+            let mut next = if room && !eof {
+                futures::future::Either::Right(out_rx.next()).fuse()
             } else {
-                futures::future::Fuse::terminated()
+                futures::future::Either::Left(futures::future::pending()).fuse()
             };
             futures::select_biased! {
                 _ = poke_rx.next().fuse() => {}
                 o = next => {
-                    let o = match o {
-                        Some(o) => o,
-                        None => self.st.borrow_mut().held.take().map(Outgoing::Frame),
-                    };
-                    let line = match o {
-                        Some(Outgoing::Frame(b)) => {
-                            let mut st = self.st.borrow_mut();
-                            let n = st.out.bytes();
-                            if n > 0 && n + b.len() > SEND_BUFFER {
-                                st.held = Some(b);
-                                continue;
-                            }
-                            st.out.push(b.clone());
-                            b
-                        }
-                        Some(Outgoing::Eof) | None => {
-                            self.st.borrow_mut().input_ended().encode()
+                    let line = {
+                        let mut st = self.st.borrow_mut();
+                        match o {
+                            Some(Outgoing::Frame(b)) => st.offer(b, None),
+                            Some(Outgoing::Eof) | None => Some(st.input_ended().encode()),
                         }
                     };
-                    if send.write_chunk(line).await.is_err() {
-                        return;
+                    if let Some(line) = line {
+                        if send.write_chunk(line).await.is_err() {
+                            return;
+                        }
                     }
                 }
-                _ = ack_timer => self.st.borrow_mut().ack_due = true,
+                _ = ack_timer => self.st.borrow_mut().handle_timeout(Instant::now()),
             }
         }
     }
@@ -124,26 +112,20 @@ impl Resumable {
                                     self.push_message(m, line.len());
                                 } else {
                                     // Never shown, so never taken: count it as taken now.
-                                    self.st.borrow_mut().ack.took(1, 0);
+                                    self.st.borrow_mut().delivered(1, 0, Instant::now());
                                 }
                                 self.st.borrow_mut().queued += 1;
                             }
                             index += 1;
                         }
                     }
-                    Event::Control(Some(Control::Ack(n))) => {
-                        if let Err(e) = self.st.borrow_mut().acked(n) {
+                    Event::Control(Some(c @ (Control::Ack(_) | Control::End(_)))) => {
+                        let bad = self.st.borrow_mut().handle_control(&c);
+                        if let Err(e) = bad {
                             // The protocol is broken: the session ends (as the CLI's does).
                             self.st.borrow_mut().broken = Some(format!("bad ack from the bridge: {e}"));
                             return;
                         }
-                        let _ = self.poke.unbounded_send(());
-                    }
-                    Event::Control(Some(Control::End(n))) => {
-                        let mut st = self.st.borrow_mut();
-                        st.end_at = Some(n);
-                        st.ack_due = true;
-                        drop(st);
                         let _ = self.poke.unbounded_send(());
                     }
                     _ => {}

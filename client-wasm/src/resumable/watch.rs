@@ -16,7 +16,7 @@ impl Resumable {
             n0_future::time::sleep(silence::TICK).await;
             match w.tick(start.elapsed(), heard(), rtt()) {
                 Verdict::Probe => {
-                    self.st.borrow_mut().probe_due = true;
+                    self.st.borrow_mut().probe();
                     let _ = self.poke.unbounded_send(());
                 }
                 Verdict::Suspect { silent_for } => {

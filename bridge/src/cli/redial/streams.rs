@@ -8,7 +8,9 @@ pub(super) enum Up {
     Lost(String),
 }
 
-/// Our side of the stream: the replay first, then new input, acks and eof.
+/// Our side of the stream: the replay first, then what the session hands
+/// out (acks, our input within its send window, the end of our input), and
+/// its ack deadline kept.
 pub(super) async fn upload(
     send: &mut SendStream,
     st: &RefCell<State>,
@@ -19,64 +21,50 @@ pub(super) async fn upload(
 ) -> Result<std::convert::Infallible, Up> {
     let lost = |e: iroh::endpoint::WriteError| Up::Lost(e.to_string());
     send.write_all_chunks(&mut replay).await.map_err(lost)?;
-    // Armed at the first frame awaiting its ack and kept across turns of the
-    // loop, so the ack goes out ACK_DELAY_MS after that frame at the latest (a
-    // timer made afresh each turn would wait as long as frames kept coming).
-    let ack_timer = tokio::time::sleep(Duration::ZERO);
+    let far = || Instant::now() + Duration::from_secs(3600);
+    let ack_timer = tokio::time::sleep_until(far());
     tokio::pin!(ack_timer);
-    let mut ack_armed = false;
     loop {
-        let ack = st.borrow_mut().next_ack();
+        let ack = st.borrow_mut().poll_transmit();
         if let Some(a) = ack {
             send.write_all(&a.encode()).await.map_err(lost)?;
             continue;
         }
-        let (has_room, input_open, ack_pending) = {
+        let held = st.borrow_mut().take_held();
+        if let Some(run) = held {
+            send.write_all_chunks(&mut [run]).await.map_err(lost)?;
+            continue;
+        }
+        let (has_room, input_open, deadline) = {
             let s = st.borrow();
-            let held = s.out.bytes();
-            let room = match input.held_len() {
-                // A run that does not fit waits until it fits, or goes alone.
-                Some(n) => held == 0 || held + n <= SEND_BUFFER,
-                None => held < SEND_BUFFER,
-            };
-            (room, s.eof_at().is_none(), s.ack.pending())
+            (s.has_room() && !s.holds_run(), s.eof_at().is_none(), s.poll_timeout())
         };
-        if !ack_pending {
-            ack_armed = false;
-        } else if !ack_armed {
-            ack_timer.as_mut().reset(tokio::time::Instant::now() + Duration::from_millis(ACK_DELAY_MS));
-            ack_armed = true;
+        // Re-armed only when the deadline moved (a pending ack keeps the one
+        // of the first frame it covers).
+        let at = deadline.unwrap_or_else(far);
+        if ack_timer.deadline() != at {
+            ack_timer.as_mut().reset(at);
         }
         tokio::select! {
             biased;
             _ = ack_wake.notified() => {}
             r = input.next_run(), if has_room && input_open => {
-                let mut chunks = Vec::with_capacity(2);
-                {
+                let line = {
                     let mut s = st.borrow_mut();
                     match r {
-                        Some((run, lines)) if s.out.bytes() > 0 && s.out.bytes() + run.len() > SEND_BUFFER => {
-                            input.hold(run, lines);
-                            continue;
-                        }
-                        Some((run, lines)) => {
-                            s.out.push_counted(run.clone(), lines);
-                            chunks.push(run);
-                        }
+                        Some((run, lines)) => s.offer(run, Some(lines)),
                         None => {
-                            let eof = s.input_ended();
                             debug!("our input ended after {} frames", s.out.total());
-                            chunks.push(eof.encode());
+                            Some(s.input_ended().encode())
                         }
                     }
+                };
+                if let Some(line) = line {
+                    send.write_all_chunks(&mut [line]).await.map_err(lost)?;
                 }
-                send.write_all_chunks(&mut chunks).await.map_err(lost)?;
             }
             _ = room.notified(), if !has_room => {}
-            _ = &mut ack_timer, if ack_armed => {
-                ack_armed = false;
-                st.borrow_mut().ack_due = true;
-            }
+            _ = &mut ack_timer, if deadline.is_some() => st.borrow_mut().handle_timeout(Instant::now()),
         }
     }
 }
@@ -127,20 +115,15 @@ pub(super) async fn download(
                     len += bytes.len();
                     pieces.push(bytes);
                 }
-                Event::Control(Some(Control::Ack(n))) => {
+                Event::Control(Some(c @ (Control::Ack(_) | Control::End(_)))) => {
+                    if let Control::End(n) = c {
+                        debug!("the agent ended after {n} frames");
+                    }
                     st.borrow_mut()
-                        .acked(n)
+                        .handle_control(&c)
                         .map_err(|e| Down::Protocol(format!("bad ack from the bridge: {e}")))?;
                     room.notify_one();
-                }
-                Event::Control(Some(Control::End(n))) => {
-                    let mut s = st.borrow_mut();
-                    debug!("the agent ended after {n} frames");
-                    s.end_at = Some(n);
-                    if s.all_delivered() {
-                        s.ack_due = true;
-                        ack_wake.notify_one();
-                    }
+                    ack_wake.notify_one();
                 }
                 Event::Control(_) => {}
                 Event::BadControl(bad) => {
@@ -154,13 +137,11 @@ pub(super) async fn download(
             output.pieces(&pieces).await.map_err(|_| Down::LocalClosed)?;
             pieces.clear();
             let mut s = st.borrow_mut();
-            let was_pending = s.ack.pending();
-            if s.ack.took(frames, len) || s.all_delivered() {
-                s.ack_due = true;
-                ack_wake.notify_one();
-            } else if !was_pending {
-                // The upload side arms its ack timer for the first frame
-                // not yet acknowledged: it may be asleep without one.
+            let (was_due, was_armed) = (s.acks.is_due(), s.poll_timeout().is_some());
+            s.delivered(frames, len, Instant::now());
+            // The upload side writes the ack, or arms its timer for the first
+            // frame not yet acknowledged: it may be asleep without either.
+            if (s.acks.is_due() && !was_due) || (!was_armed && s.poll_timeout().is_some()) {
                 ack_wake.notify_one();
             }
         }
@@ -194,33 +175,18 @@ pub(super) struct LocalInput {
     r: Box<dyn AsyncRead + Unpin + Send>,
     buf: BytesMut,
     done: bool,
-    /// A run read but not sent yet (it did not fit the send buffer), and its
-    /// count of lines.
-    held: Option<(Bytes, u64)>,
 }
 
 impl LocalInput {
     /// Reads `r` into whole lines.
     pub(super) fn new(r: Box<dyn AsyncRead + Unpin + Send>) -> Self {
-        Self { r, buf: BytesMut::new(), done: false, held: None }
-    }
-
-    /// Keeps `run` to be returned by the next [`Self::next_run`].
-    fn hold(&mut self, run: Bytes, lines: u64) {
-        self.held = Some((run, lines));
-    }
-
-    fn held_len(&self) -> Option<usize> {
-        self.held.as_ref().map(|(run, _)| run.len())
+        Self { r, buf: BytesMut::new(), done: false }
     }
 
     /// The next run of whole lines, escaped, with its count of lines; `None`
     /// once the input ended. At the end an unterminated last line gets its
     /// newline (as the plain protocol's bridge does).
     async fn next_run(&mut self) -> Option<(Bytes, u64)> {
-        if let Some(run) = self.held.take() {
-            return Some(run);
-        }
         loop {
             if self.done {
                 return None;

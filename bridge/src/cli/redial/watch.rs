@@ -78,7 +78,7 @@ pub(super) async fn watch(
         tokio::time::sleep(silence::TICK).await;
         match w.tick(clock(), heard(conn), selected_rtt(conn)) {
             Verdict::Probe => {
-                st.borrow_mut().probe_due = true;
+                st.borrow_mut().probe();
                 wake.notify_one();
             }
             Verdict::Suspect { silent_for } if !until_heard => return silent_for,

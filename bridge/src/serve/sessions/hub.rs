@@ -14,10 +14,7 @@ use iroh::{
     endpoint::{Connection, ConnectionError, VarInt},
     EndpointId,
 };
-use thunderbolt_shared::{
-    close,
-    resume::{AckPolicy, ReplayLog},
-};
+use thunderbolt_shared::{close, resume_bridge::BridgeSession};
 use tokio::{
     sync::{mpsc, Notify},
     task::JoinHandle,
@@ -235,14 +232,11 @@ pub(super) struct State {
     /// When the agent last wrote (a warm agent's finished client is let go
     /// only once it has been quiet a moment: see [`KEPT_WARM_QUIET`]).
     pub(super) last_output: Option<Instant>,
-    pub(super) out: ReplayLog,
+    /// The `/r1` side of the session for the attached device: the agent's
+    /// frames kept for a resend, the device's counted and acknowledged.
+    pub(super) r1: BridgeSession<Instant>,
     /// The agent's output ended after this many frames.
     pub(super) end_at: Option<(u64, Instant)>,
-    /// Frames taken from the client (into the agent's queue).
-    pub(super) ack: AckPolicy,
-    pub(super) ack_due: bool,
-    /// When a pending ack is due at the latest.
-    pub(super) ack_at: Option<Instant>,
     pub(super) inbox: Option<mpsc::Sender<Inbound>>,
     /// The client's frame over the cap being skipped (its index), once its
     /// head went to the agent's pump; a resend of it after a reconnect is not
@@ -406,11 +400,8 @@ impl Hub {
             resumable: false,
             input_ended: None,
             last_output: None,
-            out: ReplayLog::new(),
+            r1: BridgeSession::default(),
             end_at: None,
-            ack: AckPolicy::at(0),
-            ack_due: false,
-            ack_at: None,
             inbox: Some(tx),
             oversize_at: None,
             attached: None,
@@ -532,7 +523,7 @@ impl Hub {
             self.flush_journal(st);
             return;
         }
-        st.journal_behind.output(Instant::now(), st.out.total());
+        st.journal_behind.output(Instant::now(), st.r1.out.total());
     }
 
     /// The write-behind's turn (at `journal_behind.due()`): the agent's frames that
@@ -549,7 +540,7 @@ impl Hub {
     /// acknowledged (those it has are skipped in one record).
     pub(super) fn flush_journal(&self, st: &mut State) {
         st.journal_behind.clear();
-        let total = st.out.total();
+        let total = st.r1.out.total();
         self.write_journal_to(st, total);
     }
 
@@ -558,13 +549,13 @@ impl Hub {
     fn write_journal_to(&self, st: &mut State, upto: u64) {
         let st = &mut *st;
         let Some(j) = st.journal.as_mut() else { return };
-        let upto = upto.min(st.out.total());
+        let upto = upto.min(st.r1.out.total());
         if j.written_to() >= upto {
             return;
         }
-        let from = j.written_to().max(st.out.acked());
+        let from = j.written_to().max(st.r1.out.acked());
         if from < upto {
-            let runs = st.out.range(from, upto).unwrap_or_default();
+            let runs = st.r1.out.range(from, upto).unwrap_or_default();
             j.write_output(from, &runs, upto);
         } else {
             // All acknowledged: the journal skips them in one record.
@@ -595,7 +586,7 @@ impl Hub {
     /// Rewrites the journal as a snapshot and the output still held, once it
     /// grew far past that (either side's records make it grow).
     pub(super) fn compact_journal(&self, st: &mut State) {
-        let due = st.journal.as_ref().is_some_and(|j| j.compact_due(st.out.bytes()));
+        let due = st.journal.as_ref().is_some_and(|j| j.compact_due(st.r1.out.bytes()));
         if due {
             self.rewrite_journal(st);
         }
@@ -606,13 +597,13 @@ impl Hub {
         let st = &mut *st;
         let Some(j) = st.journal.as_mut() else { return };
         let snap = journal::Snapshot {
-            out_base: st.out.acked(),
-            client_frames: st.ack.received(),
+            out_base: st.r1.out.acked(),
+            client_frames: st.r1.acks.received(),
             ledger: j.ledger.clone(),
             pending: j.pending.ids(),
             resumes: st.resumes,
         };
-        let live = st.out.since(st.out.acked()).unwrap_or_default();
+        let live = st.r1.out.since(st.r1.out.acked()).unwrap_or_default();
         j.compact(&snap, &live);
     }
 
@@ -720,7 +711,7 @@ impl Hub {
                         "connection lost ({why}); the warm agent keeps running and the session waits {:?} for \
                          the client ({} byte(s) of output held)",
                         self.cfg.wait(true).0,
-                        st.out.bytes()
+                        st.r1.out.bytes()
                     );
                 } else {
                     st.resumable = false;
@@ -760,7 +751,7 @@ impl Hub {
                 "connection lost ({why}); the agent keeps running and the session waits {:?} for the client \
                  ({} byte(s) of output held)",
                 self.cfg.wait(true).0,
-                st.out.bytes()
+                st.r1.out.bytes()
             );
         }
         let writer = st.writer.take();

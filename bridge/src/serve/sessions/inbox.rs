@@ -2,10 +2,10 @@
 //! the acks and a resume's position), a frame over the cap reduced to its
 //! head once, the warm client's answers crossed off.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use bytes::Bytes;
-use thunderbolt_shared::{jsonrpc, ndjson::OVERSIZE_PEEK, resume::ACK_DELAY_MS};
+use thunderbolt_shared::{jsonrpc, ndjson::OVERSIZE_PEEK};
 use tokio::{sync::mpsc, time::Instant};
 
 use super::hub::{Hub, HubKind};
@@ -82,7 +82,7 @@ impl Hub {
                 }
             }
         }
-        let at = st.ack.received();
+        let at = st.r1.acks.received();
         let item = match (frames, st.oversize_at) {
             (0, Some(n)) if n == at => None,
             (0, _) => {
@@ -105,8 +105,8 @@ impl Hub {
         };
         // Frames after the agent's input closed are counted (and dropped)
         // so the client's replay buffer drains.
-        let was_pending = st.ack.pending();
-        let due = st.ack.took(frames, len);
+        let (was_due, was_armed) = (st.r1.acks.is_due(), st.r1.acks.poll_timeout().is_some());
+        st.r1.acks.took(frames, len, Instant::now());
         // Journaled (with the count) before the agent can have them: a restart
         // knows what it got.
         if frames > 0 {
@@ -115,12 +115,8 @@ impl Hub {
         if let (Some(p), Some(item)) = (permit, item) {
             p.send(item);
         }
-        if due {
-            st.ack_due = true;
-            drop(st);
-            self.output.notify_waiters();
-        } else if !was_pending && st.ack.pending() {
-            st.ack_at = Some(Instant::now() + Duration::from_millis(ACK_DELAY_MS));
+        // The writer sends the ack, or sleeps until its deadline.
+        if (st.r1.acks.is_due() && !was_due) || (!was_armed && st.r1.acks.poll_timeout().is_some()) {
             drop(st);
             self.output.notify_waiters();
         }

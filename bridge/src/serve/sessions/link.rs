@@ -94,10 +94,10 @@ impl Link for HubLink {
     fn finish(&self, _out: &mut Outbox) {
         let mut st = self.0.lock();
         let now = Instant::now();
-        st.end_at = Some((st.out.total(), now));
+        st.end_at = Some((st.r1.out.total(), now));
         for g in &st.members.guests {
             let mut gs = g.lock();
-            gs.end_at = Some((gs.out.total(), now));
+            gs.end_at = Some((gs.r1.out.total(), now));
             drop(gs);
             g.output.notify_waiters();
         }
@@ -118,11 +118,11 @@ impl Link for HubLink {
                 // Every attached device that joined has the end too (or lingered).
                 let guests_done = st.members.guests.iter().all(|g| {
                     let gs = g.lock();
-                    gs.attached.is_none() || gs.end_at.is_some_and(|(n, _)| gs.out.acked() >= n)
+                    gs.attached.is_none() || gs.end_at.is_some_and(|(n, _)| gs.r1.out.acked() >= n)
                 });
                 let done = match &st.attached {
                     _ if st.members.left => guests_done,
-                    Some(a) if a.r1 => st.out.acked() >= end && guests_done,
+                    Some(a) if a.r1 => st.r1.out.acked() >= end && guests_done,
                     // The plain stream was taken whole.
                     Some(_) => st.plain_done,
                     // Nobody to deliver to, unless a resume may still come for it.
@@ -229,7 +229,7 @@ impl Outbox {
         // `devices::feed`). And for the attached connection to take what it
         // was given (`UNSENT_MAX`).
         let held = hub.held(&st);
-        let unsent = st.sent_mark.map_or(0, |m| st.out.pushed_bytes().saturating_sub(m));
+        let unsent = st.sent_mark.map_or(0, |m| st.r1.out.pushed_bytes().saturating_sub(m));
         if (held > 0 && held + buf.len() > hub.cfg.buffer)
             || (unsent > 0 && unsent + buf.len() as u64 > super::hub::UNSENT_MAX)
         {

@@ -32,7 +32,8 @@ use serde_json::{json, Value};
 use thunderbolt_shared::{
     close, jsonrpc, ndjson,
     restart::{self, Taken},
-    resume::{AckPolicy, ReplayLog},
+    resume::ReplayLog,
+    resume_bridge::BridgeSession,
 };
 use tokio::{sync::mpsc, time::Instant};
 use tracing::{info, warn, Instrument};
@@ -278,8 +279,7 @@ fn rebuild(
         Arc::downgrade(&shared.hubs),
         |st: &mut State| {
             st.token_hash = found.header.token_sha256.clone();
-            st.out = out;
-            st.ack = AckPolicy::at(f.client_frames);
+            st.r1 = BridgeSession::restored(out, f.client_frames);
             st.resumable = true;
             st.resumes = f.resumes;
             st.detached_since = Some(Instant::now().checked_sub(away).unwrap_or_else(Instant::now));
@@ -443,7 +443,7 @@ impl Hub {
         if run.is_empty() {
             return;
         }
-        st.out.push(run.clone());
+        st.r1.out.push(run.clone());
         self.journal_output(st, &run);
         self.output.notify_waiters();
     }
@@ -517,7 +517,7 @@ mod tests {
         let took = started.elapsed();
         assert!(took >= RESTORE_STEP_TIMEOUT && took < RESTORE_STEP_TIMEOUT * 2, "{took:?}");
         let st = hub.lock();
-        let told = st.out.since(0).unwrap().concat();
+        let told = st.r1.out.since(0).unwrap().concat();
         let note: Value = serde_json::from_slice(&told).unwrap();
         let sessions = note["params"]["sessions"].as_array().unwrap();
         assert_eq!(sessions.len(), 3, "{note}");

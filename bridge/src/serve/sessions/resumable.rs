@@ -10,6 +10,7 @@ use thunderbolt_shared::{
     close,
     ndjson::room_for_read,
     resume::{control_line_end, Control, Event, Receiver, BRIDGE_READ_AHEAD, MAX_CONTROL_LINE},
+    resume_bridge::{FromDevice, ResumeError},
 };
 use tokio::{io::AsyncReadExt, time::Instant};
 use tracing::{debug, info, warn, Instrument};
@@ -90,13 +91,10 @@ impl Hub {
         if st.members.left {
             return Err(AttachError::Gone(close::REASON_UNKNOWN_SESSION.into()));
         }
-        if received < st.out.acked() {
-            let acked = st.out.acked();
+        if received < st.r1.out.acked() {
+            let acked = st.r1.out.acked();
             drop(st);
-            let why = format!(
-                "a resume claimed {received} of the agent's frames, but the client had acknowledged {acked} \
-                 (a stale copy of its session state): those are gone"
-            );
+            let why = ResumeError::Stale { claimed: received, acked }.to_string();
             self.end_with(close::CLOSE_CODE_REFUSED, Gone::new(why, close::REASON_STALE_RESUME));
             return Err(AttachError::Stale { claimed: received, acked });
         }
@@ -104,8 +102,8 @@ impl Hub {
         // agent's frames than the journal kept gets the new ones numbered
         // after what it holds (nothing it lacks is skipped: it has those).
         if let Some(kept) = st.restored_at.take() {
-            if received > kept && st.out.acked() <= kept {
-                st.out.rebase(kept, received).map_err(|e| AttachError::BadPosition(e.to_string()))?;
+            if received > kept && st.r1.out.acked() <= kept {
+                st.r1.out.rebase(kept, received).map_err(|e| AttachError::BadPosition(e.to_string()))?;
                 info!(
                     peer = %self.peer,
                     session = self.short(),
@@ -115,18 +113,13 @@ impl Hub {
                 self.rewrite_journal(&mut st);
             }
         }
-        st.out.ack(received).map_err(|e| AttachError::BadPosition(e.to_string()))?;
+        let token = st.token.clone();
+        let welcome = match st.r1.resume(&token, received, self.cfg.wait(true).0) {
+            Ok(welcome) => welcome.encode(),
+            Err(e) => return Err(AttachError::BadPosition(e.to_string())),
+        };
         let id = st.next_id();
-        st.ack.resumed();
-        st.ack_due = false;
-        st.ack_at = None;
-        let welcome = Control::Welcome {
-            session: st.token.clone(),
-            received: st.ack.received(),
-            grace_ms: self.cfg.wait(true).0.as_millis() as u64,
-        }
-        .encode();
-        let replay = st.out.total() - received;
+        let replay = st.r1.out.total() - received;
         st.resumable = true;
         if id > 0 {
             st.resumes += 1;
@@ -134,7 +127,7 @@ impl Hub {
                 peer = %self.peer,
                 session = self.short(),
                 "session resumed: resending {replay} frame(s), expecting the client's from frame {}",
-                st.ack.received()
+                st.r1.acks.received()
             );
         }
         // In the connection's span: the log names the agent (`agent{name=…}`).
@@ -209,18 +202,21 @@ impl Hub {
                     // whole turn or more goes at once (the interval is a latency
                     // floor for an observer, never a ceiling on its throughput:
                     // one turn per interval held a shared session to ~25 MB/s).
-                    let unsent = st.sent_mark.map_or(u64::MAX, |m| st.out.pushed_bytes().saturating_sub(m));
-                    let batch = cursor < st.out.total()
+                    let unsent =
+                        st.sent_mark.map_or(u64::MAX, |m| st.r1.out.pushed_bytes().saturating_sub(m));
+                    let batch = cursor < st.r1.out.total()
                         && unsent < WRITE_TURN as u64
-                        && !st.ack_due
-                        && st.ack_at.is_none_or(|at| now < at)
+                        && !st.r1.acks.is_due()
+                        && st.r1.acks.poll_timeout().is_none_or(|at| now < at)
                         && st.end_at.is_none()
                         && self.observing.load(std::sync::atomic::Ordering::Relaxed);
                     if batch {
                         let due = *waiting_since.get_or_insert(now) + OBSERVER_BATCH;
                         if now < due {
-                            let wake =
-                                [Some(due), st.ack_at, st.journal_behind.due()].into_iter().flatten().min();
+                            let wake = [Some(due), st.r1.acks.poll_timeout(), st.journal_behind.due()]
+                                .into_iter()
+                                .flatten()
+                                .min();
                             return Step::Wait(wake);
                         }
                     }
@@ -228,21 +224,15 @@ impl Hub {
                     let mut runs = Vec::new();
                     // Acks go by count or bytes, else after a short delay: never one
                     // per message (a request/response session would pay for it twice).
-                    if st.ack_at.is_some_and(|at| Instant::now() >= at) {
-                        st.ack_due = true;
-                    }
-                    if st.ack_due {
-                        st.ack_due = false;
-                        st.ack_at = None;
-                        // Ahead of the output: the client's sending waits on it.
-                        runs.extend(st.ack.ack().map(|a| a.encode()));
-                    }
+                    // Ahead of the output: the client's sending waits on it.
+                    runs.extend(st.r1.poll_transmit(now).map(|a| a.encode()));
                     if st.sent_mark.is_none() {
                         // This connection's first turn: what it resends is not sent yet.
-                        st.sent_mark = Some(st.out.pushed_before(cursor).unwrap_or(st.out.pushed_bytes()));
+                        st.sent_mark =
+                            Some(st.r1.out.pushed_before(cursor).unwrap_or(st.r1.out.pushed_bytes()));
                     }
-                    if cursor < st.out.total() {
-                        match st.out.next_runs(cursor, WRITE_TURN) {
+                    if cursor < st.r1.out.total() {
+                        match st.r1.out.next_runs(cursor, WRITE_TURN) {
                             Ok((r, next)) => {
                                 let taken: usize = r.iter().map(Bytes::len).sum();
                                 st.sent_mark = st.sent_mark.map(|m| m + taken as u64);
@@ -263,7 +253,7 @@ impl Hub {
                     if runs.is_empty() {
                         // A warm agent's client that is done: its input ended, all it
                         // asked was answered and all it was sent is acknowledged.
-                        let (done, until) = if st.out.acked() == st.out.total() && st.end_at.is_none() {
+                        let (done, until) = if st.r1.out.acked() == st.r1.out.total() && st.end_at.is_none() {
                             self.client_done(st)
                         } else {
                             (false, None)
@@ -271,7 +261,10 @@ impl Hub {
                         if done {
                             return Step::Ready(Ok(Some(Vec::new())));
                         }
-                        let wake = [st.ack_at, until, st.journal_behind.due()].into_iter().flatten().min();
+                        let wake = [st.r1.acks.poll_timeout(), until, st.journal_behind.due()]
+                            .into_iter()
+                            .flatten()
+                            .min();
                         Step::Wait(wake)
                     } else {
                         Step::Ready(Ok(Some(runs)))
@@ -364,10 +357,11 @@ impl Hub {
 
     /// Applies one of the client's control lines.
     pub(super) fn control(self: &Arc<Self>, c: Option<Control>) -> Result<(), String> {
-        match c {
-            Some(Control::Ack(n)) => {
-                let mut st = self.lock();
-                st.out.ack(n).map_err(|e| format!("{REASON_PROTOCOL}: ack {e}"))?;
+        let Some(c) = c else { return Ok(()) };
+        let mut st = self.lock();
+        let said = st.r1.handle_control(&c).map_err(|e| format!("{REASON_PROTOCOL}: {e}"))?;
+        match said {
+            FromDevice::Acked(_) => {
                 self.left_if_done(&st);
                 let told = self.tell_missed_if_room(&mut st);
                 let writer = st.writer.take();
@@ -382,16 +376,14 @@ impl Hub {
                     s.wake(writer);
                 }
             }
-            Some(Control::Role(role)) if self.kind == HubKind::Resumable => self.ask_role(role),
-            Some(Control::Eof(n)) => {
+            FromDevice::Role(role) if self.kind == HubKind::Resumable => {
+                drop(st);
+                self.ask_role(role)
+            }
+            FromDevice::Eof(n) => {
+                drop(st);
                 let others = self.kind == HubKind::Resumable && self.others_on();
                 let mut st = self.lock();
-                if st.ack.received() != n {
-                    return Err(format!(
-                        "{REASON_PROTOCOL}: eof after {n} frames, but {} arrived",
-                        st.ack.received()
-                    ));
-                }
                 if others {
                     // One device's input ended; the agent's stays open for the others.
                     self.leave_after_eof(&mut st);
@@ -410,8 +402,7 @@ impl Hub {
                     debug!(peer = %self.peer, session = self.short(), "the client's input ended after {n} frames");
                 }
             }
-            // Hellos mid-stream, welcomes, ends and unknown kinds mean nothing here.
-            _ => {}
+            FromDevice::Role(_) | FromDevice::Nothing => {}
         }
         Ok(())
     }

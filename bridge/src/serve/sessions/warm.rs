@@ -8,7 +8,8 @@ use iroh::endpoint::{Connection, RecvStream, SendStream, VarInt};
 use thunderbolt_shared::{
     jsonrpc::{self, Kind},
     ndjson::{room_for_read, OVERSIZE_PEEK},
-    resume::{AckPolicy, Event, Receiver, ReplayLog},
+    resume::{Event, Receiver},
+    resume_bridge::BridgeSession,
 };
 use tokio::{io::AsyncReadExt, time::Instant};
 use tracing::{debug, info, Instrument};
@@ -30,11 +31,8 @@ impl Hub {
         }
         st.token = ids::token();
         st.token_hash = crate::journal::token_hash(&st.token);
-        st.out = ReplayLog::new();
+        st.r1 = BridgeSession::default();
         st.sent_mark = None;
-        st.ack = AckPolicy::at(0);
-        st.ack_due = false;
-        st.ack_at = None;
         st.oversize_at = None;
         st.input_ended = None;
         st.plain_done = false;
@@ -46,7 +44,7 @@ impl Hub {
     /// output. Returns how many were answered.
     pub(super) fn answer_for_vanished_client(&self, st: &mut State) -> usize {
         let mut ids: Vec<String> = st.pending.drain().collect();
-        let unsent = st.out.since(st.out.acked()).unwrap_or_default();
+        let unsent = st.r1.out.since(st.r1.out.acked()).unwrap_or_default();
         for run in &unsent {
             for line in thunderbolt_shared::ndjson::lines(run) {
                 let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
@@ -55,8 +53,8 @@ impl Hub {
                 }
             }
         }
-        let total = st.out.total();
-        let _ = st.out.ack(total);
+        let total = st.r1.out.total();
+        let _ = st.r1.out.ack(total);
         for id in &ids {
             let _ = self.inject.send(jsonrpc::client_gone(id).into());
         }
@@ -112,15 +110,15 @@ impl Hub {
     /// client's input ended and the agent answered all it asked, the stream is
     /// finished too, and the connection closed with [`REASON_KEPT_WARM`].
     async fn write_plain(&self, id: u64, send: &mut SendStream, conn: &Connection) -> String {
-        let mut cursor = self.lock().out.total();
+        let mut cursor = self.lock().r1.out.total();
         loop {
             let next = self
                 .until(Wake::Any, |st| {
                     if !st.is_attached(id) {
                         return Step::Ready(None);
                     }
-                    let runs = st.out.since(cursor).unwrap_or_default();
-                    cursor = st.out.total();
+                    let runs = st.r1.out.since(cursor).unwrap_or_default();
+                    cursor = st.r1.out.total();
                     let end = st.end_at.is_some_and(|(n, _)| n == cursor);
                     let (finished, until) =
                         if runs.is_empty() { self.client_done(st) } else { (false, None) };
@@ -143,7 +141,7 @@ impl Hub {
                     return e.to_string();
                 }
                 let mut st = self.lock();
-                let _ = st.out.ack(cursor);
+                let _ = st.r1.out.ack(cursor);
                 let writer = st.writer.take();
                 drop(st);
                 if let Some(w) = writer {

@@ -28,7 +28,7 @@ const OPEN_REMEMBERED: usize = crate::serve::requests::MAX_TRACKED_REQUESTS;
 /// ([`wire::missed_line`]) and gets the agent's output again. A phone that
 /// locks its screen while watching never stops the agent for the others.
 pub(in crate::serve::sessions) fn feed(st: &mut State, buffer: usize, run: &Bytes, lines: u64, waited: bool) {
-    let held = st.out.bytes();
+    let held = st.r1.out.bytes();
     let len = run.len() as u64;
     match st.missed {
         Some((frames, bytes)) if !waited && held > 0 && held + run.len() > buffer / 2 => {
@@ -42,14 +42,14 @@ pub(in crate::serve::sessions) fn feed(st: &mut State, buffer: usize, run: &Byte
         }
         None => {}
     }
-    st.out.push_counted(run.clone(), lines);
+    st.r1.out.push_counted(run.clone(), lines);
 }
 
 /// Puts what the device missed ([`wire::missed_line`]) into its log, and
 /// starts counting afresh.
 fn tell_missed(st: &mut State) {
     if let Some((frames, bytes)) = st.missed.take() {
-        st.out.push(Bytes::from(wire::missed_line(frames, bytes)));
+        st.r1.out.push(Bytes::from(wire::missed_line(frames, bytes)));
     }
 }
 
@@ -117,10 +117,13 @@ impl Hub {
     pub(in crate::serve::sessions) fn held(&self, st: &State) -> usize {
         match st.members.controller {
             0 if st.members.left => 0,
-            0 => st.out.bytes(),
-            seat => {
-                st.members.guests.iter().find(|g| g.seat_number() == seat).map_or(0, |g| g.lock().out.bytes())
-            }
+            0 => st.r1.out.bytes(),
+            seat => st
+                .members
+                .guests
+                .iter()
+                .find(|g| g.seat_number() == seat)
+                .map_or(0, |g| g.lock().r1.out.bytes()),
         }
     }
 
@@ -133,7 +136,7 @@ impl Hub {
     /// is told now, not with the agent's next output (which may be long in
     /// coming). True when a notice was put in the log.
     pub(in crate::serve::sessions) fn tell_missed_if_room(&self, st: &mut State) -> bool {
-        let room = st.missed.is_some() && st.out.bytes() <= self.cfg.buffer / 2;
+        let room = st.missed.is_some() && st.r1.out.bytes() <= self.cfg.buffer / 2;
         if room {
             tell_missed(st);
         }
@@ -148,12 +151,12 @@ impl Hub {
         if st.gone.is_some() || st.members.left || st.leaving {
             return;
         }
-        if st.out.bytes() + line.len() > self.cfg.buffer {
+        if st.r1.out.bytes() + line.len() > self.cfg.buffer {
             debug!(peer = %self.peer, session = self.short(), "a frame for this device dropped: its log is full");
             return;
         }
         let run = Bytes::from(line);
-        st.out.push(run.clone());
+        st.r1.out.push(run.clone());
         if !self.is_guest() {
             self.journal_output(&mut st, &run);
         }

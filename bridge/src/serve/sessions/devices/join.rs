@@ -118,9 +118,9 @@ impl Hub {
                 g.token = ids::token();
                 // Its frames go to the session's agent (see `Hub::reserve`).
                 g.inbox = None;
-                g.out = ReplayLog::new();
+                g.r1.out = ReplayLog::new();
                 for run in history {
-                    g.out.push(run);
+                    g.r1.out.push(run);
                 }
             },
         );

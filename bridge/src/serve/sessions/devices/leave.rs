@@ -25,7 +25,7 @@ impl Hub {
         let mut st = self.lock();
         if seat == 0 {
             st.members.left = true;
-            st.out = ReplayLog::starting_at(st.out.total());
+            st.r1.out = ReplayLog::starting_at(st.r1.out.total());
             st.sent_mark = None;
             st.journal_behind.clear();
             // Its journal goes (dropped: deleted); the others' are not journaled.
@@ -84,7 +84,7 @@ impl Hub {
     /// go ([`close::REASON_LEFT`]); the others go on.
     pub(in crate::serve::sessions) fn leave_after_eof(&self, st: &mut State) {
         st.leaving = true;
-        st.end_at = Some((st.out.total(), Instant::now()));
+        st.end_at = Some((st.r1.out.total(), Instant::now()));
         info!(peer = %self.peer, session = self.short(), "{}'s input ended: it leaves the session once it has what it was sent", self.device().label());
         // It may hold everything already: no acknowledgement would come.
         self.left_if_done(st);
@@ -92,7 +92,7 @@ impl Hub {
 
     /// A leaving device acknowledged its end: its connection is closed.
     pub(in crate::serve::sessions) fn left_if_done(&self, st: &State) {
-        if st.leaving && st.end_at.is_some_and(|(n, _)| st.out.acked() >= n) {
+        if st.leaving && st.end_at.is_some_and(|(n, _)| st.r1.out.acked() >= n) {
             if let Some(a) = &st.attached {
                 a.conn.close(
                     iroh::endpoint::VarInt::from_u32(close::CLOSE_CODE_CLIENT),
