@@ -1,26 +1,22 @@
 //! The client's endpoint and the plain connections it dials: `ClientInner`
-//! (one NodeId, its relays, a fresh endpoint in place of a stuck one), the
-//! dial itself, a listing, and `ConnInner` (one connection's bidirectional
-//! stream, read as chunks).
+//! (one NodeId, its relays, a fresh endpoint in place of a stuck one) and
+//! `ConnInner` (one connection's bidirectional stream, read as chunks). What
+//! is dialed and how is dialing.rs's.
 
 use std::{cell::RefCell, rc::Rc, time::Duration};
 
 use futures::lock::Mutex as AsyncMutex;
 use iroh::{
     endpoint::{presets, Connection, RecvStream, SendStream, VarInt},
-    Endpoint, RelayMap, RelayMode, RelayUrl, SecretKey, TransportAddr,
+    Endpoint, RelayMap, RelayMode, RelayUrl, SecretKey,
 };
-use js_sys::{Object, Promise, Reflect};
-use thunderbolt_shared::{
-    close,
-    resume::{resume_alpn, Control},
-    words, Protocol, Target,
-};
+use js_sys::{Object, Promise};
+use thunderbolt_shared::close;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
 use crate::{
-    errors::{classify_text, Ending, ErrorKind, DEFAULT_DIAL_TIMEOUT_MS},
+    errors::{classify_text, Ending, ErrorKind},
     js::{conn_error, ending, input_error, js_error, op_error, set, set_agent_end},
 };
 
@@ -30,23 +26,18 @@ use crate::{
 /// through a relay): one JS chunk per wake-up, not one per packet.
 pub(crate) const READ_CHUNK: usize = 256 * 1024;
 
-/// How long the bridge may take to answer a listing.
-const LISTING_TIMEOUT: Duration = Duration::from_secs(15);
-/// Longest listing read (a few dozen sessions take a few KiB).
-const MAX_LISTING: usize = 1 << 20;
-
 /// After the bridge finished its stream, how long a reader waits for it to say
 /// how the agent ended (ours closes one round trip later; an older bridge never
 /// does, and the stream then simply ends).
 const AGENT_END_WAIT: Duration = Duration::from_secs(5);
 
 pub(crate) struct ClientInner {
-    /// The endpoint dialed from now; a fresh one may replace it ([`ClientInner::renew`]).
+    /// The endpoint dialed from now; a fresh one may replace it ([`ClientInner::replace_endpoint`]).
     ep: RefCell<Endpoint>,
     /// How many times it was replaced.
     generation: std::cell::Cell<u32>,
     secret: SecretKey,
-    relay: Option<RelayUrl>,
+    pub(crate) relay: Option<RelayUrl>,
     /// The endpoint's relay map (the very one: a `RelayMap`'s clones share
     /// their contents): the relay given (or n0's) and every relay a dialed
     /// ticket named.
@@ -85,7 +76,7 @@ impl ClientInner {
         self.ep.borrow().clone()
     }
 
-    /// Which endpoint is current (see [`ClientInner::renew`]).
+    /// Which endpoint is current (see [`ClientInner::replace_endpoint`]).
     pub(crate) fn generation(&self) -> u32 {
         self.generation.get()
     }
@@ -97,19 +88,21 @@ impl ClientInner {
     /// stream going through it holds every relay's sends back for seconds
     /// (as `connect`'s `ClientEndpoint` says). The old endpoint is closed,
     /// and its connections with it: every session of this client redials.
-    pub(crate) async fn renew(self: &Rc<Self>, generation: u32) {
+    /// Whether it was replaced (then the new one is to be kept homed:
+    /// `relays::renew`).
+    pub(crate) async fn replace_endpoint(&self, generation: u32) -> bool {
         if self.generation() != generation {
-            return;
+            return false;
         }
-        let Ok(fresh) = bind(&self.secret, &self.relays).await else { return };
+        let Ok(fresh) = bind(&self.secret, &self.relays).await else { return false };
         if self.generation() != generation {
             fresh.close().await;
-            return;
+            return false;
         }
         let old = self.ep.replace(fresh);
         self.generation.set(generation.wrapping_add(1));
-        crate::relays::keep_a_home_relay(self);
         wasm_bindgen_futures::spawn_local(async move { old.close().await });
+        true
     }
 }
 
@@ -119,91 +112,6 @@ pub(crate) struct ConnInner {
     pub(crate) me: String,
     pub(crate) send: AsyncMutex<SendStream>,
     recv: RefCell<Option<RecvStream>>,
-}
-
-/// Asks the bridge at `target` for its listing (of the `host`, or of its
-/// agent): the answer as a JS object with a `sessions` array.
-pub(crate) async fn listing(
-    inner: &ClientInner,
-    target: &str,
-    protocol: Option<String>,
-    host: bool,
-    timeout_ms: Option<u32>,
-) -> Result<JsValue, JsValue> {
-    let p: Protocol = protocol.as_deref().unwrap_or("acp").parse().map_err(input_error)?;
-    let c = dial(inner, target, resume_alpn(&p), timeout_ms).await?;
-    c.write(&Control::List { host }.encode()).await?;
-    let mut recv = c.take_recv()?;
-    let answer = match n0_future::time::timeout(LISTING_TIMEOUT, recv.read_to_end(MAX_LISTING)).await {
-        Ok(Ok(a)) if !a.is_empty() => Ok(a),
-        Ok(Err(e)) => Err(op_error(&c.conn, &c.me, e)),
-        _ => Err(js_error(&ErrorKind::Frame, "the bridge did not answer the listing (an older version?)")),
-    };
-    c.close();
-    js_sys::JSON::parse(String::from_utf8_lossy(&answer?).trim())
-        .ok()
-        .filter(|v| Reflect::get(v, &"sessions".into()).is_ok_and(|s| s.is_array()))
-        .ok_or_else(|| js_error(&ErrorKind::Frame, "the bridge's listing is unreadable"))
-}
-
-pub(crate) async fn dial(
-    client: &ClientInner,
-    target: &str,
-    alpn: Vec<u8>,
-    timeout_ms: Option<u32>,
-) -> Result<Rc<ConnInner>, JsValue> {
-    let (conn, _) = dial_conn(client, target, &alpn, None, timeout_ms).await?;
-    open_plain(conn, client).await
-}
-
-/// Dials `target` with `alpn` (and `fallback` as a second choice); returns the
-/// connection and the address dialed.
-pub(crate) async fn dial_conn(
-    client: &ClientInner,
-    target: &str,
-    alpn: &[u8],
-    fallback: Option<(Option<Vec<u8>>, iroh::endpoint::QuicTransportConfig)>,
-    timeout_ms: Option<u32>,
-) -> Result<(Connection, iroh::EndpointAddr), JsValue> {
-    let target: Target = target.parse().map_err(input_error)?;
-    let mut addr = target.endpoint_addr();
-    // A bare NodeId carries no address: assume the bridge uses our relay.
-    if addr.relay_urls().next().is_none() {
-        if let Some(r) = &client.relay {
-            addr = addr.with_addrs([TransportAddr::Relay(r.clone())]);
-        }
-    }
-    client.add_relays(&addr);
-    let ms = timeout_ms.unwrap_or(DEFAULT_DIAL_TIMEOUT_MS);
-    // Whether the relay was reached: a dial that never got that far says so.
-    let online = std::cell::Cell::new(false);
-    let fut = async {
-        client.ep().online().await;
-        online.set(true);
-        match fallback {
-            Some((plain, transport)) => {
-                crate::resumable::connect_either(client, addr.clone(), alpn, plain, transport).await
-            }
-            None => client.ep().connect(addr.clone(), alpn).await.map_err(|e| e.to_string()),
-        }
-    };
-    match n0_future::time::timeout(Duration::from_millis(ms as u64), fut).await {
-        Err(_) if !online.get() => {
-            let relay =
-                client.relay.as_ref().map_or_else(|| "(n0's public relays)".into(), |r| r.to_string());
-            Err(js_error(&ErrorKind::Timeout, &words::relay_unreachable(&relay)))
-        }
-        Err(_) => {
-            Err(js_error(&ErrorKind::Timeout, &format!("could not reach {} within {ms} ms", target.id())))
-        }
-        Ok(Err(text)) if words::is_identity_mismatch(&text) => {
-            Err(js_error(&ErrorKind::Network, words::OTHER_IDENTITY))
-        }
-        Ok(Err(text)) => {
-            Err(js_error(&classify_text(&text), &format!("could not connect to {}: {text}", target.id())))
-        }
-        Ok(Ok(c)) => Ok((c, addr)),
-    }
 }
 
 pub(crate) async fn open_plain(conn: Connection, client: &ClientInner) -> Result<Rc<ConnInner>, JsValue> {

@@ -51,6 +51,8 @@ mod client;
 #[cfg(any(target_arch = "wasm32", test))]
 mod crypto;
 #[cfg(target_arch = "wasm32")]
+mod dialing;
+#[cfg(target_arch = "wasm32")]
 mod js;
 #[cfg(target_arch = "wasm32")]
 mod relays;

@@ -42,6 +42,14 @@ const REHOME_EVERY: Duration = Duration::from_secs(1);
 /// iroh's report every second for as long as it is offline.
 const REHOME_MAX: Duration = Duration::from_secs(30);
 
+/// A fresh endpoint in place of the one of `generation` (see
+/// [`ClientInner::replace_endpoint`]), kept homed on a relay like the first.
+pub(crate) async fn renew(client: &Rc<ClientInner>, generation: u32) {
+    if client.replace_endpoint(generation).await {
+        keep_a_home_relay(client);
+    }
+}
+
 /// Keeps the client's endpoint homed on a relay that answers, while it has
 /// several: when its home relay is lost, iroh is made to choose again at once
 /// (re-inserting a relay's own configuration changes nothing but makes it run

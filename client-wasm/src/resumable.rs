@@ -39,47 +39,17 @@ use crate::{
 };
 
 mod devices;
+mod dial;
 mod outcome;
+mod page;
 mod streams;
 mod watch;
 
 use devices::*;
+pub use dial::{connect_either, transport, DEFAULT_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT};
+use dial::{redial, LOCALLY_CLOSED};
 use outcome::*;
 
-/// First pause between starting redials; doubled after each start.
-const REDIAL_FIRST_BACKOFF: Duration = Duration::from_millis(200);
-/// Longest pause between starting redials.
-const REDIAL_MAX_BACKOFF: Duration = Duration::from_secs(2);
-/// One redial attempt's limit (a relay handshake with a retransmission or two).
-const REDIAL_ATTEMPT: Duration = Duration::from_secs(10);
-/// The first redial attempt's limit; doubled per attempt up to [`REDIAL_ATTEMPT`].
-/// Short: after a relay was lost the bridge is homed on another within a few
-/// hundred ms, and a handshake started before that waits for QUIC's
-/// retransmission (~1 s).
-const REDIAL_FIRST_ATTEMPT: Duration = Duration::from_millis(500);
-/// How long a resumable connection may be silent before it is taken for lost
-/// (and redialed), unless `options.idleTimeoutMs` says otherwise: as the bridge.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
-/// A redial not through within this from the endpoint the lost connection
-/// went out from goes on from a fresh one (once; see `ClientInner::renew`).
-const REDIAL_RENEW_AFTER: Duration = Duration::from_secs(2);
-
-/// Why a connection was lost when this page's own endpoint closed it.
-const LOCALLY_CLOSED: &str = "closed by this page's endpoint";
-/// Shortest idle timeout accepted: a few round trips through a relay.
-pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_millis(300);
-/// Keep-alive period (a third of the idle timeout when that is shorter).
-const KEEP_ALIVE: Duration = Duration::from_secs(3);
-
-/// The transport of resumable connections: keep-alives and an idle timeout
-/// so a dead path is noticed in seconds.
-pub fn transport(idle: Duration) -> Result<QuicTransportConfig, String> {
-    let idle_t = idle.try_into().map_err(|_| "the idle timeout is too long".to_string())?;
-    Ok(QuicTransportConfig::builder()
-        .keep_alive_interval(KEEP_ALIVE.min(idle / 3))
-        .max_idle_timeout(Some(idle_t))
-        .build())
-}
 /// How long the welcome may take after our hello.
 const WELCOME_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -182,172 +152,6 @@ impl Resumable {
         me
     }
 
-    fn event(&self, kind: &str, detail: Option<&str>) {
-        if let Some(f) = &self.on_event {
-            let v: JsValue = Object::new().into();
-            set(&v, "type", kind.into());
-            if let Some(d) = detail {
-                set(&v, "detail", d.into());
-            }
-            let _ = f.call1(&JsValue::NULL, &v);
-        }
-    }
-
-    /// Resolves once the bridge welcomed the session (a join was accepted);
-    /// rejects with the error it ended with otherwise.
-    pub async fn welcomed(&self) -> Result<(), JsValue> {
-        loop {
-            {
-                let st = self.st.borrow();
-                if st.token().is_some() {
-                    return Ok(());
-                }
-                if st.ended.is_some() {
-                    return Err(st
-                        .error
-                        .clone()
-                        .unwrap_or_else(|| js_error(&ErrorKind::SessionGone, "the session has ended")));
-                }
-            }
-            let (tx, rx) = futures::channel::oneshot::channel();
-            self.ended_wake.borrow_mut().push(tx);
-            let _ = rx.await;
-        }
-    }
-
-    fn wake_waiters(&self) {
-        for w in self.ended_wake.borrow_mut().drain(..) {
-            let _ = w.send(());
-        }
-    }
-
-    fn push_message(&self, m: Result<JsValue, JsValue>, bytes: usize) {
-        self.inbox.borrow_mut().push_back((m, bytes));
-        if let Some(w) = self.inbox_wake.borrow_mut().take() {
-            let _ = w.send(());
-        }
-    }
-
-    /// The next message for the page; counts it as taken.
-    pub async fn next_message(self: &Rc<Self>) -> Option<Result<JsValue, JsValue>> {
-        loop {
-            if let Some((m, bytes)) = self.inbox.borrow_mut().pop_front() {
-                if m.is_ok() {
-                    self.st.borrow_mut().delivered(1, bytes, n0_future::time::Instant::now());
-                    // The driver writes the ack, or arms its timer.
-                    let _ = self.poke.unbounded_send(());
-                }
-                return Some(m);
-            }
-            if self.st.borrow().ended.is_some() {
-                return None;
-            }
-            let (tx, rx) = futures::channel::oneshot::channel();
-            *self.inbox_wake.borrow_mut() = Some(tx);
-            let _ = rx.await;
-        }
-    }
-
-    /// The messages for the page as a `ReadableStream` (taking one counts it as held).
-    pub fn readable(self: &Rc<Self>) -> web_sys::ReadableStream {
-        let s =
-            futures::stream::unfold(self.clone(), |r| async move { r.next_message().await.map(|m| (m, r)) });
-        wasm_streams::ReadableStream::from_stream(s).into_raw()
-    }
-
-    /// Queues one frame (a whole line); it is delivered exactly once, across reconnects.
-    pub fn send(&self, line: Bytes) -> Result<(), JsValue> {
-        if self.st.borrow().ended.is_some() {
-            return Err(js_error(&ErrorKind::SessionGone, "the session has ended"));
-        }
-        self.outgoing
-            .unbounded_send(Outgoing::Frame(line))
-            .map_err(|_| js_error(&ErrorKind::SessionGone, "the session has ended"))
-    }
-
-    /// The byte API: whole lines go out as frames; the rest waits for its newline.
-    pub fn send_bytes(&self, data: &[u8]) -> Result<(), JsValue> {
-        let run = {
-            let mut partial = self.partial.borrow_mut();
-            partial.extend_from_slice(data);
-            match partial.iter().rposition(|b| *b == b'\n') {
-                Some(i) => partial.split_to(i + 1).freeze(),
-                None => return Ok(()),
-            }
-        };
-        self.send(thunderbolt_shared::resume::escape_run(run))
-    }
-
-    pub fn finish(&self) {
-        let rest = self.partial.borrow_mut().split();
-        if !rest.is_empty() {
-            let mut line = rest;
-            line.extend_from_slice(b"\n");
-            let _ = self.send(thunderbolt_shared::resume::escape_run(line.freeze()));
-        }
-        let _ = self.outgoing.unbounded_send(Outgoing::Eof);
-    }
-
-    /// Ends the session at once (code 0: the bridge ends the agent).
-    pub fn close(&self) {
-        let mut st = self.st.borrow_mut();
-        st.closing = true;
-        if let Some(c) = &st.conn {
-            c.close(VarInt::from_u32(close::CLOSE_CODE_CLIENT), close::REASON_CLIENT_CLOSED.as_bytes());
-        }
-        drop(st);
-        let _ = self.poke.unbounded_send(());
-    }
-
-    /// The current connection's path kind (`"none"` between connections).
-    pub fn path(&self) -> &'static str {
-        self.st.borrow().conn.as_ref().map_or("none", crate::client::path_kind)
-    }
-
-    /// `{session, received}` to store, for resuming after a reload.
-    pub fn state(&self) -> JsValue {
-        let st = self.st.borrow();
-        let v: JsValue = Object::new().into();
-        if let Some(t) = st.token() {
-            set(&v, "session", t.into());
-        }
-        set(&v, "received", JsValue::from_f64(st.acks.received() as f64));
-        v
-    }
-
-    /// Resolves with how the session ended (`{kind, code?, reason, …}`).
-    pub fn closed(self: &Rc<Self>) -> Promise {
-        let me = self.clone();
-        future_to_promise(async move {
-            loop {
-                if let Some(v) = me.st.borrow().ended.clone() {
-                    return Ok(v);
-                }
-                let (tx, rx) = futures::channel::oneshot::channel();
-                me.ended_wake.borrow_mut().push(tx);
-                let _ = rx.await;
-            }
-        })
-    }
-
-    fn end(&self, how: JsValue, error: Option<JsValue>) {
-        {
-            let mut st = self.st.borrow_mut();
-            if st.ended.is_some() {
-                return;
-            }
-            st.ended = Some(how);
-            st.conn = None;
-            st.error = error.clone();
-        }
-        if let Some(e) = error {
-            self.push_message(Err(e), 0);
-        } else if let Some(w) = self.inbox_wake.borrow_mut().take() {
-            let _ = w.send(());
-        }
-        self.wake_waiters();
-    }
-
     async fn drive(
         self: Rc<Self>,
         client: Rc<ClientInner>,
@@ -384,7 +188,7 @@ impl Resumable {
             // Moved: the endpoint is a fresh one already.
             let renewed = std::mem::take(&mut self.st.borrow_mut().renew) || why == LOCALLY_CLOSED;
             if renewed {
-                client.renew(generation).await;
+                crate::relays::renew(&client, generation).await;
             }
             match redial(&client, &addr, &alpn, grace, &transport, renewed).await {
                 Ok((c, g)) => {
@@ -495,72 +299,4 @@ impl Resumable {
         }
         self.conn_end(conn.closed().await)
     }
-}
-
-/// Redials until a connection with the resumable protocol is made, or the
-/// grace is over. The first attempts are cut short (1 s, then doubling): a
-/// handshake started while the path was down waits for QUIC's
-/// retransmission, while a fresh one after the path came back goes through
-/// in one round trip. (Overlapping attempts, as `connect` makes, cost the
-/// browser module more code than they win here.)
-async fn redial(
-    client: &Rc<ClientInner>,
-    addr: &EndpointAddr,
-    alpn: &[u8],
-    grace: Duration,
-    transport: &QuicTransportConfig,
-    mut renewed: bool,
-) -> Result<(Connection, u32), String> {
-    use n0_future::time::Instant;
-    let start = Instant::now();
-    let deadline = start + grace;
-    let renew_at = start + REDIAL_RENEW_AFTER;
-    let mut backoff = REDIAL_FIRST_BACKOFF;
-    let mut attempt_limit = REDIAL_FIRST_ATTEMPT;
-    let mut last = String::from("no attempt");
-    while Instant::now() < deadline {
-        if !renewed && Instant::now() >= renew_at {
-            // Once: whatever holds the old endpoint's sends back holds no fresh one.
-            client.renew(client.generation()).await;
-            renewed = true;
-        }
-        let (generation, ep) = (client.generation(), client.ep());
-        let mut limit = attempt_limit;
-        if !renewed {
-            limit = limit.min(renew_at.saturating_duration_since(Instant::now())).max(REDIAL_FIRST_BACKOFF);
-        }
-        let opts = ConnectOptions::new().with_transport_config(transport.clone());
-        let dial = async {
-            let connecting =
-                ep.connect_with_opts(addr.clone(), alpn, opts).await.map_err(|e| e.to_string())?;
-            connecting.await.map_err(|e| e.to_string())
-        };
-        match n0_future::time::timeout(limit, dial).await {
-            Ok(Ok(c)) => return Ok((c, generation)),
-            Ok(Err(e)) => {
-                last = e;
-                n0_future::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(REDIAL_MAX_BACKOFF);
-            }
-            Err(_) => last = "timed out".into(),
-        }
-        attempt_limit = (attempt_limit * 2).min(REDIAL_ATTEMPT);
-    }
-    Err(last)
-}
-
-/// Dials with the resumable ALPN first and the plain one (if any) as a fallback.
-pub async fn connect_either(
-    client: &ClientInner,
-    addr: EndpointAddr,
-    resume_alpn: &[u8],
-    plain_alpn: Option<Vec<u8>>,
-    transport: QuicTransportConfig,
-) -> Result<Connection, String> {
-    let opts = ConnectOptions::new()
-        .with_additional_alpns(plain_alpn.into_iter().collect())
-        .with_transport_config(transport);
-    let connecting =
-        client.ep().connect_with_opts(addr, resume_alpn, opts).await.map_err(|e| e.to_string())?;
-    connecting.await.map_err(|e| e.to_string())
 }

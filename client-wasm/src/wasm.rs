@@ -19,7 +19,8 @@ use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
 use crate::{
-    client::{bind, dial, dial_conn, listing, open_plain, path_kind, ClientInner, ConnInner},
+    client::{bind, open_plain, path_kind, ClientInner, ConnInner},
+    dialing::{dial, dial_conn, listing},
     errors::ErrorKind,
     js::{input_error, js_error, op_error, opt, parse_frame},
 };

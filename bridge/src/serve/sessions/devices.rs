@@ -77,9 +77,10 @@ const NOBODY: u64 = u64::MAX;
 
 /// What a session's devices share (kept in the session's hub).
 ///
-/// Locks nest in one order: the session's hub's state lock first, then each
-/// guest's; never the other way (a guest's lock is let go before the
-/// session's is taken).
+/// Locks nest in one order: the session's hub's state lock first, then one
+/// guest's at a time; never the other way (a guest's lock is let go before
+/// the session's is taken). The whole rule, and where both are held: the
+/// lock order in [`hub`](super::hub).
 #[derive(Debug)]
 pub(super) struct Members {
     pub(super) guests: Vec<Arc<Hub>>,

@@ -53,9 +53,9 @@ impl Hub {
     pub(super) fn end_closing(&self, code: u32, text: &str, gone: Gone) {
         let mut st = self.lock();
         st.gone.get_or_insert(gone.clone());
-        let attached = st.attached.take();
+        let attached = st.conn.attached.take();
         self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
-        let writer = st.writer.take();
+        let writer = st.conn.writer.take();
         // Every device on the session hears the same end.
         let guests = st.members.guests.clone();
         drop(st);
@@ -70,7 +70,7 @@ impl Hub {
 
     /// Releases the attached connection's task (the session is over).
     pub fn release(&self) {
-        let attached = self.lock().attached.take();
+        let attached = self.lock().conn.attached.take();
         self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
         drop(attached);
     }
@@ -87,7 +87,7 @@ impl Hub {
     /// The session is over: its journal goes with it, unless it was kept
     /// for the bridge's restart.
     pub fn retire_journal(&self) {
-        let journal = self.lock().journal.take();
+        let journal = self.lock().journal.file.take();
         if let Some(j) = journal {
             if j.kept() {
                 info!(peer = %self.peer, session = self.short(), "session kept for the bridge's restart ({})", j.path().display());
@@ -101,8 +101,8 @@ impl Hub {
     /// after. Returns false when the session has no journal to keep.
     pub(super) fn keep_for_restart(&self) -> bool {
         let mut st = self.lock();
-        self.flush_journal(&mut st);
-        let Some(j) = st.journal.as_mut().filter(|j| j.is_live()) else { return false };
+        st.flush_journal();
+        let Some(j) = st.journal.file.as_mut().filter(|j| j.is_live()) else { return false };
         j.stop();
         if !j.kept() {
             return false;

@@ -1,9 +1,32 @@
 //! One session's state between connections: what it holds for its client,
 //! who is attached, why it ended; and the one place a connection is
-//! installed into it ([`Hub::install`]) or found lost.
+//! installed into it ([`Hub::install`]) or found lost. The state itself,
+//! field by field, is in [`state`](super::state).
+//!
+//! # Lock order
+//!
+//! Each hub's `State` is behind one `std` mutex (`Hub::lock`), never
+//! held across an `.await`. Two hubs' locks are held at once only on a
+//! shared session ([`devices`](super::devices)), and then in one order: **the
+//! session's hub first, then one guest's** (a device's hub that joined it);
+//! never a guest's and then its session's, and never two guests' at once
+//! (each guest's is let go before the next one's is taken). Code running
+//! on a guest that needs its session's state lets its own lock go first
+//! (`control` on an ack or an eof, `deliver`, `tell_role`).
+//!
+//! Where both are held, the session's state locked and each guest's taken
+//! in turn: the agent's output fed to each device (`Outbox::push`:
+//! `held`, `share_output`), the agent's end (`HubLink::finish`,
+//! `delivered`), who is away (`away_since`, `members_away`), a new seat
+//! (`make_seat_for`), control passing on (`member_left`,
+//! `next_controller`), and what `status` shows (`members`, `any_attached`).
+//!
+//! Around the hubs' locks: the registry's ([`Hubs`]: its map, the ended
+//! sessions) are taken before a hub's, never under one; under a hub's only
+//! locks that take no hub's are taken (the session's `Requests`, what
+//! [`SessionInfo`] observes).
 
 use std::{
-    collections::HashSet,
     sync::{Arc, Mutex, MutexGuard, OnceLock, Weak},
     task::Waker,
     time::Duration,
@@ -14,7 +37,7 @@ use iroh::{
     endpoint::{Connection, ConnectionError, VarInt},
     EndpointId,
 };
-use thunderbolt_shared::{close, resume_bridge::BridgeSession};
+use thunderbolt_shared::close;
 use tokio::{
     sync::{mpsc, Notify},
     task::JoinHandle,
@@ -23,19 +46,14 @@ use tokio::{
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info};
 
-use super::{
-    devices::{Members, Seat},
-    link::Outbox,
-    registry::Hubs,
-    restore::Restoring,
-    timing::HubTiming,
-    Inbox,
-};
-use crate::journal::{self, Journal, Journals};
+pub use super::state::JournalAt;
+pub(super) use super::state::{Gone, State};
+use super::{devices::Seat, link::Outbox, registry::Hubs, state::Attachment, timing::HubTiming, Inbox};
+use crate::journal;
 use crate::serve::AgentName;
 use crate::{
     ids,
-    serve::{pump::Inbound, requests::Requests, session::SessionInfo, taps::Tap},
+    serve::{requests::Requests, session::SessionInfo, taps::Tap},
 };
 
 /// How long a warm agent must have been quiet after its client's input ended
@@ -87,48 +105,6 @@ pub const MAX_DETACHED_PER_PEER: usize = 4;
 /// a reason each: a few hundred KiB at most.
 pub const ENDED_REMEMBERED: usize = 1024;
 
-/// Where a new resumable session is journaled: the folder, and the bridge
-/// NodeId and protocol it was reached at (a restart takes back only its own).
-pub struct JournalAt<'a> {
-    pub journals: &'a Journals,
-    pub node: EndpointId,
-    pub protocol: &'a str,
-}
-
-impl JournalAt<'_> {
-    /// The session's journal, or none when it cannot be written (said in the log).
-    fn create(
-        &self,
-        token: &str,
-        id: &str,
-        grace: Duration,
-        owner: EndpointId,
-        agent: &AgentName,
-    ) -> Option<Journal> {
-        let header = journal::Header {
-            id: Some(id.to_string()),
-            grace_ms: Some(grace.as_millis() as u64),
-            journal: journal::JOURNAL_VERSION,
-            token_sha256: journal::token_hash(token),
-            node: self.node.to_string(),
-            owner: owner.to_string(),
-            agent: agent.as_str().to_string(),
-            protocol: self.protocol.to_string(),
-            created_ms: journal::record::unix_ms(std::time::SystemTime::now()),
-        };
-        match self.journals.create(header) {
-            Ok(j) => Some(j),
-            Err(e) => {
-                tracing::warn!(
-                    "cannot write a session journal in {} ({e}): this session will not survive a restart of the bridge",
-                    self.journals.dir().display()
-                );
-                None
-            }
-        }
-    }
-}
-
 /// What kind of connections drive a hub.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HubKind {
@@ -137,20 +113,6 @@ pub enum HubKind {
     /// `thunderbolt/<p>/0` with `--keep-warm`: the agent outlives each
     /// connection; nothing is replayed.
     Warm,
-}
-
-/// Why a session ended: for the log, and the close a later resume gets.
-#[derive(Debug, Clone)]
-pub(super) struct Gone {
-    pub(super) why: String,
-    /// The reason a resume of the ended session is closed with (code 1).
-    pub(super) resume_reason: String,
-}
-
-impl Gone {
-    pub(super) fn new(why: impl Into<String>, resume_reason: impl Into<String>) -> Self {
-        Self { why: why.into(), resume_reason: resume_reason.into() }
-    }
 }
 
 /// One session's state between connections.
@@ -166,6 +128,9 @@ pub struct Hub {
     pub(super) cfg: HubTiming,
     pub(super) max_frame: usize,
     pub(super) created: Instant,
+    /// Everything that changes (see [`State`]), behind one lock. Lock order
+    /// (the module's doc): a session's hub before a guest's, never the
+    /// reverse, one guest at a time; the registry's locks before any hub's.
     pub(super) state: Mutex<State>,
     /// The session's state changed: attach, detach, an ack, the end.
     pub(super) changed: Notify,
@@ -181,7 +146,7 @@ pub struct Hub {
     pub(super) requests: OnceLock<Arc<Requests>>,
     /// The session's tap: told when the client goes away.
     pub(super) tap: OnceLock<Arc<dyn Tap>>,
-    /// Whether a connection is attached, kept beside `State::attached` for
+    /// Whether a connection is attached, kept beside `Conn::attached` for
     /// the agent's output path to read without the lock.
     pub(super) attached_now: std::sync::atomic::AtomicBool,
     /// This device observes a session others are on (its frames go in
@@ -194,104 +159,6 @@ pub struct Hub {
     pub(super) seat: OnceLock<Seat>,
     /// The device this hub carries (its NodeId and name).
     pub(super) device: OnceLock<thunderbolt_shared::devices::Device>,
-}
-
-#[derive(Debug)]
-pub(super) struct State {
-    /// What the client presents to resume. A warm agent's next session gets
-    /// a new one (frames are counted per session). Empty for a session taken
-    /// back after a restart until its client presents it (the journal keeps
-    /// only its hash).
-    pub(super) token: String,
-    /// The token's SHA-256 (hex): how a resume finds the session.
-    pub(super) token_hash: String,
-    /// The session's journal, when it survives a restart of the bridge.
-    pub(super) journal: Option<Journal>,
-    /// Taking the session back after a restart: the agent's answers to the
-    /// bridge's own calls go to the restore, not to the client.
-    pub(super) restoring: Option<Restoring>,
-    /// The close the session ends with when its agent ends (a session taken
-    /// back whose agent could not reload it), instead of how the agent ended.
-    pub(super) close_as: Option<String>,
-    /// A session taken back after a restart: ids (raw JSON) of the requests
-    /// its new agent made and its client has not answered. The client's
-    /// answers to any other (the old agent's) are dropped.
-    pub(super) asked: Option<HashSet<String>>,
-    /// The agent's output by age while a client is attached (its `due()`:
-    /// when the journal is next looked at, see [`Hub::journal_output`]).
-    pub(super) journal_behind: journal::WriteBehind,
-    /// A session taken back after a restart, until its client first
-    /// attaches: the agent's frames the journal held (the new agent's are
-    /// numbered after them, or after what the client holds if that is more).
-    pub(super) restored_at: Option<u64>,
-    /// A resumable connection was the last attached and did not close: output
-    /// is kept for it (else a warm agent's output with nobody attached is dropped).
-    pub(super) resumable: bool,
-    /// When the attached client's input ended (a warm agent's stdin stays open).
-    pub(super) input_ended: Option<Instant>,
-    /// When the agent last wrote (a warm agent's finished client is let go
-    /// only once it has been quiet a moment: see [`KEPT_WARM_QUIET`]).
-    pub(super) last_output: Option<Instant>,
-    /// The `/r1` side of the session for the attached device: the agent's
-    /// frames kept for a resend, the device's counted and acknowledged.
-    pub(super) r1: BridgeSession<Instant>,
-    /// The agent's output ended after this many frames.
-    pub(super) end_at: Option<(u64, Instant)>,
-    pub(super) inbox: Option<mpsc::Sender<Inbound>>,
-    /// The client's frame over the cap being skipped (its index), once its
-    /// head went to the agent's pump; a resend of it after a reconnect is not
-    /// announced twice.
-    pub(super) oversize_at: Option<u64>,
-    pub(super) attached: Option<Attachment>,
-    pub(super) detached_since: Option<Instant>,
-    pub(super) gone: Option<Gone>,
-    pub(super) next_conn: u64,
-    /// The agent-output side, waiting for room in the log.
-    pub(super) writer: Option<Waker>,
-    /// How far (in [`ReplayLog::pushed_bytes`]) the attached resumable
-    /// connection's writer has taken the output: what lies beyond is not
-    /// on its way yet, and is kept short (see [`UNSENT_MAX`]).
-    pub(super) sent_mark: Option<u64>,
-    /// Warm: ids of the agent's requests the attached client has not answered.
-    pub(super) pending: HashSet<String>,
-    /// Warm: the client's output is all delivered (the plain stream finished).
-    pub(super) plain_done: bool,
-    /// Warm: lines the agent wrote while no client was attached (dropped).
-    pub(super) dropped: u64,
-    /// Times a client resumed it.
-    pub(super) resumes: u64,
-    /// What the session's devices share (the session's hub only).
-    pub(super) members: Members,
-    /// A device the agent does not wait for (an observer) whose log was
-    /// full: the agent's frames and bytes it did not get, told to it in one
-    /// [`METHOD_MISSED`](thunderbolt_shared::devices::METHOD_MISSED) notice
-    /// once its log has room again.
-    pub(super) missed: Option<(u64, u64)>,
-    /// This device's input ended while others were on the session: it is
-    /// sent what it was sent so far and an end, then let go.
-    pub(super) leaving: bool,
-}
-
-#[derive(Debug)]
-pub(super) struct Attachment {
-    pub(super) id: u64,
-    pub(super) conn: Connection,
-    pub(super) since: Instant,
-    /// `thunderbolt/<p>/r1` (else the plain protocol).
-    pub(super) r1: bool,
-    pub(super) _task: AbortOnDropHandle<()>,
-}
-
-impl State {
-    /// The id of the next connection to attach (0 for the session's first).
-    pub(super) fn next_id(&mut self) -> u64 {
-        self.next_conn += 1;
-        self.next_conn - 1
-    }
-
-    pub(super) fn is_attached(&self, id: u64) -> bool {
-        self.attached.as_ref().is_some_and(|a| a.id == id)
-    }
 }
 
 /// What a wait on the hub's state does next (see [`Hub::until`]).
@@ -368,7 +235,7 @@ impl Hub {
         let journal = journal.and_then(|at| at.create(&token, &id, cfg.grace, owner, &agent));
         Self::with_state(kind, id, owner, agent, cfg, max_frame, registry, |st| {
             st.token = token;
-            st.journal = journal;
+            st.journal.file = journal;
         })
     }
 
@@ -388,36 +255,7 @@ impl Hub {
         let (inject, injected) = mpsc::unbounded_channel();
         let now = Instant::now();
         let info = SessionInfo::new(id.clone(), agent.clone(), owner);
-        let mut state = State {
-            token: String::new(),
-            token_hash: String::new(),
-            journal: None,
-            restoring: None,
-            close_as: None,
-            asked: None,
-            journal_behind: journal::WriteBehind::default(),
-            restored_at: None,
-            resumable: false,
-            input_ended: None,
-            last_output: None,
-            r1: BridgeSession::default(),
-            end_at: None,
-            inbox: Some(tx),
-            oversize_at: None,
-            attached: None,
-            detached_since: Some(now),
-            gone: None,
-            next_conn: 0,
-            writer: None,
-            sent_mark: None,
-            pending: HashSet::new(),
-            plain_done: false,
-            dropped: 0,
-            resumes: 0,
-            members: Members::default(),
-            missed: None,
-            leaving: false,
-        };
+        let mut state = State::new(tx, now);
         init(&mut state);
         if !state.token.is_empty() {
             state.token_hash = journal::token_hash(&state.token);
@@ -510,101 +348,14 @@ impl Hub {
         }
     }
 
-    /// A run of the agent's output just taken into the replay log. What
-    /// matters of it to a restart is journaled at
-    /// once; the frames themselves are written at once only while no client
-    /// is attached, else once they are [`journal::WRITE_BEHIND`] old and
-    /// still unacknowledged (most are acknowledged before, and never
-    /// written: see [`crate::journal`]).
-    pub(super) fn journal_output(&self, st: &mut State, run: &[u8]) {
-        let Some(j) = st.journal.as_mut() else { return };
-        j.saw_output(run);
-        if st.attached.is_none() {
-            self.flush_journal(st);
-            return;
-        }
-        st.journal_behind.output(Instant::now(), st.r1.out.total());
-    }
-
-    /// The write-behind's turn (at `journal_behind.due()`): the agent's frames that
-    /// are [`journal::WRITE_BEHIND`] old and still unacknowledged are
-    /// written; younger ones wait for their own turn ([`journal::WriteBehind`]).
-    pub(super) fn journal_turn(&self, st: &mut State) {
-        let upto = st.journal_behind.turn(Instant::now());
-        if let Some(n) = upto {
-            self.write_journal_to(st, n);
-        }
-    }
-
-    /// Writes the agent's frames the journal lacks and the client has not
-    /// acknowledged (those it has are skipped in one record).
-    pub(super) fn flush_journal(&self, st: &mut State) {
-        st.journal_behind.clear();
-        let total = st.r1.out.total();
-        self.write_journal_to(st, total);
-    }
-
-    /// Writes the agent's frames before `upto` that the journal lacks and the
-    /// client has not acknowledged.
-    fn write_journal_to(&self, st: &mut State, upto: u64) {
-        let st = &mut *st;
-        let Some(j) = st.journal.as_mut() else { return };
-        let upto = upto.min(st.r1.out.total());
-        if j.written_to() >= upto {
-            return;
-        }
-        let from = j.written_to().max(st.r1.out.acked());
-        if from < upto {
-            let runs = st.r1.out.range(from, upto).unwrap_or_default();
-            j.write_output(from, &runs, upto);
-        } else {
-            // All acknowledged: the journal skips them in one record.
-            j.write_output(from, &[], from);
-        }
-        self.compact_journal(st);
-    }
-
     /// Journals what a restart needs of another device's run on its way to
     /// the agent (this hub is the session's; see `Journal::other_device_run`).
     pub(super) fn journal_other_device(&self, run: &[u8], names_an_id: bool) {
         let mut st = self.lock();
-        if let Some(j) = st.journal.as_mut() {
+        if let Some(j) = st.journal.file.as_mut() {
             j.other_device_run(run, names_an_id);
-            self.compact_journal(&mut st);
+            st.compact_journal();
         }
-    }
-
-    /// Journals a run of the client's frames before the agent's queue takes
-    /// it (`names_an_id`: [`jsonrpc::names_an_id`] of the run).
-    pub(super) fn journal_input(&self, st: &mut State, run: &[u8], frames: u64, names_an_id: bool) {
-        if let Some(j) = st.journal.as_mut() {
-            j.client_run(run, frames, names_an_id);
-            self.compact_journal(st);
-        }
-    }
-
-    /// Rewrites the journal as a snapshot and the output still held, once it
-    /// grew far past that (either side's records make it grow).
-    pub(super) fn compact_journal(&self, st: &mut State) {
-        let due = st.journal.as_ref().is_some_and(|j| j.compact_due(st.r1.out.bytes()));
-        if due {
-            self.rewrite_journal(st);
-        }
-    }
-
-    /// Rewrites the journal as a snapshot of the state and the output held.
-    pub(super) fn rewrite_journal(&self, st: &mut State) {
-        let st = &mut *st;
-        let Some(j) = st.journal.as_mut() else { return };
-        let snap = journal::Snapshot {
-            out_base: st.r1.out.acked(),
-            client_frames: st.r1.acks.received(),
-            ledger: j.ledger.clone(),
-            pending: j.pending.ids(),
-            resumes: st.resumes,
-        };
-        let live = st.r1.out.since(st.r1.out.acked()).unwrap_or_default();
-        j.compact(&snap, &live);
     }
 
     /// Whether no connection is attached and the session still runs (for a
@@ -624,9 +375,9 @@ impl Hub {
     pub fn view(&self) -> HubView {
         let members = if self.kind == HubKind::Resumable { self.members() } else { Vec::new() };
         let st = self.lock();
-        let attached = st.attached.as_ref().map(|a| (a.conn.clone(), a.r1));
+        let attached = st.conn.attached.as_ref().map(|a| (a.conn.clone(), a.r1));
         let waiting = self.away_since(&st).map(|since| {
-            let (wait, _) = self.cfg.wait(st.resumable || self.kind == HubKind::Resumable);
+            let (wait, _) = self.cfg.wait(st.conn.resumable || self.kind == HubKind::Resumable);
             (since + wait).saturating_duration_since(Instant::now())
         });
         HubView {
@@ -657,16 +408,16 @@ impl Hub {
         task: JoinHandle<()>,
     ) {
         self.attached_now.store(true, std::sync::atomic::Ordering::Relaxed);
-        st.sent_mark = None;
-        let old = st.attached.replace(Attachment {
+        st.conn.sent_mark = None;
+        let old = st.conn.attached.replace(Attachment {
             id,
             conn,
             since: Instant::now(),
             r1,
             _task: AbortOnDropHandle::new(task),
         });
-        st.detached_since = None;
-        let writer = st.writer.take();
+        st.conn.detached_since = None;
+        let writer = st.conn.writer.take();
         drop(st);
         if let Some(s) = self.seat.get().and_then(|s| s.session.upgrade()) {
             s.changed.notify_waiters();
@@ -684,11 +435,11 @@ impl Hub {
     /// waits for its peer's next connection.
     pub(super) fn lost(self: &Arc<Self>, id: u64, conn: &Connection, why: &str) {
         let mut st = self.lock();
-        if !st.is_attached(id) {
+        if !st.conn.is_attached(id) {
             return;
         }
-        let attached = st.attached.take();
-        st.sent_mark = None;
+        let attached = st.conn.attached.take();
+        st.conn.sent_mark = None;
         self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
         let mut detached = false;
         // A device that closes a session others are on leaves it; they go on.
@@ -700,11 +451,11 @@ impl Hub {
         let why = if is_client_close(conn) { "the client closed the connection" } else { why };
         if self.kind == HubKind::Warm {
             if st.gone.is_none() {
-                st.detached_since = Some(Instant::now());
+                st.conn.detached_since = Some(Instant::now());
                 detached = true;
                 let r1 = attached.as_ref().is_some_and(|a| a.r1);
                 if r1 && !ended {
-                    st.resumable = true;
+                    st.conn.resumable = true;
                     info!(
                         peer = %self.peer,
                         session = self.short(),
@@ -714,7 +465,7 @@ impl Hub {
                         st.r1.out.bytes()
                     );
                 } else {
-                    st.resumable = false;
+                    st.conn.resumable = false;
                     if let Some(r) = self.requests.get() {
                         // Nobody waits for those answers any more.
                         r.clear();
@@ -743,7 +494,7 @@ impl Hub {
             st.gone
                 .get_or_insert_with(|| Gone::new(close::REASON_CLIENT_CLOSED, close::REASON_UNKNOWN_SESSION));
         } else if st.gone.is_none() {
-            st.detached_since = Some(Instant::now());
+            st.conn.detached_since = Some(Instant::now());
             detached = true;
             info!(
                 peer = %self.peer,
@@ -754,7 +505,7 @@ impl Hub {
                 st.r1.out.bytes()
             );
         }
-        let writer = st.writer.take();
+        let writer = st.conn.writer.take();
         drop(st);
         self.wake(writer);
         let session = self.session_hub().filter(|s| !Arc::ptr_eq(s, self));
@@ -769,8 +520,8 @@ impl Hub {
         if detached {
             // The moment a restart would matter most: what the client lacks is on the disk.
             let mut st = self.lock();
-            self.flush_journal(&mut st);
-            if let Some(j) = st.journal.as_ref() {
+            st.flush_journal();
+            if let Some(j) = st.journal.file.as_ref() {
                 j.sync_behind();
             }
             drop(st);

@@ -27,13 +27,13 @@ impl Hub {
     pub(super) async fn reserve(self: &Arc<Self>) -> Option<mpsc::OwnedPermit<Inbound>> {
         // A device that joined feeds the session's agent.
         let session = self.session_hub()?;
-        let restoring = session.lock().restoring.is_some();
+        let restoring = session.lock().restart.restoring.is_some();
         if restoring {
             // After a restart the client's frames reach the new agent once it
             // was brought back to where the old one was.
             session.restored().await;
         }
-        let inbox = session.lock().inbox.clone()?;
+        let inbox = session.lock().io.inbox.clone()?;
         inbox.reserve_owned().await.ok()
     }
 
@@ -51,7 +51,7 @@ impl Hub {
         names_an_id: bool,
     ) -> Result<(), String> {
         let len = bytes.len();
-        if !self.lock().is_attached(id) {
+        if !self.lock().conn.is_attached(id) {
             return Err("replaced by a newer connection".into());
         }
         // What of it goes on, by the device's role (see `devices`). A run
@@ -71,33 +71,33 @@ impl Hub {
             }
         }
         let mut st = self.lock();
-        if !st.is_attached(id) {
+        if !st.conn.is_attached(id) {
             return Err("replaced by a newer connection".into());
         }
-        if self.kind == HubKind::Warm && frames > 0 && !st.pending.is_empty() {
+        if self.kind == HubKind::Warm && frames > 0 && !st.warm.pending.is_empty() {
             // The client's answers to the agent's requests.
             for line in thunderbolt_shared::ndjson::lines(&bytes) {
                 if let Some(id) = jsonrpc::response_id(line) {
-                    st.pending.remove(&*String::from_utf8_lossy(id));
+                    st.warm.pending.remove(&*String::from_utf8_lossy(id));
                 }
             }
         }
         let at = st.r1.acks.received();
-        let item = match (frames, st.oversize_at) {
+        let item = match (frames, st.io.oversize_at) {
             (0, Some(n)) if n == at => None,
             (0, _) => {
-                st.oversize_at = Some(at);
+                st.io.oversize_at = Some(at);
                 // An observer's frame over the cap is not the agent's to see.
                 (!observer).then(|| Inbound::Oversized(bytes.slice(..bytes.len().min(OVERSIZE_PEEK))))
             }
             // The end of the frame being skipped.
             (_, Some(n)) if n == at => {
-                st.oversize_at = None;
+                st.io.oversize_at = None;
                 None
             }
             // A session taken back after a restart: answers to what the old
             // agent asked are not the new agent's.
-            _ => match (st.asked.as_mut(), forward) {
+            _ => match (st.restart.asked.as_mut(), forward) {
                 (_, None) => None,
                 (Some(asked), Some(run)) => self.drop_stale_answers(asked, &run).map(Inbound::Lines),
                 (None, Some(run)) => Some(Inbound::Lines(run)),
@@ -110,7 +110,7 @@ impl Hub {
         // Journaled (with the count) before the agent can have them: a restart
         // knows what it got.
         if frames > 0 {
-            self.journal_input(&mut st, &bytes, frames, names_an_id);
+            st.journal_input(&bytes, frames, names_an_id);
         }
         if let (Some(p), Some(item)) = (permit, item) {
             p.send(item);

@@ -43,7 +43,7 @@ impl Link for HubLink {
                         if let Some(g) = &st.gone {
                             return Step::Ready(Some(g.why.clone()));
                         }
-                        let (wait, why) = hub.cfg.wait(st.resumable || hub.kind == HubKind::Resumable);
+                        let (wait, why) = hub.cfg.wait(st.conn.resumable || hub.kind == HubKind::Resumable);
                         // Devices that stay away while others go on leave after their
                         // grace (outside this lock: a device's leaving takes it).
                         let (due, next) = hub.members_away(st, wait);
@@ -84,7 +84,7 @@ impl Link for HubLink {
             return;
         }
         // A session taken back whose agent could not reload it ends with why.
-        let close_as = self.0.lock().close_as.clone();
+        let close_as = self.0.lock().restart.close_as.clone();
         match close_as {
             Some(why) if code == close::CLOSE_CODE_AGENT_ENDED => self.0.end(close::CLOSE_CODE_REFUSED, &why),
             _ => self.0.end(code, reason),
@@ -94,10 +94,10 @@ impl Link for HubLink {
     fn finish(&self, _out: &mut Outbox) {
         let mut st = self.0.lock();
         let now = Instant::now();
-        st.end_at = Some((st.r1.out.total(), now));
+        st.io.end_at = Some((st.r1.out.total(), now));
         for g in &st.members.guests {
             let mut gs = g.lock();
-            gs.end_at = Some((gs.r1.out.total(), now));
+            gs.io.end_at = Some((gs.r1.out.total(), now));
             drop(gs);
             g.output.notify_waiters();
         }
@@ -114,25 +114,25 @@ impl Link for HubLink {
         let hub = self.0.clone();
         async move {
             hub.until(Wake::Changed, |st| {
-                let Some((end, ended_at)) = st.end_at else { return Step::Wait(None) };
+                let Some((end, ended_at)) = st.io.end_at else { return Step::Wait(None) };
                 // Every attached device that joined has the end too (or lingered).
                 let guests_done = st.members.guests.iter().all(|g| {
                     let gs = g.lock();
-                    gs.attached.is_none() || gs.end_at.is_some_and(|(n, _)| gs.r1.out.acked() >= n)
+                    gs.conn.attached.is_none() || gs.io.end_at.is_some_and(|(n, _)| gs.r1.out.acked() >= n)
                 });
-                let done = match &st.attached {
+                let done = match &st.conn.attached {
                     _ if st.members.left => guests_done,
                     Some(a) if a.r1 => st.r1.out.acked() >= end && guests_done,
                     // The plain stream was taken whole.
-                    Some(_) => st.plain_done,
+                    Some(_) => st.warm.plain_done,
                     // Nobody to deliver to, unless a resume may still come for it.
-                    None => !(st.resumable || hub.kind == HubKind::Resumable),
+                    None => !(st.conn.resumable || hub.kind == HubKind::Resumable),
                 };
                 if done {
                     return Step::Ready(true);
                 }
-                let since = st.attached.as_ref().map(|a| a.since).or_else(|| {
-                    st.members.guests.iter().any(|g| g.lock().attached.is_some()).then_some(ended_at)
+                let since = st.conn.attached.as_ref().map(|a| a.since).or_else(|| {
+                    st.members.guests.iter().any(|g| g.lock().conn.attached.is_some()).then_some(ended_at)
                 });
                 match since {
                     Some(since) => {
@@ -207,17 +207,17 @@ impl Outbox {
         }
         if hub.kind == HubKind::Warm {
             // A resumable session that may come back keeps what it is sent.
-            let attached = st.attached.is_some() || st.resumable;
+            let attached = st.conn.attached.is_some() || st.conn.resumable;
             for line in thunderbolt_shared::ndjson::lines(buf) {
                 let head = jsonrpc::peek_head(&line[..line.len().min(OVERSIZE_PEEK)]);
                 match (head.kind, head.id, attached) {
                     (Kind::Request, Some(id), true) => {
-                        st.pending.insert(id);
+                        st.warm.pending.insert(id);
                     }
                     (Kind::Request, Some(id), false) => {
                         let _ = hub.inject.send(jsonrpc::client_gone(&id).into());
                     }
-                    (_, _, false) => st.dropped += 1,
+                    (_, _, false) => st.warm.dropped += 1,
                     _ => {}
                 }
             }
@@ -229,12 +229,12 @@ impl Outbox {
         // `devices::feed`). And for the attached connection to take what it
         // was given (`UNSENT_MAX`).
         let held = hub.held(&st);
-        let unsent = st.sent_mark.map_or(0, |m| st.r1.out.pushed_bytes().saturating_sub(m));
+        let unsent = st.conn.sent_mark.map_or(0, |m| st.r1.out.pushed_bytes().saturating_sub(m));
         if (held > 0 && held + buf.len() > hub.cfg.buffer)
             || (unsent > 0 && unsent + buf.len() as u64 > super::hub::UNSENT_MAX)
         {
-            st.writer = Some(cx.waker().clone());
-            if st.attached.is_none() && hub.kind == HubKind::Resumable {
+            st.conn.writer = Some(cx.waker().clone());
+            if st.conn.attached.is_none() && hub.kind == HubKind::Resumable {
                 debug!(
                     peer = %hub.peer,
                     session = hub.short(),
@@ -251,7 +251,7 @@ impl Outbox {
         // Taking the session back after a restart: the agent's answers to the
         // bridge's own calls, and the history it streams, are not the client's
         // (filtered once the run is taken: a write that waits for room comes again).
-        if let Some(r) = st.restoring.as_mut() {
+        if let Some(r) = st.restart.restoring.as_mut() {
             match r.filter(run) {
                 None => return Poll::Ready(Ok(buf.len())),
                 Some(kept) => {
@@ -274,17 +274,17 @@ impl Outbox {
                 super::devices::feed(&mut st, hub.cfg.buffer, &run, lines, waited);
             }
         }
-        if let Some(asked) = st.asked.as_mut() {
+        if let Some(asked) = st.restart.asked.as_mut() {
             Hub::note_asked(asked, &run);
         }
-        hub.journal_output(&mut st, &run);
+        st.journal_output(&run);
         let guests = if hub.kind == HubKind::Resumable {
             hub.share_output(&mut st, &run, lines, names_an_id, routes.as_ref());
             (!st.members.guests.is_empty()).then(|| st.members.guests.clone())
         } else {
             None
         };
-        st.last_output = Some(Instant::now());
+        st.io.last_output = Some(Instant::now());
         drop(st);
         hub.output.notify_waiters();
         // The first device's writer first: the others' copies follow it.

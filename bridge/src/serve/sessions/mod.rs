@@ -43,6 +43,9 @@
 //! The rooms, one job each:
 //! - [`hub`]: one session's state between connections, and the one place a
 //!   connection is installed into it ([`Hub::install`]) or lost from it;
+//!   the order its locks nest in;
+//! - [`state`]: what a hub's lock guards, in groups by concern, and the
+//!   journal's writing;
 //! - [`devices`]: several devices on one session (guests, roles, the
 //!   first answer wins, the history a joining device starts from);
 //! - [`ending`]: how a session ends (kick, eviction, the agent's end);
@@ -65,6 +68,7 @@ pub mod link;
 pub mod registry;
 pub mod restore;
 pub mod resumable;
+pub mod state;
 pub mod timing;
 pub mod warm;
 

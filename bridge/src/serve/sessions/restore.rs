@@ -280,13 +280,13 @@ fn rebuild(
         |st: &mut State| {
             st.token_hash = found.header.token_sha256.clone();
             st.r1 = BridgeSession::restored(out, f.client_frames);
-            st.resumable = true;
+            st.conn.resumable = true;
             st.resumes = f.resumes;
-            st.detached_since = Some(Instant::now().checked_sub(away).unwrap_or_else(Instant::now));
-            st.journal = journal.is_live().then_some(journal);
-            st.restoring = Some(Restoring { calls: HashSet::new(), answers: tx, dropped: 0 });
-            st.asked = Some(HashSet::new());
-            st.restored_at = Some(f.out_total());
+            st.conn.detached_since = Some(Instant::now().checked_sub(away).unwrap_or_else(Instant::now));
+            st.journal.file = journal.is_live().then_some(journal);
+            st.restart.restoring = Some(Restoring { calls: HashSet::new(), answers: tx, dropped: 0 });
+            st.restart.asked = Some(HashSet::new());
+            st.restart.restored_at = Some(f.out_total());
         },
     );
     (hub, inbox, outbox, rx)
@@ -335,7 +335,7 @@ async fn drive(hub: &Arc<Hub>, found: &Found, protocol: &str, mut answers: mpsc:
     }
     .await;
     let mut st = hub.lock();
-    let dropped = st.restoring.take().map_or(0, |r| r.dropped);
+    let dropped = st.restart.restoring.take().map_or(0, |r| r.dropped);
     let mut lines: Vec<u8> = aborted.iter().flat_map(restart::turn_aborted).collect();
     match &outcome {
         Ok(taken) => {
@@ -365,10 +365,10 @@ async fn drive(hub: &Arc<Hub>, found: &Found, protocol: &str, mut answers: mpsc:
             };
             lines.extend(restart::restored(&[], &aborted, Some(&why)));
             warn!(peer = %hub.peer, session = hub.short(), "cannot take the session back: {why}; it ends once its client has what was kept");
-            st.close_as = Some(close::REASON_CANNOT_RELOAD.to_string());
+            st.restart.close_as = Some(close::REASON_CANNOT_RELOAD.to_string());
             // The agent's input ends: it exits, and the session ends as after
             // any agent's end, its last frames delivered first.
-            st.inbox = None;
+            st.io.inbox = None;
         }
     }
     hub.emit(&mut st, Bytes::from(lines));
@@ -390,7 +390,7 @@ impl Calls<'_> {
     async fn call(&mut self, method: &str, params: Value) -> Result<Value, Failed> {
         self.next += 1;
         let id = Value::String(format!("{CALL_ID_PREFIX}{}", self.next));
-        if let Some(r) = self.hub.lock().restoring.as_mut() {
+        if let Some(r) = self.hub.lock().restart.restoring.as_mut() {
             r.calls.insert(id.to_string());
         }
         self.send(json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params }));
@@ -430,7 +430,7 @@ impl Hub {
     /// frames wait for it: they must reach the agent after the restore).
     pub(super) async fn restored(&self) {
         // A session that ended meanwhile waits for nothing.
-        self.until(Wake::Changed, |st| match st.restoring.is_some() && st.gone.is_none() {
+        self.until(Wake::Changed, |st| match st.restart.restoring.is_some() && st.gone.is_none() {
             true => Step::Wait(None),
             false => Step::Ready(()),
         })
@@ -444,7 +444,7 @@ impl Hub {
             return;
         }
         st.r1.out.push(run.clone());
-        self.journal_output(st, &run);
+        st.journal_output(&run);
         self.output.notify_waiters();
     }
 }
@@ -504,7 +504,7 @@ mod tests {
             1 << 20,
             std::sync::Weak::new(),
             |st| {
-                st.restoring = Some(Restoring {
+                st.restart.restoring = Some(Restoring {
                     calls: HashSet::new(),
                     answers: mpsc::unbounded_channel().0,
                     dropped: 0,
@@ -525,7 +525,7 @@ mod tests {
         for s in &sessions[1..] {
             assert!(s["error"].as_str().unwrap().starts_with("not tried:"), "{note}");
         }
-        assert!(st.restoring.is_none(), "the client's frames flow again");
+        assert!(st.restart.restoring.is_none(), "the client's frames flow again");
         drop(tx);
     }
 

@@ -101,7 +101,7 @@ impl Hub {
         // Taken back after a restart: a client that holds more of the old
         // agent's frames than the journal kept gets the new ones numbered
         // after what it holds (nothing it lacks is skipped: it has those).
-        if let Some(kept) = st.restored_at.take() {
+        if let Some(kept) = st.restart.restored_at.take() {
             if received > kept && st.r1.out.acked() <= kept {
                 st.r1.out.rebase(kept, received).map_err(|e| AttachError::BadPosition(e.to_string()))?;
                 info!(
@@ -110,7 +110,7 @@ impl Hub {
                     "the client holds {} frame(s) of the old agent's past what the journal kept; the new agent's are numbered after them",
                     received - kept
                 );
-                self.rewrite_journal(&mut st);
+                st.rewrite_journal();
             }
         }
         let token = st.token.clone();
@@ -118,9 +118,9 @@ impl Hub {
             Ok(welcome) => welcome.encode(),
             Err(e) => return Err(AttachError::BadPosition(e.to_string())),
         };
-        let id = st.next_id();
+        let id = st.conn.next_id();
         let replay = st.r1.out.total() - received;
-        st.resumable = true;
+        st.conn.resumable = true;
         if id > 0 {
             st.resumes += 1;
             info!(
@@ -190,12 +190,12 @@ impl Hub {
         loop {
             let next = self
                 .until(Wake::Any, |st| {
-                    if !st.is_attached(id) {
+                    if !st.conn.is_attached(id) {
                         return Step::Ready(Ok(None));
                     }
                     // Output the client has not acknowledged in time goes to the journal.
-                    if st.journal_behind.due().is_some_and(|at| Instant::now() >= at) {
-                        self.journal_turn(st);
+                    if st.journal.behind.due().is_some_and(|at| Instant::now() >= at) {
+                        st.journal_turn();
                     }
                     let now = Instant::now();
                     // A batch is for a trickle of small frames: a backlog of a
@@ -203,17 +203,17 @@ impl Hub {
                     // floor for an observer, never a ceiling on its throughput:
                     // one turn per interval held a shared session to ~25 MB/s).
                     let unsent =
-                        st.sent_mark.map_or(u64::MAX, |m| st.r1.out.pushed_bytes().saturating_sub(m));
+                        st.conn.sent_mark.map_or(u64::MAX, |m| st.r1.out.pushed_bytes().saturating_sub(m));
                     let batch = cursor < st.r1.out.total()
                         && unsent < WRITE_TURN as u64
                         && !st.r1.acks.is_due()
                         && st.r1.acks.poll_timeout().is_none_or(|at| now < at)
-                        && st.end_at.is_none()
+                        && st.io.end_at.is_none()
                         && self.observing.load(std::sync::atomic::Ordering::Relaxed);
                     if batch {
                         let due = *waiting_since.get_or_insert(now) + OBSERVER_BATCH;
                         if now < due {
-                            let wake = [Some(due), st.r1.acks.poll_timeout(), st.journal_behind.due()]
+                            let wake = [Some(due), st.r1.acks.poll_timeout(), st.journal.behind.due()]
                                 .into_iter()
                                 .flatten()
                                 .min();
@@ -226,42 +226,43 @@ impl Hub {
                     // per message (a request/response session would pay for it twice).
                     // Ahead of the output: the client's sending waits on it.
                     runs.extend(st.r1.poll_transmit(now).map(|a| a.encode()));
-                    if st.sent_mark.is_none() {
+                    if st.conn.sent_mark.is_none() {
                         // This connection's first turn: what it resends is not sent yet.
-                        st.sent_mark =
+                        st.conn.sent_mark =
                             Some(st.r1.out.pushed_before(cursor).unwrap_or(st.r1.out.pushed_bytes()));
                     }
                     if cursor < st.r1.out.total() {
                         match st.r1.out.next_runs(cursor, WRITE_TURN) {
                             Ok((r, next)) => {
                                 let taken: usize = r.iter().map(Bytes::len).sum();
-                                st.sent_mark = st.sent_mark.map(|m| m + taken as u64);
+                                st.conn.sent_mark = st.conn.sent_mark.map(|m| m + taken as u64);
                                 runs.extend(r);
                                 cursor = next;
                                 // The agent may wait for this room (`UNSENT_MAX`).
-                                if let Some(w) = st.writer.take() {
+                                if let Some(w) = st.conn.writer.take() {
                                     w.wake();
                                 }
                             }
                             Err(e) => return Step::Ready(Err(format!("{REASON_PROTOCOL}: {e}"))),
                         }
                     }
-                    if let Some((n, _)) = st.end_at.filter(|(n, _)| *n == cursor && !sent_end) {
+                    if let Some((n, _)) = st.io.end_at.filter(|(n, _)| *n == cursor && !sent_end) {
                         sent_end = true;
                         runs.push(Control::End(n).encode());
                     }
                     if runs.is_empty() {
                         // A warm agent's client that is done: its input ended, all it
                         // asked was answered and all it was sent is acknowledged.
-                        let (done, until) = if st.r1.out.acked() == st.r1.out.total() && st.end_at.is_none() {
-                            self.client_done(st)
-                        } else {
-                            (false, None)
-                        };
+                        let (done, until) =
+                            if st.r1.out.acked() == st.r1.out.total() && st.io.end_at.is_none() {
+                                self.client_done(st)
+                            } else {
+                                (false, None)
+                            };
                         if done {
                             return Step::Ready(Ok(Some(Vec::new())));
                         }
-                        let wake = [st.r1.acks.poll_timeout(), until, st.journal_behind.due()]
+                        let wake = [st.r1.acks.poll_timeout(), until, st.journal.behind.due()]
                             .into_iter()
                             .flatten()
                             .min();
@@ -364,7 +365,7 @@ impl Hub {
             FromDevice::Acked(_) => {
                 self.left_if_done(&st);
                 let told = self.tell_missed_if_room(&mut st);
-                let writer = st.writer.take();
+                let writer = st.conn.writer.take();
                 drop(st);
                 self.wake(writer);
                 if told {
@@ -372,7 +373,7 @@ impl Hub {
                 }
                 // A device that joined: the agent may wait for room in its log.
                 if let Some(s) = self.seat.get().and_then(|s| s.session.upgrade()) {
-                    let writer = s.lock().writer.take();
+                    let writer = s.lock().conn.writer.take();
                     s.wake(writer);
                 }
             }
@@ -392,13 +393,13 @@ impl Hub {
                 } else if let Some(session) = self.session_hub().filter(|_| self.is_guest()) {
                     // The last device on the session, one that joined it: its end is the agent's.
                     drop(st);
-                    session.lock().inbox.take();
+                    session.lock().io.inbox.take();
                 } else if self.kind == HubKind::Warm {
                     // A warm agent's input stays open for the next client.
-                    st.input_ended = Some(Instant::now());
+                    st.io.input_ended = Some(Instant::now());
                     drop(st);
                     self.output.notify_waiters();
-                } else if st.inbox.take().is_some() {
+                } else if st.io.inbox.take().is_some() {
                     debug!(peer = %self.peer, session = self.short(), "the client's input ended after {n} frames");
                 }
             }

@@ -32,18 +32,18 @@ impl Hub {
         st.token = ids::token();
         st.token_hash = crate::journal::token_hash(&st.token);
         st.r1 = BridgeSession::default();
-        st.sent_mark = None;
-        st.oversize_at = None;
-        st.input_ended = None;
-        st.plain_done = false;
-        st.resumable = false;
+        st.conn.sent_mark = None;
+        st.io.oversize_at = None;
+        st.io.input_ended = None;
+        st.warm.plain_done = false;
+        st.conn.resumable = false;
     }
 
     /// Warm: answers every request of the agent's that the client can no longer
     /// answer (sent and unanswered, or never sent) and forgets undelivered
     /// output. Returns how many were answered.
     pub(super) fn answer_for_vanished_client(&self, st: &mut State) -> usize {
-        let mut ids: Vec<String> = st.pending.drain().collect();
+        let mut ids: Vec<String> = st.warm.pending.drain().collect();
         let unsent = st.r1.out.since(st.r1.out.acked()).unwrap_or_default();
         for run in &unsent {
             for line in thunderbolt_shared::ndjson::lines(run) {
@@ -73,14 +73,14 @@ impl Hub {
         if st.gone.is_some() {
             return Err((send, recv));
         }
-        let id = st.next_id();
+        let id = st.conn.next_id();
         if id > 0 {
             let took_over =
-                if st.attached.is_some() { ", taking it over from the older connection" } else { "" };
+                if st.conn.attached.is_some() { ", taking it over from the older connection" } else { "" };
             info!(
                 peer = %self.peer,
                 "attached to the warm agent{took_over} ({} message(s) it wrote meanwhile were dropped)",
-                std::mem::take(&mut st.dropped)
+                std::mem::take(&mut st.warm.dropped)
             );
             self.next_session(&mut st);
         }
@@ -114,12 +114,12 @@ impl Hub {
         loop {
             let next = self
                 .until(Wake::Any, |st| {
-                    if !st.is_attached(id) {
+                    if !st.conn.is_attached(id) {
                         return Step::Ready(None);
                     }
                     let runs = st.r1.out.since(cursor).unwrap_or_default();
                     cursor = st.r1.out.total();
-                    let end = st.end_at.is_some_and(|(n, _)| n == cursor);
+                    let end = st.io.end_at.is_some_and(|(n, _)| n == cursor);
                     let (finished, until) =
                         if runs.is_empty() { self.client_done(st) } else { (false, None) };
                     if runs.is_empty() && !end && !finished {
@@ -142,7 +142,7 @@ impl Hub {
                 }
                 let mut st = self.lock();
                 let _ = st.r1.out.ack(cursor);
-                let writer = st.writer.take();
+                let writer = st.conn.writer.take();
                 drop(st);
                 if let Some(w) = writer {
                     w.wake();
@@ -152,7 +152,7 @@ impl Hub {
             if end {
                 let _ = send.finish();
                 let _ = send.stopped().await;
-                self.lock().plain_done = true;
+                self.lock().warm.plain_done = true;
                 self.changed.notify_waiters();
                 std::future::pending::<()>().await;
             }
@@ -180,7 +180,7 @@ impl Hub {
             match recv.read_buf(buf).await {
                 Ok(0) => {
                     // A warm agent's input stays open for the next client.
-                    self.lock().input_ended = Some(Instant::now());
+                    self.lock().io.input_ended = Some(Instant::now());
                     debug!(peer = %self.peer, "the client finished its stream (the warm agent's input stays open)");
                     self.output.notify_waiters();
                     std::future::pending::<()>().await;
@@ -202,11 +202,13 @@ impl Hub {
     /// quiet for [`KEPT_WARM_QUIET`] since (a notification or two may follow
     /// a last answer). Else, when to look again.
     pub(super) fn client_done(&self, st: &State) -> (bool, Option<Instant>) {
-        let Some(ended) = st.input_ended.filter(|_| self.kind == HubKind::Warm) else { return (false, None) };
+        let Some(ended) = st.io.input_ended.filter(|_| self.kind == HubKind::Warm) else {
+            return (false, None);
+        };
         if !self.requests_idle() {
             return (false, None);
         }
-        let quiet_at = st.last_output.map_or(ended, |o| o.max(ended)) + KEPT_WARM_QUIET;
+        let quiet_at = st.io.last_output.map_or(ended, |o| o.max(ended)) + KEPT_WARM_QUIET;
         if Instant::now() >= quiet_at {
             (true, None)
         } else {

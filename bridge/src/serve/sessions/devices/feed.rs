@@ -158,7 +158,7 @@ impl Hub {
         let run = Bytes::from(line);
         st.r1.out.push(run.clone());
         if !self.is_guest() {
-            self.journal_output(&mut st, &run);
+            st.journal_output(&run);
         }
         drop(st);
         self.output.notify_waiters();

@@ -85,7 +85,7 @@ impl Hub {
         // The agent's output ended (the session is ending). Not the first
         // device's own end of input: the session goes on without it, and
         // stays joinable, by that device too.
-        if st.end_at.is_some() && !st.leaving && !st.members.left {
+        if st.io.end_at.is_some() && !st.leaving && !st.members.left {
             return Err(JoinError::Gone(close::REASON_UNKNOWN_SESSION.into()));
         }
         let live = st.members.guests.len() + usize::from(!st.members.left);
@@ -117,7 +117,7 @@ impl Hub {
             |g| {
                 g.token = ids::token();
                 // Its frames go to the session's agent (see `Hub::reserve`).
-                g.inbox = None;
+                g.io.inbox = None;
                 g.r1.out = ReplayLog::new();
                 for run in history {
                     g.r1.out.push(run);
@@ -179,7 +179,7 @@ impl Hub {
             let st = self.lock();
             let mine: Vec<&Arc<Hub>> = st.members.guests.iter().filter(|g| g.owner == *owner).collect();
             let first = usize::from(!st.members.left && self.owner == *owner);
-            let detached = mine.iter().find(|g| g.lock().attached.is_none()).map(|g| (*g).clone());
+            let detached = mine.iter().find(|g| g.lock().conn.attached.is_none()).map(|g| (*g).clone());
             (mine.len() + first, detached)
         };
         if held < MAX_SEATS_PER_DEVICE {

@@ -26,10 +26,10 @@ impl Hub {
         if seat == 0 {
             st.members.left = true;
             st.r1.out = ReplayLog::starting_at(st.r1.out.total());
-            st.sent_mark = None;
-            st.journal_behind.clear();
+            st.conn.sent_mark = None;
+            st.journal.behind.clear();
             // Its journal goes (dropped: deleted); the others' are not journaled.
-            drop(st.journal.take());
+            drop(st.journal.file.take());
         } else {
             st.members.guests.retain(|g| !Arc::ptr_eq(g, member));
         }
@@ -44,7 +44,7 @@ impl Hub {
             st.gone.get_or_insert_with(|| {
                 Gone::new(format!("its last device left ({why})"), close::REASON_UNKNOWN_SESSION)
             });
-            let writer = st.writer.take();
+            let writer = st.conn.writer.take();
             drop(st);
             self.wake(writer);
             return;
@@ -53,15 +53,19 @@ impl Hub {
         if st.members.controller == seat {
             // The earliest device attached now: the first (seat 0) while it
             // is on the session and attached, then the guests in seat order.
-            let first = (!st.members.left && !st.leaving && st.attached.is_some()).then(|| self.clone());
+            let first = (!st.members.left && !st.leaving && st.conn.attached.is_some()).then(|| self.clone());
             let next = first.or_else(|| {
-                st.members.guests.iter().find(|g| g.lock().attached.is_some() && !g.lock().leaving).cloned()
+                st.members
+                    .guests
+                    .iter()
+                    .find(|g| g.lock().conn.attached.is_some() && !g.lock().leaving)
+                    .cloned()
             });
             st.members.controller = next.as_ref().map_or(NOBODY, |g| g.seat_number());
             promoted = next;
         }
         self.refresh_roles(&st);
-        let writer = st.writer.take();
+        let writer = st.conn.writer.take();
         drop(st);
         self.wake(writer);
         if let Some(p) = promoted {
@@ -84,7 +88,7 @@ impl Hub {
     /// go ([`close::REASON_LEFT`]); the others go on.
     pub(in crate::serve::sessions) fn leave_after_eof(&self, st: &mut State) {
         st.leaving = true;
-        st.end_at = Some((st.r1.out.total(), Instant::now()));
+        st.io.end_at = Some((st.r1.out.total(), Instant::now()));
         info!(peer = %self.peer, session = self.short(), "{}'s input ended: it leaves the session once it has what it was sent", self.device().label());
         // It may hold everything already: no acknowledgement would come.
         self.left_if_done(st);
@@ -92,8 +96,8 @@ impl Hub {
 
     /// A leaving device acknowledged its end: its connection is closed.
     pub(in crate::serve::sessions) fn left_if_done(&self, st: &State) {
-        if st.leaving && st.end_at.is_some_and(|(n, _)| st.r1.out.acked() >= n) {
-            if let Some(a) = &st.attached {
+        if st.leaving && st.io.end_at.is_some_and(|(n, _)| st.r1.out.acked() >= n) {
+            if let Some(a) = &st.conn.attached {
                 a.conn.close(
                     iroh::endpoint::VarInt::from_u32(close::CLOSE_CODE_CLIENT),
                     close::REASON_LEFT.as_bytes(),
@@ -105,22 +109,22 @@ impl Hub {
     /// Whether any device of this session is attached now.
     pub fn any_attached(&self) -> bool {
         let st = self.lock();
-        st.attached.is_some() || st.members.guests.iter().any(|g| g.lock().attached.is_some())
+        st.conn.attached.is_some() || st.members.guests.iter().any(|g| g.lock().conn.attached.is_some())
     }
 
     /// Since when no device of this session has been attached (`None` while
     /// one is, or once it ended).
     pub(in crate::serve::sessions) fn away_since(&self, st: &State) -> Option<Instant> {
-        if st.gone.is_some() || st.attached.is_some() {
+        if st.gone.is_some() || st.conn.attached.is_some() {
             return None;
         }
-        let mut latest = if st.members.left { None } else { st.detached_since };
+        let mut latest = if st.members.left { None } else { st.conn.detached_since };
         for g in &st.members.guests {
             let gs = g.lock();
-            if gs.attached.is_some() {
+            if gs.conn.attached.is_some() {
                 return None;
             }
-            latest = latest.max(gs.detached_since);
+            latest = latest.max(gs.conn.detached_since);
         }
         latest
     }
@@ -140,13 +144,13 @@ impl Hub {
             return (due, next);
         }
         let mut away: Vec<(Arc<Hub>, Instant)> = Vec::new();
-        if !st.members.left && st.attached.is_none() {
-            away.extend(st.detached_since.map(|d| (self.clone(), d)));
+        if !st.members.left && st.conn.attached.is_none() {
+            away.extend(st.conn.detached_since.map(|d| (self.clone(), d)));
         }
         for g in &st.members.guests {
             let gs = g.lock();
-            if gs.attached.is_none() && gs.gone.is_none() {
-                away.extend(gs.detached_since.map(|d| (g.clone(), d)));
+            if gs.conn.attached.is_none() && gs.gone.is_none() {
+                away.extend(gs.conn.detached_since.map(|d| (g.clone(), d)));
             }
         }
         for (h, since) in away {
@@ -189,7 +193,7 @@ impl Hub {
             self.end_with(close::CLOSE_CODE_REFUSED, Gone::new(reason, reason));
             return;
         }
-        let attached = self.lock().attached.take();
+        let attached = self.lock().conn.attached.take();
         self.attached_now.store(false, std::sync::atomic::Ordering::Relaxed);
         if let Some(a) = &attached {
             a.conn.close(iroh::endpoint::VarInt::from_u32(close::CLOSE_CODE_REFUSED), reason.as_bytes());

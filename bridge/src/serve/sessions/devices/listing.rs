@@ -19,7 +19,7 @@ impl Hub {
                 device: self.device(),
                 seat: 0,
                 role: if controller == 0 { Role::Controller } else { Role::Observer },
-                attached: st.attached.as_ref().map(|a| a.conn.clone()),
+                attached: st.conn.attached.as_ref().map(|a| a.conn.clone()),
             });
         }
         for g in &st.members.guests {
@@ -28,7 +28,7 @@ impl Hub {
                 device: g.device(),
                 seat: g.seat_number(),
                 role: if controller == g.seat_number() { Role::Controller } else { Role::Observer },
-                attached: gs.attached.as_ref().map(|a| a.conn.clone()),
+                attached: gs.conn.attached.as_ref().map(|a| a.conn.clone()),
             });
         }
         all

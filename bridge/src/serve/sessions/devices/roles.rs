@@ -58,10 +58,10 @@ impl Hub {
         let attached = |h: &Arc<Hub>| {
             h.seat_number() != seat
                 && if Arc::ptr_eq(h, self) {
-                    !st.members.left && !st.leaving && st.attached.is_some()
+                    !st.members.left && !st.leaving && st.conn.attached.is_some()
                 } else {
                     let g = h.lock();
-                    g.attached.is_some() && !g.leaving
+                    g.conn.attached.is_some() && !g.leaving
                 }
         };
         let back = self.member_at(st, st.members.taken_from).filter(&attached);
