@@ -293,6 +293,27 @@ test("a crashed agent reaches the page as a typed error, after everything it wro
   });
 });
 
+test("a bridge that welcomes the page's resumption as another session ends the session, saying so (as connect does: resume.rs)", async () => {
+  const fake = run(join(BIN, "wrong-welcome"), ["--relay-url", relayUrl]);
+  await waitFor(() => fake.out.some((l) => l.startsWith("Allow a peer:")), "wrong-welcome's ticket");
+  const ticket = fake.out.find((l) => l.startsWith("Ticket: ")).split(" ")[1];
+  const how = await page.evaluate(async (ticket) => {
+    const conn = await window.thunderbolt.state.client.connectProtocol(ticket, "acp");
+    await conn.send({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: 1 } });
+    try {
+      return { resolved: await conn.closed() };
+    } catch (e) {
+      return { kind: e.kind, message: e.message, reason: e.reason };
+    }
+  }, ticket);
+  assert.match(JSON.stringify(how), /the bridge welcomed another session than ours/, JSON.stringify(how));
+  await waitFor(() => fake.out.some((l) => l.startsWith("closed: ")), "the page closing the lying connection");
+  const hellos = fake.out.filter((l) => l.startsWith("hello: "));
+  assert.equal(hellos.length, 2, fake.out.join("\n"));
+  assert.match(hellos[0], /"session":null/);
+  assert.match(hellos[1], /"session":"the-first-session"/, "the page asked for its own session back");
+});
+
 test("a page reload in the middle of a streamed reply resumes the session: the reply completes", async () => {
   const nodeId = await page.textContent("#node-id");
   allow(bridge, nodeId);

@@ -61,6 +61,11 @@ pub fn test_agent_bin() -> PathBuf {
     workspace_bin("test-agent")
 }
 
+/// `wrong-welcome`: a bridge that welcomes a resumption as another session.
+pub fn wrong_welcome_bin() -> PathBuf {
+    workspace_bin("wrong-welcome")
+}
+
 /// An in-process iroh relay on 127.0.0.1, plain http (what `iroh-relay --dev` does).
 pub struct LocalRelay {
     server: Option<iroh_relay::server::Server>,

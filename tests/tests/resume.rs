@@ -569,3 +569,46 @@ async fn connect_acks_a_steady_trickle_within_the_ack_delay() {
     assert!(during >= 2, "{during} acks while frames kept coming for {sent_for:?}: {got:?}");
     assert_eq!(got.last().unwrap().0, FRAMES, "every frame acked in the end: {got:?}");
 }
+
+/// A bridge that answers a resumption with another session's welcome (the
+/// `wrong-welcome` binary; the browser's client meets the same one in
+/// `client-wasm/e2e/e2e.test.mjs`): `connect` ends the session saying so,
+/// after a second hello that named its own session, and never carries on
+/// with the other one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumption_welcomed_as_another_session_ends_the_session_saying_so() {
+    let relay = LocalRelay::start().await;
+    let mut fake = tokio::process::Command::new(wrong_welcome_bin())
+        .args(["--relay-url", &relay.url.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("wrong-welcome spawns");
+    let mut out = BufReader::new(fake.stdout.take().unwrap()).lines();
+    let mut next = async || {
+        tokio::time::timeout(WAIT, out.next_line()).await.expect("wrong-welcome said more").unwrap().unwrap()
+    };
+    let ticket = next().await.strip_prefix("Ticket: ").expect("the ticket first").to_string();
+    let home = Tb::new(Some(&relay));
+    let (mut child, log) = home.connect(&[&ticket]);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\"}\n").await.unwrap();
+    let status = tokio::time::timeout(WAIT, child.wait()).await.expect("connect ends").unwrap();
+    assert!(!status.success(), "connect must fail; stderr:\n{}", log.text());
+    assert!(
+        log.contains("the bridge welcomed another session than ours"),
+        "connect must say why; stderr:\n{}",
+        log.text()
+    );
+    let mut said = Vec::new();
+    while let Ok(Some(line)) = tokio::time::timeout(WAIT, out.next_line()).await.expect("wrong-welcome ends")
+    {
+        said.push(line);
+    }
+    assert!(said[0].starts_with("Allow a peer"), "{said:?}");
+    let hellos: Vec<&String> = said.iter().filter(|l| l.starts_with("hello: ")).collect();
+    assert_eq!(hellos.len(), 2, "{said:?}");
+    assert!(hellos[0].contains(r#""session":null"#), "a new session first: {said:?}");
+    assert!(hellos[1].contains(r#""session":"the-first-session""#), "then a resumption of it: {said:?}");
+    assert!(said.iter().any(|l| l.starts_with("closed: ")), "connect closed the lying connection: {said:?}");
+}

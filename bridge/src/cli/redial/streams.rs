@@ -21,9 +21,11 @@ pub(super) async fn upload(
 ) -> Result<std::convert::Infallible, Up> {
     let lost = |e: iroh::endpoint::WriteError| Up::Lost(e.to_string());
     send.write_all_chunks(&mut replay).await.map_err(lost)?;
-    let far = || Instant::now() + Duration::from_secs(3600);
-    let ack_timer = tokio::time::sleep_until(far());
+    // Armed at the session's deadline for the pending ack, and re-armed only
+    // when that deadline changes (once per ack, not once per run sent).
+    let ack_timer = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(ack_timer);
+    let mut armed = None;
     loop {
         let ack = st.borrow_mut().poll_transmit();
         if let Some(a) = ack {
@@ -39,11 +41,11 @@ pub(super) async fn upload(
             let s = st.borrow();
             (s.has_room() && !s.holds_run(), s.eof_at().is_none(), s.poll_timeout())
         };
-        // Re-armed only when the deadline moved (a pending ack keeps the one
-        // of the first frame it covers).
-        let at = deadline.unwrap_or_else(far);
-        if ack_timer.deadline() != at {
-            ack_timer.as_mut().reset(at);
+        if deadline != armed {
+            armed = deadline;
+            if let Some(at) = deadline {
+                ack_timer.as_mut().reset(at);
+            }
         }
         tokio::select! {
             biased;
@@ -64,7 +66,11 @@ pub(super) async fn upload(
                 }
             }
             _ = room.notified(), if !has_room => {}
-            _ = &mut ack_timer, if deadline.is_some() => st.borrow_mut().handle_timeout(Instant::now()),
+            _ = &mut ack_timer, if deadline.is_some() => {
+                // Fired: the next deadline (if any) arms it afresh.
+                armed = None;
+                st.borrow_mut().handle_timeout(Instant::now());
+            }
         }
     }
 }
