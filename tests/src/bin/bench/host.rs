@@ -11,6 +11,10 @@ use super::*;
 /// Agents in the largest host measured.
 const MANY: usize = 20;
 
+/// Between the flooded row's dials: well inside the per-device budget of a
+/// one-second window (the dials measure latency, not a rate).
+const DIAL_PACE: Duration = Duration::from_millis(50);
+
 /// A running `thunderbolt host` and its agents' addresses, in banner order.
 struct Host {
     proc: RunningBridge,
@@ -18,10 +22,14 @@ struct Host {
     tickets: Vec<String>,
 }
 
-/// A host of `n` cat agents on the bench's relay, its client allowed.
-async fn host(b: &Bench, relay: &RelayUrl, n: usize) -> Result<Host> {
+/// A host of `n` cat agents on the bench's relay, its client allowed (and
+/// the devices `also`).
+async fn host(b: &Bench, relay: &RelayUrl, n: usize, also: &[iroh::EndpointId]) -> Result<Host> {
     let tb = Tb::with_relay_url(relay);
     tb.allow(&b.client_id()).await;
+    for id in also {
+        tb.allow(id).await;
+    }
     let dir = tb.home().join("agents.d");
     std::fs::create_dir(&dir)?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
@@ -31,7 +39,9 @@ async fn host(b: &Bench, relay: &RelayUrl, n: usize) -> Result<Host> {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))?;
     }
     let mut c = tb.cmd();
-    c.env("RUST_LOG", "warn").args(["host", "--per-remote-max", "1000000"]);
+    // A one-second window: the per-device budget (`limits::PER_DEVICE_MAX`
+    // admitted per window) then holds a paced bench, full plan included.
+    c.env("RUST_LOG", "warn").args(["host", "--per-remote-max", "1000000", "--per-remote-window", "1"]);
     let (child, banner, log) = start_with_banner(c).await;
     let tickets: Vec<String> = banner
         .lines()
@@ -62,8 +72,13 @@ pub async fn host_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     let relay = b.relay_url.clone();
     let mut rss = Vec::new();
+    // The flooded row's allowed peer: a device of its own, because the
+    // bench's client spent its budget of dials on the rows before
+    // (`limits::PER_DEVICE_MAX` admitted per window: past it a device is
+    // refused `bridge at capacity`, as a script in a loop is).
+    let calm_key = SecretKey::generate();
     for n in [1, 5, MANY] {
-        let mut h = host(b, &relay, n).await?;
+        let mut h = host(b, &relay, n, &[calm_key.public()]).await?;
         let kib = idle_rss(h.proc.pid()).await?;
         eprintln!("bench: host with {n} agent(s): idle RSS {kib:.0} KiB");
         rss.push((n, kib));
@@ -104,11 +119,12 @@ pub async fn host_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
             // A flood of fresh identities at the first agent (through the
             // relay); an allowed peer dials the last one meanwhile.
             let via_relay = path_addr(h.addrs.last().context("agents")?, true);
-            let ep = client(&relay, b.client_key(), true).await?;
+            let ep = client(&relay, calm_key.clone(), true).await?;
             first_response(&ep, &via_relay, &acp, b"{}\n").await?;
             let mut calm = Vec::new();
             for _ in 0..b.plan.setup_reps {
                 calm.push(ms(first_response(&ep, &via_relay, &acp, b"{}\n").await?));
+                tokio::time::sleep(DIAL_PACE).await;
             }
             let secs = (b.plan.setup_reps as f64 * 2.0 + 10.0).to_string();
             let mut flood = Command::new(std::env::current_exe()?)
@@ -119,6 +135,7 @@ pub async fn host_rows(b: &Bench, p: &Path) -> Result<Vec<Row>> {
             let mut flooded = Vec::new();
             for _ in 0..b.plan.setup_reps {
                 flooded.push(ms(first_response(&ep, &via_relay, &acp, b"{}\n").await?));
+                tokio::time::sleep(DIAL_PACE).await;
             }
             let _ = flood.kill().await;
             ep.close().await;

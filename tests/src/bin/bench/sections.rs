@@ -29,10 +29,6 @@ impl Bench {
         self.client_key.public()
     }
 
-    pub fn client_key(&self) -> SecretKey {
-        self.client_key.clone()
-    }
-
     /// A bridge on the local relay running `argv` (the built-in agent when empty).
     async fn bridge(&self, argv: Vec<String>) -> RunningBridge {
         let log = std::env::var("BENCH_BRIDGE_LOG").unwrap_or_else(|_| "warn".into());
