@@ -32,7 +32,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::resume::{Acks, BadPosition, Control, Moment, ReplayLog, CLIENT_SEND_BUFFER};
+use crate::{
+    close::{AgentEnd, Refusal, CLOSE_CODE_CLIENT, REASON_LEFT},
+    resume::{Acks, BadPosition, Control, Moment, ReplayLog, CLIENT_SEND_BUFFER},
+};
 
 /// How long a client dials again for its first welcome, after losing the
 /// connection that carried its hello: the bridge's grace is not known until
@@ -94,6 +97,27 @@ pub struct Welcomed {
     pub replay: Vec<Bytes>,
     /// Whether this welcome started the session (or joined one): the first.
     pub first: bool,
+}
+
+/// What the bridge's close of a connection means for the session: dial
+/// again, or the end and why. Both clients present these in their own words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterClose {
+    /// The bridge is restarting and keeps the session: dial again, as after
+    /// a loss.
+    Redial,
+    /// The agent ended, as the close says.
+    AgentEnded(AgentEnd),
+    /// The session this client was welcomed to is gone (expired, evicted,
+    /// unknown); `delivered`: everything the agent said had arrived before
+    /// it, so nothing was lost but the word on how the agent ended.
+    Gone { refusal: Refusal, delivered: bool },
+    /// A join named no session this device may join.
+    NoSuchJoin { id: String },
+    /// This device left a session others go on with.
+    Left,
+    /// Any other close: the session ends with it.
+    Closed,
 }
 
 /// A welcome the client cannot take.
@@ -242,6 +266,28 @@ impl<T: Moment> ClientSession<T> {
         self.acks.took(frames, bytes, now);
         if self.all_delivered() {
             self.acks.ack_now();
+        }
+    }
+
+    /// What the bridge's close (`code`, `reason`) means for the session.
+    pub fn after_close(&self, code: u64, reason: &[u8]) -> AfterClose {
+        if let Some(end) = AgentEnd::from_close(code, reason) {
+            return AfterClose::AgentEnded(end);
+        }
+        if code == CLOSE_CODE_CLIENT as u64 && reason == REASON_LEFT.as_bytes() {
+            return AfterClose::Left;
+        }
+        match Refusal::from_close(code, reason) {
+            Some(r) if r.is_session_kept() => AfterClose::Redial,
+            Some(Refusal::UnknownSession) if self.joining().is_some() => match self.joining() {
+                Some(Control::Join { id, .. }) => AfterClose::NoSuchJoin { id: id.clone() },
+                _ => AfterClose::Closed,
+            },
+            // Before its first welcome a session cannot be gone: the refusal says why as it is.
+            Some(refusal) if refusal.is_session_gone() && self.token.is_some() => {
+                AfterClose::Gone { refusal, delivered: self.all_delivered() }
+            }
+            _ => AfterClose::Closed,
         }
     }
 
@@ -466,5 +512,40 @@ mod tests {
         assert_eq!(c.take_held(), None, "one line still unacknowledged");
         c.handle_control(&Control::Ack(3)).unwrap();
         assert_eq!(c.take_held().map(|b| b.len()), Some(big.len()));
+    }
+
+    #[test]
+    fn a_close_means_a_redial_or_the_end_and_why() {
+        use crate::close::{
+            CLOSE_CODE_REFUSED, REASON_SESSION_EXPIRED, REASON_SESSION_KEPT, REASON_UNKNOWN_SESSION,
+        };
+        let refused = CLOSE_CODE_REFUSED as u64;
+        let mut c = C::new(None);
+        assert_eq!(c.after_close(refused, REASON_SESSION_KEPT.as_bytes()), AfterClose::Redial);
+        assert_eq!(
+            c.after_close(refused, REASON_SESSION_EXPIRED.as_bytes()),
+            AfterClose::Closed,
+            "not welcomed yet"
+        );
+        c.welcome(&welcome("tok", 0)).unwrap();
+        assert_eq!(
+            c.after_close(refused, REASON_SESSION_EXPIRED.as_bytes()),
+            AfterClose::Gone { refusal: Refusal::SessionExpired, delivered: false }
+        );
+        c.handle_control(&Control::End(0)).unwrap();
+        assert!(matches!(
+            c.after_close(refused, REASON_UNKNOWN_SESSION.as_bytes()),
+            AfterClose::Gone { delivered: true, .. }
+        ));
+        assert_eq!(c.after_close(0, REASON_LEFT.as_bytes()), AfterClose::Left);
+        assert_eq!(c.after_close(0, b"client closed"), AfterClose::Closed);
+        let end = AgentEnd::exited(3);
+        assert_eq!(c.after_close(2, end.reason().as_bytes()), AfterClose::AgentEnded(end));
+        let join = Control::Join { id: "ab12".into(), observe: false, history: crate::devices::History::Now };
+        let j = C::new(Some(join));
+        assert_eq!(
+            j.after_close(refused, REASON_UNKNOWN_SESSION.as_bytes()),
+            AfterClose::NoSuchJoin { id: "ab12".into() }
+        );
     }
 }

@@ -20,7 +20,7 @@ use thunderbolt_shared::{
     close::{self, AgentEnd, Refusal},
     ndjson::room_for_read,
     resume::{self, escape_counted, Control, Event, Receiver},
-    resume_client::{ClientSession, WelcomeError},
+    resume_client::{AfterClose, ClientSession, WelcomeError},
     Protocol, Target,
 };
 use tokio::{

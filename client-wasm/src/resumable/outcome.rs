@@ -1,43 +1,43 @@
 //! How a connection ended, classified: a loss the session is resumed from, or
 //! the session's end (and what `closed()` resolves with).
 
+use thunderbolt_shared::resume_client::AfterClose;
+
 use super::*;
 
 impl Resumable {
     /// The connection ended: the bridge's close ends the session; anything
     /// else is a loss to resume from.
     pub(super) fn conn_end(&self, err: ConnectionError) -> Result<String, (JsValue, Option<JsValue>)> {
-        let ending = ending(&err);
-        // Before its first welcome a session cannot be gone: a join refused says why as it is.
-        let welcomed = self.st.borrow().token().is_some();
-        let gone = ending.refusal().filter(|r| welcomed && r.is_session_gone());
-        let kept = ending.refusal().is_some_and(|r| r.is_session_kept());
-        match ending {
-            Ending::Closed { code, reason } if gone.is_some() => {
-                let msg = gone.map(|g| g.describe()).unwrap_or_default();
-                self.event("gone", Some(&msg));
-                Err((
-                    closed_obj("session_gone", Some(code), &reason),
-                    Some(js_error(&ErrorKind::SessionGone, &msg)),
-                ))
-            }
+        match ending(&err) {
             Ending::Agent(end) => {
                 let v = closed_obj("agent", None, &end.reason());
                 set_agent_end(&v, &end);
                 let e = (!end.is_success()).then(|| js_error(&ErrorKind::Agent(end), &end.describe()));
                 Err((v, e))
             }
-            // The bridge is restarting and keeps the session: redial as after a loss.
-            Ending::Closed { reason, .. } if kept => Ok(reason),
-            // Nothing went wrong: this device left a session others go on with.
-            Ending::Closed { code: 0, reason } => Err((closed_obj("closed", Some(0), &reason), None)),
-            Ending::Closed { code, reason } => {
-                let msg = thunderbolt_shared::words::closed(code, &reason, &self.me);
-                Err((
-                    closed_obj("closed", Some(code), &reason),
-                    Some(js_error(&ErrorKind::Closed { code, reason: reason.clone() }, &msg)),
-                ))
-            }
+            Ending::Closed { code, reason } => match self.st.borrow().after_close(code, reason.as_bytes()) {
+                // The bridge is restarting and keeps the session: redial as after a loss.
+                AfterClose::Redial => Ok(reason),
+                AfterClose::Gone { refusal, .. } => {
+                    let msg = refusal.describe();
+                    self.event("gone", Some(&msg));
+                    Err((
+                        closed_obj("session_gone", Some(code), &reason),
+                        Some(js_error(&ErrorKind::SessionGone, &msg)),
+                    ))
+                }
+                // Nothing went wrong: this device left a session others go on with.
+                _ if code == 0 => Err((closed_obj("closed", Some(0), &reason), None)),
+                // A join refused, or any other close, says why as it is.
+                _ => {
+                    let msg = thunderbolt_shared::words::closed(code, &reason, &self.me);
+                    Err((
+                        closed_obj("closed", Some(code), &reason),
+                        Some(js_error(&ErrorKind::Closed { code, reason: reason.clone() }, &msg)),
+                    ))
+                }
+            },
             // Ended or moved: `drive` tells which (the endpoint's generation).
             Ending::Local => Ok(LOCALLY_CLOSED.into()),
             Ending::Lost(text) => Ok(text),

@@ -24,25 +24,17 @@ pub(super) fn closed(err: &ConnectionError, st: &State, protocol: &Protocol) -> 
         return Ok(Finish::KeptWarm);
     }
     if let ConnectionError::ApplicationClosed(ac) = err {
-        let code = ac.error_code.into_inner();
-        if code == close::CLOSE_CODE_CLIENT as u64 && &ac.reason[..] == close::REASON_LEFT.as_bytes() {
-            return Ok(Finish::Left);
-        }
-        if let Some(end) = AgentEnd::from_close(code, &ac.reason) {
-            return Ok(Finish::AgentEnded(Some(end)));
-        }
-        if let (Some(Control::Join { id, .. }), Some(Refusal::UnknownSession)) =
-            (st.joining(), Refusal::from_close(code, &ac.reason))
-        {
-            bail!(
+        match st.after_close(ac.error_code.into_inner(), &ac.reason) {
+            AfterClose::Left => return Ok(Finish::Left),
+            AfterClose::AgentEnded(end) => return Ok(Finish::AgentEnded(Some(end))),
+            AfterClose::NoSuchJoin { id } => bail!(
                 "no session '{id}' this device may join: `thunderbolt sessions <ticket>` lists those it may"
-            );
-        }
-        if let Some(gone) = Refusal::from_close(code, &ac.reason).filter(Refusal::is_session_gone) {
-            if st.all_delivered() {
-                return Ok(Finish::AgentEnded(None));
-            }
-            bail!("{}", gone.describe());
+            ),
+            // Everything arrived; only the bridge's word on how the agent ended was lost.
+            AfterClose::Gone { delivered: true, .. } => return Ok(Finish::AgentEnded(None)),
+            AfterClose::Gone { refusal, .. } => bail!("{}", refusal.describe()),
+            // A restart that keeps the session is redialed before it gets here.
+            AfterClose::Redial | AfterClose::Closed => {}
         }
     }
     Err(anyhow!(describe_close(err, protocol)))
