@@ -85,9 +85,8 @@ impl<T: Moment> BridgeSession<T> {
     /// `received` frames: the welcome to answer with (naming `token`, with
     /// `grace`); the frames from `received` on are to be sent after it.
     pub fn resume(&mut self, token: &str, received: u64, grace: Duration) -> Result<Control, ResumeError> {
-        let acked = self.out.acked();
-        if received < acked {
-            return Err(ResumeError::Stale { claimed: received, acked });
+        if let Some(stale) = self.stale(received) {
+            return Err(stale);
         }
         self.out.ack(received).map_err(ResumeError::Position)?;
         self.acks.resumed();
@@ -96,6 +95,14 @@ impl<T: Moment> BridgeSession<T> {
             received: self.acks.received(),
             grace_ms: grace.as_millis() as u64,
         })
+    }
+
+    /// A hello claiming `received` of the agent's frames holds a stale copy
+    /// of the client's state (fewer than it acknowledged): the session
+    /// cannot be resumed, and the bridge ends it.
+    pub fn stale(&self, received: u64) -> Option<ResumeError> {
+        let acked = self.out.acked();
+        (received < acked).then_some(ResumeError::Stale { claimed: received, acked })
     }
 
     /// Takes a control line from the device.
@@ -118,9 +125,10 @@ impl<T: Moment> BridgeSession<T> {
         })
     }
 
-    /// `frames` of the device's (`bytes` long) were taken at `now`.
-    pub fn took(&mut self, frames: u64, bytes: usize, now: T) {
-        self.acks.took(frames, bytes, now);
+    /// `frames` of the device's (`bytes` long) were taken at `now`; true when
+    /// the writer must look again ([`Acks::took`]).
+    pub fn took(&mut self, frames: u64, bytes: usize, now: T) -> bool {
+        self.acks.took(frames, bytes, now)
     }
 
     /// The ack to write now, if any (ahead of the agent's frames: the

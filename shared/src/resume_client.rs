@@ -261,12 +261,16 @@ impl<T: Moment> ClientSession<T> {
         Ok(())
     }
 
-    /// `frames` of the bridge's (`bytes` long) were delivered at `now`.
-    pub fn delivered(&mut self, frames: u64, bytes: usize, now: T) {
-        self.acks.took(frames, bytes, now);
-        if self.all_delivered() {
+    /// `frames` of the bridge's (`bytes` long) were delivered at `now`. True
+    /// when the writer must look again ([`Acks::took`]; the agent's end
+    /// acknowledged once everything before it was delivered).
+    pub fn delivered(&mut self, frames: u64, bytes: usize, now: T) -> bool {
+        let wake = self.acks.took(frames, bytes, now);
+        if self.all_delivered() && !self.acks.is_due() {
             self.acks.ack_now();
+            return true;
         }
+        wake
     }
 
     /// What the bridge's close (`code`, `reason`) means for the session.
@@ -445,11 +449,11 @@ mod tests {
     fn acks_go_out_when_due_and_a_probe_repeats_the_last() {
         let mut c = C::new(None);
         assert_eq!((c.poll_transmit(), c.poll_timeout()), (None, None));
-        c.delivered(2, 10, MS);
+        assert!(c.delivered(2, 10, MS), "a deadline set: the writer must arm its timer");
         // Not due yet: by ACK_DELAY_MS after the first frame it covers.
         let at = MS + Duration::from_millis(crate::resume::ACK_DELAY_MS);
         assert_eq!((c.poll_transmit(), c.poll_timeout()), (None, Some(at)));
-        c.delivered(1, 10, at - MS);
+        assert!(!c.delivered(1, 10, at - MS), "nothing new for the writer");
         assert_eq!(c.poll_timeout(), Some(at), "kept from the first frame, not moved by later ones");
         c.handle_timeout(at - MS);
         assert_eq!(c.poll_transmit(), None);
@@ -461,7 +465,7 @@ mod tests {
         assert_eq!(c.poll_transmit(), Some(Control::Ack(3)), "a probe repeats it");
         assert_eq!(c.poll_transmit(), None);
         // Past the count, due at once; a probe with it sends one ack.
-        c.delivered(crate::resume::ACK_EVERY_FRAMES, 5, at);
+        assert!(c.delivered(crate::resume::ACK_EVERY_FRAMES, 5, at), "due at once");
         c.probe();
         assert_eq!(c.poll_transmit(), Some(Control::Ack(3 + crate::resume::ACK_EVERY_FRAMES)));
         assert_eq!(c.poll_transmit(), None);
@@ -475,7 +479,7 @@ mod tests {
         c.handle_control(&Control::End(3)).unwrap();
         assert_eq!((c.end_at(), c.all_delivered()), (Some(3), false));
         assert_eq!(c.poll_transmit(), None, "two frames are still on their way");
-        c.delivered(2, 10, MS);
+        assert!(c.delivered(2, 10, MS), "the end is due to be acknowledged");
         assert!(c.all_delivered());
         assert_eq!(c.poll_transmit(), Some(Control::Ack(3)));
         // An acknowledgement of frames we never sent breaks the protocol.

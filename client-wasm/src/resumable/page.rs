@@ -56,9 +56,8 @@ impl Resumable {
     pub async fn next_message(self: &Rc<Self>) -> Option<Result<JsValue, JsValue>> {
         loop {
             if let Some((m, bytes)) = self.inbox.borrow_mut().pop_front() {
-                if m.is_ok() {
-                    self.st.borrow_mut().delivered(1, bytes, n0_future::time::Instant::now());
-                    // The driver writes the ack, or arms its timer.
+                // The driver writes the ack, or arms its timer.
+                if m.is_ok() && self.st.borrow_mut().delivered(1, bytes, n0_future::time::Instant::now()) {
                     let _ = self.poke.unbounded_send(());
                 }
                 return Some(m);

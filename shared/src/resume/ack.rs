@@ -106,13 +106,18 @@ impl<T: Moment> Acks<T> {
     }
 
     /// Frames taken at `now`: an ack is due at once past the counts, else by
-    /// [`ACK_DELAY_MS`] after the first frame it covers.
-    pub fn took(&mut self, frames: u64, bytes: usize, now: T) {
+    /// [`ACK_DELAY_MS`] after the first frame it covers. True when the
+    /// driver's writer must look again: an ack became due, or a deadline was
+    /// set (a writer asleep without either would miss it).
+    pub fn took(&mut self, frames: u64, bytes: usize, now: T) -> bool {
+        let was_due = self.is_due();
         if self.counts.took(frames, bytes) {
             self.due = true;
         } else if self.counts.pending() && self.deadline.is_none() {
             self.deadline = Some(now + Duration::from_millis(ACK_DELAY_MS));
+            return true;
         }
+        self.is_due() && !was_due
     }
 
     /// Acknowledge now (the sender ended: it waits for this ack to close).

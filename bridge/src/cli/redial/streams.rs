@@ -143,11 +143,9 @@ pub(super) async fn download(
             output.pieces(&pieces).await.map_err(|_| Down::LocalClosed)?;
             pieces.clear();
             let mut s = st.borrow_mut();
-            let (was_due, was_armed) = (s.acks.is_due(), s.poll_timeout().is_some());
-            s.delivered(frames, len, Instant::now());
             // The upload side writes the ack, or arms its timer for the first
             // frame not yet acknowledged: it may be asleep without either.
-            if (s.acks.is_due() && !was_due) || (!was_armed && s.poll_timeout().is_some()) {
+            if s.delivered(frames, len, Instant::now()) {
                 ack_wake.notify_one();
             }
         }

@@ -105,8 +105,7 @@ impl Hub {
         };
         // Frames after the agent's input closed are counted (and dropped)
         // so the client's replay buffer drains.
-        let (was_due, was_armed) = (st.r1.acks.is_due(), st.r1.acks.poll_timeout().is_some());
-        st.r1.acks.took(frames, len, Instant::now());
+        let wake_writer = st.r1.took(frames, len, Instant::now());
         // Journaled (with the count) before the agent can have them: a restart
         // knows what it got.
         if frames > 0 {
@@ -116,7 +115,7 @@ impl Hub {
             p.send(item);
         }
         // The writer sends the ack, or sleeps until its deadline.
-        if (st.r1.acks.is_due() && !was_due) || (!was_armed && st.r1.acks.poll_timeout().is_some()) {
+        if wake_writer {
             drop(st);
             self.output.notify_waiters();
         }

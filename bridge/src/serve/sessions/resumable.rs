@@ -91,12 +91,13 @@ impl Hub {
         if st.members.left {
             return Err(AttachError::Gone(close::REASON_UNKNOWN_SESSION.into()));
         }
-        if received < st.r1.out.acked() {
-            let acked = st.r1.out.acked();
+        if let Some(stale @ ResumeError::Stale { claimed, acked }) = st.r1.stale(received) {
             drop(st);
-            let why = ResumeError::Stale { claimed: received, acked }.to_string();
-            self.end_with(close::CLOSE_CODE_REFUSED, Gone::new(why, close::REASON_STALE_RESUME));
-            return Err(AttachError::Stale { claimed: received, acked });
+            self.end_with(
+                close::CLOSE_CODE_REFUSED,
+                Gone::new(stale.to_string(), close::REASON_STALE_RESUME),
+            );
+            return Err(AttachError::Stale { claimed, acked });
         }
         // Taken back after a restart: a client that holds more of the old
         // agent's frames than the journal kept gets the new ones numbered
@@ -359,6 +360,9 @@ impl Hub {
     /// Applies one of the client's control lines.
     pub(super) fn control(self: &Arc<Self>, c: Option<Control>) -> Result<(), String> {
         let Some(c) = c else { return Ok(()) };
+        // Before the hub's lock: asking about the session's other devices
+        // takes the session hub's (the lock order: hub.rs).
+        let others = matches!(c, Control::Eof(_)) && self.kind == HubKind::Resumable && self.others_on();
         let mut st = self.lock();
         let said = st.r1.handle_control(&c).map_err(|e| format!("{REASON_PROTOCOL}: {e}"))?;
         match said {
@@ -382,9 +386,6 @@ impl Hub {
                 self.ask_role(role)
             }
             FromDevice::Eof(n) => {
-                drop(st);
-                let others = self.kind == HubKind::Resumable && self.others_on();
-                let mut st = self.lock();
                 if others {
                     // One device's input ended; the agent's stays open for the others.
                     self.leave_after_eof(&mut st);
