@@ -72,6 +72,11 @@ impl Home {
         self.iroh_dir().join("allowlist")
     }
 
+    /// Files devices put on the workstation: `files/` ([`crate::files::store`]).
+    pub fn files_dir(&self) -> PathBuf {
+        self.root.join("files")
+    }
+
     /// The host's agent manifests: `agents.d/*.json`.
     pub fn agents_dir(&self) -> PathBuf {
         self.root.join("agents.d")

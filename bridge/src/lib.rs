@@ -21,6 +21,8 @@
 //! - [`journal`]: resumable sessions on disk, so they survive a restart of the
 //!   bridge (taken back by [`serve::sessions::restore`]).
 //! - [`devices`] and [`pairing`]: named devices and one-time pairing codes.
+//! - [`files`]: files devices put on the workstation and get from it
+//!   (served by `serve::files`, sent by `thunderbolt files`).
 //! - [`cli`]: the `thunderbolt` commands built on the above.
 //! - Beside them, what all share: [`config`] (one configuration built from the
 //!   command line), [`limits`] (every default and why), [`home`],
@@ -37,6 +39,7 @@ pub mod config;
 pub mod control;
 pub mod devices;
 pub mod dns;
+pub mod files;
 pub mod home;
 pub mod host;
 pub mod identity;

@@ -24,9 +24,7 @@ pub const ANSWER_ALPN_SUFFIX: &[u8] = b"/answer1";
 
 /// `thunderbolt/<p>/answer1`.
 pub fn answer_alpn(protocol: &Protocol) -> Vec<u8> {
-    let mut alpn = format!("thunderbolt/{}", protocol.as_str()).into_bytes();
-    alpn.extend_from_slice(ANSWER_ALPN_SUFFIX);
-    alpn
+    protocol.alpn_with_suffix(ANSWER_ALPN_SUFFIX)
 }
 
 /// Longest answer line read: a permission's outcome is a hundred bytes, an

@@ -25,6 +25,7 @@ pub mod answer;
 pub mod backend;
 pub mod close;
 pub mod devices;
+pub mod files;
 pub mod jsonrpc;
 pub mod ndjson;
 pub mod pairing;

@@ -43,9 +43,7 @@ pub const PAIR_ALPN_SUFFIX: &[u8] = b"/pair1";
 
 /// `thunderbolt/<p>/pair1`.
 pub fn pair_alpn(protocol: &Protocol) -> Vec<u8> {
-    let mut alpn = format!("thunderbolt/{}", protocol.as_str()).into_bytes();
-    alpn.extend_from_slice(PAIR_ALPN_SUFFIX);
-    alpn
+    protocol.alpn_with_suffix(PAIR_ALPN_SUFFIX)
 }
 
 /// Longest request line read (a secret and a name are a hundred bytes);

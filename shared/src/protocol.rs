@@ -73,6 +73,14 @@ impl Protocol {
         alpn_for(self)
     }
 
+    /// `thunderbolt/<p>` followed by `suffix` (`/r1`, `/pair1`, …): the
+    /// ALPNs of the protocols beside the plain one.
+    pub fn alpn_with_suffix(&self, suffix: &[u8]) -> Vec<u8> {
+        let mut alpn = format!("thunderbolt/{}", self.0).into_bytes();
+        alpn.extend_from_slice(suffix);
+        alpn
+    }
+
     /// File name of this protocol's identity inside `$THUNDERBOLT_HOME/iroh/`.
     /// ACP keeps the historical plain `identity` so existing pairings survive.
     pub fn identity_file_name(&self) -> String {

@@ -82,6 +82,13 @@ pub enum Command {
     /// Your own, and those your other devices started when this is one of your own devices
     /// (account or paired). Join one with `thunderbolt acp connect --attach <id> <ticket>`.
     Sessions(SessionsArgs),
+    /// Files between this device and a bridge's agent: put them on the workstation, get them back.
+    ///
+    /// Over the device's own connection to the agent (admitted like a session), checked against
+    /// each file's BLAKE3 hash as the bytes arrive; run the same command again after a cut and
+    /// only what is missing is sent.
+    #[command(subcommand)]
+    Files(FilesCmd),
     /// Run the host as a user service that survives the terminal and reboots (systemd, launchd).
     #[command(subcommand)]
     Service(ServiceCmd),
@@ -357,6 +364,78 @@ pub struct SessionsArgs {
     /// each that you may join, and the agents you reach (one round trip).
     #[arg(long)]
     pub host: bool,
+
+    /// How long to wait for the connection before giving up, in seconds.
+    #[arg(long, default_value_t = crate::limits::DEFAULT_DIAL_TIMEOUT_SECS, value_name = "SECS")]
+    pub dial_timeout: u64,
+
+    #[command(flatten)]
+    pub net: NetArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FilesCmd {
+    /// Put files on the workstation. Prints one JSON receipt line per file: `name`, `size`,
+    /// `hash` (BLAKE3), `uri` (the `file://` URI on the workstation, for a prompt's
+    /// `resource_link`), and `sent` (bytes this run moved).
+    ///
+    /// Files land in $THUNDERBOLT_HOME/files/<agent>/<device>/<session>/ on the workstation
+    /// (0600 files, 0700 folders), under their own name (`name (2).ext` when another file holds
+    /// it). Exit code 0 when every file arrived, 1 otherwise.
+    Put(FilesPutArgs),
+    /// Get a file from the workstation by its `file://` URI (from a receipt, or a path the agent
+    /// named inside its workspace). Prints one JSON line: `name`, `size`, `hash`, `path`,
+    /// `received` (bytes this run moved).
+    ///
+    /// Only files inside the agent's working folder or this device's own files folder, and
+    /// never a key's place (`.ssh`, `.gnupg`, …). A cut transfer leaves OUT.part beside OUT:
+    /// run the command again to resume it.
+    Get(FilesGetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FilesPutArgs {
+    /// The bridge (or the host's agent): an `endpoint…` ticket, or a 64-character hex NodeId.
+    #[arg(value_name = "TICKET|NODEID")]
+    pub target: String,
+
+    /// The files to put.
+    #[arg(value_name = "FILE", required = true)]
+    pub files: Vec<std::path::PathBuf>,
+
+    /// The session the files belong to (its id, from `thunderbolt sessions`).
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+
+    #[command(flatten)]
+    pub dial: FilesDialArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct FilesGetArgs {
+    /// The bridge (or the host's agent): an `endpoint…` ticket, or a 64-character hex NodeId.
+    #[arg(value_name = "TICKET|NODEID")]
+    pub target: String,
+
+    /// The file on the workstation: `file:///…`.
+    #[arg(value_name = "URI")]
+    pub uri: String,
+
+    /// Where to write it (default: its name, in this folder). An existing OUT with other
+    /// content is not replaced.
+    #[arg(value_name = "OUT")]
+    pub out: Option<std::path::PathBuf>,
+
+    #[command(flatten)]
+    pub dial: FilesDialArgs,
+}
+
+/// How `files` reaches the bridge.
+#[derive(Debug, Args)]
+pub struct FilesDialArgs {
+    /// The protocol the agent speaks.
+    #[arg(long, default_value = "acp", value_name = "acp|mcp")]
+    pub protocol: String,
 
     /// How long to wait for the connection before giving up, in seconds.
     #[arg(long, default_value_t = crate::limits::DEFAULT_DIAL_TIMEOUT_SECS, value_name = "SECS")]

@@ -43,6 +43,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Status(a) => control_cmd::status(&home, a),
         Command::Kick(a) => control_cmd::kick(&home, a),
         Command::Sessions(a) => connect::sessions(&home, a).await,
+        Command::Files(cmd) => connect::files(&home, cmd).await,
         Command::Service(cmd) => control_cmd::service(&home, cmd),
         Command::Login(a) => login(&home, a),
         Command::Logout => {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use thunderbolt_shared::{answer, pairing, resume, Protocol};
+use thunderbolt_shared::{answer, files, pairing, resume, Protocol};
 use tracing::Instrument;
 
 use super::{admit, bridge::Shared, relay_health, served::Served, AgentName};
@@ -20,11 +20,14 @@ pub enum Door {
     Pair,
     /// `thunderbolt/<p>/answer1`: a device answering the agent from a notice.
     Answer,
+    /// `thunderbolt/<p>/files1`: a device putting or getting files.
+    Files,
 }
 
 impl Door {
     /// The door `alpn` opens. The endpoint accepts only the ALPNs of
-    /// [`alpns`], so anything but `/r1`, `/pair1` and `/answer1` is the plain one.
+    /// [`alpns`], so anything but `/r1`, `/pair1`, `/answer1` and `/files1` is
+    /// the plain one.
     pub fn of(alpn: &[u8]) -> Self {
         if alpn.ends_with(resume::RESUME_ALPN_SUFFIX) {
             Self::Resumable
@@ -32,6 +35,8 @@ impl Door {
             Self::Pair
         } else if alpn.ends_with(answer::ANSWER_ALPN_SUFFIX) {
             Self::Answer
+        } else if alpn.ends_with(files::FILES_ALPN_SUFFIX) {
+            Self::Files
         } else {
             Self::Plain
         }
@@ -41,16 +46,17 @@ impl Door {
 /// The ALPNs an agent's endpoint serves. The server's order decides (rustls
 /// picks its first ALPN the client offers): `r1` first when its sessions
 /// resume, so a client offering both gets the resumable protocol; then the
-/// plain one; then pairing (devices that pair with a one-time code) and
-/// answering from a notice.
+/// plain one; then pairing (devices that pair with a one-time code),
+/// answering from a notice, and files.
 pub fn alpns(protocol: &Protocol, resumable: bool) -> Vec<Vec<u8>> {
-    let mut v = Vec::with_capacity(4);
+    let mut v = Vec::with_capacity(5);
     if resumable {
         v.push(resume::resume_alpn(protocol));
     }
     v.push(protocol.alpn());
     v.push(pairing::pair_alpn(protocol));
     v.push(answer::answer_alpn(protocol));
+    v.push(files::files_alpn(protocol));
     v
 }
 

@@ -9,7 +9,8 @@
 //!    the peer or it is refused `not allowlisted`; an allowed device is
 //!    charged its own budget ([`Gate::proved`](super::gate::Gate::proved),
 //!    `bridge at capacity` past it) instead of its address's (an answer from
-//!    a notice goes to [`answer`](super::answer) here: it needs no slot);
+//!    a notice goes to [`answer`](super::answer) here, and files to
+//!    [`files`](super::files): they need no slot);
 //! 5. the session is registered (so a revocation or removal finds it), trust
 //!    asked once more, and its stream awaited;
 //! 6. [`enter`](super::enter): attach to the session the connection names, or
@@ -167,6 +168,9 @@ pub(super) async fn admit(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Se
     }
     if door == Door::Answer {
         return super::answer::answer(conn, peer, &cfg, &shared).await;
+    }
+    if door == Door::Files {
+        return super::files::serve(conn, peer, shared, agent, cfg).await;
     }
     admitted(conn, door, peer, grant, shared, agent, cfg).await;
 }

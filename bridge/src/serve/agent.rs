@@ -155,6 +155,11 @@ pub trait Launcher: Send + Sync + std::fmt::Debug {
     fn argv0(&self) -> String;
     /// The command line with secrets masked, for logs.
     fn redacted(&self) -> String;
+    /// The folder it works in, which devices may get files from: where it
+    /// runs (by default, where the bridge runs).
+    fn workspace(&self) -> Option<std::path::PathBuf> {
+        std::env::current_dir().ok()
+    }
 }
 
 /// A started agent: the pipes the session pumps, and its lifetime.
@@ -202,6 +207,10 @@ impl Launcher for AgentCommand {
 
     fn redacted(&self) -> String {
         AgentCommand::redacted(self)
+    }
+
+    fn workspace(&self) -> Option<std::path::PathBuf> {
+        self.cwd.clone().or_else(|| std::env::current_dir().ok())
     }
 }
 

@@ -55,6 +55,8 @@ pub(crate) struct Shared {
     /// Where resumable sessions are journaled, so they survive a restart
     /// (`None`: `--no-journal`, or the serving core's tests).
     pub(crate) journals: std::sync::OnceLock<Arc<crate::journal::Journals>>,
+    /// Where devices' files go (`None`: the serving core's tests, no home).
+    pub(crate) files: std::sync::OnceLock<Arc<super::files::FilesState>>,
 }
 
 /// What a bridge keeps in its home beside its identities.
@@ -130,6 +132,11 @@ impl Bridge {
     /// allow-file edit is applied to live sessions within a second.
     pub fn with_home(self, home: &crate::home::Home) -> Self {
         *self.shared.stores.write().unwrap_or_else(|p| p.into_inner()) = Some(Stores::new(home));
+        let _ = self.shared.files.set(Arc::new(super::files::FilesState {
+            store: crate::files::store::Store::new(home.files_dir()),
+            home: home.root_path().to_path_buf(),
+            in_flight: Arc::default(),
+        }));
         self
     }
 
@@ -205,6 +212,7 @@ impl Bridge {
             stores: RwLock::new(None),
             on_revoked: RwLock::new(None),
             journals: std::sync::OnceLock::new(),
+            files: std::sync::OnceLock::new(),
         });
         let handle = status::BridgeHandle::new(shared.clone(), kind);
         Self { shared, changes: None, handle }

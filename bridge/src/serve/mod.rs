@@ -19,6 +19,7 @@
 //! heartbeat and the host's changes), [`served`] (an agent as served),
 //! [`taps`] (what observes a session: status, notices), [`extension`] (the
 //! bridge's own `_thunderbolt/` methods), [`pair`] (the pairing door),
+//! [`files`] (the files door),
 //! [`status`] (what the local API reads), [`stderr`] (the agent's stderr:
 //! logged, its last line kept), [`wss`] (the loopback WebSocket transport),
 //! [`relay_health`], [`requests`], [`throttle`].
@@ -34,6 +35,7 @@ pub mod answer;
 pub mod bridge;
 pub mod enter;
 pub mod extension;
+pub mod files;
 pub mod gate;
 pub mod joining;
 pub mod pair;

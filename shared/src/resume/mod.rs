@@ -97,7 +97,5 @@ pub const RESUME_ALPN_SUFFIX: &[u8] = b"/r1";
 
 /// `thunderbolt/<p>/r1`.
 pub fn resume_alpn(protocol: &Protocol) -> Vec<u8> {
-    let mut alpn = format!("thunderbolt/{}", protocol.as_str()).into_bytes();
-    alpn.extend_from_slice(RESUME_ALPN_SUFFIX);
-    alpn
+    protocol.alpn_with_suffix(RESUME_ALPN_SUFFIX)
 }

@@ -17,10 +17,12 @@
 //! - `ending`: how a session ended (the bridge's close, the agent's end, a
 //!   signal) and the exit that follows;
 //! - `listing`: `thunderbolt sessions`, the sessions this device may join;
-//! - `pairing`: a one-time code exchanged before the first connection.
+//! - `pairing`: a one-time code exchanged before the first connection;
+//! - `files`: `thunderbolt files put|get`, files to and from the workstation.
 
 mod dial;
 mod ending;
+mod files;
 mod listing;
 mod pairing;
 mod pipe;
@@ -33,6 +35,7 @@ use thunderbolt_shared::{close, Protocol, Target};
 use crate::{cli::args::ConnectArgs, home::Home, identity};
 use dial::{dial_and_pipe, with_relay_hint, Dial};
 pub use ending::{describe_close, kept_warm, Interrupted};
+pub use files::files;
 pub use listing::sessions;
 use pairing::pair_first;
 

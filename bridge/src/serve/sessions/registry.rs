@@ -210,10 +210,16 @@ impl Drop for HubGuard<'_> {
 /// and for a plain session what `status` shows of it (a hub has its own).
 type PlainSession = (EndpointId, Connection, Arc<Served>, Option<Arc<SessionInfo>>);
 
+/// A files connection: its peer, the connection, the agent it reached.
+type Transfer = (EndpointId, Connection, Arc<Served>);
+
 /// The admitted plain connections, so the heartbeat can re-check them.
 #[derive(Debug, Default)]
 pub struct PlainSessions {
     map: Mutex<HashMap<usize, PlainSession>>,
+    /// Connections of the files door: no session, re-checked and closed
+    /// with the agent all the same.
+    transfers: Mutex<HashMap<usize, Transfer>>,
 }
 
 impl PlainSessions {
@@ -229,6 +235,22 @@ impl PlainSessions {
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, (conn.remote_id(), conn.clone(), agent.clone(), info.cloned()));
         PlainGuard { sessions: self, key }
+    }
+
+    /// Registers a files connection, so a revocation or the agent's removal
+    /// ends its transfers at once.
+    pub fn insert_transfer(&self, conn: &Connection, agent: &Arc<Served>) -> TransferGuard<'_> {
+        let key = conn.stable_id();
+        self.transfers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, (conn.remote_id(), conn.clone(), agent.clone()));
+        TransferGuard { sessions: self, key }
+    }
+
+    /// The files connections, to look at without holding the lock.
+    fn transfers(&self) -> Vec<Transfer> {
+        self.transfers.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
     }
 
     /// What `status` shows of each plain session.
@@ -254,6 +276,13 @@ impl PlainSessions {
                 closed += 1;
             }
         }
+        drop(map);
+        for (peer, conn, agent) in self.transfers() {
+            if agent.config().trust.check(&peer).is_none() {
+                info!(peer = %peer.fmt_short(), "closing {peer}'s file transfers: {}", close::REASON_MEMBERSHIP_REVOKED);
+                refuse(&conn, close::REASON_MEMBERSHIP_REVOKED);
+            }
+        }
         closed
     }
 
@@ -265,6 +294,11 @@ impl PlainSessions {
             if Arc::ptr_eq(a, agent) {
                 refuse(conn, reason);
                 n += 1;
+            }
+        }
+        for (_, conn, a) in self.transfers() {
+            if Arc::ptr_eq(&a, agent) {
+                refuse(&conn, reason);
             }
         }
         n
@@ -287,5 +321,16 @@ pub struct PlainGuard<'a> {
 impl Drop for PlainGuard<'_> {
     fn drop(&mut self) {
         self.sessions.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.key);
+    }
+}
+
+pub struct TransferGuard<'a> {
+    sessions: &'a PlainSessions,
+    key: usize,
+}
+
+impl Drop for TransferGuard<'_> {
+    fn drop(&mut self) {
+        self.sessions.transfers.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.key);
     }
 }
