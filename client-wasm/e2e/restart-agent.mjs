@@ -12,11 +12,15 @@
 //   - "stream N": N agent_message_chunk "chunk i/N\n", --chunk-ms apart;
 //     session/cancel stops it (stopReason "cancelled");
 //   - anything else: one chunk "turn K: <text> (history: <p1|p2|...>|none)".
+// A prompt's resource_link blocks with a file:// URI are read, and the turn's
+// chunk says so: "read <name>: <size> bytes, sha256 <hex>" for each (or "cannot
+// read <uri>: <why>"), so a test learns the agent got the file's bytes.
 // A turn is saved only once it ends with end_turn, so one cut short by a
 // killed process (or cancelled) is not in the history.
 import * as acp from "@agentclientprotocol/sdk";
 import { appendFileSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
+import { fileURLToPath } from "node:url";
 import { join } from "node:path";
 import { Readable, Writable } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -154,6 +158,15 @@ const app = acp
     } else {
       const history = session.turns.map((turn) => turn.prompt).join("|") || "none";
       reply = `turn ${session.turns.length + 1}: ${text} (history: ${history})`;
+      for (const block of params.prompt.filter((b) => b.type === "resource_link")) {
+        try {
+          const bytes = readFileSync(fileURLToPath(block.uri));
+          const sha = createHash("sha256").update(bytes).digest("hex");
+          reply += `\nread ${block.name}: ${bytes.length} bytes, sha256 ${sha}`;
+        } catch (err) {
+          reply += `\ncannot read ${block.uri}: ${err.message}`;
+        }
+      }
       await say(client, sessionId, "agent_message_chunk", reply);
     }
     session.turns.push({ prompt: text, reply });

@@ -101,6 +101,20 @@ pub fn net_env(relay: Option<&RelayUrl>) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// `client-wasm/e2e/<script>`, an ACP agent built on the official SDK, or
+/// `None` (and a note) where its npm packages are not installed.
+pub fn sdk_agent(script: &str) -> Option<PathBuf> {
+    let root = bin_dir().join("../../client-wasm/e2e");
+    let root = root.canonicalize().unwrap_or(root);
+    if !root.join("node_modules/@agentclientprotocol/sdk").is_dir() {
+        eprintln!(
+            "skipped: the ACP SDK is not installed (`npm ci` in client-wasm/e2e; tests/run-all.sh does it)"
+        );
+        return None;
+    }
+    Some(root.join(script))
+}
+
 /// One `THUNDERBOLT_HOME` (a machine, as far as thunderbolt can tell).
 pub struct Tb {
     dir: tempfile::TempDir,

@@ -466,3 +466,50 @@ async fn a_full_disk_is_said_not_written() {
     assert!(stderr.contains(wire::REASON_DISK_FULL), "{stderr}");
     bridge.stop().await;
 }
+
+/// A photo put on the workstation reaches a real ACP agent (the SDK's, in
+/// `client-wasm/e2e/restart-agent.mjs`) as a `resource_link` in the prompt
+/// the device sends with it, and the agent reads the very bytes the device
+/// has (their SHA-256, computed by each side on its own).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_put_file_reaches_a_real_acp_agent_as_a_resource_link_it_reads() {
+    let Some(agent) = sdk_agent("restart-agent.mjs") else { return };
+    let rig = Rig::new().await;
+    let store = tempfile::tempdir().unwrap();
+    let mut c = rig.tb.cmd();
+    c.current_dir(rig.work.path());
+    c.args(["acp", "--transport", "iroh", "--", "node"]).arg(&agent).arg("--store").arg(store.path());
+    let bridge = RunningBridge::start(c).await;
+    let photo = rig.dev.home().join("photo.jpg");
+    noise_file(&photo, 300 * 1024, "photo");
+    let (ok, stdout, stderr) = rig.files_done(&["put", &bridge.ticket, &photo.display().to_string()]).await;
+    assert!(ok, "{stderr}");
+    let r = receipt(&stdout);
+    assert_eq!(r["mime"], "image/jpeg");
+
+    let mut client = JsonConnect::start(&rig.dev, &[&bridge.ticket]);
+    let init = client.request(0, "initialize", json!({"protocolVersion": 1})).await;
+    assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
+    let new = client.request(1, "session/new", json!({"cwd": "/tmp", "mcpServers": []})).await;
+    let sid = new["result"]["sessionId"].as_str().expect("a session").to_string();
+    let link = json!({"type": "resource_link", "uri": r["uri"], "name": r["name"], "mimeType": r["mime"], "size": r["size"]});
+    let prompt =
+        json!({"sessionId": sid, "prompt": [{"type": "text", "text": "what is in this photo?"}, link]});
+    let start = client.seen.len();
+    let answer = client.request(2, "session/prompt", prompt).await;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let said: String = client.seen[start..]
+        .iter()
+        .filter(|v| v["params"]["update"]["sessionUpdate"] == "agent_message_chunk")
+        .filter_map(|v| v["params"]["update"]["content"]["text"].as_str())
+        .collect();
+    let sha = sha256_hex(&std::fs::read(&photo).unwrap());
+    assert!(said.contains(&format!("read photo.jpg: {} bytes, sha256 {sha}", 300 * 1024)), "{said}");
+    assert!(client.close().await.success());
+    bridge.stop().await;
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}

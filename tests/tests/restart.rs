@@ -13,19 +13,6 @@ use thunderbolt_shared::restart;
 use thunderbolt_tests::*;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-/// The SDK agent, or `None` (and a note) where its npm packages are not installed.
-fn sdk_agent() -> Option<PathBuf> {
-    let root = bin_dir().join("../../client-wasm/e2e");
-    let root = root.canonicalize().unwrap_or(root);
-    if !root.join("node_modules/@agentclientprotocol/sdk").is_dir() {
-        eprintln!(
-            "skipped: the ACP SDK is not installed (`npm ci` in client-wasm/e2e; tests/run-all.sh does it)"
-        );
-        return None;
-    }
-    Some(root.join("restart-agent.mjs"))
-}
-
 /// One `connect`'s stdio (the harness's [`JsonConnect`]), with the ACP prompt.
 type Client = JsonConnect;
 
@@ -61,7 +48,7 @@ struct Rig {
 
 impl Rig {
     async fn new(caps: &'static str) -> Option<Self> {
-        let agent = sdk_agent()?;
+        let agent = sdk_agent("restart-agent.mjs")?;
         let relay = LocalRelay::start().await;
         let tb = Tb::new(Some(&relay));
         let dev = Tb::new(Some(&relay));
