@@ -11,11 +11,13 @@
 //! - [`reach`]: which files a device may get, resolved without following a
 //!   link out of the agent's workspace or the files folders.
 //! - [`inflight`]: transfers running now, per device.
+//! - [`device`]: a device's side of one put or get (the CLI's and the bench's).
 //!
 //! The bridge's side of a connection is `serve::files` (admitted like every
 //! connection); the CLI's is `cli::files_cmd`. Every limit below is what one
 //! device may cost the workstation.
 
+pub mod device;
 pub mod inflight;
 pub mod reach;
 pub mod store;

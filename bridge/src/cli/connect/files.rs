@@ -5,22 +5,18 @@
 
 use std::{
     fs::{File, OpenOptions},
-    io::BufWriter,
     os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
-    time::Duration,
 };
 
 use anyhow::{anyhow, bail, Context, Result};
-use iroh::endpoint::{Connection, RecvStream, VarInt};
+use iroh::endpoint::{Connection, VarInt};
 use serde_json::json;
 use thunderbolt_shared::{
     close,
-    files::{self as wire, FileHeader, Get, Put, Reply, Request, MAX_REQUEST_LINE},
+    files::{self as wire, FileHeader, Get, Put},
     Protocol,
 };
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio_util::io::SyncIoBridge;
 
 use super::{
     describe_close,
@@ -29,16 +25,13 @@ use super::{
 };
 use crate::{
     cli::args::{FilesCmd, FilesDialArgs},
-    files::stream,
+    files::{
+        device::{self, DeviceError},
+        stream::{self, StreamError},
+    },
     home::Home,
     identity, limits,
 };
-
-/// How long the bridge may take to answer a request (it hashes a file it
-/// sends first: a few seconds for gigabytes).
-const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
-/// Buffer between the blocking encoder and the stream.
-const IO_BUFFER: usize = 256 * 1024;
 
 /// `thunderbolt files put|get`.
 pub async fn files(home: &Home, cmd: FilesCmd) -> Result<()> {
@@ -132,46 +125,18 @@ async fn put(conn: &Connection, path: &Path, session: Option<&str>) -> Result<St
     let (file, tree) = tokio::task::spawn_blocking(move || stream::hash_tree(&file, size).map(|t| (file, t)))
         .await?
         .context("cannot read it")?;
-    let hash = stream::hex(&tree);
-    let request = Request::Put(Put {
+    let request = Put {
         name,
         size,
-        hash: hash.clone(),
+        hash: stream::hex(&tree),
         session: session.map(str::to_string),
         mime: mime_of(path).map(str::to_string),
-    });
-    let (mut send, recv) = conn.open_bi().await.map_err(|e| anyhow!("the connection broke: {e}"))?;
-    send.write_all(&line(&request)?).await?;
-    let mut reader = BufReader::new(recv);
-    let have = match read_reply(&mut reader).await? {
-        Reply::Have(k) if k <= size => k,
-        Reply::Error(why) => bail!("refused: {why}"),
-        other => bail!("the bridge answered {other:?} to a put"),
     };
-    let handle = tokio::runtime::Handle::current();
-    let sent = tokio::task::spawn_blocking(move || -> Result<(u64, iroh::endpoint::SendStream)> {
-        let out = stream::CountedWrite { inner: SyncIoBridge::new_with_handle(send, handle), count: 0 };
-        let mut out = BufWriter::with_capacity(IO_BUFFER, out);
-        stream::send(&file, &tree, have, &mut out)?;
-        let out = out.into_inner().map_err(|e| e.into_error())?;
-        Ok((out.count, out.inner.into_inner()))
-    })
-    .await?;
-    let (sent, mut send) = sent.context("sending it")?;
-    send.finish()?;
-    match read_reply(&mut reader).await? {
-        Reply::Receipt(r) if r.hash == hash && r.size == size => {
-            let mut v = serde_json::to_value(&r)?;
-            v["sent"] = json!(sent);
-            v["resumed_from"] = json!(have);
-            Ok(v.to_string())
-        }
-        Reply::Receipt(r) => {
-            bail!("the bridge's receipt is for other content ({} bytes, {})", r.size, r.hash)
-        }
-        Reply::Error(why) => bail!("refused: {why}"),
-        other => bail!("the bridge answered {other:?} to a put"),
-    }
+    let sent = device::put(conn, request, file, tree, None).await?;
+    let mut v = serde_json::to_value(&sent.receipt)?;
+    v["sent"] = json!(sent.sent);
+    v["resumed_from"] = json!(sent.resumed_from);
+    Ok(v.to_string())
 }
 
 /// Gets one file; returns the line that says what arrived.
@@ -186,7 +151,8 @@ async fn get(conn: &Connection, uri: &str, out: Option<&Path>) -> Result<String>
     let part = with_suffix(&out, ".part");
     let part_hash = with_suffix(&out, ".part.b3");
     // What this device holds already: a whole copy, or part of one.
-    let (hash, from) = if out.exists() {
+    let whole = out.exists();
+    let (hash, from) = if whole {
         let f = File::open(&out).with_context(|| format!("cannot read {}", out.display()))?;
         let size = f.metadata()?.len();
         let tree = tokio::task::spawn_blocking(move || stream::hash_tree(&f, size)).await??;
@@ -197,102 +163,59 @@ async fn get(conn: &Connection, uri: &str, out: Option<&Path>) -> Result<String>
             _ => (None, 0),
         }
     };
-    let request = Request::Get(Get { uri: uri.to_string(), hash: hash.clone(), from });
-    let (mut send, recv) = conn.open_bi().await.map_err(|e| anyhow!("the connection broke: {e}"))?;
-    send.write_all(&line(&request)?).await?;
-    send.finish()?;
-    let mut reader = BufReader::with_capacity(IO_BUFFER, recv);
-    let header: FileHeader = match read_reply(&mut reader).await? {
-        Reply::File(h) => h,
-        Reply::Error(why) => bail!("refused: {why}"),
-        other => bail!("the bridge answered {other:?} to a get"),
-    };
-    if !wire::is_hash(&header.hash) || header.from > header.size {
-        bail!("the bridge's answer is malformed");
-    }
-    let summary = |path: &Path, received: u64| {
-        json!({
-            "name": header.name, "size": header.size, "hash": header.hash,
-            "path": path.display().to_string(), "received": received, "resumed_from": header.from,
-        })
-        .to_string()
-    };
-    if out.exists() {
-        if hash.as_deref() == Some(header.hash.as_str()) && header.from == header.size {
-            return Ok(summary(&out, 0));
+    let request = Get { uri: uri.to_string(), hash: hash.clone(), from };
+    let mut clash = false;
+    let open = |header: &FileHeader| -> std::io::Result<Option<File>> {
+        if whole {
+            // The same content whole here: nothing to move. Other content: not replaced.
+            clash = !(hash.as_deref() == Some(header.hash.as_str()) && header.from == header.size);
+            return Ok(None);
         }
-        bail!("{} exists with other content: remove it or name another OUT", out.display());
-    }
-    let resuming = hash.as_deref() == Some(header.hash.as_str()) && header.from > 0;
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(!resuming)
-        .mode(0o600)
-        .open(&part)
-        .with_context(|| format!("cannot write {}", part.display()))?;
-    file.set_len(if resuming { header.from } else { 0 })?;
-    std::fs::write(&part_hash, &header.hash)
-        .with_context(|| format!("cannot write {}", part_hash.display()))?;
-    let (size, h, from) = (header.size, header.hash.clone(), header.from);
-    let handle = tokio::runtime::Handle::current();
-    let received = tokio::task::spawn_blocking(move || -> Result<u64, stream::StreamError> {
-        let mut input = stream::Counted { inner: SyncIoBridge::new_with_handle(reader, handle), count: 0 };
-        stream::receive(&file, size, &h, from, &mut input, |_| {})?;
-        file.sync_all().map_err(stream::StreamError::File)?;
-        Ok(input.count)
-    })
-    .await?;
-    let received = match received {
-        Ok(n) => n,
-        Err(stream::StreamError::Mismatch(at)) => {
+        let resuming = hash.as_deref() == Some(header.hash.as_str()) && header.from > 0;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(!resuming)
+            .mode(0o600)
+            .open(&part)?;
+        file.set_len(if resuming { header.from } else { 0 })?;
+        std::fs::write(&part_hash, &header.hash)?;
+        Ok(Some(file))
+    };
+    let got = match device::get(conn, request, open).await {
+        Ok(got) => got,
+        Err(DeviceError::Stream(StreamError::Mismatch(at))) => {
             let _ = std::fs::remove_file(&part);
             let _ = std::fs::remove_file(&part_hash);
             bail!("the bytes from byte {at} do not match the file's hash: nothing kept, try again");
         }
-        Err(stream::StreamError::Cut(e)) => bail!(
+        Err(DeviceError::Stream(StreamError::Cut(e))) => bail!(
             "the transfer was cut ({e}); {} keeps what arrived: run the same command again to resume",
             part.display()
         ),
-        Err(stream::StreamError::File(e)) => bail!("cannot write {}: {e}", part.display()),
+        Err(DeviceError::Stream(StreamError::File(e))) => bail!("cannot write {}: {e}", part.display()),
+        Err(e) => return Err(e.into()),
     };
-    std::fs::rename(&part, &out).with_context(|| format!("cannot move it to {}", out.display()))?;
-    let _ = std::fs::remove_file(&part_hash);
-    Ok(summary(&out, received))
+    if clash {
+        bail!("{} exists with other content: remove it or name another OUT", out.display());
+    }
+    if !whole {
+        std::fs::rename(&part, &out).with_context(|| format!("cannot move it to {}", out.display()))?;
+        let _ = std::fs::remove_file(&part_hash);
+    }
+    let h = &got.header;
+    Ok(json!({
+        "name": h.name, "size": h.size, "hash": h.hash, "path": out.display().to_string(),
+        "received": got.received, "resumed_from": h.from,
+    })
+    .to_string())
 }
 
 fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
     let mut s = path.as_os_str().to_owned();
     s.push(suffix);
     PathBuf::from(s)
-}
-
-fn line(request: &Request) -> Result<Vec<u8>> {
-    let mut l = serde_json::to_vec(request)?;
-    if l.len() >= MAX_REQUEST_LINE {
-        bail!("the request is longer than {MAX_REQUEST_LINE} bytes (a path that long?)");
-    }
-    l.push(b'\n');
-    Ok(l)
-}
-
-/// One reply line, bounded.
-async fn read_reply(reader: &mut BufReader<RecvStream>) -> Result<Reply> {
-    let mut buf = Vec::with_capacity(256);
-    let read = tokio::time::timeout(
-        REPLY_TIMEOUT,
-        (&mut *reader).take(MAX_REQUEST_LINE as u64 + 1).read_until(b'\n', &mut buf),
-    )
-    .await;
-    match read {
-        Err(_) => bail!("the bridge did not answer within {REPLY_TIMEOUT:?}"),
-        Ok(Err(e)) => bail!("the connection broke: {e}"),
-        Ok(Ok(0)) => bail!("the bridge ended the transfer without a word"),
-        Ok(Ok(_)) => {
-            serde_json::from_slice(&buf).map_err(|e| anyhow!("the bridge's answer is unreadable: {e}"))
-        }
-    }
 }
 
 /// The media type a prompt's `resource_link` carries, from the file's

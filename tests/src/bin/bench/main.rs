@@ -37,6 +37,7 @@ use tokio::{
 mod devices;
 mod duplex;
 mod failover;
+mod files;
 mod host;
 mod measure;
 mod nat;
@@ -51,6 +52,7 @@ mod sections;
 use devices::*;
 use duplex::*;
 use failover::*;
+use files::*;
 use host::*;
 use measure::*;
 use nat::*;
@@ -156,6 +158,9 @@ enum Section {
     /// Journaling resumable sessions against `--no-journal` through `connect`; restart →
     /// the session back (the SDK agent's start and session/load) against its cold start.
     Restart,
+    /// Files put and got through `/files1`, direct and relayed, against a raw iroh stream
+    /// moving the same bytes one way; a put resumed after a cut at half (bytes sent again).
+    Files,
 }
 
 /// Which sections this run measures.

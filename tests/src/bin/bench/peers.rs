@@ -9,15 +9,25 @@ pub const ECHO_ALPN: &[u8] = b"thunderbolt-bench/echo/0";
 /// Bytes the raw echo asks for per read: the bridge's own read size.
 pub const ECHO_READ: usize = 64 * 1024;
 
+/// The raw one-way baselines beside the echo: the sink reads a stream to its
+/// end and answers how many bytes it read (8 bytes, big-endian); the source
+/// reads a count (the same) and sends that many bytes.
+pub const SINK_ALPN: &[u8] = b"thunderbolt-bench/sink/0";
+pub const SOURCE_ALPN: &[u8] = b"thunderbolt-bench/source/0";
+
 /// A separate process: relay-only or direct raw iroh echo server, printing its ticket.
 pub async fn echo_server(relay: Option<RelayUrl>) -> Result<()> {
-    let ep = loopback_endpoint(SecretKey::generate(), relay.as_ref(), false, vec![ECHO_ALPN.to_vec()])
+    let alpns = vec![ECHO_ALPN.to_vec(), SINK_ALPN.to_vec(), SOURCE_ALPN.to_vec()];
+    let ep = loopback_endpoint(SecretKey::generate(), relay.as_ref(), false, alpns)
         .await
         .context("echo server endpoint")?;
     println!("{}", EndpointTicket::new(ep.addr()));
     while let Some(inc) = ep.accept().await {
         tokio::spawn(async move {
             let Ok(conn) = async { inc.accept()?.await.map_err(anyhow::Error::from) }.await else { return };
+            if conn.alpn() != ECHO_ALPN {
+                return one_way(conn).await;
+            }
             while let Ok((mut send, mut recv)) = conn.accept_bi().await {
                 tokio::spawn(async move {
                     // Reads of the bridge's own size, so both sides of a ratio move data
@@ -36,6 +46,36 @@ pub async fn echo_server(relay: Option<RelayUrl>) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// The sink's or the source's side of `conn`, a stream at a time.
+async fn one_way(conn: Connection) {
+    let sink = conn.alpn() == SINK_ALPN;
+    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+        let mut buf = vec![0u8; ECHO_READ];
+        if sink {
+            let mut n = 0u64;
+            while let Ok(Some(k)) = recv.read(&mut buf).await {
+                n += k as u64;
+            }
+            let _ = send.write_all(&n.to_be_bytes()).await;
+        } else {
+            let mut count = [0u8; 8];
+            if recv.read_exact(&mut count).await.is_err() {
+                return;
+            }
+            let mut left = u64::from_be_bytes(count);
+            while left > 0 {
+                let k = left.min(buf.len() as u64) as usize;
+                if send.write_all(&buf[..k]).await.is_err() {
+                    return;
+                }
+                left -= k as u64;
+            }
+        }
+        let _ = send.finish();
+        let _ = send.stopped().await;
+    }
 }
 
 /// Most dials in flight at once from the flood process; with the two below, the

@@ -15,7 +15,7 @@ pub struct Bench {
     pub plan: Plan,
     pub relay_url: RelayUrl,
     pub tb: Tb,
-    client_key: SecretKey,
+    pub client_key: SecretKey,
     pub agent: String,
 }
 
@@ -179,6 +179,9 @@ pub async fn run(plan: Plan, only: &Only, json_out: Option<PathBuf>) -> Result<(
             }
             if only.has(Section::Host) {
                 rows.extend(host_rows(&b, &p).await?);
+            }
+            if only.has(Section::Files) {
+                rows.extend(files_rows(&b).await?);
             }
         }
         p.close().await;
