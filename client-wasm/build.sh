@@ -35,11 +35,15 @@ fi
 # browser from 2021 on, or Safari/WebKit 16.4 (docs/browser.md).
 # -Zlocation-detail=none: panics keep their message but not the file:line of
 # every panic site in std, iroh and noq: 65 KB raw, 22 KB gzipped.
+# -Zfmt-debug=shallow: a derived Debug prints its type's name, not its fields
+# (hand-written ones, strings and numbers print as before). Nothing the page
+# shows or sends is formatted with Debug; iroh's and rustls' error chains
+# that are lose their fields: 66 KB raw, 27 KB gzipped (docs/perf-log/wasm.md).
 PATH=/usr/lib/llvm-22/bin:/usr/local/bin:/usr/bin:/bin \
 RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1 \
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_LINKER=wasm-ld \
 CC_wasm32_unknown_unknown=clang-22 AR_wasm32_unknown_unknown=llvm-ar \
-RUSTFLAGS='--cfg getrandom_backend="wasm_js" -C target-feature=+simd128 -Zlocation-detail=none' CFLAGS_wasm32_unknown_unknown=-msimd128 \
+RUSTFLAGS='--cfg getrandom_backend="wasm_js" -C target-feature=+simd128 -Zlocation-detail=none -Zfmt-debug=shallow' CFLAGS_wasm32_unknown_unknown=-msimd128 \
   /usr/bin/cargo build --profile wasm-release --locked --target wasm32-unknown-unknown \
     -Zbuild-std=std,panic_abort -p thunderbolt-client-wasm --target-dir target/wasm
 
