@@ -30,9 +30,9 @@ export function waitFor(cond, what, ms = WAIT_MS) {
   });
 }
 
-/// Spawns a process, collecting its stdout lines and stderr text.
-export function run(cmd, args, env = {}) {
-  const child = spawn(cmd, args, { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] });
+/// Spawns a process (in `cwd`, if given), collecting its stdout lines and stderr text.
+export function run(cmd, args, env = {}, cwd = undefined) {
+  const child = spawn(cmd, args, { env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"], cwd });
   const p = { child, out: [], err: "" };
   createInterface({ input: child.stdout }).on("line", (l) => p.out.push(l));
   child.stderr.on("data", (d) => (p.err += d));
@@ -75,10 +75,11 @@ export async function startRelay() {
 }
 
 /// `thunderbolt acp --transport iroh [extra] [-- agent…]` in `home` (a new one
-/// unless given), once its banner is out: the process, its ticket and home.
-export async function startAcpBridge(relayUrl, agent = [], extra = [], { home = tempHome(), env = {} } = {}) {
+/// unless given), run in `cwd` (the agent's workspace), once its banner is
+/// out: the process, its ticket and home.
+export async function startAcpBridge(relayUrl, agent = [], extra = [], { home = tempHome(), env = {}, cwd } = {}) {
   const args = ["acp", "--transport", "iroh", ...extra, ...(agent.length ? ["--", ...agent] : [])];
-  const p = run(join(BIN, "thunderbolt"), args, { ...tbEnv(home, relayUrl), ...env });
+  const p = run(join(BIN, "thunderbolt"), args, { ...tbEnv(home, relayUrl), ...env }, cwd);
   await waitFor(() => p.out.some((l) => l.trim().startsWith("Allow a peer:")), "bridge banner").catch((e) => {
     throw new Error(`${e.message}; stderr:\n${p.err}`);
   });

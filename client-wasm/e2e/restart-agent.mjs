@@ -15,12 +15,14 @@
 // A prompt's resource_link blocks with a file:// URI are read, and the turn's
 // chunk says so: "read <name>: <size> bytes, sha256 <hex>" for each (or "cannot
 // read <uri>: <why>"), so a test learns the agent got the file's bytes.
+// "show <name> <mime>": the reply names the file <name> of the agent's working
+// folder as a resource_link (a file the agent wrote, for the client to fetch).
 // A turn is saved only once it ends with end_turn, so one cut short by a
 // killed process (or cancelled) is not in the history.
 import * as acp from "@agentclientprotocol/sdk";
 import { appendFileSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { createHash, randomBytes } from "node:crypto";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import { join } from "node:path";
 import { Readable, Writable } from "node:stream";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -155,6 +157,15 @@ const app = acp
       } finally {
         running.delete(sessionId);
       }
+    } else if (/^show \S+ \S+$/.test(text.trim())) {
+      const [, name, mimeType] = text.trim().split(" ");
+      const uri = pathToFileURL(join(process.cwd(), name)).href;
+      reply = `here is ${name}`;
+      await say(client, sessionId, "agent_message_chunk", reply);
+      await client.notify(acp.methods.client.session.update, {
+        sessionId,
+        update: { sessionUpdate: "agent_message_chunk", content: { type: "resource_link", uri, name, mimeType } },
+      });
     } else {
       const history = session.turns.map((turn) => turn.prompt).join("|") || "none";
       reply = `turn ${session.turns.length + 1}: ${text} (history: ${history})`;

@@ -53,6 +53,8 @@ mod crypto;
 #[cfg(target_arch = "wasm32")]
 mod dialing;
 #[cfg(target_arch = "wasm32")]
+mod files;
+#[cfg(target_arch = "wasm32")]
 mod js;
 #[cfg(target_arch = "wasm32")]
 mod relays;

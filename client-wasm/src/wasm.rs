@@ -314,6 +314,52 @@ impl IrohClient {
     }
 
     /// Closes the endpoint and every connection of this client.
+    /// Puts a file on the workstation over this device's own connection to
+    /// the agent at `target` (`thunderbolt/<p>/files1`): hashed here, checked
+    /// there group by group, resumed from what the bridge holds when put
+    /// again. `options`: `{mime?, session?, protocol?, timeoutMs?,
+    /// onProgress?: (done, total) => void}`. Resolves with the receipt: `uri`
+    /// (`file://` on the workstation) goes in a prompt as a `resource_link`.
+    /// A refusal rejects with `kind: "closed"` and the bridge's `reason`.
+    #[wasm_bindgen(
+        js_name = putFile,
+        unchecked_return_type = "Promise<{name: string, size: number, hash: string, uri: string, mime?: string, sent: number, resumedFrom: number}>"
+    )]
+    pub fn put_file(&self, target: String, bytes: Uint8Array, name: String, options: JsValue) -> Promise {
+        let inner = self.inner.clone();
+        let bytes = bytes.to_vec();
+        future_to_promise(async move {
+            let text = |k: &str| opt(&options, k).as_string();
+            let args = crate::files::PutArgs {
+                name,
+                mime: text("mime"),
+                session: text("session"),
+                protocol: text("protocol"),
+                timeout_ms: opt(&options, "timeoutMs").as_f64().map(|v| v as u32),
+                on_progress: opt(&options, "onProgress").dyn_into().ok(),
+            };
+            crate::files::put(&inner, &target, bytes, args).await
+        })
+    }
+
+    /// Gets a file from the workstation by its `file://` URI (inside the
+    /// agent's workspace, or one this device put): `{name, size, hash,
+    /// bytes}`, every byte checked against the hash. `options`: `{protocol?,
+    /// timeoutMs?, onProgress?}`.
+    #[wasm_bindgen(
+        js_name = getFile,
+        unchecked_return_type = "Promise<{name: string, size: number, hash: string, bytes: Uint8Array}>"
+    )]
+    pub fn get_file(&self, target: String, uri: String, options: JsValue) -> Promise {
+        let inner = self.inner.clone();
+        future_to_promise(async move {
+            let protocol = opt(&options, "protocol").as_string();
+            let timeout_ms = opt(&options, "timeoutMs").as_f64().map(|v| v as u32);
+            let on_progress = opt(&options, "onProgress").dyn_into().ok();
+            crate::files::get(&inner, &target, uri, protocol, timeout_ms, on_progress).await
+        })
+    }
+
     #[wasm_bindgen(unchecked_return_type = "Promise<void>")]
     pub fn shutdown(&self) -> Promise {
         let inner = self.inner.clone();

@@ -10,7 +10,7 @@
 // made inert, the aborted prompt offered again).
 import init, { IrohClient } from "../pkg/thunderbolt_client_wasm.js";
 import { saveForWorker } from "./keystore.js";
-import { Conversation } from "./conversation.js";
+import { Conversation, el, size } from "./conversation.js";
 
 const SECRET_KEY = "thunderbolt_iroh_client_secret";
 const RELAY_KEY = "thunderbolt_iroh_relay_url";
@@ -37,6 +37,8 @@ const $ = (id) => document.getElementById(id);
 const state = {
   client: null, clientRelay: null, conn: null, sessionId: null, nextId: 1, pending: new Map(),
   agent: "agent", label: "", userClosed: false, ticket: "",
+  // Files picked for the next prompt: {name, size, status, done, total, receipt, error}.
+  attachments: [],
   // The id of this device's prompt whose turn is going, else null.
   turn: null,
   // This device's role on a session several devices share (the bridge's
@@ -64,6 +66,7 @@ const conversation = new Conversation($("conversation"), {
   controller: () => (state.role === "observer" ? controllerName() : state.role ? null : state.joinedFrom || null),
   answer: (q, result, said) => answer(q, result, said),
   log: (text) => log("·", text),
+  openFile: (link, view, button) => openFile(link, view, button),
 });
 
 function setStatus(text, kind = "") {
@@ -730,6 +733,7 @@ function onUpdate(u) {
   switch (u.sessionUpdate) {
     case "agent_message_chunk":
       if (u.content && u.content.type === "text") conversation.agentText(u.content.text);
+      if (u.content && u.content.type === "resource_link" && /^file:\/\//.test(u.content.uri || "")) conversation.agentFile(u.content);
       break;
     case "tool_call":
     case "tool_call_update":
@@ -790,7 +794,10 @@ function renderComposer() {
   const turning = state.turn !== null;
   const send = $("send");
   send.hidden = state.role === "observer" || turning;
-  send.disabled = !live || turning || !$("prompt").value.trim();
+  const attached = state.attachments.some((a) => a.receipt);
+  send.disabled = !live || turning || uploading() || (!$("prompt").value.trim() && !attached);
+  // Files go to the workstation of the session's agent, as the one who prompts.
+  $("attach").hidden = state.role === "observer";
   send.textContent = state.sendAgain ? "Send again" : "Send";
   $("cancel").hidden = !turning;
   $("cancel").disabled = !live || !turning;
@@ -997,14 +1004,20 @@ async function connectNow(ticket, saved, release, join = null) {
 
 async function send() {
   const text = $("prompt").value;
-  if (!state.conn || state.turn !== null || !text.trim()) return;
+  const files = state.attachments.filter((a) => a.receipt).map((a) => a.receipt);
+  if (!state.conn || state.turn !== null || (!text.trim() && !files.length) || uploading()) return;
   $("prompt").value = "";
+  state.attachments = [];
+  renderAttachments();
   state.sendAgain = false;
   let id = null;
-  const reply = request("session/prompt", { sessionId: state.sessionId, prompt: [{ type: "text", text }] }, (assigned) => {
+  // A file that did not arrive is never referenced: only receipts go in.
+  const links = files.map((r) => ({ type: "resource_link", uri: r.uri, name: r.name, size: r.size, ...(r.mime ? { mimeType: r.mime } : {}) }));
+  const prompt = [{ type: "text", text }, ...links];
+  const reply = request("session/prompt", { sessionId: state.sessionId, prompt }, (assigned) => {
     id = assigned;
     state.turn = id;
-    conversation.startTurn(text, id);
+    conversation.startTurn(text, id, files);
     renderComposer();
   });
   try {
@@ -1016,6 +1029,89 @@ async function send() {
     if (key(state.turn) === key(id)) state.turn = null;
     renderComposer();
     save();
+  }
+}
+
+// ---- files: attached to the next prompt, or the agent's, opened in place ----
+
+/// Largest file attached from the page (it is read into memory to be hashed
+/// and sent; the client's own bound is the same).
+const MAX_ATTACHMENT = 256 * 1024 * 1024;
+
+function uploading() {
+  return state.attachments.some((a) => a.status === "uploading");
+}
+
+/// Puts each picked file on the workstation, a progress bar each; the
+/// prompt sent next carries the ones that arrived.
+async function attach(files) {
+  for (const file of files) {
+    const a = { name: file.name, size: file.size, status: "uploading", done: 0, total: file.size, receipt: null, error: null };
+    state.attachments.push(a);
+    renderAttachments();
+    try {
+      if (file.size > MAX_ATTACHMENT) throw new Error(`${file.name} is over the ${MAX_ATTACHMENT >> 20} MiB a page sends`);
+      const bytes = new Uint8Array(await file.arrayBuffer());
+      a.receipt = await state.client.putFile(state.ticket, bytes, file.name, {
+        mime: file.type || undefined,
+        onProgress: (done, total) => {
+          a.done = done;
+          a.total = total;
+          renderAttachments();
+        },
+      });
+      a.status = "ready";
+      log("·", `${file.name} arrived on the workstation (${a.receipt.sent} bytes sent${a.receipt.resumedFrom ? `, resumed at ${a.receipt.resumedFrom}` : ""})`);
+    } catch (err) {
+      a.status = "failed";
+      a.error = (err && (err.reason || err.message)) || String(err);
+    }
+    renderAttachments();
+  }
+}
+
+function renderAttachments() {
+  const list = $("attachments");
+  list.replaceChildren(
+    ...state.attachments.map((a) => {
+      const li = el("li", { className: a.status }, a.name);
+      if (a.status === "uploading") li.append(el("progress", { max: a.total || 1, value: a.done, ariaLabel: `Uploading ${a.name}` }));
+      if (a.status === "ready") li.append(` · ${size(a.size)} ✓`);
+      if (a.status === "failed") li.append(` · not sent: ${a.error}`);
+      const remove = el("button", { type: "button", ariaLabel: `Remove ${a.name}` }, "×");
+      remove.disabled = a.status === "uploading";
+      remove.onclick = () => {
+        state.attachments = state.attachments.filter((x) => x !== a);
+        renderAttachments();
+      };
+      li.append(remove);
+      return li;
+    }),
+  );
+  list.hidden = !state.attachments.length;
+  renderComposer();
+}
+
+/// Fetches a file the agent named and shows it: an image inline, text in a
+/// box, anything else as a download.
+async function openFile(link, view, button) {
+  button.disabled = true;
+  button.textContent = `Opening ${link.name}…`;
+  try {
+    const f = await state.client.getFile(state.ticket, link.uri, {});
+    const mime = link.mimeType || "";
+    const blob = new Blob([f.bytes], { type: mime || "application/octet-stream" });
+    const url = URL.createObjectURL(blob);
+    let shown;
+    if (mime.startsWith("image/")) shown = el("img", { src: url, alt: link.name });
+    else if (mime.startsWith("text/") || /\.(md|txt|log|json|csv|diff|patch|rs|js|ts|py)$/i.test(link.name)) shown = el("pre", {}, new TextDecoder().decode(f.bytes.subarray(0, 256 * 1024)));
+    else shown = el("a", { href: url, download: link.name }, `Save ${link.name} (${size(f.size)})`);
+    view.replaceChildren(shown);
+    button.hidden = true;
+  } catch (err) {
+    button.disabled = false;
+    button.textContent = `Open ${link.name}`;
+    view.replaceChildren(el("p", { className: "note error" }, `${link.name} could not be opened: ${(err && (err.reason || err.message)) || err}`));
   }
 }
 
@@ -1320,6 +1416,12 @@ $("prompt").onkeydown = (e) => {
   }
 };
 $("cancel").onclick = cancelTurn;
+$("attach").onclick = () => $("attach-input").click();
+$("attach-input").onchange = () => {
+  const files = [...$("attach-input").files];
+  $("attach-input").value = "";
+  attach(files);
+};
 $("list-toggle").onclick = () => {
   state.listOpen = !state.listOpen;
   renderAgents();

@@ -31,6 +31,14 @@ const FOLLOW_SLACK = 160;
 
 const key = (id) => JSON.stringify(id);
 
+/// A size in bytes as a person reads it.
+export function size(n) {
+  if (!(n >= 0)) return "";
+  if (n < 1000) return `${n} B`;
+  if (n < 1e6) return `${(n / 1e3).toFixed(n < 1e4 ? 1 : 0)} kB`;
+  return `${(n / 1e6).toFixed(n < 1e7 ? 1 : 0)} MB`;
+}
+
 export function el(tag, props = {}, ...children) {
   const e = document.createElement(tag);
   Object.assign(e, props);
@@ -167,9 +175,9 @@ export class Conversation {
   }
 
   /// Your prompt, sent as request `id`: a new turn.
-  startTurn(text, id) {
+  startTurn(text, id, files = []) {
     for (const b of this.blocks) if (b.k === "turn" && b.open && !b.prompt) b.open = false;
-    return this.push({ k: "turn", prompt: { text, id }, from: null, items: [], reply: "", stop: null, end: null, open: true });
+    return this.push({ k: "turn", prompt: { text, id, files }, from: null, items: [], reply: "", stop: null, end: null, open: true });
   }
 
   /// Another device's prompt (request `id` of device `from`; `text` what it
@@ -215,6 +223,25 @@ export class Conversation {
   /// A chunk of the agent's reply: the reply's Markdown drawn again once a
   /// frame at most (only its last blocks: markdown.js's renderInto), and at
   /// once when the turn ends.
+  /// A file the agent named in its reply (a `resource_link`): a button that
+  /// fetches it from the workstation and shows it in place.
+  agentFile(link) {
+    const t = this.turn();
+    (t.files ||= []).push(link);
+    const v = this.views.get(t.n);
+    v.agent.hidden = false;
+    v.agentFiles.append(this.drawAgentFile(link));
+    v.agentFiles.hidden = false;
+    this.follow();
+  }
+
+  drawAgentFile(link) {
+    const view = el("div", { className: "file-view" });
+    const open = el("button", { type: "button" }, `Open ${link.name}`);
+    open.onclick = () => this.hooks.openFile(link, view, open);
+    return el("li", {}, el("div", {}, open, view));
+  }
+
   agentText(text) {
     const t = this.turn();
     t.reply += text;
@@ -369,7 +396,12 @@ export class Conversation {
   drawTurn(b) {
     const v = { items: new Map() };
     v.root = el("article", { className: "turn" });
-    if (b.prompt) v.root.append(el("div", { className: "bubble you" }, b.prompt.text));
+    if (b.prompt) {
+      const you = el("div", { className: "bubble you" }, b.prompt.text);
+      const files = b.prompt.files || [];
+      if (files.length) you.append(el("ul", { className: "files", ariaLabel: "attached" }, ...files.map((f) => el("li", {}, `${f.name} · ${size(f.size)}`))));
+      v.root.append(you);
+    }
     else if (b.said) v.root.append(el("div", { className: "bubble other" }, el("div", { className: "who" }, b.from || "another device"), b.said));
     else v.root.append(el("div", { className: "bubble other" }, b.from ? `a prompt from ${b.from}` : "the agent, on its own"));
     v.activity = el("div", { className: "activity" });
@@ -381,8 +413,10 @@ export class Conversation {
     v.reply = el("div", { className: "msg md" });
     renderInto(v.reply, b.reply);
     if (b.stop) v.reply.dataset.stopReason = b.stop;
-    v.agent = el("div", { className: "bubble agent" }, el("div", { className: "who" }, this.hooks.label()), v.reply);
-    v.agent.hidden = !b.reply;
+    v.agentFiles = el("ul", { className: "files" }, ...(b.files || []).map((f) => this.drawAgentFile(f)));
+    v.agentFiles.hidden = !(b.files || []).length;
+    v.agent = el("div", { className: "bubble agent" }, el("div", { className: "who" }, this.hooks.label()), v.reply, v.agentFiles);
+    v.agent.hidden = !b.reply && v.agentFiles.hidden;
     v.end = el("div", { className: "turn-end" });
     v.root.append(v.activity, v.agent, v.end);
     this.views.set(b.n, v);
