@@ -15,8 +15,7 @@ import { mkdirSync, mkdtempSync, writeFileSync, readdirSync } from "node:fs";
 import { createHash, randomBytes } from "node:crypto";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { startServer } from "../serve.mjs";
-import { ROOT, WAIT_MS, tb, endAll, startRelay, startAcpBridge, launchChromium } from "./harness.mjs";
+import { ROOT, WAIT_MS, tb, startAcpBridge, pageRig } from "./harness.mjs";
 
 const ARTIFACTS = join(ROOT, "client-wasm/e2e/artifacts");
 const AGENT = join(ROOT, "client-wasm/e2e/restart-agent.mjs");
@@ -27,21 +26,8 @@ const PNG = Buffer.from(
   "base64",
 );
 
-let relay, server, browser, baseUrl;
-
-before(async () => {
-  mkdirSync(ARTIFACTS, { recursive: true });
-  relay = await startRelay();
-  server = await startServer(0);
-  baseUrl = `http://127.0.0.1:${server.address().port}`;
-  browser = await launchChromium();
-});
-
-after(async () => {
-  await browser?.close();
-  server?.close();
-  endAll();
-});
+const rig = pageRig({ before, after });
+mkdirSync(ARTIFACTS, { recursive: true });
 
 const shot = (p, name) => p.screenshot({ path: join(ARTIFACTS, name) });
 
@@ -50,6 +36,7 @@ test("a photo attached on the phone reaches the agent as a resource_link it read
   writeFileSync(join(work, "report.md"), "# Report\n\nAll 12 tests pass.\n");
   writeFileSync(join(work, "chart.png"), PNG);
   const store = mkdtempSync(join(tmpdir(), "tb-e2e-store-"));
+  const { relay, baseUrl, browser } = rig;
   const b = await startAcpBridge(relay.url, [process.execPath, AGENT, "--store", store], [], { cwd: work });
   const minted = JSON.parse(tb(b.home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
   const ctx = await browser.newContext(PHONE);

@@ -115,3 +115,23 @@ export async function launchChromium() {
       "--disable-component-update", "--disable-sync"],
   });
 }
+
+/// A test file's page rig: before its tests, a local relay, the page served
+/// and Chromium; after them, all of it ended. Its fields are set once the
+/// `before` hook ran.
+export function pageRig({ before, after }) {
+  const rig = {};
+  before(async () => {
+    const { startServer } = await import("../serve.mjs");
+    rig.relay = await startRelay();
+    rig.server = await startServer(0);
+    rig.baseUrl = `http://127.0.0.1:${rig.server.address().port}`;
+    rig.browser = await launchChromium();
+  });
+  after(async () => {
+    await rig.browser?.close();
+    rig.server?.close();
+    endAll();
+  });
+  return rig;
+}
