@@ -60,11 +60,21 @@ pub(crate) struct PutArgs {
 /// Puts `bytes` on the workstation; resolves with the receipt
 /// `{name, size, hash, uri, mime?, sent, resumedFrom}`. The lines are JSON
 /// made and read by the browser's own `JSON` (no serializer in the module).
-pub(crate) async fn put(client: &ClientInner, target: &str, bytes: Vec<u8>, a: PutArgs) -> Result<JsValue, JsValue> {
-    wire::check_name(&a.name).map_err(|why| input_error(format!("a file whose name {why} cannot be sent")))?;
+pub(crate) async fn put(
+    client: &ClientInner,
+    target: &str,
+    bytes: Vec<u8>,
+    a: PutArgs,
+) -> Result<JsValue, JsValue> {
+    wire::check_name(&a.name)
+        .map_err(|why| input_error(format!("a file whose name {why} cannot be sent")))?;
     let size = bytes.len() as u64;
     if size > MAX_PAGE_FILE {
-        return Err(input_error(format!("{} is larger than the {} MiB a page sends", a.name, MAX_PAGE_FILE >> 20)));
+        return Err(input_error(format!(
+            "{} is larger than the {} MiB a page sends",
+            a.name,
+            MAX_PAGE_FILE >> 20
+        )));
     }
     let tree = PreOrderOutboard::<Vec<u8>>::create_sized(&bytes[..], size, block()).map_err(input_error)?;
     let hash = tree.root.to_hex().to_string();
@@ -78,7 +88,8 @@ pub(crate) async fn put(client: &ClientInner, target: &str, bytes: Vec<u8>, a: P
     c.write(&line("put", put)?).await?;
     let mut recv = Lines::new(c.take_recv()?);
     let have = recv.reply(&c, "have").await?.as_f64().map(|k| k as u64).filter(|k| *k <= size);
-    let have = have.ok_or_else(|| js_error(&ErrorKind::Frame, "the bridge's answer to a put is malformed"))?;
+    let have =
+        have.ok_or_else(|| js_error(&ErrorKind::Frame, "the bridge's answer to a put is malformed"))?;
     progress(&a.on_progress, have, size);
     let mut encoded = Vec::with_capacity((size - have) as usize + (size - have) as usize / 200 + 1024);
     if have < size {
@@ -122,8 +133,14 @@ pub(crate) async fn get(
     let header = recv.reply(&c, "file").await?;
     let size = opt(&header, "size").as_f64().unwrap_or(-1.0);
     let hash = opt(&header, "hash").as_string().unwrap_or_default();
-    if !(0.0..=MAX_PAGE_FILE as f64).contains(&size) || !wire::is_hash(&hash) || opt(&header, "from").as_f64() != Some(0.0) {
-        return Err(js_error(&ErrorKind::Frame, "the file is larger than a page takes, or the answer is malformed"));
+    if !(0.0..=MAX_PAGE_FILE as f64).contains(&size)
+        || !wire::is_hash(&hash)
+        || opt(&header, "from").as_f64() != Some(0.0)
+    {
+        return Err(js_error(
+            &ErrorKind::Frame,
+            "the file is larger than a page takes, or the answer is malformed",
+        ));
     }
     let size = size as u64;
     // The encoding: the file and 64 bytes of tree per group.
@@ -207,7 +224,9 @@ impl Lines {
             let mut chunk = [0u8; 1024];
             match self.stream.read(&mut chunk).await {
                 Ok(Some(n)) => self.buf.extend_from_slice(&chunk[..n]),
-                Ok(None) => return Err(js_error(&ErrorKind::Frame, "the bridge ended the transfer without a word")),
+                Ok(None) => {
+                    return Err(js_error(&ErrorKind::Frame, "the bridge ended the transfer without a word"))
+                }
                 Err(e) => return Err(op_error(&c.conn, &c.me, e)),
             }
         }
