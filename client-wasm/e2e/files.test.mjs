@@ -11,11 +11,11 @@
 // Screenshots go to client-wasm/e2e/artifacts/ (gitignored).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync, writeFileSync, readdirSync } from "node:fs";
+import { mkdirSync, mkdtempSync, writeFileSync, readdirSync, statSync } from "node:fs";
 import { createHash, randomBytes } from "node:crypto";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { ROOT, WAIT_MS, tb, startAcpBridge, pageRig } from "./harness.mjs";
+import { ROOT, WAIT_MS, tb, startAcpBridge, pageRig, waitFor } from "./harness.mjs";
 
 const ARTIFACTS = join(ROOT, "client-wasm/e2e/artifacts");
 const AGENT = join(ROOT, "client-wasm/e2e/restart-agent.mjs");
@@ -31,13 +31,12 @@ mkdirSync(ARTIFACTS, { recursive: true });
 
 const shot = (p, name) => p.screenshot({ path: join(ARTIFACTS, name) });
 
-test("a photo attached on the phone reaches the agent as a resource_link it reads; the agent's report and chart open in place", async () => {
-  const work = mkdtempSync(join(tmpdir(), "tb-e2e-work-"));
-  writeFileSync(join(work, "report.md"), "# Report\n\nAll 12 tests pass.\n");
-  writeFileSync(join(work, "chart.png"), PNG);
+/// A bridge running restart-agent.mjs (with `agentArgs`) in `work`, and a
+/// phone page paired with it by its link, connected.
+async function pairedPhone(agentArgs, work) {
   const store = mkdtempSync(join(tmpdir(), "tb-e2e-store-"));
   const { relay, baseUrl, browser } = rig;
-  const b = await startAcpBridge(relay.url, [process.execPath, AGENT, "--store", store], [], { cwd: work });
+  const b = await startAcpBridge(relay.url, [process.execPath, AGENT, "--store", store, ...agentArgs], [], { cwd: work });
   const minted = JSON.parse(tb(b.home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
   const ctx = await browser.newContext(PHONE);
   const p = await ctx.newPage();
@@ -45,6 +44,14 @@ test("a photo attached on the phone reaches the agent as a resource_link it read
   await p.goto(minted.link);
   await p.waitForFunction(() => document.querySelector("#status").className === "ok" || window.lastError, null, { timeout: WAIT_MS });
   assert.equal(await p.evaluate(() => window.lastError), undefined, await p.textContent("#status"));
+  return { b, ctx, p };
+}
+
+test("a photo attached on the phone reaches the agent as a resource_link it reads; the agent's report and chart open in place", async () => {
+  const work = mkdtempSync(join(tmpdir(), "tb-e2e-work-"));
+  writeFileSync(join(work, "report.md"), "# Report\n\nAll 12 tests pass.\n");
+  writeFileSync(join(work, "chart.png"), PNG);
+  const { b, ctx, p } = await pairedPhone([], work);
 
   // A photo from the camera roll (600 KiB: several chunk groups and a progress bar).
   const photo = randomBytes(600 * 1024);
@@ -86,5 +93,52 @@ test("a photo attached on the phone reaches the agent as a resource_link it read
   await p.getByRole("button", { name: "Send", exact: true }).click();
   await p.getByRole("button", { name: "Open ../../etc/passwd" }).click();
   await p.getByText("../../etc/passwd could not be opened: outside the agent's workspace").waitFor({ timeout: WAIT_MS });
+  await ctx.close();
+});
+
+test("a small image goes inline to an agent that takes images; a file picked before a reload arrives after it, only its missing part sent again", async () => {
+  const { b, ctx, p } = await pairedPhone(["--images"], mkdtempSync(join(tmpdir(), "tb-e2e-work-")));
+  const pick = async (file) => {
+    const [chooser] = await Promise.all([p.waitForEvent("filechooser"), p.getByRole("button", { name: "Attach a photo or file" }).click()]);
+    await chooser.setFiles(file);
+  };
+  const attachments = p.getByRole("list", { name: "attachments" });
+
+  // The agent advertised promptCapabilities.image: a small picture goes in the prompt itself.
+  await pick({ name: "dot.png", mimeType: "image/png", buffer: PNG });
+  await attachments.getByText(`dot.png · ${PNG.length} B ✓`).waitFor({ timeout: WAIT_MS });
+  await p.getByRole("textbox", { name: "prompt" }).fill("what is this?");
+  await p.getByRole("button", { name: "Send", exact: true }).click();
+  await p.waitForFunction(() => document.querySelector("#reply")?.dataset.stopReason, null, { timeout: WAIT_MS });
+  const png = createHash("sha256").update(PNG).digest("hex");
+  assert.match(await p.textContent("#reply"), new RegExp(`image image/png inline: ${PNG.length} bytes, sha256 ${png} \\(file://[^)]*dot\\.png\\)`));
+
+  // A 32 MiB file; the page is reloaded once the bridge holds a part of it
+  // (the page moves tens of MB/s at most: the rest is still on its way).
+  const big = randomBytes(32 * 1024 * 1024);
+  await pick({ name: "big.bin", mimeType: "application/octet-stream", buffer: big });
+  const held = () => {
+    try {
+      return readdirSync(join(b.home, "files"), { recursive: true }).map(String).filter((f) => f.includes(".partial/"))
+        .some((f) => statSync(join(b.home, "files", f)).size >= 1024 * 1024);
+    } catch {
+      return false; // not there yet, or settled between the listing and the look
+    }
+  };
+  await waitFor(held, "a part of big.bin on the workstation");
+  await p.reload();
+  await p.waitForFunction(() => window.resumedAfterReload === true, null, { timeout: WAIT_MS });
+  await attachments.getByText("big.bin · 34 MB ✓").waitFor({ timeout: WAIT_MS });
+  const receipt = await p.evaluate(() => window.thunderbolt.state.attachments[0].receipt);
+  assert.ok(receipt.resumedFrom >= 1024 * 1024, `resumed at ${receipt.resumedFrom}`);
+  assert.ok(receipt.sent < big.length - receipt.resumedFrom + 512 * 1024, `sent ${receipt.sent} of ${big.length}`);
+  await shot(p, "files-after-reload.png");
+  await p.getByRole("textbox", { name: "prompt" }).fill("and this?");
+  await p.getByRole("button", { name: "Send", exact: true }).click();
+  await p.waitForFunction(() => /and this\?/.test(document.querySelector("#reply")?.textContent || "") && document.querySelector("#reply")?.dataset.stopReason, null, { timeout: WAIT_MS });
+  const sha = createHash("sha256").update(big).digest("hex");
+  assert.match(await p.textContent("#reply"), new RegExp(`read big\\.bin: ${big.length} bytes, sha256 ${sha}`));
+  // Nothing kept in the browser once it arrived.
+  assert.deepEqual(await p.evaluate(async () => (await import("./keystore.js")).keptUploads()), []);
   await ctx.close();
 });

@@ -3,7 +3,7 @@
 // official SDK. Its sessions live on disk, so a fresh process (the bridge
 // starts it again) can take them back with session/resume or session/load.
 //
-//   node restart-agent.mjs --store DIR --caps resume|load|none [--chunk-ms N]
+//   node restart-agent.mjs --store DIR --caps resume|load|none [--chunk-ms N] [--images]
 //
 // DIR/<sessionId>.json holds {cwd, mcpServers, turns: [{prompt, reply}]};
 // DIR/calls.log gets one line per call, for the tests to read.
@@ -14,7 +14,10 @@
 //   - anything else: one chunk "turn K: <text> (history: <p1|p2|...>|none)".
 // A prompt's resource_link blocks with a file:// URI are read, and the turn's
 // chunk says so: "read <name>: <size> bytes, sha256 <hex>" for each (or "cannot
-// read <uri>: <why>"), so a test learns the agent got the file's bytes.
+// read <uri>: <why>"), so a test learns the agent got the file's bytes. With
+// --images it advertises promptCapabilities.image, and each image block is
+// described the same way: "image <mime> inline: <size> bytes, sha256 <hex>"
+// (and " (<uri>)" when the block names where the file is).
 // "show <name> <mime>": the reply names the file <name> of the agent's working
 // folder as a resource_link (a file the agent wrote, for the client to fetch).
 // A turn is saved only once it ends with end_turn, so one cut short by a
@@ -33,6 +36,7 @@ const { values: args } = parseArgs({
     store: { type: "string" },
     caps: { type: "string", default: "none" },
     "chunk-ms": { type: "string", default: "20" },
+    images: { type: "boolean", default: false },
   },
 });
 if (!args.store || !["resume", "load", "none"].includes(args.caps)) {
@@ -89,6 +93,7 @@ const say = (client, sessionId, sessionUpdate, text) =>
 // `sessionCapabilities.resume: {}` is how this SDK's schema advertises session/resume.
 const agentCapabilities = { loadSession: args.caps !== "none" };
 if (args.caps === "resume") agentCapabilities.sessionCapabilities = { resume: {} };
+if (args.images) agentCapabilities.promptCapabilities = { image: true };
 const app = acp
   .agent({ name: "restart-agent" })
   .onRequest(acp.methods.agent.initialize, ({ params }) => {
@@ -169,6 +174,11 @@ const app = acp
     } else {
       const history = session.turns.map((turn) => turn.prompt).join("|") || "none";
       reply = `turn ${session.turns.length + 1}: ${text} (history: ${history})`;
+      for (const block of params.prompt.filter((b) => b.type === "image")) {
+        const bytes = Buffer.from(block.data, "base64");
+        const sha = createHash("sha256").update(bytes).digest("hex");
+        reply += `\nimage ${block.mimeType} inline: ${bytes.length} bytes, sha256 ${sha}${block.uri ? ` (${block.uri})` : ""}`;
+      }
       for (const block of params.prompt.filter((b) => b.type === "resource_link")) {
         try {
           const bytes = readFileSync(fileURLToPath(block.uri));

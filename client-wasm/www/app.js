@@ -9,7 +9,7 @@
 // device missed while away, a restart of the host (its unanswered questions
 // made inert, the aborted prompt offered again).
 import init, { IrohClient } from "../pkg/thunderbolt_client_wasm.js";
-import { saveForWorker } from "./keystore.js";
+import { saveForWorker, keepUpload, keptUpload, dropUpload, keptUploads } from "./keystore.js";
 import { Conversation, el, size } from "./conversation.js";
 
 const SECRET_KEY = "thunderbolt_iroh_client_secret";
@@ -37,8 +37,12 @@ const $ = (id) => document.getElementById(id);
 const state = {
   client: null, clientRelay: null, conn: null, sessionId: null, nextId: 1, pending: new Map(),
   agent: "agent", label: "", userClosed: false, ticket: "",
-  // Files picked for the next prompt: {name, size, status, done, total, receipt, error}.
+  // Files picked for the next prompt: {id, name, size, mime, status, done,
+  // total, receipt, error, inline}; `inline`: a small image's bytes, for an
+  // agent that takes images in a prompt.
   attachments: [],
+  // The agent advertised promptCapabilities.image.
+  images: false,
   // The id of this device's prompt whose turn is going, else null.
   turn: null,
   // This device's role on a session several devices share (the bridge's
@@ -206,6 +210,7 @@ function save() {
     state: s, sessionId: state.sessionId, nextId: state.nextId, agent: state.agent, label: state.label,
     ticket: state.ticket, relay: state.clientRelay, bridgeSession: state.bridgeSession,
     turn: state.turn, role: state.role, controller: state.controller, sendAgain: state.sendAgain,
+    images: state.images, attachments: savedAttachments(),
     at: Date.now(),
   }));
 }
@@ -933,11 +938,14 @@ async function connectNow(ticket, saved, release, join = null) {
         sessionId: saved.sessionId, nextId: saved.nextId, agent: saved.agent, label: saved.label || saved.agent,
         bridgeSession: state.bridgeSession || saved.bridgeSession || null,
         turn: saved.turn ?? null, role: saved.role || null, controller: saved.controller || null, sendAgain: !!saved.sendAgain,
+        images: !!saved.images,
       });
+      restoreAttachments(saved.attachments || [], ticket);
       // A session kept by an older page: its questions were kept with it.
       for (const r of saved.requests || []) conversation.question(r);
     } else {
-      Object.assign(state, { turn: null, role: null, controller: null, sendAgain: false });
+      Object.assign(state, { turn: null, role: null, controller: null, sendAgain: false, images: false, attachments: [] });
+      renderAttachments();
     }
     // A session this page started (or takes back) was its own to control.
     state.hadControl = !join;
@@ -968,6 +976,7 @@ async function connectNow(ticket, saved, release, join = null) {
       const session = await request("session/new", { cwd: "/", mcpServers: [] });
       state.agent = init.agentInfo ? init.agentInfo.name : "agent";
       state.label = (init.agentInfo && (init.agentInfo.title || init.agentInfo.name)) || "agent";
+      state.images = !!(init.agentCapabilities && init.agentCapabilities.promptCapabilities && init.agentCapabilities.promptCapabilities.image);
       state.sessionId = session.sessionId;
       conversation.session(`New session with ${agentLabel()} · ${new Date().toLocaleString([], { dateStyle: "medium", timeStyle: "short" })}`);
       setStatus(`connected · ${state.agent} · session ${state.sessionId}`, "ok");
@@ -1004,15 +1013,21 @@ async function connectNow(ticket, saved, release, join = null) {
 
 async function send() {
   const text = $("prompt").value;
-  const files = state.attachments.filter((a) => a.receipt).map((a) => a.receipt);
+  const arrived = state.attachments.filter((a) => a.receipt);
+  const files = arrived.map((a) => a.receipt);
   if (!state.conn || state.turn !== null || (!text.trim() && !files.length) || uploading()) return;
   $("prompt").value = "";
   state.attachments = [];
   renderAttachments();
   state.sendAgain = false;
   let id = null;
-  // A file that did not arrive is never referenced: only receipts go in.
-  const links = files.map((r) => ({ type: "resource_link", uri: r.uri, name: r.name, size: r.size, ...(r.mime ? { mimeType: r.mime } : {}) }));
+  // A file that did not arrive is never referenced: only receipts go in. A
+  // small image goes inline to an agent that takes images (with where it is).
+  const links = await Promise.all(arrived.map(async (a) => {
+    const r = a.receipt;
+    if (state.images && a.inline && /^image\//.test(r.mime || "")) return { type: "image", mimeType: r.mime, data: await base64(a.inline), uri: r.uri };
+    return { type: "resource_link", uri: r.uri, name: r.name, size: r.size, ...(r.mime ? { mimeType: r.mime } : {}) };
+  }));
   const prompt = [{ type: "text", text }, ...links];
   const reply = request("session/prompt", { sessionId: state.sessionId, prompt }, (assigned) => {
     id = assigned;
@@ -1042,32 +1057,97 @@ function uploading() {
   return state.attachments.some((a) => a.status === "uploading");
 }
 
+/// Largest image sent inline (base64 in the prompt, about 4/3 of its size)
+/// to an agent that takes images; larger ones go as a resource_link.
+const MAX_INLINE_IMAGE = 1024 * 1024;
+
 /// Puts each picked file on the workstation, a progress bar each; the
-/// prompt sent next carries the ones that arrived.
+/// prompt sent next carries the ones that arrived. Each is kept in
+/// IndexedDB until it has: a reload puts it again from where it stopped.
 async function attach(files) {
   for (const file of files) {
-    const a = { name: file.name, size: file.size, status: "uploading", done: 0, total: file.size, receipt: null, error: null };
+    const a = { id: crypto.randomUUID(), name: file.name, size: file.size, mime: file.type || undefined, status: "uploading", done: 0, total: file.size, receipt: null, error: null };
     state.attachments.push(a);
     renderAttachments();
-    try {
-      if (file.size > MAX_ATTACHMENT) throw new Error(`${file.name} is over the ${MAX_ATTACHMENT >> 20} MiB a page sends`);
-      const bytes = new Uint8Array(await file.arrayBuffer());
-      a.receipt = await state.client.putFile(state.ticket, bytes, file.name, {
-        mime: file.type || undefined,
-        onProgress: (done, total) => {
-          a.done = done;
-          a.total = total;
-          renderAttachments();
-        },
-      });
-      a.status = "ready";
-      log("·", `${file.name} arrived on the workstation (${a.receipt.sent} bytes sent${a.receipt.resumedFrom ? `, resumed at ${a.receipt.resumedFrom}` : ""})`);
-    } catch (err) {
-      a.status = "failed";
-      a.error = (err && (err.reason || err.message)) || String(err);
+    if (file.size > MAX_ATTACHMENT) {
+      failed(a, `${file.name} is over the ${MAX_ATTACHMENT >> 20} MiB a page sends`);
+      continue;
     }
-    renderAttachments();
+    try {
+      await keepUpload(a.id, { ticket: state.ticket, file });
+    } catch {
+      // Private windows may refuse: the file is sent, only not kept across a reload.
+    }
+    save();
+    await upload(a, file);
   }
+}
+
+/// One attachment's put (first, or again after a reload: the bridge says
+/// what it holds and only the rest is sent).
+async function upload(a, file) {
+  try {
+    const bytes = new Uint8Array(await file.arrayBuffer());
+    if (a.mime && a.mime.startsWith("image/") && bytes.length <= MAX_INLINE_IMAGE) a.inline = bytes;
+    a.receipt = await state.client.putFile(state.ticket, bytes, a.name, {
+      mime: a.mime,
+      onProgress: (done, total) => {
+        a.done = done;
+        a.total = total;
+        renderAttachments();
+      },
+    });
+    a.status = "ready";
+    log("·", `${a.name} arrived on the workstation (${a.receipt.sent} bytes sent${a.receipt.resumedFrom ? `, resumed at ${a.receipt.resumedFrom}` : ""})`);
+  } catch (err) {
+    failed(a, (err && (err.reason || err.message)) || String(err));
+    return;
+  }
+  dropUpload(a.id).catch(() => {});
+  renderAttachments();
+  save();
+}
+
+function failed(a, why) {
+  a.status = "failed";
+  a.error = why;
+  dropUpload(a.id).catch(() => {});
+  renderAttachments();
+}
+
+/// What a reload needs of the attachments: the ones that arrived (their
+/// receipts) and the ones on the way (put again from IndexedDB).
+function savedAttachments() {
+  return state.attachments
+    .filter((a) => a.status === "ready" || a.status === "uploading")
+    .map(({ id, name, size, mime, status, receipt }) => ({ id, name, size, mime, status, receipt }));
+}
+
+/// After a reload: the arrived ones wait for the next prompt as before, the
+/// ones on the way are put again; kept files nothing refers to are dropped.
+async function restoreAttachments(saved, ticket) {
+  state.attachments = saved.map((a) => ({ ...a, done: 0, total: a.size, error: null }));
+  renderAttachments();
+  const ids = new Set(saved.map((a) => a.id));
+  for (const id of await keptUploads().catch(() => [])) {
+    const kept = await keptUpload(id).catch(() => null);
+    if (!ids.has(id) && (!kept || kept.ticket === ticket)) dropUpload(id).catch(() => {});
+  }
+  for (const a of state.attachments.filter((x) => x.status === "uploading")) {
+    const kept = await keptUpload(a.id).catch(() => null);
+    if (!kept || !kept.file) failed(a, "not kept across the reload: attach it again");
+    else await upload(a, kept.file);
+  }
+}
+
+/// Base64 of `bytes` (the browser's own encoder, through a data: URL).
+function base64(bytes) {
+  return new Promise((resolve, reject) => {
+    const r = new FileReader();
+    r.onload = () => resolve(String(r.result).slice(String(r.result).indexOf(",") + 1));
+    r.onerror = () => reject(r.error);
+    r.readAsDataURL(new Blob([bytes]));
+  });
 }
 
 function renderAttachments() {
@@ -1082,7 +1162,9 @@ function renderAttachments() {
       remove.disabled = a.status === "uploading";
       remove.onclick = () => {
         state.attachments = state.attachments.filter((x) => x !== a);
+        dropUpload(a.id).catch(() => {});
         renderAttachments();
+        save();
       };
       li.append(remove);
       return li;
