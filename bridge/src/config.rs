@@ -31,6 +31,9 @@ pub struct Config {
     pub backend_timeout: Duration,
     /// Resumable sessions are journaled, so they survive a restart (`--no-journal` turns it off).
     pub journal: bool,
+    /// Files devices put for a session stay after it ended (`--keep-files`);
+    /// by default they go with it.
+    pub keep_files: bool,
     /// Notices to the owner, when anything would receive one.
     pub notify: Option<std::sync::Arc<crate::notify::Notifier>>,
 }
@@ -53,6 +56,7 @@ impl Default for Config {
             keep_warm: None,
             backend_timeout: limits::BACKEND_TIMEOUT,
             journal: true,
+            keep_files: false,
             notify: None,
         }
     }

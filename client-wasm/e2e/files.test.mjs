@@ -11,7 +11,7 @@
 // Screenshots go to client-wasm/e2e/artifacts/ (gitignored).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync, writeFileSync, readdirSync, statSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, writeFileSync, readdirSync, statSync } from "node:fs";
 import { createHash, randomBytes } from "node:crypto";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -96,7 +96,7 @@ test("a photo attached on the phone reaches the agent as a resource_link it read
   await ctx.close();
 });
 
-test("a small image goes inline to an agent that takes images; a file picked before a reload arrives after it, only its missing part sent again", async () => {
+test("a small image goes inline to an agent that takes images; a file picked before a reload arrives after it, only its missing part sent again; the session's files go with it", async () => {
   const { b, ctx, p } = await pairedPhone(["--images"], mkdtempSync(join(tmpdir(), "tb-e2e-work-")));
   const pick = async (file) => {
     const [chooser] = await Promise.all([p.waitForEvent("filechooser"), p.getByRole("button", { name: "Attach a photo or file" }).click()]);
@@ -140,5 +140,11 @@ test("a small image goes inline to an agent that takes images; a file picked bef
   assert.match(await p.textContent("#reply"), new RegExp(`read big\\.bin: ${big.length} bytes, sha256 ${sha}`));
   // Nothing kept in the browser once it arrived.
   assert.deepEqual(await p.evaluate(async () => (await import("./keystore.js")).keptUploads()), []);
+  // They landed in the session's own folder, which goes with the session.
+  const sessionId = await p.evaluate(() => window.thunderbolt.state.sessionId);
+  const folder = join(b.home, "files/_bridge", readdirSync(join(b.home, "files/_bridge")).find((d) => d !== ".partial") || "", sessionId);
+  assert.deepEqual(readdirSync(folder).sort(), ["big.bin", "dot.png"]);
+  await p.getByRole("button", { name: "End session" }).click();
+  await waitFor(() => !existsSync(folder), "the session's files to go with it");
   await ctx.close();
 });

@@ -1057,6 +1057,9 @@ function uploading() {
   return state.attachments.some((a) => a.status === "uploading");
 }
 
+/// An ACP session id that can name a files folder on the workstation.
+const SESSION_FOLDER = /^[A-Za-z0-9-]{1,64}$/;
+
 /// Largest image sent inline (base64 in the prompt, about 4/3 of its size)
 /// to an agent that takes images; larger ones go as a resource_link.
 const MAX_INLINE_IMAGE = 1024 * 1024;
@@ -1091,6 +1094,9 @@ async function upload(a, file) {
     if (a.mime && a.mime.startsWith("image/") && bytes.length <= MAX_INLINE_IMAGE) a.inline = bytes;
     a.receipt = await state.client.putFile(state.ticket, bytes, a.name, {
       mime: a.mime,
+      // The session's own folder on the workstation: the files go with the
+      // session when it ends (unless the bridge runs with --keep-files).
+      session: SESSION_FOLDER.test(state.sessionId || "") ? state.sessionId : undefined,
       onProgress: (done, total) => {
         a.done = done;
         a.total = total;

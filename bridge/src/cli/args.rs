@@ -403,7 +403,9 @@ pub struct FilesPutArgs {
     #[arg(value_name = "FILE", required = true)]
     pub files: Vec<std::path::PathBuf>,
 
-    /// The session the files belong to (its id, from `thunderbolt sessions`).
+    /// The session the files belong to (its id from `thunderbolt sessions`, or its ACP
+    /// session id): they land in its own folder, which goes with the session when it ends
+    /// (unless the bridge runs with --keep-files).
     #[arg(long, value_name = "ID")]
     pub session: Option<String>,
 
@@ -623,6 +625,13 @@ pub struct LimitArgs {
     /// and its ACP sessions taken back (session/resume or session/load).
     #[arg(long, conflicts_with = "no_resume")]
     pub no_journal: bool,
+
+    /// Keep the files devices put for a session (`thunderbolt files put --session`, the
+    /// page's Attach) after the session ended. By default a session's files folder,
+    /// $THUNDERBOLT_HOME/files/<agent>/<device>/<session>/, goes with it; files put for
+    /// no session stay either way.
+    #[arg(long)]
+    pub keep_files: bool,
 
     /// Seconds an agent keeps running after its client left: a plain client's
     /// (thunderbolt/<p>/0, which cannot resume: the app's shipped client, acpx, `connect

@@ -174,6 +174,7 @@ pub fn limits_config(l: &args::LimitArgs, app: &args::AppArgs) -> Result<Config>
         keep_warm,
         backend_timeout,
         journal: !l.no_journal,
+        keep_files: l.keep_files,
         notify: None,
     })
 }
@@ -353,7 +354,7 @@ impl Serving {
                 }
             })
             .flatten();
-        let bridge = bridge.with_home(home).on_revoked(on_revoked).with_journals(journals);
+        let bridge = bridge.with_home(home, config.keep_files).on_revoked(on_revoked).with_journals(journals);
         Self { bridge, changes, stop }
     }
 

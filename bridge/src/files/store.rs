@@ -150,6 +150,32 @@ impl Store {
             Err(_) => Ok(()),
         }
     }
+
+    /// Removes every device's folder for `session` at `agent` (the session
+    /// is over); returns how many files went. A name that is not a session
+    /// id, and a link where a folder belongs, are left alone.
+    pub fn remove_session(&self, agent: &str, session: &str) -> io::Result<usize> {
+        if !is_session_id(session) {
+            return Ok(0);
+        }
+        let devices = match fs::read_dir(self.root.join(agent)) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let mut removed = 0;
+        for device in devices.flatten() {
+            let folder = device.path().join(session);
+            match folder.symlink_metadata() {
+                Ok(m) if m.file_type().is_dir() => {}
+                _ => continue,
+            }
+            removed += fs::read_dir(&folder).map(|d| d.count()).unwrap_or(0);
+            // Links inside are removed, not followed.
+            fs::remove_dir_all(&folder)?;
+        }
+        Ok(removed)
+    }
 }
 
 /// Whether `s` may name a session's folder.
@@ -315,6 +341,35 @@ mod tests {
         std::os::unix::fs::symlink(&target, &partial).unwrap();
         assert!(open_partial(&partial, 10).is_err());
         assert_eq!(fs::read(&target).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn a_sessions_files_go_with_it_and_nothing_else_does() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::new(tmp.path().join("files"));
+        let other = iroh::SecretKey::from_bytes(&[8; 32]).public();
+        let outside = tmp.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("keep.txt"), b"keep").unwrap();
+        for (dev, session) in
+            [(device(), Some("s-1")), (other, Some("s-1")), (device(), Some("s-2")), (device(), None)]
+        {
+            let folder = store.folder("a", &dev, session).unwrap();
+            store.ensure_dir(&folder).unwrap();
+            fs::write(folder.join("f.txt"), b"x").unwrap();
+        }
+        // A link in the folder: removed, its target kept.
+        let s1 = store.folder("a", &device(), Some("s-1")).unwrap();
+        std::os::unix::fs::symlink(&outside, s1.join("link")).unwrap();
+        assert_eq!(store.remove_session("a", "s-1").unwrap(), 3);
+        assert!(!s1.exists() && !store.folder("a", &other, Some("s-1")).unwrap().exists());
+        assert!(store.folder("a", &device(), Some("s-2")).unwrap().join("f.txt").exists());
+        assert!(store.folder("a", &device(), None).unwrap().join("f.txt").exists());
+        assert_eq!(fs::read(outside.join("keep.txt")).unwrap(), b"keep");
+        // Not a session id: nothing is touched; an agent with no files: nothing to do.
+        assert_eq!(store.remove_session("a", "..").unwrap(), 0);
+        assert_eq!(store.remove_session("a", "_").unwrap(), 0);
+        assert_eq!(store.remove_session("b", "s-2").unwrap(), 0);
     }
 
     #[test]

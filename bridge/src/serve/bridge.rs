@@ -129,13 +129,15 @@ impl Bridge {
 
     /// The home whose devices, pairing codes and allow file this bridge uses:
     /// devices pair with it, names show in the log and in `status`, and an
-    /// allow-file edit is applied to live sessions within a second.
-    pub fn with_home(self, home: &crate::home::Home) -> Self {
+    /// allow-file edit is applied to live sessions within a second. With
+    /// `keep_files`, the files put for a session stay after it ended.
+    pub fn with_home(self, home: &crate::home::Home, keep_files: bool) -> Self {
         *self.shared.stores.write().unwrap_or_else(|p| p.into_inner()) = Some(Stores::new(home));
         let _ = self.shared.files.set(Arc::new(super::files::FilesState {
             store: crate::files::store::Store::new(home.files_dir()),
             home: home.root_path().to_path_buf(),
             in_flight: Arc::default(),
+            keep_files,
         }));
         self
     }

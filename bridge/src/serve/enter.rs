@@ -224,6 +224,9 @@ async fn run_hub(hub: &Arc<Hub>, inbox: sessions::Inbox, outbox: sessions::Outbo
     let session = a.cfg.session.clone();
     session::run_on(link, outbox, inbox, &a.short, session, slot.permit, a.shared.shutdown.clone()).await;
     hub.release();
-    hub.retire_journal();
+    let over = hub.retire_journal();
+    if let Some(files) = a.shared.files.get() {
+        files.session_over(&a.cfg.name, over);
+    }
     drop(slot.live);
 }

@@ -66,6 +66,32 @@ pub struct FilesState {
     /// files folder inside it.
     pub home: PathBuf,
     pub in_flight: Arc<files::inflight::InFlight>,
+    /// `--keep-files`: a session's files stay after it ended.
+    pub keep_files: bool,
+}
+
+impl FilesState {
+    /// A session of `agent` is over: the files folders named for its ACP
+    /// sessions go with it (every device's: a shared session's guests put
+    /// theirs there too), unless the owner keeps them. On a blocking thread;
+    /// what cannot be removed is logged and left.
+    pub(super) fn session_over(self: &Arc<Self>, agent: &AgentName, sessions: Vec<String>) {
+        if self.keep_files || sessions.is_empty() {
+            return;
+        }
+        let (state, agent) = (self.clone(), agent_dir(agent));
+        tokio::task::spawn_blocking(move || {
+            for session in &sessions {
+                match state.store.remove_session(&agent, session) {
+                    Ok(0) => {}
+                    Ok(n) => info!(
+                        "files: session {session} of {agent} is over: its {n} file(s) removed (keep them with --keep-files)"
+                    ),
+                    Err(e) => warn!("files: session {session} of {agent} is over, its files stay: {e}"),
+                }
+            }
+        });
+    }
 }
 
 /// The folder name of `agent`'s files.
@@ -295,7 +321,9 @@ impl Transfer {
             let r = stream::receive(&file, size, &hash, have, &mut counted, |_| {
                 moved.store(epoch.elapsed().as_secs(), Ordering::Relaxed);
             });
-            r.and_then(|()| file.sync_all().map_err(StreamError::File)).map(|()| counted.count)
+            // The data and the length (what reading it back needs); the name
+            // it settles under is a link made after this.
+            r.and_then(|()| file.sync_data().map_err(StreamError::File)).map(|()| counted.count)
         });
         self.watch(work, &last, epoch).await
     }

@@ -137,6 +137,13 @@ impl Default for Members {
     }
 }
 
+impl Members {
+    /// The ACP session ids the session's clients named.
+    pub(in crate::serve::sessions) fn acp_sessions(&self) -> Vec<String> {
+        self.acp_sessions.clone()
+    }
+}
+
 /// A guest's place: its seat number and the session's hub.
 #[derive(Debug)]
 pub(super) struct Seat {

@@ -85,14 +85,22 @@ impl Hub {
     }
 
     /// The session is over: its journal goes with it, unless it was kept
-    /// for the bridge's restart.
-    pub fn retire_journal(&self) {
-        let journal = self.lock().journal.file.take();
+    /// for the bridge's restart. Returns the ids it is known by when it is
+    /// over for good (not kept), for what goes with it: its own short id
+    /// and the ACP session ids its clients named.
+    pub fn retire_journal(&self) -> Vec<String> {
+        let mut st = self.lock();
+        let journal = st.journal.file.take();
         if let Some(j) = journal {
             if j.kept() {
+                drop(st);
                 info!(peer = %self.peer, session = self.short(), "session kept for the bridge's restart ({})", j.path().display());
+                return Vec::new();
             }
         }
+        let mut ids = st.members.acp_sessions();
+        ids.push(self.short().to_string());
+        ids
     }
 
     /// The bridge is stopping: a journaled session is kept for its restart

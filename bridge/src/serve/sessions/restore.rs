@@ -234,7 +234,10 @@ async fn restore_one(found: Found, shared: &Arc<Shared>, agent: &Arc<Served>, jo
         () = restore => { run.await; }
     }
     hub.release();
-    hub.retire_journal();
+    let over = hub.retire_journal();
+    if let Some(files) = shared.files.get() {
+        files.session_over(&cfg.name, over);
+    }
     drop(live);
 }
 
