@@ -81,3 +81,37 @@ export async function rtt(client, ticket, total, resume) {
   us.sort((a, b) => a - b);
   return us[Math.floor(us.length / 2)];
 }
+
+// Files (`thunderbolt/<p>/files1`, issue 61). `putfile`: `total` fresh random
+// bytes put with IrohClient.putFile, timed from the call (the page hashes them
+// first, as it does for a user) to the bridge's receipt (every group checked,
+// the file synced there); new bytes each run, so nothing resumes. `getfile`:
+// one file of `total` bytes put once (not timed), then fetched with getFile,
+// timed from the call (the bridge hashes the file first) to the last group
+// checked in the page.
+function randomBytes(total) {
+  const bytes = new Uint8Array(total);
+  // getRandomValues fills at most 64 KiB per call.
+  for (let o = 0; o < total; o += 65536) crypto.getRandomValues(bytes.subarray(o, Math.min(o + 65536, total)));
+  return bytes;
+}
+
+export async function putfile(client, ticket, total) {
+  const bytes = randomBytes(total);
+  const t0 = performance.now();
+  const r = await client.putFile(ticket, bytes, "bench.bin", {});
+  const mbs = total / ((performance.now() - t0) / 1000) / 1e6;
+  // `sent` counts the encoding: every byte, and the tree's parent nodes (64 B per 16 KiB).
+  if (r.size !== total || r.sent < total || r.resumedFrom !== 0) throw new Error(`put ${r.size} bytes, sent ${r.sent}, of ${total}, resumed at ${r.resumedFrom}`);
+  return mbs;
+}
+
+const stored = new Map();
+export async function getfile(client, ticket, total) {
+  if (!stored.has(total)) stored.set(total, (await client.putFile(ticket, randomBytes(total), "bench-get.bin", {})).uri);
+  const t0 = performance.now();
+  const f = await client.getFile(ticket, stored.get(total), {});
+  const mbs = total / ((performance.now() - t0) / 1000) / 1e6;
+  if (f.bytes.length !== total) throw new Error(`got ${f.bytes.length} of ${total} bytes`);
+  return mbs;
+}

@@ -46,6 +46,8 @@
 //   TB_WS_STATS=1 …  the comparison rows also count the page's WebSocket messages
 //                    (mean size each way; costs a listener per message)
 //   TB_WS_CHUNK=N …  the WebSocket ceiling's message size (bytes, default 14556)
+//   TB_MEASURE_ONLY=files …  only the files rows: putFile and getFile in the driverless page through the relay,
+//                    against the same page's WebSocket ceiling and its session stream, each one way (issue 61)
 // Two browser rows: one driven by Playwright (as the e2e tests), one in a plain
 // Chromium no driver is attached to: Playwright keeps Chrome's Network domain
 // on, which copies every WebSocket frame to the driver and halves the page's
@@ -131,6 +133,15 @@ const secret = await page.evaluate(() => window.thunderbolt.state.client.secretK
 const nodeId = await page.evaluate(() => window.thunderbolt.state.client.nodeId());
 execFileSync(join(BIN, "thunderbolt"), ["iroh", "allow", nodeId], { env: { ...process.env, ...env } });
 
+// TB_MEASURE_ONLY=files: the files rows alone (issue 61), then done.
+if (process.env.TB_MEASURE_ONLY === "files") {
+  await filesRows();
+  await browser.close();
+  server.close();
+  for (const p of procs) p.child.kill("SIGTERM");
+  process.exit(0);
+}
+
 // create() → first reply, each with a fresh client (same secret, so allowed).
 const setup = [];
 for (let i = 0; i < REPS + 1; i++) {
@@ -200,8 +211,7 @@ await others(counter.ticket, bytes, "upload");
 counter.child.kill("SIGTERM");
 // The browser's ceiling: the same page, a plain WebSocket (ws-ceiling.mjs,
 // its own process, on 127.0.0.1 like the relay).
-const wsServer = run(process.execPath, [join(ROOT, "client-wasm/e2e/ws-ceiling.mjs")]);
-const wsBase = `ws://127.0.0.1:${(await until(() => wsServer.out.find((l) => l.startsWith("ws ceiling listening on ")))).split(" ").pop()}`;
+const wsBase = await startWsCeiling();
 const wsUrl = { bulk: () => `${wsBase}/echo`, rtt: () => `${wsBase}/echo`,
   upload: (n) => `${wsBase}/upload?expect=${n}`, download: (n) => `${wsBase}/download?bytes=${n + 1024 * 1024}&chunk=${WS_CHUNK}` };
 for (const [mode, amount] of [["bulk", bytes], ["upload", bytes], ["download", bytes], ["rtt", RTTS]]) {
@@ -400,4 +410,41 @@ function printProfile(profile, what) {
   }
   for (const [g, c] of Object.entries(groups).sort((a, b) => b[1] - a[1])) console.log(`  ${((100 * c) / total).toFixed(1).padStart(5)} %  [${g}]`);
   console.log("");
+}
+
+/// ws-ceiling.mjs in its own process, on 127.0.0.1 like the relay: its ws:// base URL.
+async function startWsCeiling() {
+  const ws = run(process.execPath, [join(ROOT, "client-wasm/e2e/ws-ceiling.mjs")]);
+  return `ws://127.0.0.1:${(await until(() => ws.out.find((l) => l.startsWith("ws ceiling listening on ")))).split(" ").pop()}`;
+}
+
+/// Files through the relay in the driverless page (putFile, getFile: the
+/// page hashes or checks every byte) against the same page's WebSocket
+/// ceiling for the same bytes one way, and against the same page's session
+/// stream (an upload to a counting agent, a download from a streaming one).
+async function filesRows() {
+  builtin.child.kill("SIGTERM");
+  await new Promise((r) => (builtin.child.exitCode !== null ? r() : builtin.child.once("exit", r)));
+  const bytes = MIB * 1024 * 1024;
+  const counter = await startBridge([join(BIN, "test-agent"), "count", String(bytes)]);
+  // A client without files (an older build, the app's) is said to have failed; the rest still runs.
+  const tried = (mode) => plainBrowserBulk(counter.ticket, bytes, mode).catch((e) => ({ error: String(e.message || e) }));
+  const put = await tried("putfile");
+  const get = await tried("getfile");
+  const up = await plainBrowserBulk(counter.ticket, bytes, "upload");
+  counter.child.kill("SIGTERM");
+  await new Promise((r) => (counter.child.exitCode !== null ? r() : counter.child.once("exit", r)));
+  const streamer = await startBridge([join(BIN, "test-agent"), "stream", String(bytes + 1024 * 1024)]);
+  const down = await plainBrowserBulk(streamer.ticket, bytes, "download");
+  streamer.child.kill("SIGTERM");
+  const wsBase = await startWsCeiling();
+  const wsUp = await plainBrowserBulk(`${wsBase}/upload?expect=${bytes}`, bytes, "upload", { client: "ws" });
+  const wsDown = await plainBrowserBulk(`${wsBase}/download?bytes=${bytes + 1024 * 1024}&chunk=${WS_CHUNK}`, bytes, "download", { client: "ws" });
+  const spread = (v) => (v ? `${median(v).toFixed(1)} (${Math.min(...v).toFixed(1)}–${Math.max(...v).toFixed(1)})` : "failed");
+  const ratio = (a, b) => (a && b ? `${(median(a) / median(b)).toFixed(2)}×` : "—");
+  console.log(`| ${MIB} MiB, driverless page, ${REPS} runs | files (/files1, relay) | session stream (relay) | WS ceiling | files / WS ceiling | files / session stream |`);
+  console.log(`|---|---|---|---|---|---|`);
+  console.log(`| up: putFile / upload, MB/s | ${spread(put.mbs)} | ${spread(up.mbs)} | ${spread(wsUp.mbs)} | ${ratio(put.mbs, wsUp.mbs)} | ${ratio(put.mbs, up.mbs)} |`);
+  console.log(`| down: getFile / download, MB/s | ${spread(get.mbs)} | ${spread(down.mbs)} | ${spread(wsDown.mbs)} | ${ratio(get.mbs, wsDown.mbs)} | ${ratio(get.mbs, down.mbs)} |`);
+  for (const [what, r] of [["putFile", put], ["getFile", get]]) if (r.error) console.log(`${what}: FAILED: ${r.error}`);
 }
