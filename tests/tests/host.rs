@@ -1039,3 +1039,56 @@ async fn one_listing_names_every_agent_of_the_host_and_what_each_session_is_doin
     }
     h.stop().await;
 }
+
+/// A manifest's `files` folder: devices' files land in the agent's
+/// workspace (`<cwd>/<files>/<device>/<session>/`), 0600 in 0700 folders, not
+/// in the home; a link planted where a folder goes is refused, not followed.
+#[tokio::test(flavor = "multi_thread")]
+async fn files_land_in_the_folder_the_manifest_names_inside_the_workspace() {
+    let (host, client) = homes().await;
+    let dir = agents_dir(&host);
+    let work = tempfile::tempdir().unwrap();
+    let m = format!(
+        r#"{{"name":"notes","command":["{}","cat"],"cwd":"{}","files":"notes/inbox"}}"#,
+        test_agent_bin().display(),
+        work.path().display()
+    );
+    write_manifest(&dir, "notes.json", &m, 0o600);
+    let h = RunningHost::start(&host, &[]).await;
+    let ticket = h.agent("notes").ticket.clone();
+    let photo = client.home().join("photo.jpg");
+    std::fs::write(&photo, vec![7u8; 100_000]).unwrap();
+    let put = |extra: &'static [&'static str]| {
+        let mut c = client.cmd();
+        c.args(["files", "put", &ticket]).arg(&photo).args(extra);
+        async move { tokio::time::timeout(WAIT, c.output()).await.expect("put ends").unwrap() }
+    };
+    let device = client.node_id("acp").await.to_string();
+
+    let out = put(&["--session", "s-1"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let landed = work.path().join("notes/inbox").join(&device).join("s-1/photo.jpg");
+    assert_eq!(r["uri"].as_str().unwrap(), format!("file://{}", landed.display()));
+    assert_eq!(std::fs::read(&landed).unwrap(), vec![7u8; 100_000]);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&landed), 0o600);
+    for d in ["notes", "notes/inbox", &format!("notes/inbox/{device}")] {
+        assert_eq!(mode(&work.path().join(d)), 0o700, "{d}");
+    }
+    assert!(!host.home().join("files").join("notes").exists(), "nothing in the home's files folder");
+
+    // A link where a session's folder goes: refused, nothing written through it.
+    let outside = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path(), work.path().join("notes/inbox").join(&device).join("s-2"))
+        .unwrap();
+    let out = put(&["--session", "s-2"]).await;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("could not store the file"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+    h.stop().await;
+}

@@ -5,6 +5,10 @@
 //! <home>/files/<agent>/<device>/.partial/<hash>      a transfer that was cut
 //! ```
 //!
+//! An agent whose manifest names a `files` folder inside its workspace has a
+//! store of its own there, the same below the agent level:
+//! `<workspace>/<files>/<device>/<session>/<name>`.
+//!
 //! `<agent>` is a hosted agent's name (`_bridge` for the single agent),
 //! `<device>` the device's endpoint id in hex, `<session>` the session id
 //! the device named (`_` for none). Folders are 0700 and files 0600, every
@@ -48,10 +52,15 @@ pub enum Refusal {
     BadSession,
 }
 
-/// The files folder of a bridge's home.
-#[derive(Debug, Clone)]
+/// The files folder of a bridge's home, or one agent's in its workspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Store {
     root: PathBuf,
+    /// Where the check that no folder is a link starts: the root (the
+    /// home's store), or the workspace holding one agent's store.
+    base: PathBuf,
+    /// One agent's store: no agent level under the root.
+    one_agent: bool,
 }
 
 /// What a device holds on the workstation.
@@ -61,11 +70,33 @@ pub struct Usage {
     pub bytes: u64,
 }
 
+impl Usage {
+    pub fn plus(self, other: Usage) -> Usage {
+        Usage { files: self.files + other.files, bytes: self.bytes.saturating_add(other.bytes) }
+    }
+}
+
 impl Store {
     /// The store under `root` (`<home>/files`); nothing is created until a
     /// file arrives.
     pub fn new(root: PathBuf) -> Self {
-        Self { root }
+        Self { base: root.clone(), root, one_agent: false }
+    }
+
+    /// One agent's store in `root`, a folder inside its `workspace` that its
+    /// manifest names: devices' folders right under it. The workspace is the
+    /// owner's choice (it may be a link); every folder below it is checked.
+    pub fn for_one_agent(workspace: PathBuf, root: PathBuf) -> Self {
+        Self { root, base: workspace, one_agent: true }
+    }
+
+    /// The folder holding an agent's devices' folders.
+    fn agent_root(&self, agent: &str) -> PathBuf {
+        if self.one_agent {
+            self.root.clone()
+        } else {
+            self.root.join(agent)
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -74,7 +105,7 @@ impl Store {
 
     /// `<root>/<agent>/<device>`: everything `device` put at `agent`.
     pub fn device_dir(&self, agent: &str, device: &EndpointId) -> PathBuf {
-        self.root.join(agent).join(device.to_string())
+        self.agent_root(agent).join(device.to_string())
     }
 
     /// The folder a put for `session` lands in.
@@ -101,9 +132,14 @@ impl Store {
     /// checked to be a folder and not a link: a link planted there could lead
     /// a file anywhere the bridge may write.
     pub fn ensure_dir(&self, dir: &Path) -> io::Result<()> {
-        let rel = dir.strip_prefix(&self.root).map_err(|_| io::Error::other("not under the files folder"))?;
-        let mut at = self.root.clone();
-        make_dir(&at)?;
+        if !dir.starts_with(&self.root) {
+            return Err(io::Error::other("not under the files folder"));
+        }
+        let rel = dir.strip_prefix(&self.base).map_err(|_| io::Error::other("not under the files folder"))?;
+        let mut at = self.base.clone();
+        if !self.one_agent {
+            make_dir(&at)?;
+        }
         for part in rel.components() {
             at.push(part);
             make_dir(&at)?;
@@ -111,13 +147,18 @@ impl Store {
         Ok(())
     }
 
-    /// What `device` holds across every agent: files and partial transfers.
+    /// What `device` holds here, across every agent: files and partial transfers.
     pub fn usage(&self, device: &EndpointId) -> Usage {
         let mut u = Usage::default();
-        let Ok(agents) = fs::read_dir(&self.root) else { return u };
+        let agents: Vec<PathBuf> = if self.one_agent {
+            vec![self.root.clone()]
+        } else {
+            let Ok(agents) = fs::read_dir(&self.root) else { return u };
+            agents.flatten().map(|a| a.path()).collect()
+        };
         let id = device.to_string();
-        for agent in agents.flatten() {
-            let Ok(folders) = fs::read_dir(agent.path().join(&id)) else { continue };
+        for agent in agents {
+            let Ok(folders) = fs::read_dir(agent.join(&id)) else { continue };
             for folder in folders.flatten() {
                 let is_partial = folder.file_name() == PARTIAL;
                 let Ok(files) = fs::read_dir(folder.path()) else { continue };
@@ -131,11 +172,10 @@ impl Store {
         u
     }
 
-    /// Whether `device` may start keeping `more` bytes in `folder`: its files
-    /// and bytes, and the disk's free space.
-    pub fn admit(&self, device: &EndpointId, folder: &Path, more: u64) -> Result<(), Refusal> {
+    /// Whether a device holding `usage` (in every store) may start keeping
+    /// `more` bytes in `folder`: its files and bytes, and the disk's free space.
+    pub fn admit(&self, usage: Usage, folder: &Path, more: u64) -> Result<(), Refusal> {
         let in_folder = fs::read_dir(folder).map(|d| d.count()).unwrap_or(0);
-        let usage = self.usage(device);
         if in_folder >= MAX_FILES_PER_SESSION || usage.files >= MAX_FILES_PER_DEVICE {
             return Err(Refusal::TooManyFiles);
         }
@@ -158,13 +198,17 @@ impl Store {
         if !is_session_id(session) {
             return Ok(0);
         }
-        let devices = match fs::read_dir(self.root.join(agent)) {
+        let devices = match fs::read_dir(self.agent_root(agent)) {
             Ok(d) => d,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
             Err(e) => return Err(e),
         };
         let mut removed = 0;
         for device in devices.flatten() {
+            // A link where a device's folder belongs is not gone through.
+            if !device.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
             let folder = device.path().join(session);
             match folder.symlink_metadata() {
                 Ok(m) if m.file_type().is_dir() => {}
@@ -370,6 +414,29 @@ mod tests {
         assert_eq!(store.remove_session("a", "..").unwrap(), 0);
         assert_eq!(store.remove_session("a", "_").unwrap(), 0);
         assert_eq!(store.remove_session("b", "s-2").unwrap(), 0);
+    }
+
+    #[test]
+    fn one_agents_store_in_its_workspace_checks_every_folder_below_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let work = tmp.path().join("work");
+        fs::create_dir(&work).unwrap();
+        let store = Store::for_one_agent(work.clone(), work.join("notes/inbox"));
+        let folder = store.folder("ignored", &device(), Some("s-1")).unwrap();
+        assert_eq!(folder, work.join("notes/inbox").join(device().to_string()).join("s-1"));
+        store.ensure_dir(&folder).unwrap();
+        fs::write(folder.join("f.txt"), b"abc").unwrap();
+        assert_eq!(store.usage(&device()), Usage { files: 1, bytes: 3 });
+        assert!(store.ensure_dir(&tmp.path().join("elsewhere")).is_err());
+        // A link planted between the workspace and the folder: refused.
+        let outside = tmp.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        let store2 = Store::for_one_agent(work.clone(), work.join("other/inbox"));
+        std::os::unix::fs::symlink(&outside, work.join("other")).unwrap();
+        assert!(store2.ensure_dir(&store2.folder("x", &device(), None).unwrap()).is_err());
+        assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
+        assert_eq!(store.remove_session("ignored", "s-1").unwrap(), 1);
+        assert!(!folder.exists());
     }
 
     #[test]

@@ -51,7 +51,8 @@ impl AgentPlan {
         let env: Vec<(String, String)> = spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let command = AgentCommand::new(spec.argv.clone())
             .context("a manifest's command is never empty")?
-            .with(env, spec.cwd.clone());
+            .with(env, spec.cwd.clone())
+            .files_in(spec.files.clone());
         Ok(Self {
             name: AgentName::hosted(&spec.name),
             label: spec.label.clone(),

@@ -37,18 +37,26 @@ pub struct AgentCommand {
     env: Vec<(String, String)>,
     /// Where it runs (else where the bridge runs).
     cwd: Option<std::path::PathBuf>,
+    /// Where devices' files for it land (a manifest's `files`), else the home's.
+    files: Option<std::path::PathBuf>,
 }
 
 impl AgentCommand {
     /// `None` for an empty argv.
     pub fn new(argv: Vec<OsString>) -> Option<Self> {
-        (!argv.is_empty()).then_some(Self { argv, env: Vec::new(), cwd: None })
+        (!argv.is_empty()).then_some(Self { argv, env: Vec::new(), cwd: None, files: None })
     }
 
     /// The same command with variables added to its environment and a working directory.
     pub fn with(mut self, env: Vec<(String, String)>, cwd: Option<std::path::PathBuf>) -> Self {
         self.env = env;
         self.cwd = cwd;
+        self
+    }
+
+    /// The same command with devices' files landing in `dir` (inside its workspace).
+    pub fn files_in(mut self, dir: Option<std::path::PathBuf>) -> Self {
+        self.files = dir;
         self
     }
 
@@ -160,6 +168,11 @@ pub trait Launcher: Send + Sync + std::fmt::Debug {
     fn workspace(&self) -> Option<std::path::PathBuf> {
         std::env::current_dir().ok()
     }
+    /// Where devices' files land instead of the home's `files/<agent>/`: a
+    /// folder its manifest names inside its workspace.
+    fn files_folder(&self) -> Option<std::path::PathBuf> {
+        None
+    }
 }
 
 /// A started agent: the pipes the session pumps, and its lifetime.
@@ -211,6 +224,10 @@ impl Launcher for AgentCommand {
 
     fn workspace(&self) -> Option<std::path::PathBuf> {
         self.cwd.clone().or_else(|| std::env::current_dir().ok())
+    }
+
+    fn files_folder(&self) -> Option<std::path::PathBuf> {
+        self.files.clone()
     }
 }
 

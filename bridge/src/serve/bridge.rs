@@ -138,6 +138,7 @@ impl Bridge {
             home: home.root_path().to_path_buf(),
             in_flight: Arc::default(),
             keep_files,
+            workspaces: Default::default(),
         }));
         self
     }

@@ -226,7 +226,7 @@ async fn run_hub(hub: &Arc<Hub>, inbox: sessions::Inbox, outbox: sessions::Outbo
     hub.release();
     let over = hub.retire_journal();
     if let Some(files) = a.shared.files.get() {
-        files.session_over(&a.cfg.name, over);
+        files.session_over(&a.cfg, over);
     }
     drop(slot.live);
 }

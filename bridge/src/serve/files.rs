@@ -68,21 +68,45 @@ pub struct FilesState {
     pub in_flight: Arc<files::inflight::InFlight>,
     /// `--keep-files`: a session's files stay after it ended.
     pub keep_files: bool,
+    /// The stores agents' manifests put in their workspaces, as they are
+    /// used: a device's quota counts what it holds in each.
+    pub workspaces: std::sync::Mutex<Vec<Store>>,
 }
 
 impl FilesState {
+    /// Where `cfg`'s agent keeps devices' files: the folder its manifest
+    /// names in its workspace, else the home's.
+    fn store_for(&self, cfg: &AgentConfig) -> Store {
+        let agent = &cfg.session.agent;
+        let (Some(dir), Some(workspace)) = (agent.files_folder(), agent.workspace()) else {
+            return self.store.clone();
+        };
+        let store = Store::for_one_agent(workspace, dir);
+        let mut known = self.workspaces.lock().unwrap_or_else(|p| p.into_inner());
+        if !known.contains(&store) {
+            known.push(store.clone());
+        }
+        store
+    }
+
+    /// What `device` holds in every store.
+    fn usage(&self, device: &EndpointId) -> store::Usage {
+        let others = self.workspaces.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        others.iter().fold(self.store.usage(device), |u, s| u.plus(s.usage(device)))
+    }
+
     /// A session of `agent` is over: the files folders named for its ACP
     /// sessions go with it (every device's: a shared session's guests put
     /// theirs there too), unless the owner keeps them. On a blocking thread;
     /// what cannot be removed is logged and left.
-    pub(super) fn session_over(self: &Arc<Self>, agent: &AgentName, sessions: Vec<String>) {
+    pub(super) fn session_over(&self, cfg: &AgentConfig, sessions: Vec<String>) {
         if self.keep_files || sessions.is_empty() {
             return;
         }
-        let (state, agent) = (self.clone(), agent_dir(agent));
+        let (store, agent) = (self.store_for(cfg), agent_dir(&cfg.name));
         tokio::task::spawn_blocking(move || {
             for session in &sessions {
-                match state.store.remove_session(&agent, session) {
+                match store.remove_session(&agent, session) {
                     Ok(0) => {}
                     Ok(n) => info!(
                         "files: session {session} of {agent} is over: its {n} file(s) removed (keep them with --keep-files)"
@@ -219,7 +243,8 @@ impl Transfer {
             return Err(wire::REASON_BAD_REQUEST.into());
         }
         let agent = agent_dir(&self.cfg.name);
-        let store = self.state.store.clone();
+        let store = self.state.store_for(&self.cfg);
+        let state = self.state.clone();
         let peer = self.peer;
         let p = put.clone();
         // Where it goes, whether it is there already, what is held of it.
@@ -230,7 +255,7 @@ impl Transfer {
             }
             let partial = store.partial_path(&agent, &peer, &p.hash);
             let held = partial.symlink_metadata().map(|m| m.len().min(p.size)).unwrap_or(0);
-            store.admit(&peer, &folder, p.size - held).map_err(|r| refusal_reason(&r))?;
+            store.admit(state.usage(&peer), &folder, p.size - held).map_err(|r| refusal_reason(&r))?;
             let io = |e: std::io::Error| {
                 warn!("files: cannot prepare {}: {e}", folder.display());
                 wire::REASON_IO.to_string()
@@ -389,7 +414,7 @@ impl Transfer {
             .agent
             .workspace()
             .into_iter()
-            .chain([self.state.store.device_dir(&agent_dir(&self.cfg.name), &self.peer)])
+            .chain([self.state.store_for(&self.cfg).device_dir(&agent_dir(&self.cfg.name), &self.peer)])
             .collect();
         let home = self.state.home.clone();
         let opened = tokio::task::spawn_blocking(move || {

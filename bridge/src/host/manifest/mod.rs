@@ -14,6 +14,7 @@
 //!   "command": ["claude-code-acp"],         // argv: an absolute path, or a name found on PATH at load
 //!   "env": { "ANTHROPIC_API_KEY": "…" },    // optional: added to the agent's environment
 //!   "cwd": "~/src/project",                 // optional: the agent's workspace (`~/` expanded)
+//!   "files": "inbox",                       // optional: devices' files land in this folder of `cwd`
 //!   "accept_from": ["self"],                // optional: who may reach it (see `AcceptFrom`)
 //!   "keep_warm": 120,                       // optional: seconds a plain session's agent waits for the next connection
 //!   "idle_stop": 300,                       // optional: stop an agent nothing was attached to this long
@@ -134,6 +135,9 @@ pub struct AgentSpec {
     pub argv: Vec<OsString>,
     pub env: BTreeMap<String, String>,
     pub cwd: Option<PathBuf>,
+    /// Where devices' files land: a folder inside `cwd` (else the home's
+    /// `files/<agent>/`).
+    pub files: Option<PathBuf>,
     pub accept_from: AcceptFrom,
     pub keep_warm: Option<Duration>,
     pub idle_stop: Duration,

@@ -14,7 +14,7 @@ use super::{
     refuse,
     registry::registry,
     shape::check_fields,
-    values::{accept_from, check_env, check_label, check_name, expand_cwd},
+    values::{accept_from, check_env, check_label, check_name, expand_cwd, files_folder},
     AcceptFrom, AgentSpec, IdentityChoice, Machine, Refused, ResumeChoice, DEFAULT_IDLE_STOP,
 };
 use crate::limits;
@@ -35,6 +35,7 @@ struct File {
     #[serde(default)]
     env: BTreeMap<String, String>,
     cwd: Option<String>,
+    files: Option<String>,
     accept_from: Option<Vec<String>>,
     keep_warm: Option<f64>,
     idle_stop: Option<f64>,
@@ -82,6 +83,13 @@ pub fn parse(text: &[u8], path: &Path, machine: &Machine) -> Result<AgentSpec, R
     let argv = resolve_command(&f.command, machine)?;
     check_env(&f.env, "env")?;
     let cwd = f.cwd.as_deref().map(|c| expand_cwd(c, machine)).transpose()?;
+    let files = match (&f.files, &cwd) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return refuse("\"files\" is a folder inside the agent's workspace: it needs \"cwd\"")
+        }
+        (Some(dir), Some(cwd)) => Some(cwd.join(files_folder(dir)?)),
+    };
     let accept_from = match &f.accept_from {
         None => AcceptFrom::own(),
         Some(list) => accept_from(list)?,
@@ -141,6 +149,7 @@ pub fn parse(text: &[u8], path: &Path, machine: &Machine) -> Result<AgentSpec, R
         argv,
         env: f.env,
         cwd,
+        files,
         accept_from,
         keep_warm,
         idle_stop,
@@ -179,6 +188,8 @@ mod tests {
             ResumeChoice::On { grace: Some(Duration::from_secs(30)), buffer: Some(1 << 20) }
         );
         assert_eq!(spec.identity.file_name("claude"), "identity-mcp");
+        let inbox = parse_str(r#"{"name":"a","command":["my-agent"],"cwd":"~/","files":"notes/inbox"}"#, &m);
+        assert_eq!(inbox.unwrap().files, Some(dir.path().join("notes/inbox")));
         let min = parse_str(r#"{"name":"a","command":["my-agent"]}"#, &m).unwrap();
         assert_eq!((min.label.as_str(), min.protocol.as_str()), ("a", "acp"));
         assert_eq!(min.accept_from, AcceptFrom::own());
@@ -220,6 +231,12 @@ mod tests {
             (r#"{"name":"a","command":["my-agent"],"accept_from":[]}"#, "accept_from"),
             (r#"{"name":"a","command":["my-agent"],"identity":"bob"}"#, "identity"),
             (r#"{"name":"a","command":["my-agent"],"cwd":"rel/dir"}"#, "cwd"),
+            (r#"{"name":"a","command":["my-agent"],"files":"inbox"}"#, "it needs \"cwd\""),
+            (r#"{"name":"a","command":["my-agent"],"cwd":"~/","files":"../x"}"#, "plain relative parts"),
+            (r#"{"name":"a","command":["my-agent"],"cwd":"~/","files":"/tmp/x"}"#, "plain relative parts"),
+            (r#"{"name":"a","command":["my-agent"],"cwd":"~/","files":".ssh"}"#, "plain relative parts"),
+            (r#"{"name":"a","command":["my-agent"],"cwd":"~/","files":""}"#, "plain relative parts"),
+            (r#"{"name":"a","command":["my-agent"],"cwd":"~/","files":7}"#, "\"files\" must be a string"),
             (r#"[1]"#, "not a JSON object"),
             (r#"{"name":"a""#, "not valid JSON"),
         ] {

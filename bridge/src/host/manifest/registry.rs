@@ -61,6 +61,7 @@ pub(super) fn registry(
     let argv = resolve_command(&command, machine)?;
     let label = check_label(obj.get("name").and_then(Value::as_str).unwrap_or(id))?;
     Ok(AgentSpec {
+        files: None,
         label,
         name,
         protocol: Protocol::acp(),

@@ -26,6 +26,7 @@ const FIELDS: &[(&str, Kind)] = &[
     ("command", Kind::Words),
     ("env", Kind::StrMap),
     ("cwd", Kind::Str),
+    ("files", Kind::Str),
     ("accept_from", Kind::Words),
     ("keep_warm", Kind::Secs),
     ("idle_stop", Kind::Secs),

@@ -97,6 +97,30 @@ pub(super) fn expand_cwd(cwd: &str, machine: &Machine) -> Result<PathBuf, Refuse
     Ok(path)
 }
 
+/// Longest `files` folder name: a few words of path.
+const MAX_FILES_FOLDER_LEN: usize = 255;
+
+/// `files`: a folder inside the workspace, named relative to it by plain
+/// components (no `..`, no root, no `.`-led name): where it points is fixed
+/// by the manifest, never by what a device sends.
+pub(super) fn files_folder(dir: &str) -> Result<PathBuf, Refused> {
+    use std::path::Component;
+    let path = std::path::Path::new(dir);
+    let plain = !dir.is_empty()
+        && dir.len() <= MAX_FILES_FOLDER_LEN
+        && !dir.chars().any(char::is_control)
+        && path
+            .components()
+            .all(|c| matches!(c, Component::Normal(n) if !n.to_string_lossy().starts_with('.')));
+    if !plain {
+        return refuse(format!(
+            "\"files\" '{}' must be a folder inside \"cwd\", named by plain relative parts (like \"inbox\" or \"notes/inbox\")",
+            dir.escape_debug()
+        ));
+    }
+    Ok(path.to_path_buf())
+}
+
 pub(super) fn accept_from(list: &[String]) -> Result<AcceptFrom, Refused> {
     if list.is_empty() {
         return refuse(

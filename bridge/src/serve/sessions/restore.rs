@@ -236,7 +236,7 @@ async fn restore_one(found: Found, shared: &Arc<Shared>, agent: &Arc<Served>, jo
     hub.release();
     let over = hub.retire_journal();
     if let Some(files) = shared.files.get() {
-        files.session_over(&cfg.name, over);
+        files.session_over(&cfg, over);
     }
     drop(live);
 }
