@@ -1057,7 +1057,8 @@ function uploading() {
   return state.attachments.some((a) => a.status === "uploading");
 }
 
-/// An ACP session id that can name a files folder on the workstation.
+/// An ACP session id that can name a files folder on the workstation (the
+/// bridge's rule, files::store::is_session_id; it refuses any other).
 const SESSION_FOLDER = /^[A-Za-z0-9-]{1,64}$/;
 
 /// Largest image sent inline (base64 in the prompt, about 4/3 of its size)
@@ -1135,14 +1136,16 @@ async function restoreAttachments(saved, ticket) {
   state.attachments = saved.map((a) => ({ ...a, done: 0, total: a.size, error: null }));
   renderAttachments();
   const ids = new Set(saved.map((a) => a.id));
+  const kept = new Map();
   for (const id of await keptUploads().catch(() => [])) {
-    const kept = await keptUpload(id).catch(() => null);
-    if (!ids.has(id) && (!kept || kept.ticket === ticket)) dropUpload(id).catch(() => {});
+    const record = await keptUpload(id).catch(() => null);
+    if (ids.has(id)) kept.set(id, record);
+    else if (!record || record.ticket === ticket) dropUpload(id).catch(() => {});
   }
   for (const a of state.attachments.filter((x) => x.status === "uploading")) {
-    const kept = await keptUpload(a.id).catch(() => null);
-    if (!kept || !kept.file) failed(a, "not kept across the reload: attach it again");
-    else await upload(a, kept.file);
+    const record = kept.get(a.id);
+    if (!record || !record.file) failed(a, "not kept across the reload: attach it again");
+    else await upload(a, record.file);
   }
 }
 

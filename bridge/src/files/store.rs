@@ -191,33 +191,22 @@ impl Store {
         }
     }
 
-    /// Removes every device's folder for `session` at `agent` (the session
-    /// is over); returns how many files went. A name that is not a session
-    /// id, and a link where a folder belongs, are left alone.
-    pub fn remove_session(&self, agent: &str, session: &str) -> io::Result<usize> {
+    /// Removes `device`'s folder for `session` at `agent` (the session is
+    /// over); returns how many files went. A name that is not a session id,
+    /// and a link where a folder belongs, are left alone.
+    pub fn remove_session(&self, agent: &str, device: &EndpointId, session: &str) -> io::Result<usize> {
         if !is_session_id(session) {
             return Ok(0);
         }
-        let devices = match fs::read_dir(self.agent_root(agent)) {
-            Ok(d) => d,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(e),
-        };
-        let mut removed = 0;
-        for device in devices.flatten() {
-            // A link where a device's folder belongs is not gone through.
-            if !device.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            let folder = device.path().join(session);
-            match folder.symlink_metadata() {
-                Ok(m) if m.file_type().is_dir() => {}
-                _ => continue,
-            }
-            removed += fs::read_dir(&folder).map(|d| d.count()).unwrap_or(0);
-            // Links inside are removed, not followed.
-            fs::remove_dir_all(&folder)?;
+        let device_dir = self.device_dir(agent, device);
+        let folder = device_dir.join(session);
+        let is_dir = |p: &Path| p.symlink_metadata().is_ok_and(|m| m.file_type().is_dir());
+        if !is_dir(&device_dir) || !is_dir(&folder) {
+            return Ok(0);
         }
+        let removed = fs::read_dir(&folder).map(|d| d.count()).unwrap_or(0);
+        // Links inside are removed, not followed.
+        fs::remove_dir_all(&folder)?;
         Ok(removed)
     }
 }
@@ -405,15 +394,29 @@ mod tests {
         // A link in the folder: removed, its target kept.
         let s1 = store.folder("a", &device(), Some("s-1")).unwrap();
         std::os::unix::fs::symlink(&outside, s1.join("link")).unwrap();
-        assert_eq!(store.remove_session("a", "s-1").unwrap(), 3);
-        assert!(!s1.exists() && !store.folder("a", &other, Some("s-1")).unwrap().exists());
+        assert_eq!(store.remove_session("a", &device(), "s-1").unwrap(), 2);
+        assert!(!s1.exists());
+        // Another device's folder of the same name is its own: it goes only
+        // when that device was on the session.
+        let others = store.folder("a", &other, Some("s-1")).unwrap();
+        assert!(others.join("f.txt").exists());
+        assert_eq!(store.remove_session("a", &other, "s-1").unwrap(), 1);
+        assert!(!others.exists());
         assert!(store.folder("a", &device(), Some("s-2")).unwrap().join("f.txt").exists());
         assert!(store.folder("a", &device(), None).unwrap().join("f.txt").exists());
         assert_eq!(fs::read(outside.join("keep.txt")).unwrap(), b"keep");
         // Not a session id: nothing is touched; an agent with no files: nothing to do.
-        assert_eq!(store.remove_session("a", "..").unwrap(), 0);
-        assert_eq!(store.remove_session("a", "_").unwrap(), 0);
-        assert_eq!(store.remove_session("b", "s-2").unwrap(), 0);
+        assert_eq!(store.remove_session("a", &device(), "..").unwrap(), 0);
+        assert_eq!(store.remove_session("a", &device(), "_").unwrap(), 0);
+        assert_eq!(store.remove_session("b", &device(), "s-2").unwrap(), 0);
+        // A link where the device's folder belongs is not gone through.
+        let third = iroh::SecretKey::from_bytes(&[9; 32]).public();
+        let planted = outside.join("s-2");
+        fs::create_dir(&planted).unwrap();
+        fs::write(planted.join("mine.txt"), b"mine").unwrap();
+        std::os::unix::fs::symlink(&outside, store.device_dir("a", &third)).unwrap();
+        assert_eq!(store.remove_session("a", &third, "s-2").unwrap(), 0);
+        assert_eq!(fs::read(planted.join("mine.txt")).unwrap(), b"mine");
     }
 
     #[test]
@@ -435,7 +438,7 @@ mod tests {
         std::os::unix::fs::symlink(&outside, work.join("other")).unwrap();
         assert!(store2.ensure_dir(&store2.folder("x", &device(), None).unwrap()).is_err());
         assert_eq!(fs::read_dir(&outside).unwrap().count(), 0);
-        assert_eq!(store.remove_session("ignored", "s-1").unwrap(), 1);
+        assert_eq!(store.remove_session("ignored", &device(), "s-1").unwrap(), 1);
         assert!(!folder.exists());
     }
 

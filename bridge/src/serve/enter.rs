@@ -223,10 +223,6 @@ async fn run_hub(hub: &Arc<Hub>, inbox: sessions::Inbox, outbox: sessions::Outbo
     let link = HubLink(hub.clone());
     let session = a.cfg.session.clone();
     session::run_on(link, outbox, inbox, &a.short, session, slot.permit, a.shared.shutdown.clone()).await;
-    hub.release();
-    let over = hub.retire_journal();
-    if let Some(files) = a.shared.files.get() {
-        files.session_over(&a.cfg, over);
-    }
+    super::files::hub_done(hub, &a.shared, &a.cfg);
     drop(slot.live);
 }

@@ -31,6 +31,7 @@ use super::{
     bridge::Shared,
     served::{AgentConfig, AgentName, Served},
     session::refuse,
+    sessions::{ending::Over, Hub},
 };
 use crate::files::{
     self,
@@ -95,26 +96,39 @@ impl FilesState {
         others.iter().fold(self.store.usage(device), |u, s| u.plus(s.usage(device)))
     }
 
-    /// A session of `agent` is over: the files folders named for its ACP
-    /// sessions go with it (every device's: a shared session's guests put
-    /// theirs there too), unless the owner keeps them. On a blocking thread;
-    /// what cannot be removed is logged and left.
-    pub(super) fn session_over(&self, cfg: &AgentConfig, sessions: Vec<String>) {
-        if self.keep_files || sessions.is_empty() {
+    /// A session of `cfg`'s agent is over: the folders named for it go with
+    /// it, unless the owner keeps them. Only the folders of the devices that
+    /// were on it: the ACP session ids are what its clients named, so a
+    /// device naming another's session reaches no other device's files. On
+    /// a blocking thread; what cannot be removed is logged and left.
+    fn session_over(&self, cfg: &AgentConfig, over: Over) {
+        if self.keep_files {
             return;
         }
         let (store, agent) = (self.store_for(cfg), agent_dir(&cfg.name));
         tokio::task::spawn_blocking(move || {
-            for session in &sessions {
-                match store.remove_session(&agent, session) {
-                    Ok(0) => {}
-                    Ok(n) => info!(
-                        "files: session {session} of {agent} is over: its {n} file(s) removed (keep them with --keep-files)"
-                    ),
-                    Err(e) => warn!("files: session {session} of {agent} is over, its files stay: {e}"),
+            for device in &over.devices {
+                for session in &over.ids {
+                    match store.remove_session(&agent, device, session) {
+                        Ok(0) => {}
+                        Ok(n) => info!(
+                            "files: session {session} of {agent} is over: its {n} file(s) removed (keep them with --keep-files)"
+                        ),
+                        Err(e) => warn!("files: session {session} of {agent} is over, its files stay: {e}"),
+                    }
                 }
             }
         });
+    }
+}
+
+/// A hub's run is done: its connection let go, its journal retired, and,
+/// when it is over for good, its files folders with it.
+pub(super) fn hub_done(hub: &Hub, shared: &Shared, cfg: &AgentConfig) {
+    hub.release();
+    let over = hub.retire_journal();
+    if let (Some(over), Some(files)) = (over, shared.files.get()) {
+        files.session_over(cfg, over);
     }
 }
 

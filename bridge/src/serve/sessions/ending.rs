@@ -2,11 +2,21 @@
 //! agent's end or a refusal, told to the attached connection and remembered
 //! for a later resume.
 
-use iroh::endpoint::VarInt;
+use iroh::{endpoint::VarInt, EndpointId};
 use thunderbolt_shared::close;
 use tracing::info;
 
 use super::hub::{Gone, Hub};
+
+/// A session over for good, for what goes with it.
+#[derive(Debug)]
+pub struct Over {
+    /// The devices on it when it ended: its owner and its guests.
+    pub devices: Vec<EndpointId>,
+    /// The ids it was known by: its own short id and the ACP session ids
+    /// its clients named.
+    pub ids: Vec<String>,
+}
 
 impl Hub {
     /// Ends the session now: the host's operator asked (`thunderbolt kick`).
@@ -85,22 +95,22 @@ impl Hub {
     }
 
     /// The session is over: its journal goes with it, unless it was kept
-    /// for the bridge's restart. Returns the ids it is known by when it is
-    /// over for good (not kept), for what goes with it: its own short id
-    /// and the ACP session ids its clients named.
-    pub fn retire_journal(&self) -> Vec<String> {
+    /// for the bridge's restart. Returns what it was when it is over for
+    /// good (`None` when kept).
+    pub fn retire_journal(&self) -> Option<Over> {
         let mut st = self.lock();
         let journal = st.journal.file.take();
         if let Some(j) = journal {
             if j.kept() {
                 drop(st);
                 info!(peer = %self.peer, session = self.short(), "session kept for the bridge's restart ({})", j.path().display());
-                return Vec::new();
+                return None;
             }
         }
+        let devices = std::iter::once(self.owner).chain(st.members.guests.iter().map(|g| g.owner)).collect();
         let mut ids = st.members.acp_sessions();
         ids.push(self.short().to_string());
-        ids
+        Some(Over { devices, ids })
     }
 
     /// The bridge is stopping: a journaled session is kept for its restart

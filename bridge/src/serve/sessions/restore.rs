@@ -233,11 +233,7 @@ async fn restore_one(found: Found, shared: &Arc<Shared>, agent: &Arc<Served>, jo
         _ = &mut run => {}
         () = restore => { run.await; }
     }
-    hub.release();
-    let over = hub.retire_journal();
-    if let Some(files) = shared.files.get() {
-        files.session_over(&cfg, over);
-    }
+    crate::serve::files::hub_done(&hub, shared, &cfg);
     drop(live);
 }
 
