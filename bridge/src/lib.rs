@@ -23,6 +23,9 @@
 //! - [`devices`] and [`pairing`]: named devices and one-time pairing codes.
 //! - [`files`]: files devices put on the workstation and get from it
 //!   (served by `serve::files`, sent by `thunderbolt files`).
+//! - [`reach`]: messages from anything on the workstation to the owner's
+//!   devices and their replies (the local socket, `thunderbolt reach`'s MCP
+//!   server; read and answered over `serve::reach_door`).
 //! - [`cli`]: the `thunderbolt` commands built on the above.
 //! - Beside them, what all share: [`config`] (one configuration built from the
 //!   command line), [`limits`] (every default and why), [`home`],
@@ -50,6 +53,7 @@ pub mod net;
 pub mod notify;
 pub mod pairing;
 pub mod paths;
+pub mod reach;
 pub mod redact;
 pub mod serve;
 pub mod signals;

@@ -11,6 +11,7 @@
 import init, { IrohClient } from "../pkg/thunderbolt_client_wasm.js";
 import { saveForWorker, keepUpload, keptUpload, dropUpload, keptUploads } from "./keystore.js";
 import { Conversation, el, size } from "./conversation.js";
+import { Messages } from "./messages.js";
 
 const SECRET_KEY = "thunderbolt_iroh_client_secret";
 const RELAY_KEY = "thunderbolt_iroh_relay_url";
@@ -62,6 +63,9 @@ const state = {
   // The list unfolded while a conversation is shown.
   listOpen: false,
 };
+
+// Messages from the workstation: the threads the hosts' listings name.
+const messages = new Messages({ client: () => state.client, log: (text) => log("·", text), onRead: () => renderAgents() });
 
 const conversation = new Conversation($("conversation"), {
   label: () => agentLabel(state.agent || "agent"),
@@ -317,7 +321,8 @@ function renderAgents() {
   const live = new Map(hosts.map((h) => [h.key, liveSessions(h)]));
   const sessions = [...live.values()].flat();
   // One agent, the one shown, and no other session: nothing to pick.
-  const alone = list.length === 1 && list[0].ticket === current && !sessions.some((x) => !x.shown);
+  const threads = hosts.some((h) => hostListed.get(h.key)?.messages?.threads?.length);
+  const alone = list.length === 1 && list[0].ticket === current && !sessions.some((x) => !x.shown) && !threads;
   $("agents").hidden = list.length === 0 || alone;
   const seen = new Map();
   for (const a of list) seen.set(a.label, (seen.get(a.label) || 0) + 1);
@@ -358,6 +363,9 @@ function renderAgents() {
       ss.append(...others.map(sessionItem));
       li.append(ss);
     }
+    const listed = hostListed.get(h.key);
+    const threadList = listed && messages.list(h.key, h.name, h.agents[0].ticket, listed.messages);
+    if (threadList) li.append(threadList);
     const agents = document.createElement("ul");
     agents.className = "agents";
     agents.setAttribute("aria-label", `agents of ${h.name}`);
@@ -484,7 +492,7 @@ function probeHosts(hosts) {
         const agents = (listing.agents || []).filter((a) => a && a.protocol === "acp");
         // The host's agents as it serves them now (one added since the scan, a label changed).
         if (agents.length && !h.key.startsWith("agent:")) knowAgents(agents, { key: h.key, name: listing.host || h.name });
-        hostListed.set(h.key, { sessions: listing.sessions, tickets: new Map(agents.map((a) => [a.name, knownTicket(a.ticket)])) });
+        hostListed.set(h.key, { sessions: listing.sessions, messages: listing.messages || null, tickets: new Map(agents.map((a) => [a.name, knownTicket(a.ticket)])) });
         const live = listing.sessions.filter((x) => x.state !== "warm").length;
         return `reachable · ${live === 0 ? "no session" : live === 1 ? "1 session" : `${live} sessions`}`;
       },
@@ -1426,6 +1434,7 @@ function showNotice(n) {
 /// A notice tapped (or its action): the page at its request. `o`: {notice,
 /// node, request, method, answer}, from the service worker.
 function openFromNotice(o) {
+  if (o.thread) return openThreadFromNotice(o);
   const all = savedSessions();
   const saved = (o.node && all.find((s) => nodeOf(s.ticket) === o.node)) || all[0] || null;
   state.focus = { request: o.request || null, method: o.method || null, answer: o.answer || null };
@@ -1439,6 +1448,26 @@ function openFromNotice(o) {
   if (saved.relay !== undefined && saved.relay !== null) $("relay").value = saved.relay;
   window.openedFromNotice = o;
   connect(saved);
+}
+
+/// A message's notice tapped: its thread shown, on the host of the agent it names.
+function openThreadFromNotice(o) {
+  const list = knownAgents();
+  const a = (o.node && list.find((k) => nodeOf(k.ticket) === o.node)) || list[0];
+  if (!a) return setStatus("that message's workstation is not in this browser any more: pair with it again", "warn");
+  const h = hostsOf(list).find((x) => x.agents.includes(a));
+  window.openedFromNotice = o;
+  messages.open(a.ticket, h.key, o.thread, h.name);
+}
+
+/// A message pushed while a page is open: the host is asked again for its
+/// list, and a thread shown asks for what is new.
+function newMessage(n) {
+  if (messages.shows(n.thread)) messages.poll();
+  const a = n.node && knownAgents().find((k) => nodeOf(k.ticket) === n.node);
+  const h = a && hostsOf(knownAgents()).find((x) => x.agents.includes(a));
+  if (h && !hostAsked.get(h.key)?.out) hostAsked.delete(h.key);
+  probeHosts(hostsOf(knownAgents()));
 }
 
 function defaultDeviceName() {
@@ -1525,11 +1554,17 @@ $("notify-off").onclick = unsubscribe;
 if ("serviceWorker" in navigator) {
   navigator.serviceWorker.addEventListener("message", (e) => {
     const m = e.data || {};
-    if (m.type === "thunderbolt-notice") showNotice(m.notice);
+    if (m.type === "thunderbolt-notice") {
+      showNotice(m.notice);
+      // A message: the list says so now (and a thread shown takes it in).
+      if (m.notice && m.notice.event === "message") newMessage(m.notice);
+    }
     if (m.type === "thunderbolt-notice-done") window.noticesDone = [...(window.noticesDone || []), m.shown];
     // The service worker shows no notice while this page is visible and attached to its session.
     if (m.type === "thunderbolt-attached?" && e.ports[0]) {
-      e.ports[0].postMessage({ attached: !!state.conn && document.visibilityState === "visible" && noticeIsOurs(m.notice || {}) });
+      const n = m.notice || {};
+      const shown = n.event === "message" ? messages.shows(n.thread) : !!state.conn && document.visibilityState === "visible" && noticeIsOurs(n);
+      e.ports[0].postMessage({ attached: shown });
     }
     if (m.type === "thunderbolt-open") openFromNotice(m.open || {});
   });
@@ -1580,7 +1615,7 @@ const code = frag.get("pair");
 // The code is spent by this visit, a notice's answer is given once: a reload must not repeat either.
 if (code || opened || frag.get("ticket")) history.replaceState(null, "", location.pathname + location.search);
 // For scripts and tests: the module's API and the page's state.
-window.thunderbolt = { IrohClient, state, describe, showNotice, request, nodeOf, conversation };
+window.thunderbolt = { IrohClient, state, describe, showNotice, request, nodeOf, conversation, messages };
 // The last conversation with this ticket's agent, shown before the client
 // module has loaded, and until a session is live.
 conversation.open($("ticket").value.trim());

@@ -10,11 +10,15 @@
 // A notice (docs/browser.md, "Notices"): {title, body, text?, agent, label,
 // event, detail, session, at, node?, request?, options?, answer?}. `event` is
 // `needs_answer`, `finished` or `stopped`, or, to withdraw what was shown, `answered`
-// (with `request`, or without: every question of the session) or `ended`.
+// (with `request`, or without: every question of the session) or `ended`; or
+// `message` (with `thread` and `message`): a message from the workstation, whose
+// tap opens its thread.
 
 /// One notice per question on screen (by its request id when the notice has
 /// one), one per session for the rest: a newer one replaces it.
 function tagOf(n) {
+  // A thread's messages: one notice per thread, the newest.
+  if (n.event === "message") return `tb:reach:${n.thread || ""}`;
   const what = n.event === "needs_answer" || n.event === "answered" ? (n.request ?? "needs_answer") : n.event;
   return `tb:${n.session || ""}:${what}`;
 }
@@ -25,6 +29,7 @@ function noticeUrl(n, action = "") {
   const q = new URLSearchParams({ open: "1", notice: n.session || "" });
   if (n.node) q.set("node", n.node);
   if (n.request !== undefined) q.set("request", n.request);
+  if (n.event === "message" && n.thread) q.set("thread", n.thread);
   if (n.event === "needs_answer" && n.detail) q.set("method", n.detail);
   if (action) q.set("answer", action);
   return `${self.registration.scope}#${q}`;

@@ -175,6 +175,11 @@ pub struct Listing {
     /// For a listing of the host: what the workstation is called.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// For one of the owner's own devices, when the host takes messages: its
+    /// threads in short (`{"seq", "threads": [{"name", "seq", "last"}]}`,
+    /// see [`crate::reach`]); read whole over `thunderbolt/<p>/reach1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Value>,
 }
 
 /// A request id given as its JSON text, as a value (`null` if it is not JSON).

@@ -32,6 +32,7 @@ pub mod pairing;
 #[cfg(unix)]
 pub mod pem;
 pub mod protocol;
+pub mod reach;
 pub mod restart;
 pub mod resume;
 pub mod resume_bridge;

@@ -24,6 +24,7 @@ use tokio::{
 pub mod backend;
 pub mod hostile;
 pub mod nat;
+pub mod push;
 pub mod r1;
 pub mod setup;
 

@@ -89,6 +89,20 @@ pub enum Command {
     /// only what is missing is sent.
     #[command(subcommand)]
     Files(FilesCmd),
+    /// Send your devices a message from this machine (a cron job, a script, a build).
+    ///
+    /// Handed to the running host (or bridge) on `$THUNDERBOLT_HOME/reach.sock`, which pushes it,
+    /// end to end encrypted, to your devices that take notices, and keeps it in the page's list in
+    /// the thread of `--from`, where you can reply. At most 10 at once, then one every 10 s.
+    /// Exit code 0 when it was taken, 1 when refused (rate limited, too long), 3 when no host runs.
+    Note(NoteArgs),
+    /// An MCP server (stdio) whose tools message your devices and read your replies.
+    ///
+    /// Add it to any MCP client: `claude mcp add thunderbolt -- thunderbolt reach`. Tools:
+    /// `send_message(text, reply_to?)`, `get_replies(wait_s?)` (each reply returned once),
+    /// `status()`. It needs a running host (or bridge) on this home; until one runs, each tool
+    /// says so.
+    Reach(ReachArgs),
     /// Run the host as a user service that survives the terminal and reboots (systemd, launchd).
     #[command(subcommand)]
     Service(ServiceCmd),
@@ -102,6 +116,26 @@ pub enum Command {
     /// Internal: the watcher a bridge starts so no agent process outlives it.
     #[command(name = "reap-agents", hide = true)]
     ReapAgents,
+}
+
+#[derive(Debug, Args)]
+pub struct NoteArgs {
+    /// Who it is from: the thread it goes in (1–32 characters, one line; a name, not a credential).
+    #[arg(long, value_name = "NAME", default_value = crate::reach::socket::DEFAULT_FROM)]
+    pub from: String,
+    /// Send it to this device only (a name from `thunderbolt iroh list`); default: all of yours.
+    #[arg(long, value_name = "NAME")]
+    pub device: Option<String>,
+    /// The message (at most 16 KiB); `-` reads it from stdin.
+    #[arg(value_name = "TEXT", required = true, num_args = 1..)]
+    pub text: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReachArgs {
+    /// The thread this server's messages go in (default: the MCP client's own name).
+    #[arg(long, value_name = "NAME")]
+    pub agent_name: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -44,6 +44,10 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Kick(a) => control_cmd::kick(&home, a),
         Command::Sessions(a) => connect::sessions(&home, a).await,
         Command::Files(cmd) => connect::files(&home, cmd).await,
+        Command::Note(a) => note(&home, a).await,
+        Command::Reach(a) => {
+            crate::reach::mcp::serve(crate::reach::client::ReachClient::new(&home), a.agent_name).await
+        }
         Command::Service(cmd) => control_cmd::service(&home, cmd),
         Command::Login(a) => login(&home, a),
         Command::Logout => {
@@ -177,6 +181,44 @@ pub fn limits_config(l: &args::LimitArgs, app: &args::AppArgs) -> Result<Config>
         keep_files: l.keep_files,
         notify: None,
     })
+}
+
+/// `thunderbolt note`: one message to the owner's devices, through the
+/// running host's socket.
+async fn note(home: &Home, a: args::NoteArgs) -> Result<()> {
+    use crate::reach::client::{CallError, ReachClient};
+    let text = if a.text == ["-"] {
+        use std::io::Read;
+        let mut t = String::new();
+        std::io::stdin()
+            .take(thunderbolt_shared::reach::MAX_TEXT as u64 + 1)
+            .read_to_string(&mut t)
+            .context("cannot read the message from stdin (it must be UTF-8 text)")?;
+        t
+    } else {
+        a.text.join(" ")
+    };
+    let mut req = serde_json::json!({"op": "note", "from": a.from, "text": text});
+    if let Some(d) = a.device {
+        req["device"] = serde_json::json!(d);
+    }
+    match ReachClient::new(home).call(&req).await {
+        Ok(v) => {
+            let pushed = v["pushed"].as_u64().unwrap_or(0);
+            println!(
+                "sent {} in the thread '{}'; pushed to {pushed} device(s){}",
+                v["id"].as_str().unwrap_or("?"),
+                req["from"].as_str().unwrap_or_default(),
+                if pushed == 0 { " (none takes notices now: it waits in the page's list)" } else { "" }
+            );
+            Ok(())
+        }
+        Err(e @ CallError::NotRunning { .. }) => {
+            eprintln!("thunderbolt note: {e}");
+            std::process::exit(3);
+        }
+        Err(e) => bail!("{e}"),
+    }
 }
 
 /// Starts the notices these flags ask for; `None` when nothing would receive
@@ -331,6 +373,38 @@ impl Serving {
         kind: &'static str,
         agents: Vec<Arc<crate::serve::Served>>,
     ) -> Self {
+        // The home's messages: the first process to take the socket serves
+        // them. Taken before the banner, so whoever waits for it finds it.
+        let reach = match crate::reach::socket::ReachSocket::bind(home) {
+            Ok(Some(socket)) => {
+                let door = agents.first().map(|a| crate::reach::Door {
+                    node: a.endpoint.id().to_string(),
+                    protocol: a.config().protocol.clone(),
+                });
+                let owner = match &door {
+                    Some(d) if kind != "host" => format!("{kind} ({})", d.protocol),
+                    _ => kind.to_string(),
+                };
+                let reach = crate::reach::Reach::new(home, config.notify.clone(), &owner);
+                if let Some(d) = door {
+                    reach.set_door(d);
+                }
+                reach.describe(socket.path());
+                info!(
+                    "messages to your devices: {} (thunderbolt note, thunderbolt reach)",
+                    socket.path().display()
+                );
+                Some((reach, socket))
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(
+                    "messages are off: cannot serve {} ({e})",
+                    crate::reach::socket::socket_path(home).display()
+                );
+                None
+            }
+        };
         // Before the banner: a SIGTERM right after it must shut down cleanly.
         let term = signals::Terminate::new();
         print!("{banner}");
@@ -338,6 +412,10 @@ impl Serving {
         let _ = std::io::stdout().flush();
         let stop = CancellationToken::new();
         tokio::spawn(stop_on_signal(term, stop.clone()));
+        let reach = reach.map(|(reach, socket)| {
+            tokio::spawn(socket.serve(reach.clone(), stop.clone()));
+            reach
+        });
         reaper::start();
         let gate = Arc::new(gate::Gate::new(config.gate.clone(), Arc::new(gate::SystemClock)));
         let (bridge, changes) = Bridge::serve(kind, gate, config.admission.clone(), agents);
@@ -354,7 +432,11 @@ impl Serving {
                 }
             })
             .flatten();
-        let bridge = bridge.with_home(home, config.keep_files).on_revoked(on_revoked).with_journals(journals);
+        let bridge = bridge
+            .with_home(home, config.keep_files)
+            .on_revoked(on_revoked)
+            .with_journals(journals)
+            .with_reach(reach);
         Self { bridge, changes, stop }
     }
 

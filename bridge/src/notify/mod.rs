@@ -73,6 +73,10 @@ const DEVICE_IDLE: Duration = Duration::from_secs(60);
 /// an answer is still news hours later (a warm agent, a long grace).
 const PUSH_TTL: Duration = Duration::from_secs(6 * 3600);
 
+/// How much of a message a push says (the page shows it whole): a lock
+/// screen shows a few lines, and a push payload holds about 4 KiB in all.
+const MESSAGE_PUSH_CHARS: usize = 1000;
+
 /// The default VAPID `sub` claim when `--notify-contact` is not given.
 pub const DEFAULT_CONTACT: &str = "mailto:thunderbolt-iroh@localhost";
 
@@ -124,6 +128,10 @@ pub enum Kind {
     Answered,
     /// A session that had notices ended: they are all withdrawn.
     Ended,
+    /// A message to the owner from something on the workstation (an agent
+    /// through `thunderbolt reach`, a script through `thunderbolt note`),
+    /// in the thread of its sender ([`crate::reach`]).
+    Message { thread: String, id: String, text: String },
 }
 
 impl Kind {
@@ -131,6 +139,12 @@ impl Kind {
     /// notify URL: there is nothing on screen there to take back).
     pub fn withdraws(&self) -> bool {
         matches!(self, Kind::Answered | Kind::Ended)
+    }
+
+    /// Whether the notify URL gets it too: a message is pushed to each of the
+    /// owner's devices, one event each, and the URL would get it once per device.
+    fn hooked(&self) -> bool {
+        !self.withdraws() && !matches!(self, Kind::Message { .. })
     }
 }
 
@@ -194,6 +208,11 @@ pub struct Notice {
     pub more: u64,
     /// The agent's own words for what it asks (worded notices only).
     pub text: Option<String>,
+    /// A message's thread (its sender's name) and id (`message` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thread: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
     pub at: String,
 }
 
@@ -232,6 +251,16 @@ impl Notice {
             Kind::Ended => {
                 ("ended", String::new(), format!("{who}: the session ended"), "the session ended".to_string())
             }
+            Kind::Message { thread, id, text } => (
+                "message",
+                id.clone(),
+                thread.clone(),
+                if plain {
+                    words::clip(text, MESSAGE_PUSH_CHARS)
+                } else {
+                    format!("a message from {thread}")
+                },
+            ),
         };
         if ev.more > 0 {
             body.push_str(&format!(" (and {} more held back)", ev.more));
@@ -255,6 +284,14 @@ impl Notice {
             device,
             more: ev.more,
             text: ev.text.clone().filter(|_| plain),
+            thread: match &ev.kind {
+                Kind::Message { thread, .. } => Some(thread.clone()),
+                _ => None,
+            },
+            message: match &ev.kind {
+                Kind::Message { id, .. } => Some(id.clone()),
+                _ => None,
+            },
             at: crate::devices::rfc3339(crate::devices::now_ms()),
         }
     }
@@ -442,7 +479,7 @@ impl Delivery {
             sent.await.into_iter().filter(|ok| *ok).count()
         };
         let hook = async {
-            let hook = self.webhook.as_ref().filter(|_| !ev.kind.withdraws())?;
+            let hook = self.webhook.as_ref().filter(|_| ev.kind.hooked())?;
             let _permit = self.in_flight.acquire().await.ok()?;
             // Worded as the URL's own, and the answer token is the pushed device's alone.
             let notice = Notice { answer: None, ..Notice::of(&ev, device, self.wording.hook()) };

@@ -197,6 +197,16 @@ pub fn shown(text: &str) -> String {
     format!("{}{CUT_MARK}", cut(&masked, MAX_WORDS - CUT_MARK.len()).trim_end())
 }
 
+/// A message as its push says it: whole up to `max` characters, else its
+/// start and `…`. Not masked: the sender wrote it for the owner, and the push
+/// is encrypted to the owner's device.
+pub fn clip(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_string(),
+        Some((at, _)) => format!("{}{CUT_MARK}", text[..at].trim_end()),
+    }
+}
+
 /// `text`'s first `max` bytes at most, cut at a character boundary.
 fn cut(text: &str, max: usize) -> &str {
     if text.len() <= max {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use thunderbolt_shared::{answer, files, pairing, resume, Protocol};
+use thunderbolt_shared::{answer, files, pairing, reach, resume, Protocol};
 use tracing::Instrument;
 
 use super::{admit, bridge::Shared, relay_health, served::Served, AgentName};
@@ -22,11 +22,14 @@ pub enum Door {
     Answer,
     /// `thunderbolt/<p>/files1`: a device putting or getting files.
     Files,
+    /// `thunderbolt/<p>/reach1`: one of the owner's devices reading or
+    /// answering the messages sent to it.
+    Reach,
 }
 
 impl Door {
     /// The door `alpn` opens. The endpoint accepts only the ALPNs of
-    /// [`alpns`], so anything but `/r1`, `/pair1`, `/answer1` and `/files1` is
+    /// [`alpns`], so anything but `/r1`, `/pair1`, `/answer1`, `/files1` and `/reach1` is
     /// the plain one.
     pub fn of(alpn: &[u8]) -> Self {
         if alpn.ends_with(resume::RESUME_ALPN_SUFFIX) {
@@ -37,6 +40,8 @@ impl Door {
             Self::Answer
         } else if alpn.ends_with(files::FILES_ALPN_SUFFIX) {
             Self::Files
+        } else if alpn.ends_with(reach::REACH_ALPN_SUFFIX) {
+            Self::Reach
         } else {
             Self::Plain
         }
@@ -47,9 +52,9 @@ impl Door {
 /// picks its first ALPN the client offers): `r1` first when its sessions
 /// resume, so a client offering both gets the resumable protocol; then the
 /// plain one; then pairing (devices that pair with a one-time code),
-/// answering from a notice, and files.
+/// answering from a notice, files and messages.
 pub fn alpns(protocol: &Protocol, resumable: bool) -> Vec<Vec<u8>> {
-    let mut v = Vec::with_capacity(5);
+    let mut v = Vec::with_capacity(6);
     if resumable {
         v.push(resume::resume_alpn(protocol));
     }
@@ -57,6 +62,7 @@ pub fn alpns(protocol: &Protocol, resumable: bool) -> Vec<Vec<u8>> {
     v.push(pairing::pair_alpn(protocol));
     v.push(answer::answer_alpn(protocol));
     v.push(files::files_alpn(protocol));
+    v.push(reach::reach_alpn(protocol));
     v
 }
 

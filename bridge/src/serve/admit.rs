@@ -172,6 +172,9 @@ pub(super) async fn admit(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Se
     if door == Door::Files {
         return super::files::serve(conn, peer, shared, agent, cfg).await;
     }
+    if door == Door::Reach {
+        return super::reach_door::serve(conn, peer, grant, &shared).await;
+    }
     admitted(conn, door, peer, grant, shared, agent, cfg).await;
 }
 

@@ -57,6 +57,8 @@ pub(crate) struct Shared {
     pub(crate) journals: std::sync::OnceLock<Arc<crate::journal::Journals>>,
     /// Where devices' files go (`None`: the serving core's tests, no home).
     pub(crate) files: std::sync::OnceLock<Arc<super::files::FilesState>>,
+    /// The home's messages, when this process took its socket.
+    pub(crate) reach: std::sync::OnceLock<Arc<crate::reach::Reach>>,
 }
 
 /// What a bridge keeps in its home beside its identities.
@@ -143,6 +145,14 @@ impl Bridge {
         self
     }
 
+    /// Serves the home's messages to its owner's devices (`/reach1`).
+    pub fn with_reach(self, reach: Option<Arc<crate::reach::Reach>>) -> Self {
+        if let Some(r) = reach {
+            let _ = self.shared.reach.set(r);
+        }
+        self
+    }
+
     /// Journals resumable sessions in `journals`, so they survive a restart
     /// of the bridge; the sessions journaled by its last run are taken back
     /// when it starts.
@@ -216,6 +226,7 @@ impl Bridge {
             on_revoked: RwLock::new(None),
             journals: std::sync::OnceLock::new(),
             files: std::sync::OnceLock::new(),
+            reach: std::sync::OnceLock::new(),
         });
         let handle = status::BridgeHandle::new(shared.clone(), kind);
         Self { shared, changes: None, handle }

@@ -87,12 +87,17 @@ pub(super) async fn list(conn: Connection, mut send: SendStream, a: &Admitted, h
         let agents = super::pair::reachable(&a.shared, &a.peer);
         info!(peer = %a.short, "listed {} session(s) of the host's {} agent(s) it may reach", sessions.len(), agents.len());
         let host = thunderbolt_shared::pairing::clean_name(&crate::trust::account::device_name());
-        Listing { sessions, agents: Some(agents), host }
+        Listing { sessions, agents: Some(agents), host, messages: None }
     } else {
         let sessions: Vec<_> = visible(a).iter().map(|h| h.listed()).collect();
         info!(peer = %a.short, "listed {} session(s) of {} it may join", sessions.len(), a.cfg.name);
         Listing { sessions, ..Listing::default() }
     };
+    // The owner's own devices see the host's messages in short beside its sessions.
+    let mut listing = listing;
+    if a.grant != crate::trust::Grant::Manifest {
+        listing.messages = a.shared.reach.get().map(|r| r.summary());
+    }
     let mut line = serde_json::to_vec(&listing).expect("a listing serializes");
     line.push(b'\n');
     if send.write_all(&line).await.is_err() || send.finish().is_err() {

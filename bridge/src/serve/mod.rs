@@ -40,6 +40,7 @@ pub mod gate;
 pub mod joining;
 pub mod pair;
 pub mod pump;
+pub mod reach_door;
 pub mod reaper;
 pub mod relay_health;
 pub mod requests;

@@ -1,0 +1,316 @@
+//! Your agent reaches you first: messages from anything on the workstation to
+//! the owner's devices, and the owner's replies back.
+//!
+//! A running host (or single-agent bridge) owns it: one [`Reach`] per home,
+//! held by whichever process took `reach.sock` first. What it does:
+//!
+//! - takes messages on the local socket ([`socket`]: `thunderbolt note`, the
+//!   MCP server `thunderbolt reach` ([`mcp`]), any script), at most
+//!   [`NOTE_BURST`] at once and one per [`NOTE_EVERY`] after that;
+//! - keeps them in a thread per sender ([`threads`]) and pushes each to the
+//!   owner's devices that subscribed to notices (end to end encrypted, the
+//!   notices' own Web Push), except to a device that shows that thread now;
+//! - lets the owner's devices read the threads and reply over iroh
+//!   (`thunderbolt/<p>/reach1`, served by `serve::reach_door`);
+//! - hands each reply to its thread's sender once ([`Reach::replies`]).
+//!
+//! A sender's name (`--from`, `--agent-name`) is a display name: it picks a
+//! thread and grants nothing.
+
+pub mod client;
+pub mod mcp;
+pub mod socket;
+pub mod threads;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, OnceLock},
+    time::{Duration, Instant},
+};
+
+use iroh::EndpointId;
+use serde_json::{json, Value};
+use thunderbolt_shared::reach::{name_problem, text_problem};
+use tracing::{info, warn};
+
+use crate::{
+    devices::Devices,
+    home::Home,
+    notify::{limit::Limiter, Event, Kind, Notifier},
+};
+use threads::{Author, Item, ThreadError, Threads};
+
+/// Messages the socket takes at once: a script's burst of results.
+pub const NOTE_BURST: u32 = 10;
+
+/// After the burst, one message per this: 30 in five minutes. The owner's
+/// phone is not a log sink; a loop that sends faster is told `rate limited`.
+pub const NOTE_EVERY: Duration = Duration::from_secs(10);
+
+/// The longest a `replies` call waits for a reply: an MCP tool call that
+/// waits longer keeps its client's request open past what clients allow.
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// How long a device that said it shows a thread is taken to show it: the
+/// page says so again every few seconds while it does.
+pub const VIEW_LEASE: Duration = Duration::from_secs(20);
+
+/// Where the threads are kept.
+pub fn threads_path(home: &Home) -> std::path::PathBuf {
+    home.root_path().join("reach").join("threads.json")
+}
+
+/// Why a message or reply was refused, in the words the socket answers.
+#[derive(Debug, thiserror::Error)]
+pub enum ReachError {
+    #[error("rate limited: at most {NOTE_BURST} messages at once, then one every {}s", NOTE_EVERY.as_secs())]
+    RateLimited,
+    #[error("{0}")]
+    Bad(String),
+    #[error(transparent)]
+    Threads(#[from] ThreadError),
+}
+
+/// A message to send.
+#[derive(Debug, Clone)]
+pub struct Message {
+    /// The sender: its thread.
+    pub from: String,
+    pub text: String,
+    /// Only to the device of this name (else to every one of the owner's).
+    pub device: Option<String>,
+    pub reply_to: Option<String>,
+}
+
+/// A message taken: its id, and to how many devices it was handed for a push.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    pub id: String,
+    pub pushed: usize,
+}
+
+/// Which agent endpoint a device dials to reply (any of the host's does):
+/// a pushed message names it, as a question's notice does.
+#[derive(Debug, Clone)]
+pub struct Door {
+    pub node: String,
+    pub protocol: String,
+}
+
+/// One home's messages (see the module's docs).
+pub struct Reach {
+    threads: Mutex<Threads>,
+    notes: Mutex<Limiter>,
+    /// The newest item's seq: `replies` waits on it.
+    changed: tokio::sync::watch::Sender<u64>,
+    notifier: Option<Arc<Notifier>>,
+    devices: Arc<Devices>,
+    /// Device → the thread it shows, and since when it said so.
+    viewing: Mutex<HashMap<EndpointId, (String, Instant)>>,
+    door: OnceLock<Door>,
+    /// What owns it: `host` or `<protocol> bridge`, for `status`.
+    owner: String,
+}
+
+impl std::fmt::Debug for Reach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reach").field("owner", &self.owner).finish()
+    }
+}
+
+impl Reach {
+    /// The home's messages, delivered with `notifier`'s pushes (none: kept only).
+    pub fn new(home: &Home, notifier: Option<Arc<Notifier>>, owner: &str) -> Arc<Self> {
+        let threads = Threads::open(&threads_path(home));
+        let (changed, _) = tokio::sync::watch::channel(threads.seq());
+        Arc::new(Self {
+            threads: Mutex::new(threads),
+            notes: Mutex::new(Limiter::new(NOTE_BURST, NOTE_EVERY)),
+            changed,
+            notifier,
+            devices: Arc::new(Devices::new(home)),
+            viewing: Mutex::default(),
+            door: OnceLock::new(),
+            owner: owner.to_string(),
+        })
+    }
+
+    /// The agent endpoint pushed messages name (the first one served).
+    pub fn set_door(&self, door: Door) {
+        let _ = self.door.set(door);
+    }
+
+    fn threads(&self) -> std::sync::MutexGuard<'_, Threads> {
+        self.threads.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes a message: checked, kept in its sender's thread, pushed.
+    pub fn send(&self, m: Message) -> Result<Sent, ReachError> {
+        if let Some(why) = name_problem(&m.from) {
+            return Err(ReachError::Bad(format!("from: {why}")));
+        }
+        if let Some(why) = text_problem(&m.text) {
+            return Err(ReachError::Bad(why));
+        }
+        let only = match &m.device {
+            Some(name) => {
+                let ids = self.devices.by_name(name);
+                if ids.is_empty() {
+                    return Err(ReachError::Bad(format!(
+                        "no device named '{name}' (thunderbolt iroh list shows their names)"
+                    )));
+                }
+                Some(ids)
+            }
+            None => None,
+        };
+        if self.notes.lock().unwrap_or_else(|p| p.into_inner()).take().is_none() {
+            return Err(ReachError::RateLimited);
+        }
+        let item = self.threads().add(&m.from, Author::Agent, None, &m.text, m.reply_to.as_deref())?;
+        self.changed.send_replace(item.seq);
+        let pushed = self.push(&m.from, &item, only.as_deref());
+        info!(
+            "message {} from '{}' ({} bytes) kept; pushed to {pushed} device(s)",
+            item.id,
+            m.from,
+            m.text.len()
+        );
+        Ok(Sent { id: item.id, pushed })
+    }
+
+    /// Hands `item` to the delivery of each of the owner's devices with a
+    /// push subscription (or of `only`), but a device showing the thread.
+    fn push(&self, thread: &str, item: &Item, only: Option<&[EndpointId]>) -> usize {
+        let Some(notifier) = &self.notifier else { return 0 };
+        let own = self.devices.all();
+        let now = Instant::now();
+        let viewing = self.viewing.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let door = self.door.get().cloned().unwrap_or(Door { node: String::new(), protocol: "acp".into() });
+        let mut n = 0;
+        for peer in notifier.subscriptions.owners() {
+            if !own.contains_key(&peer) || only.is_some_and(|o| !o.contains(&peer)) {
+                continue;
+            }
+            if viewing.get(&peer).is_some_and(|(t, since)| t == thread && now - *since < VIEW_LEASE) {
+                continue;
+            }
+            notifier.notify(Event {
+                agent: thread.into(),
+                label: thread.into(),
+                session: String::new(),
+                peer,
+                kind: Kind::Message {
+                    thread: thread.to_string(),
+                    id: item.id.clone(),
+                    text: item.text.clone(),
+                },
+                request: None,
+                answer: None,
+                node: door.node.as_str().into(),
+                protocol: door.protocol.as_str().into(),
+                text: None,
+                more: 0,
+                allowed: true,
+            });
+            n += 1;
+        }
+        n
+    }
+
+    /// A reply from one of the owner's devices.
+    pub fn reply(
+        &self,
+        device: &EndpointId,
+        thread: &str,
+        text: &str,
+        reply_to: Option<&str>,
+    ) -> Result<Item, ReachError> {
+        if let Some(why) = text_problem(text) {
+            return Err(ReachError::Bad(why));
+        }
+        let name = self.devices.name_of(device).unwrap_or_else(|| device.fmt_short().to_string());
+        let item = self.threads().add(thread, Author::Device, Some(name.clone()), text, reply_to)?;
+        self.changed.send_replace(item.seq);
+        info!("reply {} to '{thread}' from {name} ({} bytes) waits for its sender", item.id, text.len());
+        Ok(item)
+    }
+
+    /// The replies to `from` not returned yet; when there are none, waits up
+    /// to `wait` (at most [`MAX_WAIT`]) for one. Each reply is returned once.
+    pub async fn replies(&self, from: &str, wait: Duration) -> Result<Vec<Item>, ReachError> {
+        if let Some(why) = name_problem(from) {
+            return Err(ReachError::Bad(format!("from: {why}")));
+        }
+        let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
+        let mut rx = self.changed.subscribe();
+        loop {
+            rx.borrow_and_update();
+            let got = self.threads().take_replies(from)?;
+            if !got.is_empty() {
+                return Ok(got);
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => return Ok(Vec::new()),
+            }
+        }
+    }
+
+    /// The threads as `device` lists them; `viewing`: it shows that thread now.
+    pub fn listing(&self, device: &EndpointId, since: Option<u64>, viewing: Option<String>) -> Value {
+        {
+            let mut v = self.viewing.lock().unwrap_or_else(|p| p.into_inner());
+            match viewing {
+                Some(t) => {
+                    v.insert(*device, (t, Instant::now()));
+                }
+                None => {
+                    v.remove(device);
+                }
+            }
+            // Bounded by the owner's devices that list; stale ones go.
+            v.retain(|_, (_, since)| since.elapsed() < VIEW_LEASE);
+        }
+        self.threads().listing(since)
+    }
+
+    /// The threads in short, for a host's listing.
+    pub fn summary(&self) -> Value {
+        self.threads().summary()
+    }
+
+    /// What `status` on the socket says: who owns it, the owner's devices
+    /// and which of them a message reaches.
+    pub fn status(&self) -> Value {
+        let subscribed: Vec<EndpointId> =
+            self.notifier.as_ref().map(|n| n.subscriptions.owners()).unwrap_or_default();
+        let devices: Vec<Value> = self
+            .devices
+            .all()
+            .into_iter()
+            .map(|(id, d)| {
+                json!({
+                    "name": d.name,
+                    "node": id.fmt_short().to_string(),
+                    "how": d.how.to_string(),
+                    "lastSeen": d.last_seen_ms.map(crate::devices::rfc3339),
+                    "push": subscribed.contains(&id),
+                })
+            })
+            .collect();
+        let push = match &self.notifier {
+            Some(n) if n.vapid.is_some() => "on",
+            Some(_) => "off (its key is unusable: see the host's log)",
+            None => "off (--no-push)",
+        };
+        json!({"host": self.owner, "pid": std::process::id(), "push": push, "devices": devices})
+    }
+
+    /// Logged once at start.
+    pub fn describe(&self, socket: &std::path::Path) {
+        if self.notifier.as_ref().is_none_or(|n| n.vapid.is_none()) {
+            warn!("messages on {} are kept but not pushed: web push is off", socket.display());
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! The local socket anything on the workstation sends the owner messages on:
+//! `$THUNDERBOLT_HOME/reach.sock`, one per home, served by the first host or
+//! bridge that takes it (an exclusive lock held for the process's life, so a
+//! crashed one's stale socket is simply replaced).
+//!
+//! Only the owning user reaches it: the socket is 0600 in a 0700 home, and
+//! each connection's peer uid is checked (`SO_PEERCRED`). One JSON object per
+//! line in, one per line out, any number per connection:
+//!
+//! ```text
+//! {"op":"note","text":"backup done","from":"cron"}   → {"ok":true,"id":"m-7","pushed":2}
+//! {"op":"replies","from":"claude","wait_s":30}      → {"ok":true,"replies":[{"id","text","device","at","replyTo"?}]}
+//! {"op":"status"}                                   → {"ok":true,"host":…,"devices":[…],…}
+//! anything refused                                  → {"error":"rate limited: …"}
+//! ```
+//!
+//! `from` is a display name (1–32 characters, one line; `note` when absent)
+//! that grants nothing; `device` sends to that device only. A line longer
+//! than [`MAX_LINE`] is refused and the connection closed, without reading
+//! the rest into memory.
+
+use std::{
+    fs,
+    io::{Read, Seek, Write},
+    os::{
+        fd::AsRawFd,
+        unix::fs::{OpenOptionsExt, PermissionsExt},
+    },
+    path::PathBuf,
+    sync::Arc,
+    time::Duration,
+};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    net::{UnixListener, UnixStream},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{Message, Reach};
+use crate::home::Home;
+
+/// The longest request line: a message's text (16 KiB) escaped as JSON can
+/// take up to six bytes a byte, and a few fields beside it.
+pub const MAX_LINE: usize = 128 * 1024;
+
+/// Connections served at once: a few scripts and MCP servers, each waiting
+/// for replies; past it one is told `busy` and closed.
+pub const MAX_CONNECTIONS: usize = 32;
+
+/// How long a connection may stay silent between lines.
+pub const IDLE: Duration = Duration::from_secs(120);
+
+/// The name a note without `from` is sent under.
+pub const DEFAULT_FROM: &str = "note";
+
+/// The socket's path.
+pub fn socket_path(home: &Home) -> PathBuf {
+    home.root_path().join("reach.sock")
+}
+
+fn lock_path(home: &Home) -> PathBuf {
+    home.root_path().join(".reach.lock")
+}
+
+/// One request line.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+enum Request {
+    Note {
+        text: String,
+        #[serde(default)]
+        from: Option<String>,
+        #[serde(default)]
+        device: Option<String>,
+        #[serde(default, alias = "replyTo")]
+        reply_to: Option<String>,
+    },
+    Replies {
+        from: String,
+        #[serde(default)]
+        wait_s: Option<f64>,
+    },
+    Status,
+}
+
+/// The socket, held for the process's life.
+#[derive(Debug)]
+pub struct ReachSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    _lock: fs::File,
+}
+
+impl ReachSocket {
+    /// Takes the home's socket; `Ok(None)` when another process has it (that
+    /// one delivers the home's messages).
+    pub fn bind(home: &Home) -> std::io::Result<Option<Self>> {
+        let lock_file = lock_path(home);
+        let mut lock = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&lock_file)?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let mut pid = String::new();
+            let _ = lock.read_to_string(&mut pid);
+            info!("messages (reach.sock) are served by another process on this home (pid {})", pid.trim());
+            return Ok(None);
+        }
+        lock.set_len(0)?;
+        lock.rewind()?;
+        write!(lock, "{}", std::process::id())?;
+        let path = socket_path(home);
+        if fs::symlink_metadata(&path).is_ok() {
+            debug!("replacing the stale {}", path.display());
+            fs::remove_file(&path)?;
+        }
+        let listener = UnixListener::bind(&path)?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
+        Ok(Some(Self { listener, path, _lock: lock }))
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Serves until `stop`, then removes the socket.
+    pub async fn serve(self, reach: Arc<Reach>, stop: CancellationToken) {
+        // SAFETY: getuid cannot fail.
+        let me = unsafe { libc::getuid() };
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+        let tasks = tokio_util::task::TaskTracker::new();
+        loop {
+            let accepted = tokio::select! {
+                a = self.listener.accept() => a,
+                _ = stop.cancelled() => break,
+            };
+            let mut stream = match accepted {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    warn!("reach.sock: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                let _ =
+                    answer(&mut stream, &err(format!("busy: {MAX_CONNECTIONS} connections are open"))).await;
+                continue;
+            };
+            let reach = reach.clone();
+            let stop = stop.clone();
+            tasks.spawn(async move {
+                tokio::select! {
+                    _ = connection(stream, me, &reach) => {}
+                    _ = stop.cancelled() => {}
+                }
+                drop(permit);
+            });
+        }
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+fn err(why: impl ToString) -> Value {
+    json!({"error": why.to_string()})
+}
+
+async fn answer(stream: &mut (impl AsyncWriteExt + Unpin), v: &Value) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(v).unwrap_or_default();
+    line.push(b'\n');
+    stream.write_all(&line).await
+}
+
+/// One connection's lines, in order.
+async fn connection(stream: UnixStream, me: u32, reach: &Reach) {
+    let uid = stream.peer_cred().map(|c| c.uid()).ok();
+    let (read, mut write) = stream.into_split();
+    let mut read = BufReader::with_capacity(16 * 1024, read);
+    let mut line = Vec::with_capacity(1024);
+    if uid != Some(me) {
+        info!("reach.sock: refused a client of uid {uid:?} (only uid {me} may use it)");
+        // Its first line is read (bounded) before the answer: closing on an
+        // unread request would reset the connection before it reads why.
+        let _ = tokio::time::timeout(Duration::from_secs(2), read_line(&mut read, &mut line, MAX_LINE)).await;
+        let _ = answer(&mut write, &err(format!("only uid {me} may use this socket"))).await;
+        return;
+    }
+    loop {
+        line.clear();
+        match tokio::time::timeout(IDLE, read_line(&mut read, &mut line, MAX_LINE)).await {
+            Ok(Ok(Line::Whole)) => {}
+            Ok(Ok(Line::End)) | Err(_) | Ok(Err(_)) => return,
+            Ok(Ok(Line::TooLong)) => {
+                info!("reach.sock: a line over {MAX_LINE} bytes refused; connection closed");
+                let _ = answer(&mut write, &err(format!("line too long: at most {MAX_LINE} bytes"))).await;
+                return;
+            }
+        }
+        let reply = match serde_json::from_slice::<Request>(&line) {
+            Ok(req) => handle(req, reach).await,
+            Err(e) => err(format!(
+                "not a request ({e}); send one JSON object per line: {{\"op\":\"note\",\"text\":…}}, \
+                 {{\"op\":\"replies\",\"from\":…}} or {{\"op\":\"status\"}}"
+            )),
+        };
+        if answer(&mut write, &reply).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn handle(req: Request, reach: &Reach) -> Value {
+    match req {
+        Request::Note { text, from, device, reply_to } => {
+            let m =
+                Message { from: from.unwrap_or_else(|| DEFAULT_FROM.to_string()), text, device, reply_to };
+            match reach.send(m) {
+                Ok(s) => json!({"ok": true, "id": s.id, "pushed": s.pushed}),
+                Err(e) => err(e),
+            }
+        }
+        Request::Replies { from, wait_s } => {
+            let wait = wait_s
+                .filter(|w| w.is_finite() && *w > 0.0)
+                .map_or(Duration::ZERO, |w| Duration::from_secs_f64(w.min(super::MAX_WAIT.as_secs_f64())));
+            match reach.replies(&from, wait).await {
+                Ok(r) => json!({"ok": true, "replies": r}),
+                Err(e) => err(e),
+            }
+        }
+        Request::Status => {
+            let mut v = reach.status();
+            v["ok"] = json!(true);
+            v
+        }
+    }
+}
+
+pub(super) enum Line {
+    Whole,
+    End,
+    TooLong,
+}
+
+/// Reads one line (without its `\n`) into `out`, never more than `max` bytes.
+pub(super) async fn read_line(
+    read: &mut (impl AsyncBufReadExt + Unpin),
+    out: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<Line> {
+    loop {
+        let buf = read.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(if out.is_empty() { Line::End } else { Line::Whole });
+        }
+        match memchr::memchr(b'\n', buf) {
+            Some(i) => {
+                if out.len() + i > max {
+                    return Ok(Line::TooLong);
+                }
+                out.extend_from_slice(&buf[..i]);
+                read.consume(i + 1);
+                return Ok(Line::Whole);
+            }
+            None => {
+                let n = buf.len();
+                if out.len() + n > max {
+                    return Ok(Line::TooLong);
+                }
+                out.extend_from_slice(buf);
+                read.consume(n);
+            }
+        }
+    }
+}

@@ -1,0 +1,115 @@
+// Your agent reaches you: an MCP client written with the official SDK (npm)
+// runs `thunderbolt reach` and messages the owner; the phone page (headless
+// Chromium at 390 × 844, by role and name) shows the thread and answers it;
+// `get_replies` hands the answer back once, and not again after the MCP
+// server and the bridge were restarted.
+//
+//   (cd client-wasm/e2e && node --test --test-concurrency=1 reach.test.mjs)
+//
+// Needs: client-wasm/pkg (client-wasm/build.sh), the workspace binaries
+// (cargo build --workspace --bins), Debian chromium, `npm ci` here.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { mkdirSync, mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { ROOT, BIN, WAIT_MS, tb, tbEnv, startAcpBridge, pageRig } from "./harness.mjs";
+
+const ARTIFACTS = join(ROOT, "client-wasm/e2e/artifacts");
+const AGENT = join(ROOT, "client-wasm/e2e/restart-agent.mjs");
+const PHONE = { viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true, deviceScaleFactor: 1 };
+
+const rig = pageRig({ before, after });
+mkdirSync(ARTIFACTS, { recursive: true });
+const shot = (p, name) => p.screenshot({ path: join(ARTIFACTS, name) });
+
+/// The SDK's client on `thunderbolt reach --agent-name claude` in `home`.
+async function mcp(home) {
+  const transport = new StdioClientTransport({
+    command: join(BIN, "thunderbolt"),
+    args: ["reach", "--agent-name", "claude"],
+    env: { ...process.env, ...tbEnv(home, rig.relay.url) },
+    stderr: "pipe",
+  });
+  const client = new Client({ name: "reach-test", version: "1.0.0" });
+  await client.connect(transport);
+  return client;
+}
+
+const text = (r) => (r.content || []).map((c) => c.text).join("\n");
+
+test("a message sent through the MCP SDK shows on the phone, its answer comes back once, and not again after both restart", async () => {
+  const { relay, baseUrl, browser } = rig;
+  const store = mkdtempSync(join(tmpdir(), "tb-e2e-store-"));
+  const agent = [process.execPath, AGENT, "--store", store];
+  let b = await startAcpBridge(relay.url, agent);
+  const home = b.home;
+
+  // Before anything is sent: the tools, and who a message reaches.
+  let client = await mcp(home);
+  const tools = (await client.listTools()).tools.map((t) => t.name).sort();
+  assert.deepEqual(tools, ["get_replies", "send_message", "status"]);
+
+  // The phone pairs by its link and connects.
+  const minted = JSON.parse(tb(home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
+  const ctx = await browser.newContext(PHONE);
+  const p = await ctx.newPage();
+  p.on("pageerror", (e) => console.log("page error:", e.message));
+  await p.goto(minted.link);
+  await p.waitForFunction(() => document.querySelector("#status").className === "ok" || window.lastError, null, { timeout: WAIT_MS });
+  assert.equal(await p.evaluate(() => window.lastError), undefined, await p.textContent("#status"));
+  const status = await client.callTool({ name: "status", arguments: {} });
+  assert.equal(status.isError, undefined, text(status));
+  assert.equal(status.structuredContent.devices.length, 1, text(status));
+
+  // The agent asks.
+  const asked = "The deploy to staging is green. Ship it to production?";
+  const sent = await client.callTool({ name: "send_message", arguments: { text: asked } });
+  assert.equal(sent.isError, undefined, text(sent));
+  const id = sent.structuredContent.id;
+  assert.match(id, /^m-\d+$/);
+
+  // The person opens the app: the thread is in the list, beside the sessions.
+  await p.reload();
+  const thread = p.getByRole("list", { name: /^messages on / }).getByRole("button", { name: /claude/ });
+  await thread.waitFor({ timeout: WAIT_MS });
+  assert.match(await thread.textContent(), /Ship it to production\?/);
+  await shot(p, "reach-list.png");
+  await thread.click();
+  const dialog = p.getByRole("dialog", { name: "claude" });
+  await dialog.getByRole("log", { name: "messages" }).getByText(asked).waitFor({ timeout: WAIT_MS });
+
+  // The agent waits for the answer; the person types it.
+  const waiting = client.callTool({ name: "get_replies", arguments: { wait_s: 25 } });
+  await dialog.getByRole("textbox", { name: "Reply" }).fill("yes, ship it");
+  await dialog.getByRole("button", { name: "Send reply" }).click();
+  await dialog.getByRole("log", { name: "messages" }).getByText("yes, ship it").waitFor({ timeout: WAIT_MS });
+  await shot(p, "reach-thread.png");
+  const got = await waiting;
+  assert.equal(got.isError, undefined, text(got));
+  assert.equal(got.structuredContent.replies.length, 1, text(got));
+  assert.equal(got.structuredContent.replies[0].text, "yes, ship it");
+  assert.equal(got.structuredContent.replies[0].replyTo, id, "it answers the message shown");
+  assert.match(text(got), /yes, ship it/);
+  const again = await client.callTool({ name: "get_replies", arguments: {} });
+  assert.deepEqual(again.structuredContent.replies, [], text(again));
+
+  // The MCP server and the bridge restart: the answer is not handed out twice.
+  await client.close();
+  b.child.kill("SIGTERM");
+  await new Promise((res) => b.child.once("exit", res));
+  b = await startAcpBridge(relay.url, agent, [], { home });
+  client = await mcp(home);
+  const after = await client.callTool({ name: "get_replies", arguments: {} });
+  assert.equal(after.isError, undefined, text(after));
+  assert.deepEqual(after.structuredContent.replies, [], text(after));
+  assert.match(text(after), /no replies yet/);
+
+  // Back from the thread: the conversation is where it was.
+  await dialog.getByRole("button", { name: "Back" }).click();
+  assert.equal(await dialog.isVisible(), false);
+  await client.close();
+  await ctx.close();
+});

@@ -1,0 +1,206 @@
+// Messages from your workstation (docs/browser.md, "Messages from your
+// workstation"): what its agents and scripts sent you (`thunderbolt reach`,
+// `thunderbolt note`), a thread per sender. The host's listing names each
+// thread beside its sessions; a tap shows the thread whole, read and answered
+// over the host's messages door (`thunderbolt/<p>/reach1`: one line out, one
+// back, no agent started). While a thread is shown the page asks for what is
+// new every few seconds, which also tells the host not to push that thread to
+// this device meanwhile.
+import { el } from "./conversation.js";
+
+/// A dial and its answer: a relay hop or two.
+const REACH_MS = 8000;
+/// The longest answer read (the host sends at most 768 KiB of text).
+const MAX_ANSWER = 2 * 1024 * 1024;
+/// How often a shown thread asks for what is new: the host takes a device
+/// that stops asking as no longer showing it after 20 s, and pushes again.
+const POLL_MS = 4000;
+/// Per host and thread, in localStorage: the newest item seen (for "new").
+const READ_PREFIX = "thunderbolt_iroh_read:";
+
+const $ = (id) => document.getElementById(id);
+
+/// "14:05", or "3 Dec 14:05" for another day.
+function when(at) {
+  const d = new Date(at);
+  if (isNaN(d)) return "";
+  const time = d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  return d.toDateString() === new Date().toDateString() ? time : `${d.toLocaleDateString([], { day: "numeric", month: "short" })} ${time}`;
+}
+
+export class Messages {
+  /// `client()`: the page's IrohClient (or null before it is made).
+  constructor({ client, log, onRead }) {
+    this.client = client;
+    this.log = log || (() => {});
+    this.onRead = onRead || (() => {});
+    // The thread shown: {ticket, host, name, seq, items, timer, busy}.
+    this.shown = null;
+    $("thread-back").onclick = () => this.close();
+    $("thread-reply").onsubmit = (e) => {
+      e.preventDefault();
+      this.reply();
+    };
+    $("thread-text").oninput = () => this.renderReply();
+    $("thread-text").onkeydown = (e) => {
+      if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+        e.preventDefault();
+        this.reply();
+      }
+    };
+    document.addEventListener("visibilitychange", () => {
+      if (!this.shown) return;
+      if (document.visibilityState === "visible") this.poll();
+      else clearTimeout(this.shown.timer);
+    });
+  }
+
+  /// One request on the host's messages door: its answer, or `{error}`.
+  async call(ticket, req) {
+    const client = this.client();
+    if (!client) return { error: "not started yet" };
+    let conn = null;
+    try {
+      conn = await client.connect(ticket, "thunderbolt/acp/reach1", REACH_MS);
+      await conn.send(new TextEncoder().encode(JSON.stringify(req) + "\n"));
+      await conn.finish();
+      const reader = conn.readable().getReader();
+      const dec = new TextDecoder();
+      let text = "";
+      while (!text.includes("\n") && text.length <= MAX_ANSWER) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        text += dec.decode(value, { stream: true });
+      }
+      return JSON.parse(text.split("\n")[0]);
+    } catch (e) {
+      return { error: String((e && (e.reason || e.message)) || e) };
+    } finally {
+      if (conn) conn.close();
+    }
+  }
+
+  /// Whether the thread `name` is on screen now (then no notice is shown for it).
+  shows(name) {
+    return !!this.shown && this.shown.name === name && document.visibilityState === "visible";
+  }
+
+  /// The newest item of `name` on `host` this browser showed.
+  read(host, name) {
+    return Number(localStorage.getItem(`${READ_PREFIX}${host}:${name}`) || 0);
+  }
+
+  /// A host's threads as the list shows them (from its listing's `messages`):
+  /// a button each, its newest item in short, marked when there is news.
+  list(host, hostName, ticket, messages) {
+    const threads = (messages && Array.isArray(messages.threads) ? messages.threads : []).filter((t) => t && typeof t.name === "string");
+    if (!threads.length) return null;
+    const ul = el("ul", { className: "threads" });
+    ul.setAttribute("aria-label", `messages on ${hostName}`);
+    for (const t of threads) {
+      const fresh = t.seq > this.read(host, t.name);
+      const last = t.last || {};
+      const b = el("button", { type: "button", className: `thread${fresh ? " fresh" : ""}` },
+        el("strong", {}, t.name, fresh ? el("span", { className: "dot" }, " · new") : null),
+        " ",
+        el("span", {}, `${last.from === "device" ? "you: " : ""}${last.text || ""} · ${when(last.at)}`));
+      b.dataset.thread = t.name;
+      b.onclick = () => this.open(ticket, host, t.name, hostName);
+      ul.append(el("li", {}, b));
+    }
+    return ul;
+  }
+
+  /// Shows thread `name` of the host reached at `ticket`, whole.
+  async open(ticket, host, name, hostName = "") {
+    if (this.shown) clearTimeout(this.shown.timer);
+    this.shown = { ticket, host, name, seq: 0, items: [], timer: null, busy: false };
+    $("thread-name").textContent = name;
+    $("thread-host").textContent = hostName ? `on ${hostName}` : "";
+    $("thread-items").replaceChildren();
+    $("thread-state").textContent = "loading…";
+    $("thread").hidden = false;
+    document.body.classList.add("thread-open");
+    this.renderReply();
+    await this.poll();
+    $("thread-text").focus({ preventScroll: true });
+  }
+
+  close() {
+    const s = this.shown;
+    if (!s) return;
+    clearTimeout(s.timer);
+    this.shown = null;
+    $("thread").hidden = true;
+    document.body.classList.remove("thread-open");
+    // The host hears at once that this device no longer shows it.
+    this.call(s.ticket, { op: "threads", since: s.seq });
+    this.onRead();
+  }
+
+  /// Asks for what is new in the thread shown (all of it the first time),
+  /// then again in POLL_MS while the page is visible.
+  async poll() {
+    const s = this.shown;
+    if (!s || s.busy) return;
+    clearTimeout(s.timer);
+    s.busy = true;
+    const req = { op: "threads", viewing: s.name };
+    if (s.seq) req.since = s.seq;
+    const r = await this.call(s.ticket, req);
+    s.busy = false;
+    if (this.shown !== s) return;
+    if (r.error) {
+      $("thread-state").textContent = `could not reach the host: ${r.error}`;
+    } else {
+      const t = (r.threads || []).find((x) => x.name === s.name);
+      const have = new Set(s.items.map((i) => i.id));
+      const fresh = t ? t.items.filter((i) => !have.has(i.id)) : [];
+      s.items.push(...fresh);
+      if (typeof r.seq === "number") s.seq = r.seq;
+      $("thread-state").textContent = s.items.length ? "" : "no messages in this thread";
+      if (fresh.length) this.renderItems(fresh);
+      const newest = s.items.length ? s.items[s.items.length - 1].seq : 0;
+      if (newest > this.read(s.host, s.name)) localStorage.setItem(`${READ_PREFIX}${s.host}:${s.name}`, String(newest));
+    }
+    if (document.visibilityState === "visible") s.timer = setTimeout(() => this.poll(), POLL_MS);
+  }
+
+  renderItems(items) {
+    const ol = $("thread-items");
+    for (const i of items) {
+      const mine = i.from === "device";
+      const li = el("li", { className: `msg ${mine ? "mine" : "theirs"}` },
+        el("p", {}, i.text),
+        el("small", {}, `${mine ? (i.device ? `you (${i.device})` : "you") : this.shown.name} · ${when(i.at)}`));
+      li.dataset.id = i.id;
+      ol.append(li);
+    }
+    ol.lastElementChild?.scrollIntoView({ block: "end" });
+  }
+
+  renderReply() {
+    $("thread-send").disabled = !this.shown || !$("thread-text").value.trim();
+  }
+
+  /// Sends the reply box's text to the thread shown, answering its newest message.
+  async reply() {
+    const s = this.shown;
+    const text = $("thread-text").value;
+    if (!s || !text.trim()) return;
+    const lastMessage = [...s.items].reverse().find((i) => i.from === "agent");
+    $("thread-send").disabled = true;
+    $("thread-state").textContent = "sending…";
+    const r = await this.call(s.ticket, { op: "reply", thread: s.name, text, ...(lastMessage ? { replyTo: lastMessage.id } : {}) });
+    if (this.shown !== s) return;
+    if (r.ok) {
+      $("thread-text").value = "";
+      $("thread-state").textContent = "";
+      this.log(`reply ${r.id} sent to ${s.name}`);
+      await this.poll();
+    } else {
+      $("thread-state").textContent = `not sent: ${r.error || "the host did not take it"}`;
+    }
+    this.renderReply();
+  }
+}
