@@ -15,7 +15,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
-import { ROOT, BIN, WAIT_MS, tb, tbEnv, startAcpBridge, pageRig } from "./harness.mjs";
+import { spawn } from "node:child_process";
+import { createInterface } from "node:readline";
+import { ROOT, BIN, WAIT_MS, tb, tbEnv, startAcpBridge, pageRig, waitFor, procs } from "./harness.mjs";
 
 const ARTIFACTS = join(ROOT, "client-wasm/e2e/artifacts");
 const AGENT = join(ROOT, "client-wasm/e2e/restart-agent.mjs");
@@ -38,28 +40,54 @@ async function mcp(home) {
   return client;
 }
 
-const text = (r) => (r.content || []).map((c) => c.text).join("\n");
+/// A client written from Claude Code's channel contract alone: raw JSON-RPC
+/// lines on `thunderbolt reach --channel`'s stdio. `got` holds every line it
+/// was sent; `seen(pick, what)` waits for one.
+function channelClient(home) {
+  const child = spawn(join(BIN, "thunderbolt"), ["reach", "--channel", "--agent-name", "claude"], {
+    env: { ...process.env, ...tbEnv(home, rig.relay.url) }, stdio: ["pipe", "pipe", "pipe"],
+  });
+  const c = { child, got: [], err: "" };
+  createInterface({ input: child.stdout }).on("line", (l) => c.got.push(JSON.parse(l)));
+  child.stderr.on("data", (d) => (c.err += d));
+  c.send = (v) => child.stdin.write(JSON.stringify({ jsonrpc: "2.0", ...v }) + "\n");
+  c.seen = (pick, what) => waitFor(() => c.got.find(pick), what).catch((e) => {
+    throw new Error(`${e.message}; it got ${JSON.stringify(c.got)}; stderr:\n${c.err}`);
+  });
+  procs.push(c);
+  return c;
+}
 
-test("a message sent through the MCP SDK shows on the phone, its answer comes back once, and not again after both restart", async () => {
+/// A bridge running the SDK's ACP agent, and a phone page paired with it and connected.
+async function pairedPhone() {
   const { relay, baseUrl, browser } = rig;
   const store = mkdtempSync(join(tmpdir(), "tb-e2e-store-"));
   const agent = [process.execPath, AGENT, "--store", store];
-  let b = await startAcpBridge(relay.url, agent);
-  const home = b.home;
-
-  // Before anything is sent: the tools, and who a message reaches.
-  let client = await mcp(home);
-  const tools = (await client.listTools()).tools.map((t) => t.name).sort();
-  assert.deepEqual(tools, ["get_replies", "send_message", "status"]);
-
-  // The phone pairs by its link and connects.
-  const minted = JSON.parse(tb(home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
+  const b = await startAcpBridge(relay.url, agent);
+  const minted = JSON.parse(tb(b.home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
   const ctx = await browser.newContext(PHONE);
   const p = await ctx.newPage();
   p.on("pageerror", (e) => console.log("page error:", e.message));
   await p.goto(minted.link);
   await p.waitForFunction(() => document.querySelector("#status").className === "ok" || window.lastError, null, { timeout: WAIT_MS });
   assert.equal(await p.evaluate(() => window.lastError), undefined, await p.textContent("#status"));
+  return { b, agent, ctx, p };
+}
+
+const text = (r) => (r.content || []).map((c) => c.text).join("\n");
+
+test("a message sent through the MCP SDK shows on the phone, its answer comes back once, and not again after both restart", async () => {
+  const { relay } = rig;
+  // The phone pairs by its link and connects.
+  const paired = await pairedPhone();
+  const { agent, ctx, p } = paired;
+  let b = paired.b;
+  const home = b.home;
+
+  // The tools, and who a message reaches.
+  let client = await mcp(home);
+  const tools = (await client.listTools()).tools.map((t) => t.name).sort();
+  assert.deepEqual(tools, ["get_replies", "send_message", "status"]);
   const status = await client.callTool({ name: "status", arguments: {} });
   assert.equal(status.isError, undefined, text(status));
   assert.equal(status.structuredContent.devices.length, 1, text(status));
@@ -111,5 +139,48 @@ test("a message sent through the MCP SDK shows on the phone, its answer comes ba
   await dialog.getByRole("button", { name: "Back" }).click();
   assert.equal(await dialog.isVisible(), false);
   await client.close();
+  await ctx.close();
+});
+
+test("Claude Code's channel: a permission prompt is answered Allow on the phone and comes back as the verdict; a chat \"yes\" does not approve", async () => {
+  const { b, ctx, p } = await pairedPhone();
+  const c = channelClient(b.home);
+  c.send({ id: 1, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "claude-code", version: "2.1.81" } } });
+  const init = await c.seen((m) => m.id === 1, "initialize's answer");
+  assert.deepEqual(init.result.capabilities.experimental, { "claude/channel": {}, "claude/channel/permission": {} });
+  c.send({ method: "notifications/initialized" });
+  c.send({
+    method: "notifications/claude/channel/permission_request",
+    params: { request_id: "tbxkq", tool_name: "Bash", description: "run the test suite", input_preview: '{"command":"npm test"}' },
+  });
+
+  // The phone: the question, in the agent's thread, with Allow and Deny.
+  await p.reload();
+  const thread = p.getByRole("list", { name: /^messages on / }).getByRole("button", { name: /claude/ });
+  await thread.waitFor({ timeout: WAIT_MS });
+  await thread.click();
+  const dialog = p.getByRole("dialog", { name: "claude" });
+  const answer = dialog.getByRole("group", { name: "answer Bash" });
+  await answer.waitFor({ timeout: WAIT_MS });
+  assert.match(await dialog.getByRole("log", { name: "messages" }).textContent(), /Bash: run the test suite.*npm test/s);
+  await shot(p, "reach-question.png");
+
+  // "yes" typed in the thread reaches the session as a message, and is no verdict.
+  await dialog.getByRole("textbox", { name: "Reply" }).fill("yes");
+  await dialog.getByRole("button", { name: "Send reply" }).click();
+  const chat = await c.seen((m) => m.method === "notifications/claude/channel", "the reply as a channel message");
+  assert.equal(chat.params.content, "yes");
+  assert.equal(chat.params.meta.thread, "claude");
+  assert.ok(!c.got.some((m) => m.method === "notifications/claude/channel/permission"), "a chat yes approves nothing");
+  assert.equal(await answer.getByRole("button", { name: "Allow" }).isEnabled(), true, "the question still waits");
+
+  // Allow: the verdict, once, with the request's id.
+  await answer.getByRole("button", { name: "Allow" }).click();
+  const verdict = await c.seen((m) => m.method === "notifications/claude/channel/permission", "the verdict").catch(async (e) => { throw new Error(`${e.message}\nthread state: ${await p.textContent("#thread-state")}\nbridge: ${b.err.slice(-3000)}`); });
+  assert.deepEqual(verdict.params, { request_id: "tbxkq", behavior: "allow" });
+  await dialog.getByText(/^Allowed by /).waitFor({ timeout: WAIT_MS });
+  await shot(p, "reach-allowed.png");
+  assert.equal(c.got.filter((m) => m.method === "notifications/claude/channel/permission").length, 1);
+  c.child.stdin.end();
   await ctx.close();
 });

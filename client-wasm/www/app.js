@@ -1457,7 +1457,10 @@ function openThreadFromNotice(o) {
   if (!a) return setStatus("that message's workstation is not in this browser any more: pair with it again", "warn");
   const h = hostsOf(list).find((x) => x.agents.includes(a));
   window.openedFromNotice = o;
-  messages.open(a.ticket, h.key, o.thread, h.name);
+  // A question's Allow / Deny tapped on the notice: given once the thread is there.
+  messages.open(a.ticket, h.key, o.thread, h.name).then(() => {
+    if (o.message && (o.answer === "allow" || o.answer === "deny")) messages.decide(o.message, o.answer);
+  });
 }
 
 /// A message pushed while a page is open: the host is asked again for its

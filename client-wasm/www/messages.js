@@ -36,6 +36,9 @@ export class Messages {
     this.onRead = onRead || (() => {});
     // The thread shown: {ticket, host, name, seq, items, timer, busy}.
     this.shown = null;
+    // The connection to the host of the thread shown, and the requests' order.
+    this.linked = null;
+    this.queue = Promise.resolve();
     $("thread-back").onclick = () => this.close();
     $("thread-reply").onsubmit = (e) => {
       e.preventDefault();
@@ -56,28 +59,58 @@ export class Messages {
   }
 
   /// One request on the host's messages door: its answer, or `{error}`.
-  async call(ticket, req) {
-    const client = this.client();
-    if (!client) return { error: "not started yet" };
-    let conn = null;
-    try {
-      conn = await client.connect(ticket, "thunderbolt/acp/reach1", REACH_MS);
-      await conn.send(new TextEncoder().encode(JSON.stringify(req) + "\n"));
-      await conn.finish();
-      const reader = conn.readable().getReader();
-      const dec = new TextDecoder();
-      let text = "";
-      while (!text.includes("\n") && text.length <= MAX_ANSWER) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        text += dec.decode(value, { stream: true });
+  /// Requests go one at a time on one connection per host, kept while it is
+  /// used (the host lets it go after 30 s of silence): a dial per request
+  /// would spend this device's connection budget at the host's gate.
+  call(ticket, req) {
+    const work = this.queue.then(() => this.exchange(ticket, req));
+    this.queue = work.catch(() => {});
+    return work;
+  }
+
+  async exchange(ticket, req) {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const link = await this.link(ticket);
+        await link.conn.send(new TextEncoder().encode(JSON.stringify(req) + "\n"));
+        return JSON.parse(await link.line());
+      } catch (e) {
+        this.drop();
+        // A connection the host let go: once more on a new one.
+        if (attempt > 0) return { error: String((e && (e.reason || e.message)) || e) };
       }
-      return JSON.parse(text.split("\n")[0]);
-    } catch (e) {
-      return { error: String((e && (e.reason || e.message)) || e) };
-    } finally {
-      if (conn) conn.close();
     }
+  }
+
+  /// The open connection to the host at `ticket`, made if need be.
+  async link(ticket) {
+    if (this.linked && this.linked.ticket === ticket) return this.linked;
+    this.drop();
+    const client = this.client();
+    if (!client) throw new Error("not started yet");
+    const conn = await client.connect(ticket, "thunderbolt/acp/reach1", REACH_MS);
+    const reader = conn.readable().getReader();
+    const dec = new TextDecoder();
+    const link = { ticket, conn, text: "" };
+    link.line = async () => {
+      while (!link.text.includes("\n")) {
+        if (link.text.length > MAX_ANSWER) throw new Error("the host's answer is too long");
+        const { value, done } = await reader.read();
+        if (done) throw new Error("the host closed the connection");
+        link.text += dec.decode(value, { stream: true });
+      }
+      const at = link.text.indexOf("\n");
+      const line = link.text.slice(0, at);
+      link.text = link.text.slice(at + 1);
+      return line;
+    };
+    this.linked = link;
+    return link;
+  }
+
+  drop() {
+    if (this.linked) this.linked.conn.close();
+    this.linked = null;
   }
 
   /// Whether the thread `name` is on screen now (then no notice is shown for it).
@@ -133,8 +166,8 @@ export class Messages {
     this.shown = null;
     $("thread").hidden = true;
     document.body.classList.remove("thread-open");
-    // The host hears at once that this device no longer shows it.
-    this.call(s.ticket, { op: "threads", since: s.seq });
+    // The host hears at once that this device no longer shows it; then the connection goes.
+    this.call(s.ticket, { op: "threads", since: s.seq }).then(() => this.drop());
     this.onRead();
   }
 
@@ -159,24 +192,58 @@ export class Messages {
       s.items.push(...fresh);
       if (typeof r.seq === "number") s.seq = r.seq;
       $("thread-state").textContent = s.items.length ? "" : "no messages in this thread";
-      if (fresh.length) this.renderItems(fresh);
+      if (fresh.length) this.renderItems();
       const newest = s.items.length ? s.items[s.items.length - 1].seq : 0;
       if (newest > this.read(s.host, s.name)) localStorage.setItem(`${READ_PREFIX}${s.host}:${s.name}`, String(newest));
     }
     if (document.visibilityState === "visible") s.timer = setTimeout(() => this.poll(), POLL_MS);
   }
 
-  renderItems(items) {
+  /// The thread shown, whole (its items are few: the host keeps 200 at most).
+  renderItems() {
+    const s = this.shown;
     const ol = $("thread-items");
-    for (const i of items) {
+    const answers = new Map(s.items.filter((i) => i.verdict && i.replyTo).map((i) => [i.replyTo, i]));
+    ol.replaceChildren(...s.items.map((i) => {
       const mine = i.from === "device";
-      const li = el("li", { className: `msg ${mine ? "mine" : "theirs"}` },
+      const who = mine ? (i.device ? `you (${i.device})` : "you") : s.name;
+      const li = el("li", { className: `msg ${mine ? "mine" : "theirs"}${i.ask ? " ask" : ""}` },
         el("p", {}, i.text),
-        el("small", {}, `${mine ? (i.device ? `you (${i.device})` : "you") : this.shown.name} · ${when(i.at)}`));
+        i.ask && i.ask.preview ? el("pre", {}, i.ask.preview) : null,
+        el("small", {}, `${who} · ${when(i.at)}`));
       li.dataset.id = i.id;
-      ol.append(li);
-    }
+      if (i.ask) {
+        const done = answers.get(i.id);
+        if (done) {
+          li.append(el("small", { className: "verdict" }, `${done.verdict.behavior === "allow" ? "Allowed" : "Denied"} by ${done.device || "a device"}`));
+        } else {
+          const allow = el("button", { type: "button", className: "primary" }, "Allow");
+          const deny = el("button", { type: "button", className: "deny" }, "Deny");
+          allow.onclick = () => this.decide(i.id, "allow");
+          deny.onclick = () => this.decide(i.id, "deny");
+          const row = el("div", { className: "answer" }, allow, deny);
+          row.setAttribute("role", "group");
+          row.setAttribute("aria-label", `answer ${i.ask.tool}`);
+          li.append(row);
+        }
+      }
+      return li;
+    }));
     ol.lastElementChild?.scrollIntoView({ block: "end" });
+  }
+
+  /// Allow or Deny of question `id` of the thread shown: only this makes a
+  /// verdict (a reply's text never does).
+  async decide(id, behavior) {
+    const s = this.shown;
+    if (!s) return;
+    for (const b of document.querySelectorAll(`#thread-items li[data-id="${CSS.escape(id)}"] .answer button`)) b.disabled = true;
+    $("thread-state").textContent = behavior === "allow" ? "allowing…" : "denying…";
+    const r = await this.call(s.ticket, { op: "answer", thread: s.name, question: id, behavior });
+    if (this.shown !== s) return;
+    $("thread-state").textContent = r.ok ? "" : `not answered: ${r.error || "the host did not take it"}`;
+    if (r.ok) this.log(`${id} ${behavior === "allow" ? "allowed" : "denied"}`);
+    await this.poll();
   }
 
   renderReply() {

@@ -30,6 +30,7 @@ function noticeUrl(n, action = "") {
   if (n.node) q.set("node", n.node);
   if (n.request !== undefined) q.set("request", n.request);
   if (n.event === "message" && n.thread) q.set("thread", n.thread);
+  if (n.event === "message" && n.message) q.set("message", n.message);
   if (n.event === "needs_answer" && n.detail) q.set("method", n.detail);
   if (action) q.set("answer", action);
   return `${self.registration.scope}#${q}`;
@@ -111,14 +112,16 @@ self.addEventListener("push", (event) => {
     const done = (shown) => { for (const p of pages) p.postMessage({ type: "thunderbolt-notice-done", notice, shown }); };
     if (notice.event === "answered" || notice.event === "ended") return withdraw(notice).then(() => done(false));
     if (await attachedPage(pages, notice)) return done(false);
-    const permission = notice.event === "needs_answer" && notice.detail === "session/request_permission";
+    // A permission, or a message that asks (an agent's permission prompt): Allow and Deny.
+    const permission = (notice.event === "needs_answer" && notice.detail === "session/request_permission")
+      || (notice.event === "message" && Array.isArray(notice.options));
     await self.registration.showNotification(notice.title || "thunderbolt", {
       // The agent's own words (`text`), unless the body says them already
       // (a worded notice's body starts with them).
       body: notice.text && !String(notice.body || "").includes(notice.text) ? `${notice.body}\n${notice.text}` : notice.body,
       tag: tagOf(notice),
       renotify: true,
-      requireInteraction: notice.event === "needs_answer",
+      requireInteraction: notice.event === "needs_answer" || permission,
       icon: "icon-192.png",
       data: { ...notice, url: noticeUrl(notice) },
       actions: permission ? [{ action: "allow", title: "Allow" }, { action: "deny", title: "Deny" }] : [],

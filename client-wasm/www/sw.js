@@ -40,9 +40,27 @@ function within(ms, what, promise) {
 /// Answers the notice's question with `action` (`allow`, `deny`) from here.
 /// `null` when the notice cannot be answered from here (no token, no
 /// options to pick from: the page answers it); else `{answered, error?}`.
+/// A message's question (an agent's permission prompt, `event: "message"`)
+/// is answered on the host's messages door instead (`…/reach1`).
 async function answerFromNotice(notice, action) {
+  if (notice.event === "message") {
+    if (!notice.thread || !notice.message || !notice.node || (action !== "allow" && action !== "deny")) return null;
+    const line = { op: "answer", thread: notice.thread, question: notice.message, behavior: action };
+    return oneLine(notice, "reach1", line, (reply) => reply && reply.ok === true);
+  }
   const optionId = optionFor(notice, action);
   if (!notice.answer || !notice.session || typeof notice.request !== "string" || !notice.node || !optionId) return null;
+  const line = {
+    session: notice.session, request: notice.request, token: notice.answer,
+    result: { outcome: { outcome: "selected", optionId } },
+  };
+  return oneLine(notice, "answer1", line, (reply) => reply && reply.answered === true);
+}
+
+/// Dials the agent the notice names on `thunderbolt/<p>/<door>` with this
+/// browser's identity, sends `request` as one line and reads one back:
+/// `{answered: true}` when `ok(reply)`, else `{answered: false, error}`.
+async function oneLine(notice, door, request, ok) {
   const keys = await loadForWorker().catch(() => undefined);
   if (!keys || !keys.secret) return { answered: false, error: "this browser's identity is not stored for the service worker yet (open the page once)" };
   const agent = (keys.agents || []).find((a) => a.node === notice.node);
@@ -50,10 +68,7 @@ async function answerFromNotice(notice, action) {
   // The agent's ticket names its relay too; a bare NodeId is dialed through ours.
   const target = (agent && agent.ticket) || notice.node;
   const protocol = /^[a-z0-9-]+$/.test(notice.protocol || "") ? notice.protocol : "acp";
-  const line = JSON.stringify({
-    session: notice.session, request: notice.request, token: notice.answer,
-    result: { outcome: { outcome: "selected", optionId } },
-  }) + "\n";
+  const line = JSON.stringify(request) + "\n";
   // What is open, to close whichever way the attempt ends (a late client, made
   // after the attempt was given up, is closed by the attempt itself).
   const job = { client: null, conn: null, over: false };
@@ -71,7 +86,7 @@ async function answerFromNotice(notice, action) {
     await loaded;
     job.client = await IrohClient.create(keys.secret, relay);
     if (job.over) return end();
-    job.conn = await job.client.connect(target, `thunderbolt/${protocol}/answer1`, ANSWER_MS - 1000);
+    job.conn = await job.client.connect(target, `thunderbolt/${protocol}/${door}`, ANSWER_MS - 1000);
     if (job.over) return end();
     await job.conn.send(new TextEncoder().encode(line));
     await job.conn.finish();
@@ -89,7 +104,7 @@ async function answerFromNotice(notice, action) {
     } catch {
       return { answered: false, error: text ? "the bridge's answer is unreadable" : "the bridge closed without an answer" };
     }
-    return reply && reply.answered === true
+    return ok(reply)
       ? { answered: true }
       : { answered: false, error: String((reply && reply.error) || "not answered") };
   };

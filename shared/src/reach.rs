@@ -6,9 +6,10 @@
 //!
 //! The device dials any agent of the host with its own identity (one of the
 //! owner's own devices: the account's, the allow file's or one paired by a
-//! code), opens one bidirectional stream, writes one ndjson line, finishes
-//! its side and reads one line back; the bridge then closes the connection
-//! (code 0). No agent is started for it.
+//! code), opens one bidirectional stream and writes ndjson lines, reading one
+//! line back for each, in order; when it finishes its side (or is silent for
+//! 30 s, or sends a line that is not a request) the bridge closes the
+//! connection (code 0). No agent is started for it.
 //!
 //! ```text
 //! {"op":"threads"}                         → {"threads":[…],"seq":N}
@@ -17,12 +18,17 @@
 //!                                             of it to this device for a while)
 //! {"op":"reply","thread":"ci","text":"ship it","replyTo":"m-12"}
 //!                                          → {"ok":true,"id":"r-13","seq":13}
+//! {"op":"answer","thread":"claude","question":"q-14","behavior":"allow"}
+//!                                          → {"ok":true,"id":"r-15","seq":15}
 //! ```
 //!
 //! Anything refused is `{"error":"<why>"}`. A thread is
 //! `{"name","items":[{"seq","id","from","device"?,"text","at","replyTo"?}]}`,
 //! `from` is `"agent"` (a message) or `"device"` (a reply, `device` naming
-//! which), `at` RFC 3339; threads come most recent first.
+//! which), `at` RFC 3339; threads come most recent first. A question (an
+//! agent's permission prompt, id `q-…`) has `ask: {requestId, tool, preview}`;
+//! its answer `verdict: {behavior, requestId}` and `replyTo` naming it. Only
+//! `answer` makes a verdict: no text does, whatever it says.
 
 use serde::{Deserialize, Serialize};
 
@@ -61,6 +67,16 @@ pub enum ReachRequest {
         #[serde(default, rename = "replyTo", skip_serializing_if = "Option::is_none")]
         reply_to: Option<String>,
     },
+    /// Allow or Deny of a question (`q-…`) in the thread: the first answer counts.
+    Answer { thread: String, question: String, behavior: Verdict },
+}
+
+/// A question's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Allow,
+    Deny,
 }
 
 /// No thread by that name (never written to, or dropped as the oldest).
@@ -69,6 +85,8 @@ pub const REASON_UNKNOWN_THREAD: &str = "unknown thread";
 pub const REASON_BAD_REQUEST: &str = "bad request";
 /// This host has no messages (its reach is off, or another process has it).
 pub const REASON_NO_REACH: &str = "this host takes no messages";
+/// The question was answered already (on this device or another).
+pub const REASON_ANSWERED: &str = "answered already";
 /// Only the owner's own devices read and answer messages.
 pub const REASON_NOT_OWN: &str = "messages are for the owner's own devices";
 

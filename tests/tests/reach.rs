@@ -44,20 +44,25 @@ async fn door(s: &Setup, ep: &Endpoint, req: Value) -> Value {
     serde_json::from_slice(&answer).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&answer)))
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_note_is_pushed_encrypted_answered_from_the_device_and_its_reply_returned_once_across_restarts() {
+/// The stand-in push service, a bridge, and a device subscribed to notices on
+/// a session of its own, as the page does (the session is kept open).
+async fn subscribed() -> (PushService, Setup, Endpoint, iroh::endpoint::Connection) {
     let mut svc = PushService::start().await;
-    let mut s = Setup::with_env(&[], &agent(&[]), LOOPBACK).await;
+    let s = Setup::with_env(&[], &agent(&[]), LOOPBACK).await;
     svc.log = s.bridge.log.clone();
-    let home = s.bridge_home.home().to_path_buf();
     let ep = s.endpoint(&s.client_home).await;
-
-    // The device subscribes to notices on a session of its own, as the page does.
-    let (_conn, mut send, mut recv, _) = s.session(&ep).await;
+    let (conn, mut send, mut recv, _) = s.session(&ep).await;
     let mut buf = Vec::new();
     let r = call(&mut send, &mut recv, &mut buf, 1, "_thunderbolt/push/subscribe", svc.ok.clone()).await;
     assert_eq!(r["result"]["subscribed"], true, "{r}");
     s.bridge.log.wait_for("admitted").await;
+    (svc, s, ep, conn)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_note_is_pushed_encrypted_answered_from_the_device_and_its_reply_returned_once_across_restarts() {
+    let (mut svc, mut s, ep, _session) = subscribed().await;
+    let home = s.bridge_home.home().to_path_buf();
 
     // The socket is the owner's alone.
     let mode = std::fs::metadata(home.join("reach.sock")).unwrap().permissions().mode() & 0o777;
@@ -187,4 +192,65 @@ async fn notes_are_rate_limited_a_huge_line_is_refused_and_another_user_is_refus
     assert!(String::from_utf8_lossy(&out.stderr).contains("only uid 0 may use this socket"), "{out:?}");
     assert_eq!(out.status.code(), Some(1));
     s.bridge.log.wait_for("refused a client of uid Some(65534)").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_question_is_pushed_with_allow_and_deny_and_only_a_devices_answer_is_a_verdict() {
+    let (mut svc, s, ep, _session) = subscribed().await;
+    let home = s.bridge_home.home().to_path_buf();
+
+    // Claude Code's permission prompt, as `thunderbolt reach --channel` hands it over.
+    let asked = socket(
+        &home,
+        json!({"op": "ask", "from": "claude", "request_id": "tbxkq", "tool_name": "Bash",
+               "description": "run the test suite", "input_preview": "{\"command\":\"npm test\"}"}),
+    )
+    .await;
+    assert_eq!(asked["ok"], true, "{asked}");
+    let q = asked["id"].as_str().unwrap().to_string();
+    assert!(q.starts_with("q-"), "{asked}");
+    let push = svc.next_push().await;
+    assert_eq!(push["notice"]["title"], "claude asks", "{push}");
+    assert_eq!(push["notice"]["body"], "Bash: run the test suite");
+    assert_eq!(push["notice"]["options"][0]["kind"], "allow_once", "Allow and Deny on the notice: {push}");
+    assert_eq!(push["notice"]["options"][1]["kind"], "reject_once");
+    assert_eq!(push["urgency"], "high");
+
+    // The device: a text that says yes is a reply, never a verdict.
+    let r = door(&s, &ep, json!({"op": "reply", "thread": "claude", "text": "yes", "replyTo": q})).await;
+    assert_eq!(r["ok"], true, "{r}");
+    let got = socket(&home, json!({"op": "replies", "from": "claude"})).await;
+    assert_eq!(got["replies"][0]["text"], "yes", "{got}");
+    assert!(got["replies"][0].get("verdict").is_none(), "{got}");
+
+    // Deny: the verdict, with the request's id; a second answer is refused.
+    let r =
+        door(&s, &ep, json!({"op": "answer", "thread": "claude", "question": q, "behavior": "deny"})).await;
+    assert_eq!(r["ok"], true, "{r}");
+    let r =
+        door(&s, &ep, json!({"op": "answer", "thread": "claude", "question": q, "behavior": "allow"})).await;
+    assert_eq!(r, json!({"error": "answered already"}));
+    let r =
+        door(&s, &ep, json!({"op": "answer", "thread": "claude", "question": "r-2", "behavior": "allow"}))
+            .await;
+    assert!(r["error"].as_str().unwrap().contains("not a question"), "{r}");
+    let got = socket(&home, json!({"op": "replies", "from": "claude"})).await;
+    let replies = got["replies"].as_array().unwrap();
+    assert_eq!(replies.len(), 1, "{got}");
+    assert_eq!(replies[0]["verdict"], json!({"behavior": "deny", "requestId": "tbxkq"}));
+
+    // Several requests on one connection, in order (a page keeps one while it shows a thread).
+    let conn = s.bridge.dial(&ep, b"thunderbolt/acp/reach1").await;
+    let (mut tx, rx) = conn.open_bi().await.unwrap();
+    let mut lines = BufReader::new(rx).lines();
+    for since in [0, 1, 2] {
+        tx.write_all(format!("{{\"op\":\"threads\",\"since\":{since},\"viewing\":\"claude\"}}\n").as_bytes())
+            .await
+            .unwrap();
+        let line = tokio::time::timeout(WAIT, lines.next_line()).await.unwrap().unwrap().unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["seq"], 3, "{v}");
+        let items = v["threads"][0]["items"].as_array().map_or(0, Vec::len);
+        assert_eq!(items, 3 - since as usize, "after {since}: {v}");
+    }
 }

@@ -136,6 +136,11 @@ pub struct ReachArgs {
     /// The thread this server's messages go in (default: the MCP client's own name).
     #[arg(long, value_name = "NAME")]
     pub agent_name: Option<String>,
+    /// Be a Claude Code channel too: its permission prompts go to your devices (Allow, Deny), the
+    /// verdict comes back, and what you type in the thread reaches the session (never as an
+    /// approval). See docs/cli.md, "Your agent reaches you", for enabling it in Claude Code.
+    #[arg(long)]
+    pub channel: bool,
 }
 
 #[derive(Debug, Args)]

@@ -46,7 +46,8 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Files(cmd) => connect::files(&home, cmd).await,
         Command::Note(a) => note(&home, a).await,
         Command::Reach(a) => {
-            crate::reach::mcp::serve(crate::reach::client::ReachClient::new(&home), a.agent_name).await
+            crate::reach::mcp::serve(crate::reach::client::ReachClient::new(&home), a.agent_name, a.channel)
+                .await
         }
         Command::Service(cmd) => control_cmd::service(&home, cmd),
         Command::Login(a) => login(&home, a),

@@ -131,7 +131,8 @@ pub enum Kind {
     /// A message to the owner from something on the workstation (an agent
     /// through `thunderbolt reach`, a script through `thunderbolt note`),
     /// in the thread of its sender ([`crate::reach`]).
-    Message { thread: String, id: String, text: String },
+    /// `ask`: it is a question (a permission prompt) answered Allow or Deny.
+    Message { thread: String, id: String, text: String, ask: bool },
 }
 
 impl Kind {
@@ -251,10 +252,10 @@ impl Notice {
             Kind::Ended => {
                 ("ended", String::new(), format!("{who}: the session ended"), "the session ended".to_string())
             }
-            Kind::Message { thread, id, text } => (
+            Kind::Message { thread, id, text, ask } => (
                 "message",
                 id.clone(),
-                thread.clone(),
+                if *ask { format!("{thread} asks") } else { thread.clone() },
                 if plain {
                     words::clip(text, MESSAGE_PUSH_CHARS)
                 } else {
@@ -277,6 +278,12 @@ impl Notice {
             answer: ev.answer.clone(),
             options: match &ev.kind {
                 Kind::NeedsAnswer { options, .. } => options.clone(),
+                // A question's answers, as ACP names its options' kinds (the
+                // service worker's Allow and Deny pick them by kind).
+                Kind::Message { ask: true, .. } => Some(serde_json::json!([
+                    {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                    {"optionId": "deny", "name": "Deny", "kind": "reject_once"},
+                ])),
                 _ => None,
             },
             node: ev.node.to_string(),
@@ -540,7 +547,8 @@ impl Delivery {
         // A withdrawal is as urgent as the question it takes back, and has its
         // topic: a push service still holding the question replaces it.
         let withdraws = matches!(notice.event, "answered" | "ended");
-        let urgency = if notice.event == "needs_answer" || withdraws { "high" } else { "normal" };
+        let asks = notice.event == "needs_answer" || (notice.event == "message" && notice.options.is_some());
+        let urgency = if asks || withdraws { "high" } else { "normal" };
         let topic_event = if withdraws { "needs_answer" } else { notice.event };
         let req = self
             .push_http
@@ -550,7 +558,7 @@ impl Delivery {
             .header("TTL", PUSH_TTL.as_secs().to_string())
             .header("Urgency", urgency)
             // A newer notice of the same session and kind replaces one not yet delivered.
-            .header("Topic", format!("{}-{}", notice.session, topic_event).replace('_', "-"))
+            .header("Topic", topic(notice, topic_event))
             .header("Authorization", auth)
             .body(body);
         match req.send().await {
@@ -578,6 +586,17 @@ impl Delivery {
             }
         }
     }
+}
+
+/// A push's `Topic` (at most 32 URL-safe characters): a newer notice of the
+/// same session and kind replaces one not yet delivered; a message replaces
+/// nothing (each one is news), so its topic is its own id.
+fn topic(notice: &Notice, event: &str) -> String {
+    let t = match &notice.message {
+        Some(id) => format!("message-{id}"),
+        None => format!("{}-{}", notice.session, event),
+    };
+    t.replace('_', "-")
 }
 
 impl crate::serve::taps::OnRevoked for Notifier {

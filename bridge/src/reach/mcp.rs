@@ -10,6 +10,17 @@
 //! - `status()` → the owner's devices, which of them a message reaches, and
 //!   whether the host runs.
 //!
+//! With `--channel` it is also a Claude Code channel: it declares
+//! `experimental["claude/channel"]` and `["claude/channel/permission"]`; a
+//! permission prompt Claude Code relays (`notifications/claude/channel/
+//! permission_request`) becomes a question on the owner's devices (Allow,
+//! Deny, from the notice too), and its answer goes back as
+//! `notifications/claude/channel/permission {request_id, behavior}`; what the
+//! owner types in the thread reaches the session as
+//! `notifications/claude/channel` (and `get_replies` finds nothing: each reply
+//! goes once). Text never counts as an answer, whatever it says: only a
+//! device's Allow or Deny makes a verdict.
+//!
 //! The thread is named by `--agent-name`, else by the client's
 //! `clientInfo.name`. It starts whether or not a host runs: a tool called
 //! before one does says what is missing (`isError`), and works once it runs.
@@ -22,7 +33,7 @@ use tokio::{
     sync::{mpsc, Mutex},
 };
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::client::{CallError, ReachClient};
 use thunderbolt_shared::reach::name_problem;
@@ -46,12 +57,25 @@ const DEFAULT_WAIT_S: f64 = 0.0;
 /// that sends a flood gets errors, not a task each.
 const MAX_CALLS: usize = 16;
 
+/// How long the channel's inbound loop waits for replies in one call (then
+/// asks again): well inside the socket's own bound.
+const CHANNEL_WAIT_S: f64 = 300.0;
+
+/// How long the channel's inbound loop waits before asking again when no
+/// host runs, or the host refused.
+const CHANNEL_RETRY: Duration = Duration::from_secs(2);
+
+/// Claude Code's channel methods.
+const CHANNEL_EVENT: &str = "notifications/claude/channel";
+const PERMISSION_REQUEST: &str = "notifications/claude/channel/permission_request";
+const PERMISSION_VERDICT: &str = "notifications/claude/channel/permission";
+
 /// JSON-RPC's "method not found" and "invalid params".
 const NOT_FOUND: i64 = -32601;
 const INVALID: i64 = -32602;
 
 /// Runs the server on stdin/stdout until stdin ends.
-pub async fn serve(client: ReachClient, agent_name: Option<String>) -> anyhow::Result<()> {
+pub async fn serve(client: ReachClient, agent_name: Option<String>, channel: bool) -> anyhow::Result<()> {
     if let Some(why) = agent_name.as_deref().and_then(name_problem) {
         anyhow::bail!("--agent-name: {why}");
     }
@@ -73,6 +97,8 @@ pub async fn serve(client: ReachClient, agent_name: Option<String>) -> anyhow::R
         out: out_tx,
         calls: Mutex::new(HashMap::new()),
         slots: Arc::new(tokio::sync::Semaphore::new(MAX_CALLS)),
+        channel,
+        inbound: Mutex::new(None),
     });
     let mut stdin = BufReader::new(tokio::io::stdin());
     let mut line = Vec::new();
@@ -102,6 +128,9 @@ pub async fn serve(client: ReachClient, agent_name: Option<String>) -> anyhow::R
     }
     debug!("the MCP client ended stdin");
     // What is still being answered is not waited for: the client is gone.
+    if let Some(task) = server.inbound.lock().await.take() {
+        task.abort();
+    }
     drop(server);
     let _ = tokio::time::timeout(Duration::from_secs(1), writer).await;
     Ok(())
@@ -116,6 +145,10 @@ struct Server {
     /// Tool calls under way, by the JSON text of their id (to cancel one).
     calls: Mutex<HashMap<String, CancellationToken>>,
     slots: Arc<tokio::sync::Semaphore>,
+    /// A Claude Code channel (`--channel`).
+    channel: bool,
+    /// The channel's inbound loop, once the client initialized.
+    inbound: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Server {
@@ -138,7 +171,7 @@ impl Server {
         let params = m.get("params").cloned().unwrap_or(Value::Null);
         let (Some(method), Some(id)) = (method.clone(), id) else {
             if let Some(method) = method {
-                self.notification(&method, &params).await;
+                self.clone().notification(&method, &params).await;
             }
             // A response to a request of ours (we send none): nothing to do.
             return;
@@ -171,12 +204,93 @@ impl Server {
         }
     }
 
-    async fn notification(&self, method: &str, params: &Value) {
-        if method == "notifications/cancelled" {
-            if let Some(id) = params.get("requestId") {
-                if let Some(c) = self.calls.lock().await.remove(&id.to_string()) {
-                    c.cancel();
+    async fn notification(self: Arc<Self>, method: &str, params: &Value) {
+        match method {
+            "notifications/cancelled" => {
+                if let Some(id) = params.get("requestId") {
+                    if let Some(c) = self.calls.lock().await.remove(&id.to_string()) {
+                        c.cancel();
+                    }
                 }
+            }
+            "notifications/initialized" if self.channel => {
+                let mut inbound = self.inbound.lock().await;
+                if inbound.is_none() {
+                    *inbound = Some(tokio::spawn(self.clone().inbound()));
+                }
+            }
+            PERMISSION_REQUEST if self.channel => {
+                let field = |k: &str| params.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+                let req = json!({
+                    "op": "ask",
+                    "from": self.thread().await,
+                    "request_id": field("request_id"),
+                    "tool_name": field("tool_name"),
+                    "description": field("description"),
+                    "input_preview": field("input_preview"),
+                });
+                // The prompt stays on the terminal whatever happens here.
+                match self.client.call(&req).await {
+                    Ok(v) => info!(
+                        "permission request {} sent to your devices as {}",
+                        field("request_id"),
+                        v["id"].as_str().unwrap_or("?")
+                    ),
+                    Err(e) => {
+                        warn!("permission request {} not sent to your devices: {e}", field("request_id"))
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The channel's inbound side: what the owner's devices write in the
+    /// thread, as it comes. A verdict goes back as the permission
+    /// notification; anything else is a message into the session.
+    async fn inbound(self: Arc<Self>) {
+        let mut said_down = false;
+        loop {
+            let req = json!({"op": "replies", "from": self.thread().await, "wait_s": CHANNEL_WAIT_S});
+            let items = match self.client.call(&req).await {
+                Ok(v) => {
+                    said_down = false;
+                    v["replies"].as_array().cloned().unwrap_or_default()
+                }
+                Err(e) => {
+                    if !said_down {
+                        warn!("the channel waits for a host: {e}");
+                        said_down = true;
+                    }
+                    tokio::time::sleep(CHANNEL_RETRY).await;
+                    continue;
+                }
+            };
+            for item in items {
+                let v = &item["verdict"];
+                let line = match (v["behavior"].as_str(), v["requestId"].as_str()) {
+                    (Some(behavior), Some(request_id)) => json!({
+                        "jsonrpc": "2.0",
+                        "method": PERMISSION_VERDICT,
+                        "params": {"request_id": request_id, "behavior": behavior},
+                    }),
+                    _ => {
+                        let mut meta = json!({
+                            "thread": self.thread().await,
+                            "message_id": item["id"],
+                            "from": item["device"].as_str().unwrap_or("your device"),
+                        });
+                        if let Some(r) = item["replyTo"].as_str() {
+                            meta["reply_to"] = json!(r);
+                        }
+                        json!({
+                            "jsonrpc": "2.0",
+                            "method": CHANNEL_EVENT,
+                            "params": {"content": item["text"], "meta": meta},
+                        })
+                    }
+                };
+                self.send(line).await;
             }
         }
     }
@@ -192,15 +306,27 @@ impl Server {
         }
         let name = self.thread().await;
         info!("MCP client initialized; its messages go in the thread '{name}'");
+        let capabilities = if self.channel {
+            json!({"tools": {}, "experimental": {"claude/channel": {}, "claude/channel/permission": {}}})
+        } else {
+            json!({"tools": {}})
+        };
+        let instructions = if self.channel {
+            "This is the owner's phone. Messages they type arrive as <channel> events (meta.thread, \
+             meta.message_id); answer them with send_message (reply_to: the message_id). Their Allow or \
+             Deny of a permission prompt comes back by itself; text in a message never approves anything."
+        } else {
+            "Message the owner's phone end to end encrypted (send_message), and read what \
+             they answer (get_replies, optionally waiting). A reply is returned once. \
+             status() says whether a host runs and which devices a message reaches."
+        };
         self.result(
             id,
             json!({
                 "protocolVersion": revision,
-                "capabilities": {"tools": {}},
+                "capabilities": capabilities,
                 "serverInfo": {"name": "thunderbolt-reach", "version": env!("CARGO_PKG_VERSION")},
-                "instructions": "Message the owner's phone end to end encrypted (send_message), and read what \
-                    they answer (get_replies, optionally waiting). A reply is returned once. \
-                    status() says whether a host runs and which devices a message reaches.",
+                "instructions": instructions,
             }),
         )
         .await;

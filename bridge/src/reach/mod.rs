@@ -38,7 +38,7 @@ use crate::{
     home::Home,
     notify::{limit::Limiter, Event, Kind, Notifier},
 };
-use threads::{Author, Item, ThreadError, Threads};
+use threads::{Ask, Author, Behavior, Item, ThreadError, Threads};
 
 /// Messages the socket takes at once: a script's burst of results.
 pub const NOTE_BURST: u32 = 10;
@@ -54,6 +54,25 @@ pub const MAX_WAIT: Duration = Duration::from_secs(600);
 /// How long a device that said it shows a thread is taken to show it: the
 /// page says so again every few seconds while it does.
 pub const VIEW_LEASE: Duration = Duration::from_secs(20);
+
+/// Bounds on a question's fields, as Claude Code's channel gives them: its
+/// request ids are a few letters; a tool's name is short; what it would do
+/// is cut to a screenful.
+pub const MAX_REQUEST_ID: usize = 64;
+pub const MAX_TOOL: usize = 128;
+pub const MAX_PREVIEW: usize = 2000;
+
+/// `text` cut to at most `max` bytes, at a character.
+fn words_cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut at = max;
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    format!("{}…", &text[..at])
+}
 
 /// Where the threads are kept.
 pub fn threads_path(home: &Home) -> std::path::PathBuf {
@@ -204,6 +223,7 @@ impl Reach {
                     thread: thread.to_string(),
                     id: item.id.clone(),
                     text: item.text.clone(),
+                    ask: item.ask.is_some(),
                 },
                 request: None,
                 answer: None,
@@ -216,6 +236,50 @@ impl Reach {
             n += 1;
         }
         n
+    }
+
+    /// A question from the sender (an agent's permission prompt): kept in
+    /// its thread and pushed with Allow and Deny. It counts against the same
+    /// limit as messages.
+    pub fn ask(&self, from: &str, ask: Ask, description: &str) -> Result<Sent, ReachError> {
+        if let Some(why) = name_problem(from) {
+            return Err(ReachError::Bad(format!("from: {why}")));
+        }
+        if ask.request_id.is_empty() || ask.request_id.len() > MAX_REQUEST_ID {
+            return Err(ReachError::Bad(format!("request_id: 1 to {MAX_REQUEST_ID} bytes")));
+        }
+        if ask.tool.trim().is_empty() || ask.tool.len() > MAX_TOOL {
+            return Err(ReachError::Bad(format!("tool_name: 1 to {MAX_TOOL} bytes")));
+        }
+        let mut ask = ask;
+        ask.preview = words_cut(&ask.preview, MAX_PREVIEW);
+        let text = match description.trim() {
+            "" => ask.tool.clone(),
+            d => format!("{}: {}", ask.tool, words_cut(d, thunderbolt_shared::reach::MAX_TEXT / 2)),
+        };
+        if self.notes.lock().unwrap_or_else(|p| p.into_inner()).take().is_none() {
+            return Err(ReachError::RateLimited);
+        }
+        let item = self.threads().ask(from, &text, ask)?;
+        self.changed.send_replace(item.seq);
+        let pushed = self.push(from, &item, None);
+        info!("question {} from '{from}' kept; pushed to {pushed} device(s)", item.id);
+        Ok(Sent { id: item.id, pushed })
+    }
+
+    /// A device's Allow or Deny of a question: the first answer counts.
+    pub fn answer(
+        &self,
+        device: &EndpointId,
+        thread: &str,
+        question: &str,
+        behavior: Behavior,
+    ) -> Result<Item, ReachError> {
+        let name = self.devices.name_of(device).unwrap_or_else(|| device.fmt_short().to_string());
+        let item = self.threads().answer(thread, question, behavior, name.clone())?;
+        self.changed.send_replace(item.seq);
+        info!("question {question} of '{thread}' answered {behavior:?} by {name}");
+        Ok(item)
     }
 
     /// A reply from one of the owner's devices.

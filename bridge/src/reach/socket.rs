@@ -10,10 +10,15 @@
 //! ```text
 //! {"op":"note","text":"backup done","from":"cron"}   → {"ok":true,"id":"m-7","pushed":2}
 //! {"op":"replies","from":"claude","wait_s":30}      → {"ok":true,"replies":[{"id","text","device","at","replyTo"?}]}
+//! {"op":"ask","from":"claude","request_id":"abcde","tool_name":"Bash","description":…,"input_preview":…}
+//!                                                   → {"ok":true,"id":"q-8","pushed":2}
 //! {"op":"status"}                                   → {"ok":true,"host":…,"devices":[…],…}
 //! anything refused                                  → {"error":"rate limited: …"}
 //! ```
 //!
+//! `replies` hands back what the owner's devices wrote in the thread of
+//! `from` (each item once): replies, and a question's answer, which carries
+//! `verdict: {behavior: "allow"|"deny", requestId}` (text never does).
 //! `from` is a display name (1–32 characters, one line; `note` when absent)
 //! that grants nothing; `device` sends to that device only. A line longer
 //! than [`MAX_LINE`] is refused and the connection closed, without reading
@@ -83,6 +88,16 @@ enum Request {
         from: String,
         #[serde(default)]
         wait_s: Option<f64>,
+    },
+    /// A question answered Allow or Deny on a device (a permission prompt).
+    Ask {
+        from: String,
+        request_id: String,
+        tool_name: String,
+        #[serde(default)]
+        description: String,
+        #[serde(default)]
+        input_preview: String,
     },
     Status,
 }
@@ -236,6 +251,13 @@ async fn handle(req: Request, reach: &Reach) -> Value {
                 Err(e) => err(e),
             }
         }
+        Request::Ask { from, request_id, tool_name, description, input_preview } => {
+            let ask = super::threads::Ask { request_id, tool: tool_name, preview: input_preview };
+            match reach.ask(&from, ask, &description) {
+                Ok(s) => json!({"ok": true, "id": s.id, "pushed": s.pushed}),
+                Err(e) => err(e),
+            }
+        }
         Request::Status => {
             let mut v = reach.status();
             v["ok"] = json!(true);
@@ -244,14 +266,14 @@ async fn handle(req: Request, reach: &Reach) -> Value {
     }
 }
 
-pub(super) enum Line {
+pub(crate) enum Line {
     Whole,
     End,
     TooLong,
 }
 
 /// Reads one line (without its `\n`) into `out`, never more than `max` bytes.
-pub(super) async fn read_line(
+pub(crate) async fn read_line(
     read: &mut (impl AsyncBufReadExt + Unpin),
     out: &mut Vec<u8>,
     max: usize,

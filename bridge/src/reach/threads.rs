@@ -66,6 +66,51 @@ pub struct Item {
     pub at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_to: Option<String>,
+    /// A question the sender waits on (an agent's permission prompt), to be
+    /// answered Allow or Deny; `q-<seq>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ask: Option<Ask>,
+    /// A device's answer to a question (`reply_to` names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<Verdict>,
+}
+
+/// What a question asks (Claude Code's permission prompt, as its channel gives it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ask {
+    /// The sender's id for it, handed back with the verdict.
+    pub request_id: String,
+    pub tool: String,
+    /// What the tool would do, in the sender's words or its input (bounded).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub preview: String,
+}
+
+/// The answer to a question.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Behavior {
+    Allow,
+    Deny,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Verdict {
+    pub behavior: Behavior,
+    /// The question's `request_id`, for the sender.
+    pub request_id: String,
+}
+
+/// An item before it has its seq, id and time.
+struct NewItem<'a> {
+    from: Author,
+    device: Option<String>,
+    text: &'a str,
+    reply_to: Option<&'a str>,
+    ask: Option<Ask>,
+    verdict: Option<Verdict>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -96,6 +141,10 @@ pub enum ThreadError {
     UnknownThread,
     #[error("no message {0} in this thread")]
     UnknownItem(String),
+    #[error("{0} is not a question")]
+    NotAQuestion(String),
+    #[error("{0} was answered already")]
+    Answered(String),
     #[error("could not save the messages ({path}): {cause}")]
     Save { path: PathBuf, cause: String },
 }
@@ -150,6 +199,58 @@ impl Threads {
         text: &str,
         reply_to: Option<&str>,
     ) -> Result<Item, ThreadError> {
+        self.add_item(thread, NewItem { from, device, text, reply_to, ask: None, verdict: None })
+    }
+
+    /// A question from the sender (made a thread if need be).
+    pub fn ask(&mut self, thread: &str, text: &str, ask: Ask) -> Result<Item, ThreadError> {
+        let new = NewItem {
+            from: Author::Agent,
+            device: None,
+            text,
+            reply_to: None,
+            ask: Some(ask),
+            verdict: None,
+        };
+        self.add_item(thread, new)
+    }
+
+    /// A device's answer to question `question`: the first one counts.
+    pub fn answer(
+        &mut self,
+        thread: &str,
+        question: &str,
+        behavior: Behavior,
+        device: String,
+    ) -> Result<Item, ThreadError> {
+        let t = self.file.threads.iter().find(|t| t.name == thread).ok_or(ThreadError::UnknownThread)?;
+        let q = t
+            .items
+            .iter()
+            .find(|i| i.id == question)
+            .ok_or_else(|| ThreadError::UnknownItem(question.into()))?;
+        let ask = q.ask.clone().ok_or_else(|| ThreadError::NotAQuestion(question.into()))?;
+        if t.items.iter().any(|i| i.verdict.is_some() && i.reply_to.as_deref() == Some(question)) {
+            return Err(ThreadError::Answered(question.into()));
+        }
+        let text = match behavior {
+            Behavior::Allow => format!("Allowed: {}", ask.tool),
+            Behavior::Deny => format!("Denied: {}", ask.tool),
+        };
+        let verdict = Verdict { behavior, request_id: ask.request_id };
+        let new = NewItem {
+            from: Author::Device,
+            device: Some(device),
+            text: &text,
+            reply_to: Some(question),
+            ask: None,
+            verdict: Some(verdict),
+        };
+        self.add_item(thread, new)
+    }
+
+    fn add_item(&mut self, thread: &str, new: NewItem<'_>) -> Result<Item, ThreadError> {
+        let NewItem { from, device, text, reply_to, ask, verdict } = new;
         let at = self.file.threads.iter().position(|t| t.name == thread);
         let at = match (at, from) {
             (Some(i), _) => i,
@@ -173,14 +274,21 @@ impl Threads {
             }
         }
         let seq = self.file.seq + 1;
+        let kind = match (from, ask.is_some()) {
+            (Author::Agent, true) => "q",
+            (Author::Agent, false) => "m",
+            (Author::Device, _) => "r",
+        };
         let item = Item {
             seq,
-            id: format!("{}-{seq}", if from == Author::Agent { "m" } else { "r" }),
+            id: format!("{kind}-{seq}"),
             from,
             device,
             text: text.to_string(),
             at: devices::rfc3339(devices::now_ms()),
             reply_to: reply_to.map(str::to_string),
+            ask,
+            verdict,
         };
         let t = &mut self.file.threads[at];
         t.items.push_back(item.clone());
@@ -332,6 +440,31 @@ mod tests {
         assert_eq!(t.seq(), 2);
         let mode = fs::metadata(&p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
+    }
+
+    #[test]
+    fn a_question_is_answered_once_and_only_a_question_is() {
+        let (_d, p) = fresh();
+        let mut t = Threads::open(&p);
+        let m = t.add("claude", Author::Agent, None, "hello", None).unwrap();
+        let ask = Ask { request_id: "abcde".into(), tool: "Bash".into(), preview: "npm test".into() };
+        let q = t.ask("claude", "Bash: run the tests", ask).unwrap();
+        assert!(q.id.starts_with("q-"));
+        assert!(matches!(
+            t.answer("claude", &m.id, Behavior::Allow, "phone".into()),
+            Err(ThreadError::NotAQuestion(_))
+        ));
+        let r = t.add("claude", Author::Device, None, "yes", Some(&q.id)).unwrap();
+        assert!(r.verdict.is_none(), "text is never a verdict");
+        let v = t.answer("claude", &q.id, Behavior::Allow, "phone".into()).unwrap();
+        assert_eq!(v.verdict, Some(Verdict { behavior: Behavior::Allow, request_id: "abcde".into() }));
+        assert!(matches!(
+            t.answer("claude", &q.id, Behavior::Deny, "laptop".into()),
+            Err(ThreadError::Answered(_))
+        ));
+        let got = t.take_replies("claude").unwrap();
+        assert_eq!(got.len(), 2);
+        assert!(got[0].verdict.is_none() && got[1].verdict.is_some());
     }
 
     #[test]
