@@ -113,6 +113,15 @@ async fn a_note_is_pushed_encrypted_answered_from_the_device_and_its_reply_retur
         json!({"ok": true, "replies": []})
     );
 
+    // While the device shows the thread, nothing of it is pushed to it; once it left, it is.
+    door(&s, &ep, json!({"op": "threads", "viewing": "nightly"})).await;
+    let out = s.bridge_home.run(&["note", "--from", "nightly", "read while shown"]).await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("pushed to 0 device"), "{out:?}");
+    door(&s, &ep, json!({"op": "threads", "since": 0})).await;
+    let out = s.bridge_home.run(&["note", "--from", "nightly", "read later"]).await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("pushed to 1 device"), "{out:?}");
+    assert_eq!(svc.next_push().await["notice"]["body"], "read later");
+
     // A reply typed before a restart is returned after it, once, and never again after another.
     let r = door(&s, &ep, json!({"op": "reply", "thread": "nightly", "text": "and the logs?"})).await;
     assert_eq!(r["ok"], true, "{r}");
@@ -125,10 +134,10 @@ async fn a_note_is_pushed_encrypted_answered_from_the_device_and_its_reply_retur
         socket(&home, json!({"op": "replies", "from": "nightly"})).await,
         json!({"ok": true, "replies": []})
     );
-    // The thread is still there for the device, with its three items.
+    // The thread is still there for the device, with its five items.
     let ep = s.endpoint(&s.client_home).await;
     let list = door(&s, &ep, json!({"op": "threads"})).await;
-    assert_eq!(list["threads"][0]["items"].as_array().map(Vec::len), Some(3), "{list}");
+    assert_eq!(list["threads"][0]["items"].as_array().map(Vec::len), Some(5), "{list}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -253,4 +262,92 @@ async fn a_question_is_pushed_with_allow_and_deny_and_only_a_devices_answer_is_a
         let items = v["threads"][0]["items"].as_array().map_or(0, Vec::len);
         assert_eq!(items, 3 - since as usize, "after {since}: {v}");
     }
+}
+
+/// `thunderbolt reach` on `home`: JSON-RPC lines in, every line it writes out.
+struct Mcp {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Mcp {
+    fn start(home: &thunderbolt_tests::Tb) -> Self {
+        let mut c = home.cmd();
+        c.args(["reach", "--agent-name", "ci"])
+            .env("THUNDERBOLT_TEST_PROGRESS_MS", "100")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        let mut child = c.spawn().expect("thunderbolt reach starts");
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self { child, stdin, lines }
+    }
+
+    async fn send(&mut self, v: Value) {
+        let mut line = serde_json::to_vec(&v).unwrap();
+        line.push(b'\n');
+        self.stdin.write_all(&line).await.unwrap();
+    }
+
+    /// Lines until the answer to `id`, and those before it.
+    async fn answer(&mut self, id: u64) -> (Value, Vec<Value>) {
+        let mut before = Vec::new();
+        loop {
+            let line = tokio::time::timeout(WAIT, self.lines.next_line()).await.expect("in time").unwrap();
+            let v: Value = serde_json::from_str(&line.expect("the server is still there")).unwrap();
+            if v["id"] == id {
+                return (v, before);
+            }
+            before.push(v);
+        }
+    }
+
+    async fn tool(&mut self, id: u64, name: &str, args: Value, meta: Option<Value>) -> (Value, Vec<Value>) {
+        let mut params = json!({"name": name, "arguments": args});
+        if let Some(m) = meta {
+            params["_meta"] = m;
+        }
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})).await;
+        self.answer(id).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mcp_server_says_what_is_missing_before_a_host_runs_and_keeps_a_long_wait_alive() {
+    let s = Setup::new(&[], &agent(&[])).await;
+    let empty = thunderbolt_tests::Tb::new(None);
+
+    // No host on this home: it starts, lists its tools, and each says what is missing.
+    let mut m = Mcp::start(&empty);
+    m.send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                  "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "x", "version": "1"}}}))
+        .await;
+    let (init, _) = m.answer(1).await;
+    assert_eq!(init["result"]["protocolVersion"], "2025-06-18", "{init}");
+    assert!(init["result"]["capabilities"].get("experimental").is_none(), "a channel only with --channel");
+    m.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    let (sent, _) = m.tool(2, "send_message", json!({"text": "hello"}), None).await;
+    assert_eq!(sent["result"]["isError"], true, "{sent}");
+    assert!(sent["result"]["content"][0]["text"].as_str().unwrap().contains("no host runs"), "{sent}");
+    let (status, _) = m.tool(3, "status", json!({}), None).await;
+    assert_eq!(status["result"]["structuredContent"]["running"], false, "{status}");
+    let (bad, _) = m.tool(4, "send_message", json!({}), None).await;
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    drop(m);
+
+    // With a host: a wait with a progress token is kept alive until it ends.
+    let mut m = Mcp::start(&s.bridge_home);
+    let (got, before) =
+        m.tool(5, "get_replies", json!({"wait_s": 1}), Some(json!({"progressToken": "p1"}))).await;
+    assert_eq!(got["result"]["structuredContent"]["replies"], json!([]), "{got}");
+    let progress: Vec<&Value> = before.iter().filter(|v| v["method"] == "notifications/progress").collect();
+    assert!(!progress.is_empty(), "progress while it waits: {before:?}");
+    assert_eq!(progress[0]["params"]["progressToken"], "p1");
+
+    // A device named that is not one: refused, with where the names are.
+    let out = s.bridge_home.run(&["note", "--device", "nope", "hi"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no device named 'nope'"), "{out:?}");
+    let _ = m.child.start_kill();
 }

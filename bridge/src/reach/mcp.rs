@@ -50,6 +50,17 @@ const MAX_CLIENT_LINE: usize = 1024 * 1024;
 /// gave a progress token): clients time a silent request out after 60 s.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(15);
 
+/// The tests' knob for [`PROGRESS_EVERY`], in milliseconds (a test that
+/// waits 15 s for a keep-alive would be slow, not surer).
+pub const TEST_PROGRESS_ENV: &str = "THUNDERBOLT_TEST_PROGRESS_MS";
+
+fn progress_every() -> Duration {
+    std::env::var(TEST_PROGRESS_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(PROGRESS_EVERY, |ms| Duration::from_millis(ms.max(10)))
+}
+
 /// `get_replies`' default wait when the client names none: answer at once.
 const DEFAULT_WAIT_S: f64 = 0.0;
 
@@ -434,7 +445,8 @@ impl Server {
     ) -> Result<Value, CallError> {
         tokio::pin!(call);
         let start = tokio::time::Instant::now();
-        let mut tick = tokio::time::interval_at(start + PROGRESS_EVERY, PROGRESS_EVERY);
+        let every = progress_every();
+        let mut tick = tokio::time::interval_at(start + every, every);
         loop {
             tokio::select! {
                 r = &mut call => return r,
