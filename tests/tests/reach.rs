@@ -150,6 +150,8 @@ async fn notes_are_rate_limited_a_huge_line_is_refused_and_another_user_is_refus
         let r = socket(&home, json!({"op": "note", "text": format!("step {n}"), "from": "build"})).await;
         assert_eq!(r["ok"], true, "note {n}: {r}");
     }
+    let r = socket(&home, json!({"op": "note", "text": "one too many", "from": "build"})).await;
+    assert_eq!(r, json!({"error": "rate limited"}));
     let out = s.bridge_home.run(&["note", "--from", "build", "one too many"]).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("rate limited"), "{out:?}");

@@ -218,6 +218,11 @@ async fn note(home: &Home, a: args::NoteArgs) -> Result<()> {
             eprintln!("thunderbolt note: {e}");
             std::process::exit(3);
         }
+        Err(CallError::Refused(why)) if why == "rate limited" => bail!(
+            "rate limited: the host takes {} messages at once, then one every {} s; try again shortly",
+            crate::reach::NOTE_BURST,
+            crate::reach::NOTE_EVERY.as_secs()
+        ),
         Err(e) => bail!("{e}"),
     }
 }

@@ -82,7 +82,9 @@ pub fn threads_path(home: &Home) -> std::path::PathBuf {
 /// Why a message or reply was refused, in the words the socket answers.
 #[derive(Debug, thiserror::Error)]
 pub enum ReachError {
-    #[error("rate limited: at most {NOTE_BURST} messages at once, then one every {}s", NOTE_EVERY.as_secs())]
+    /// Over [`NOTE_BURST`] at once or one per [`NOTE_EVERY`]: the socket's
+    /// answer is exactly `{"error":"rate limited"}`.
+    #[error("rate limited")]
     RateLimited,
     #[error("{0}")]
     Bad(String),
