@@ -26,6 +26,8 @@
 //! - [`reach`]: messages from anything on the workstation to the owner's
 //!   devices and their replies (the local socket, `thunderbolt reach`'s MCP
 //!   server; read and answered over `serve::reach_door`).
+//! - [`shapes`]: agents of other shapes (a contract program per turn, a
+//!   webhook) served as ACP by `thunderbolt adapt`, which a manifest runs.
 //! - [`cli`]: the `thunderbolt` commands built on the above.
 //! - Beside them, what all share: [`config`] (one configuration built from the
 //!   command line), [`limits`] (every default and why), [`home`],
@@ -48,6 +50,7 @@ pub mod host;
 pub mod identity;
 pub mod ids;
 pub mod journal;
+pub mod json_out;
 pub mod limits;
 pub mod net;
 pub mod notify;
@@ -56,5 +59,6 @@ pub mod paths;
 pub mod reach;
 pub mod redact;
 pub mod serve;
+pub mod shapes;
 pub mod signals;
 pub mod trust;

@@ -113,6 +113,10 @@ pub enum Command {
     Login(LoginArgs),
     /// Remove the stored account credential.
     Logout,
+    /// Internal: an agent of another shape served as ACP on stdio (what a manifest's `capture`
+    /// or `webhook` runs).
+    #[command(hide = true)]
+    Adapt(AdaptArgs),
     /// Internal: the watcher a bridge starts so no agent process outlives it.
     #[command(name = "reap-agents", hide = true)]
     ReapAgents,
@@ -141,6 +145,22 @@ pub struct ReachArgs {
     /// approval). See docs/cli.md, "Your agent reaches you", for enabling it in Claude Code.
     #[arg(long)]
     pub channel: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct AdaptArgs {
+    /// `capture` (a contract program per turn) or `webhook` (a POST per turn).
+    #[arg(value_parser = ["capture", "webhook"])]
+    pub shape: String,
+    /// The agent's name (the contract's `agent`).
+    #[arg(long)]
+    pub name: String,
+    /// A turn's bound, in seconds.
+    #[arg(long, default_value_t = 300.0)]
+    pub timeout: f64,
+    /// The program and its arguments (capture), or the URL (webhook).
+    #[arg(last = true, required = true)]
+    pub target: Vec<OsString>,
 }
 
 #[derive(Debug, Args)]

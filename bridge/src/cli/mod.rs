@@ -60,6 +60,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Adapt(a) => adapt(a).await,
         Command::ReapAgents => Ok(()),
     }
 }
@@ -182,6 +183,20 @@ pub fn limits_config(l: &args::LimitArgs, app: &args::AppArgs) -> Result<Config>
         keep_files: l.keep_files,
         notify: None,
     })
+}
+
+/// `thunderbolt adapt`: a contract program or a webhook served as ACP.
+async fn adapt(a: args::AdaptArgs) -> Result<()> {
+    use crate::shapes::Shape;
+    let shape = match a.shape.as_str() {
+        "capture" => Shape::Capture(a.target),
+        _ => {
+            let url = a.target.first().map(|u| u.to_string_lossy().into_owned()).unwrap_or_default();
+            Shape::Webhook(url::Url::parse(&url).with_context(|| format!("not a URL: {url}"))?)
+        }
+    };
+    let timeout = Duration::try_from_secs_f64(a.timeout).context("--timeout is a number of seconds")?;
+    crate::shapes::serve(shape, a.name, timeout).await
 }
 
 /// `thunderbolt note`: one message to the owner's devices, through the

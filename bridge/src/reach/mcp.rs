@@ -29,7 +29,7 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use serde_json::{json, Value};
 use tokio::{
-    io::{AsyncWriteExt, BufReader},
+    io::BufReader,
     sync::{mpsc, Mutex},
 };
 use tokio_util::sync::CancellationToken;
@@ -90,17 +90,7 @@ pub async fn serve(client: ReachClient, agent_name: Option<String>, channel: boo
     if let Some(why) = agent_name.as_deref().and_then(name_problem) {
         anyhow::bail!("--agent-name: {why}");
     }
-    let (out_tx, mut out_rx) = mpsc::channel::<Value>(64);
-    let writer = tokio::spawn(async move {
-        let mut stdout = tokio::io::stdout();
-        while let Some(v) = out_rx.recv().await {
-            let mut line = serde_json::to_vec(&v).unwrap_or_default();
-            line.push(b'\n');
-            if stdout.write_all(&line).await.is_err() || stdout.flush().await.is_err() {
-                break;
-            }
-        }
-    });
+    let (out_tx, writer) = crate::json_out::stdout_lines(64);
     let server = Arc::new(Server {
         client,
         name: Mutex::new(agent_name.clone()),

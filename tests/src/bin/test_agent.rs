@@ -28,6 +28,45 @@
 
 use std::io::{BufRead, Read, Write};
 
+/// `capture`: a contract program of the capture contract (version 1). Reads
+/// its one capture; writes a line that is not JSON, a reply for another cid,
+/// its reply (the text, and each part's mime, size and whether its file
+/// holds that many bytes), then `done`. A text with `hang` in it is never
+/// answered: the program waits, SIGTERM ignored, for its turn's timeout.
+fn capture() {
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).unwrap();
+    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap_or_default();
+    let cid = v["cid"].as_str().unwrap_or_default();
+    let text = v["text"].as_str().unwrap_or_default();
+    if text.contains("hang") {
+        // SAFETY: plain libc call.
+        unsafe {
+            libc::signal(libc::SIGTERM, libc::SIG_IGN);
+        }
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+    let parts: Vec<String> = v["parts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|p| {
+            let on_disk = p["path"].as_str().and_then(|f| std::fs::metadata(f).ok()).map(|m| m.len());
+            format!("{} {} on disk {:?}", p["mime"].as_str().unwrap_or("?"), p["size"], on_disk)
+        })
+        .collect();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "starting (this line is not JSON)").unwrap();
+    writeln!(out, "{}", serde_json::json!({"type": "reply", "cid": "c_other", "text": "not yours"})).unwrap();
+    let reply = format!("got: {text}; parts: [{}]", parts.join(", "));
+    writeln!(out, "{}", serde_json::json!({"type": "reply", "cid": cid, "text": reply})).unwrap();
+    writeln!(out, "{}", serde_json::json!({"type": "done", "cid": cid})).unwrap();
+    out.flush().unwrap();
+}
+
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--pid-file") {
@@ -70,6 +109,7 @@ fn main() {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
         }
+        "capture" => capture(),
         "exit" => std::process::exit(args.get(1).and_then(|c| c.parse().ok()).unwrap_or(0)),
         "ask" => ask(),
         "later" => later(),

@@ -31,7 +31,12 @@ struct File {
     name: String,
     label: Option<String>,
     protocol: Option<String>,
-    command: Vec<String>,
+    command: Option<Vec<String>>,
+    capture: Option<Vec<String>>,
+    webhook: Option<String>,
+    relay: Option<String>,
+    contract: Option<Value>,
+    turn_timeout: Option<f64>,
     #[serde(default)]
     env: BTreeMap<String, String>,
     cwd: Option<String>,
@@ -58,6 +63,96 @@ struct ResumeSettings {
     buffer: Option<Value>,
 }
 
+/// The fields that say what the agent is: exactly one per manifest.
+const SHAPES: [&str; 4] = ["command", "capture", "webhook", "relay"];
+
+/// What the host runs for the agent: its `command`, or, for another shape,
+/// `thunderbolt adapt`, which serves it as ACP ([`crate::shapes`]).
+fn shape_argv(f: &File, name: &str, machine: &Machine) -> Result<Vec<std::ffi::OsString>, Refused> {
+    if f.command.is_some() || f.relay.is_some() {
+        if f.turn_timeout.is_some() {
+            return refuse("\"turn_timeout\" is for \"capture\" and \"webhook\" agents");
+        }
+        if f.contract.is_some() && f.command.is_some() {
+            return refuse("\"contract\" is for \"capture\", \"webhook\" and \"relay\" agents");
+        }
+    }
+    if let Some(command) = &f.command {
+        return resolve_command(command, machine);
+    }
+    if f.relay.is_some() {
+        return refuse(
+            "\"relay\" agents (the relay contract) are not served by this version yet; \
+             a \"capture\" program or a \"webhook\" is",
+        );
+    }
+    if let Some(v) = &f.contract {
+        let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+        if !crate::shapes::contract::VERSIONS.contains(&v.as_str()) {
+            return refuse(format!(
+                "\"contract\" {v} is not spoken here (this host speaks {})",
+                crate::shapes::contract::VERSIONS.join(", ")
+            ));
+        }
+    }
+    let timeout = f
+        .turn_timeout
+        .map(|t| secs(t, "turn_timeout"))
+        .transpose()?
+        .unwrap_or(crate::shapes::DEFAULT_TURN_TIMEOUT);
+    if timeout.is_zero() {
+        return refuse("\"turn_timeout\" must be above zero");
+    }
+    let me = std::env::current_exe().map_err(|e| Refused(format!("cannot name this program: {e}")))?;
+    let (shape, target) = match (&f.capture, &f.webhook) {
+        (Some(program), _) => (
+            "capture",
+            resolve_command(program, machine)
+                .map_err(|Refused(w)| Refused(w.replace("\"command\"", "\"capture\"")))?,
+        ),
+        (None, Some(url)) => ("webhook", vec![loopback_url(url, "webhook")?.into()]),
+        (None, None) => unreachable!("one shape is there: checked above"),
+    };
+    let mut argv: Vec<std::ffi::OsString> = vec![me.into(), "adapt".into(), shape.into()];
+    argv.extend([
+        "--name".into(),
+        name.into(),
+        "--timeout".into(),
+        timeout.as_secs_f64().to_string().into(),
+        "--".into(),
+    ]);
+    argv.extend(target);
+    Ok(argv)
+}
+
+/// A service's URL: `http://` to a loopback address (this machine only: the
+/// host sends it your prompts), with no credentials in it.
+fn loopback_url(text: &str, field: &str) -> Result<String, Refused> {
+    let url = url::Url::parse(text).map_err(|e| Refused(format!("\"{field}\" is not a URL ({e})")))?;
+    if url.scheme() != "http" {
+        return refuse(format!(
+            "\"{field}\" must be an http:// URL on this machine, not {}://",
+            url.scheme()
+        ));
+    }
+    let loopback = match url.host() {
+        Some(url::Host::Ipv4(a)) => a.is_loopback(),
+        Some(url::Host::Ipv6(a)) => a.is_loopback(),
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        None => false,
+    };
+    if !loopback {
+        return refuse(format!(
+            "\"{field}\" must name a loopback address (127.0.0.1, [::1], localhost), not {}",
+            url.host_str().unwrap_or("nothing")
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return refuse(format!("\"{field}\" must not carry credentials"));
+    }
+    Ok(url.to_string())
+}
+
 /// Parses and checks a manifest's content (`path` names it in messages and is
 /// where `cwd` is relative to nothing: it must be absolute or start with `~/`).
 pub fn parse(text: &[u8], path: &Path, machine: &Machine) -> Result<AgentSpec, Refused> {
@@ -69,9 +164,18 @@ pub fn parse(text: &[u8], path: &Path, machine: &Machine) -> Result<AgentSpec, R
         return registry(obj, path, machine);
     }
     check_fields(obj)?;
-    for required in ["name", "command"] {
-        if !obj.contains_key(required) {
-            return refuse(format!("\"{required}\" is missing"));
+    if !obj.contains_key("name") {
+        return refuse("\"name\" is missing");
+    }
+    let shapes: Vec<&str> = SHAPES.iter().copied().filter(|k| obj.contains_key(*k)).collect();
+    match shapes.as_slice() {
+        [] => return refuse("\"command\" is missing (or one of \"capture\", \"webhook\", \"relay\")"),
+        [_] => {}
+        many => {
+            return refuse(format!(
+            "{} are exclusive: an agent is exactly one of \"command\", \"capture\", \"webhook\", \"relay\"",
+            many.iter().map(|k| format!("\"{k}\"")).collect::<Vec<_>>().join(" and ")
+        ))
         }
     }
     let f: File = serde_json::from_value(value).map_err(|e| Refused(e.to_string()))?;
@@ -80,7 +184,7 @@ pub fn parse(text: &[u8], path: &Path, machine: &Machine) -> Result<AgentSpec, R
         None => Protocol::acp(),
         Some(p) => Protocol::parse_known(p).map_err(|e| Refused(format!("\"protocol\": {e}")))?,
     };
-    let argv = resolve_command(&f.command, machine)?;
+    let argv = shape_argv(&f, &name, machine)?;
     check_env(&f.env, "env")?;
     let cwd = f.cwd.as_deref().map(|c| expand_cwd(c, machine)).transpose()?;
     let files = match (&f.files, &cwd) {
@@ -190,6 +294,25 @@ mod tests {
         assert_eq!(spec.identity.file_name("claude"), "identity-mcp");
         let inbox = parse_str(r#"{"name":"a","command":["my-agent"],"cwd":"~/","files":"notes/inbox"}"#, &m);
         assert_eq!(inbox.unwrap().files, Some(dir.path().join("notes/inbox")));
+        let cap = parse_str(r#"{"name":"a","capture":["my-agent","-v"],"turn_timeout":30,"contract":1}"#, &m)
+            .unwrap();
+        let words: Vec<String> = cap.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(
+            &words[1..],
+            [
+                "adapt",
+                "capture",
+                "--name",
+                "a",
+                "--timeout",
+                "30",
+                "--",
+                &dir.path().join("my-agent").display().to_string(),
+                "-v"
+            ]
+        );
+        let hook = parse_str(r#"{"name":"b","webhook":"http://localhost:8700/in"}"#, &m).unwrap();
+        assert_eq!(hook.argv.last().unwrap(), "http://localhost:8700/in");
         let min = parse_str(r#"{"name":"a","command":["my-agent"]}"#, &m).unwrap();
         assert_eq!((min.label.as_str(), min.protocol.as_str()), ("a", "acp"));
         assert_eq!(min.accept_from, AcceptFrom::own());
@@ -209,6 +332,28 @@ mod tests {
                 "\"command\" is a string; it must be an array of words",
             ),
             (r#"{"name":"a"}"#, "\"command\" is missing"),
+            (r#"{"name":"a","command":["my-agent"],"capture":["my-agent"]}"#, "are exclusive"),
+            (
+                r#"{"name":"a","webhook":"http://127.0.0.1:1/x","relay":"http://127.0.0.1:2/"}"#,
+                "are exclusive",
+            ),
+            (r#"{"name":"a","webhook":"https://127.0.0.1:1/x"}"#, "http:// URL on this machine"),
+            (r#"{"name":"a","webhook":"http://example.com/x"}"#, "loopback address"),
+            (r#"{"name":"a","webhook":"http://u:p@127.0.0.1/x"}"#, "credentials"),
+            (r#"{"name":"a","webhook":"not a url"}"#, "\"webhook\" is not a URL"),
+            (
+                r#"{"name":"a","capture":["my-agent"],"contract":"2"}"#,
+                "\"contract\" 2 is not spoken here (this host speaks 1)",
+            ),
+            (r#"{"name":"a","capture":["my-agent"],"contract":true}"#, "\"contract\" must be a version"),
+            (r#"{"name":"a","capture":"my-agent"}"#, "\"capture\" is a string"),
+            (r#"{"name":"a","capture":["no-such-agent"]}"#, "\"capture\": 'no-such-agent' was not found"),
+            (r#"{"name":"a","command":["my-agent"],"turn_timeout":5}"#, "\"turn_timeout\" is for"),
+            (
+                r#"{"name":"a","capture":["my-agent"],"turn_timeout":0}"#,
+                "\"turn_timeout\" must be above zero",
+            ),
+            (r#"{"name":"a","relay":"http://127.0.0.1:8700/inbound"}"#, "not served by this version yet"),
             (r#"{"name":7,"command":["my-agent"]}"#, "\"name\" must be a string"),
             (r#"{"name":"a","command":[]}"#, "\"command\" is empty"),
             (r#"{"name":"a","command":["./my-agent"]}"#, "relative path"),

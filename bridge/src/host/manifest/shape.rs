@@ -16,6 +16,8 @@ enum Kind {
     Secs,
     Count,
     Resume,
+    /// A contract version: a string or a whole number.
+    Version,
 }
 
 /// Every field of a manifest and its type: anything else refuses the file.
@@ -33,6 +35,11 @@ const FIELDS: &[(&str, Kind)] = &[
     ("resume", Kind::Resume),
     ("max_sessions", Kind::Count),
     ("identity", Kind::Str),
+    ("capture", Kind::Words),
+    ("webhook", Kind::Str),
+    ("relay", Kind::Str),
+    ("contract", Kind::Version),
+    ("turn_timeout", Kind::Secs),
 ];
 
 /// Checks every field's type, and that no field is unknown, naming the field.
@@ -49,6 +56,7 @@ pub(super) fn check_fields(obj: &serde_json::Map<String, Value>) -> Result<(), R
             Kind::StrMap => v.as_object().is_some_and(|m| m.values().all(Value::is_string)),
             Kind::Secs => v.as_f64().is_some_and(|n| n >= 0.0),
             Kind::Count => v.is_u64(),
+            Kind::Version => v.is_string() || v.is_u64(),
             Kind::Resume => match v {
                 Value::Bool(_) => true,
                 Value::Object(m) => {
@@ -74,18 +82,19 @@ pub(super) fn check_fields(obj: &serde_json::Map<String, Value>) -> Result<(), R
         };
         if !ok {
             let must = match (kind, key.as_str()) {
-                (Kind::Words, "command") => {
+                (Kind::Words, "command" | "capture") => {
                     "an array of words, e.g. [\"my-agent\", \"--acp\"] (it is run directly, never by a shell)"
                 }
                 (Kind::Words, _) => "an array of strings",
                 (Kind::StrMap, _) => "an object whose values are strings, e.g. {\"KEY\": \"value\"}",
                 (Kind::Secs, _) => "a number of seconds",
                 (Kind::Count, _) => "a whole number",
+                (Kind::Version, _) => "a version, e.g. \"1\"",
                 (Kind::Resume, _) => "false, or an object {\"grace\": seconds, \"buffer\": size}",
                 (Kind::Str, _) => "a string",
             };
-            if v.is_string() && key == "command" {
-                return refuse(format!("\"command\" is a string; it must be {must}"));
+            if v.is_string() && (key == "command" || key == "capture") {
+                return refuse(format!("\"{key}\" is a string; it must be {must}"));
             }
             return refuse(format!("\"{key}\" must be {must}"));
         }

@@ -1,0 +1,230 @@
+//! Agents of other shapes, served as ACP: a contract program started for
+//! each turn (`capture` in a manifest) or a webhook on this machine
+//! (`webhook`), both speaking the capture contract ([`contract`]).
+//!
+//! The host runs `thunderbolt adapt capture|webhook …` as the agent's
+//! command: a stdio ACP agent like any other, so every client (the CLI, the
+//! page, the app's shipped client) and everything the bridge does for an
+//! agent (resume, journal, files, notices) serves these too. It answers
+//! `initialize`, `session/new` and `session/load` itself (a session id is
+//! any the client names: the same one after a host restart); each
+//! `session/prompt` becomes one capture, its replies `agent_message_chunk`s,
+//! its `done` the `end_turn`; a failure or a turn past its timeout is an
+//! error the client reads in words; `session/cancel` stops the turn.
+
+pub mod capture;
+pub mod contract;
+pub mod webhook;
+
+use std::{collections::HashMap, ffi::OsString, sync::Arc, time::Duration};
+
+use anyhow::Result;
+use serde_json::{json, Value};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    sync::{mpsc, Mutex},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use contract::Part;
+
+/// A turn's default bound (a manifest's `turn_timeout`).
+pub const DEFAULT_TURN_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The most files one prompt hands over (inline images): a few photos.
+const MAX_PARTS_BYTES: usize = 32 * 1024 * 1024;
+
+/// What serves the turns.
+#[derive(Debug, Clone)]
+pub enum Shape {
+    /// A program run for each turn (argv, its program resolved).
+    Capture(Vec<OsString>),
+    /// A POST to a loopback URL for each turn.
+    Webhook(url::Url),
+}
+
+/// How one turn ended.
+#[derive(Debug)]
+pub enum TurnEnd {
+    Done,
+    Cancelled,
+    /// In words, for the client.
+    Failed(String),
+}
+
+/// Serves ACP on stdin/stdout for agent `name` until stdin ends.
+pub async fn serve(shape: Shape, name: String, timeout: Duration) -> Result<()> {
+    let (out_tx, writer) = crate::json_out::stdout_lines(256);
+    let agent = Arc::new(Adapter { shape, name, timeout, out: out_tx, turns: Mutex::new(HashMap::new()) });
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if line.len() > thunderbolt_shared::ndjson::MAX_FRAME_LEN {
+            continue;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(&line) else { continue };
+        agent.clone().message(v).await;
+    }
+    // stdin ended: every turn under way stops (its program with it).
+    for (_, t) in agent.turns.lock().await.drain() {
+        t.cancel();
+    }
+    drop(agent);
+    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+    Ok(())
+}
+
+struct Adapter {
+    shape: Shape,
+    name: String,
+    timeout: Duration,
+    out: mpsc::Sender<Value>,
+    /// The turn under way per session, to cancel it.
+    turns: Mutex<HashMap<String, CancellationToken>>,
+}
+
+impl Adapter {
+    async fn send(&self, v: Value) {
+        let _ = self.out.send(v).await;
+    }
+
+    async fn message(self: Arc<Self>, m: Value) {
+        let method = m.get("method").and_then(Value::as_str).unwrap_or_default().to_string();
+        let params = m.get("params").cloned().unwrap_or(Value::Null);
+        let Some(id) = m.get("id").cloned() else {
+            if method == "session/cancel" {
+                if let Some(s) = params.get("sessionId").and_then(Value::as_str) {
+                    if let Some(t) = self.turns.lock().await.get(s) {
+                        t.cancel();
+                    }
+                }
+            }
+            return;
+        };
+        let answer = {
+            let id = id.clone();
+            move |result: Value| json!({"jsonrpc": "2.0", "id": id, "result": result})
+        };
+        let error = {
+            let id = id.clone();
+            move |code: i64, msg: String| json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": msg}})
+        };
+        match method.as_str() {
+            "initialize" => {
+                let image = true;
+                self.send(answer(json!({
+                    "protocolVersion": 1,
+                    "agentCapabilities": {"loadSession": true, "promptCapabilities": {"image": image}},
+                    "agentInfo": {"name": self.name, "version": env!("CARGO_PKG_VERSION")},
+                    "authMethods": [],
+                })))
+                .await
+            }
+            "session/new" => {
+                let sid = format!("chat-{}", crate::ids::random_hex(8));
+                self.send(answer(json!({"sessionId": sid}))).await
+            }
+            // A session id is the client's to keep: after a restart it loads the same one.
+            "session/load" => self.send(answer(Value::Null)).await,
+            "session/prompt" => {
+                let Some(sid) = params.get("sessionId").and_then(Value::as_str).map(str::to_string) else {
+                    return self.send(error(-32602, "session/prompt needs a sessionId".into())).await;
+                };
+                let blocks = params.get("prompt").and_then(Value::as_array).cloned().unwrap_or_default();
+                let cancel = CancellationToken::new();
+                {
+                    let mut turns = self.turns.lock().await;
+                    if turns.contains_key(&sid) {
+                        drop(turns);
+                        return self
+                            .send(error(-32000, "a turn is already under way in this session".into()))
+                            .await;
+                    }
+                    turns.insert(sid.clone(), cancel.clone());
+                }
+                let me = self.clone();
+                tokio::spawn(async move {
+                    let end = me.turn(&sid, &blocks, cancel).await;
+                    me.turns.lock().await.remove(&sid);
+                    let v = match end {
+                        TurnEnd::Done => answer(json!({"stopReason": "end_turn"})),
+                        TurnEnd::Cancelled => answer(json!({"stopReason": "cancelled"})),
+                        TurnEnd::Failed(why) => {
+                            warn!("{why}");
+                            error(-32000, why)
+                        }
+                    };
+                    me.send(v).await;
+                });
+            }
+            other => self.send(error(-32601, format!("{other}: not a method of this agent"))).await,
+        }
+    }
+
+    /// One prompt as one capture.
+    async fn turn(&self, sid: &str, blocks: &[Value], cancel: CancellationToken) -> TurnEnd {
+        let (text, parts) = match prompt(blocks) {
+            Ok(p) => p,
+            Err(why) => return TurnEnd::Failed(why),
+        };
+        let cid = format!("c_{}", crate::ids::random_hex(8));
+        info!("turn {cid} of session {sid}: {} bytes of text, {} file(s)", text.len(), parts.len());
+        let (tx, mut rx) = mpsc::channel::<String>(64);
+        let run = async {
+            match &self.shape {
+                Shape::Capture(argv) => capture::run(argv, &cid, &self.name, &text, parts, tx).await,
+                Shape::Webhook(url) => webhook::run(url, &cid, &self.name, &text, &parts, tx).await,
+            }
+        };
+        let forward = async {
+            while let Some(t) = rx.recv().await {
+                self.send(json!({
+                    "jsonrpc": "2.0",
+                    "method": "session/update",
+                    "params": {"sessionId": sid, "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": t}}},
+                }))
+                .await;
+            }
+        };
+        let both = async { tokio::join!(run, forward).0 };
+        tokio::select! {
+            r = tokio::time::timeout(self.timeout, both) => match r {
+                Ok(end) => end,
+                Err(_) => TurnEnd::Failed(format!("{} did not finish its turn within {} s", self.name, self.timeout.as_secs())),
+            },
+            _ = cancel.cancelled() => TurnEnd::Cancelled,
+        }
+    }
+}
+
+/// A prompt's text, and its images as files.
+fn prompt(blocks: &[Value]) -> Result<(String, Vec<Part>), String> {
+    let mut text = Vec::new();
+    let mut parts = Vec::new();
+    let mut bytes = 0usize;
+    for b in blocks {
+        match b.get("type").and_then(Value::as_str) {
+            Some("text") => text.push(b.get("text").and_then(Value::as_str).unwrap_or_default().to_string()),
+            Some("image") => {
+                use base64::Engine as _;
+                let data = b.get("data").and_then(Value::as_str).unwrap_or_default();
+                let decoded = base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .map_err(|_| "an image of the prompt is not base64".to_string())?;
+                bytes += decoded.len();
+                if bytes > MAX_PARTS_BYTES {
+                    return Err(format!("the prompt's images are over {} MiB", MAX_PARTS_BYTES >> 20));
+                }
+                let mime = b.get("mimeType").and_then(Value::as_str).unwrap_or("application/octet-stream");
+                parts.push(Part { mime: mime.to_string(), bytes: decoded, path: None });
+            }
+            Some("resource_link") => {
+                let name = b.get("name").and_then(Value::as_str).unwrap_or("a file");
+                let uri = b.get("uri").and_then(Value::as_str).unwrap_or_default();
+                text.push(format!("[{name}: {uri}]"));
+            }
+            _ => {}
+        }
+    }
+    Ok((text.join("\n"), parts))
+}
