@@ -20,11 +20,30 @@ async fn webhook() -> (u16, mpsc::UnboundedReceiver<Value>) {
 }
 
 fn webhook_on(listener: TcpListener) -> (u16, mpsc::UnboundedReceiver<Value>) {
+    http_on(listener, |body| {
+        let cid = body["cid"].clone();
+        let text = format!("hook got: {}", body["text"].as_str().unwrap_or_default());
+        json!([
+            {"type": "reply", "cid": "c_other", "text": "not yours"},
+            {"type": "reply", "cid": cid, "text": text},
+            {"type": "done", "cid": cid},
+        ])
+        .to_string()
+    })
+}
+
+/// A bare HTTP/1.1 server on `listener`: each POST's JSON body goes to the
+/// test and to `answer`, whose string is the 200 answer's body.
+fn http_on(
+    listener: TcpListener,
+    answer: impl Fn(&Value) -> String + Send + Sync + 'static,
+) -> (u16, mpsc::UnboundedReceiver<Value>) {
     let port = listener.local_addr().unwrap().port();
     let (tx, rx) = mpsc::unbounded_channel();
+    let answer = std::sync::Arc::new(answer);
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
-            let tx = tx.clone();
+            let (tx, answer) = (tx.clone(), answer.clone());
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 8192];
@@ -53,24 +72,60 @@ fn webhook_on(listener: TcpListener) -> (u16, mpsc::UnboundedReceiver<Value>) {
                 }
                 let body: Value =
                     serde_json::from_slice(&buf[head_end..head_end + length]).unwrap_or_default();
-                let cid = body["cid"].clone();
-                let text = format!("hook got: {}", body["text"].as_str().unwrap_or_default());
-                let answer = json!([
-                    {"type": "reply", "cid": "c_other", "text": "not yours"},
-                    {"type": "reply", "cid": cid, "text": text},
-                    {"type": "done", "cid": cid},
-                ])
-                .to_string();
+                let out = answer(&body);
                 let _ = tx.send(body);
                 let reply = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
-                    answer.len()
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{out}",
+                    out.len()
                 );
                 let _ = s.write_all(reply.as_bytes()).await;
             });
         }
     });
     (port, rx)
+}
+
+/// One request on a home's reach socket, its answer.
+async fn reach(sock: &std::path::Path, req: Value) -> Value {
+    let mut s = tokio::net::UnixStream::connect(sock).await.expect("reach.sock");
+    s.write_all(format!("{req}\n").as_bytes()).await.unwrap();
+    let mut line = String::new();
+    tokio::time::timeout(WAIT, BufReader::new(s).read_line(&mut line)).await.unwrap().unwrap();
+    serde_json::from_str(&line).unwrap()
+}
+
+/// A relay agent written from the relay contract: each message is accepted
+/// at once (an empty 200) and answered from a task over the reach socket:
+/// a delta, a tool card (input, then output), a delta, done. A message with
+/// "slow" in it gets one delta, then nothing.
+fn relay_on(listener: TcpListener, sock: std::path::PathBuf) -> (u16, mpsc::UnboundedReceiver<Value>) {
+    http_on(listener, move |msg| {
+        if msg["type"] != "message" {
+            return String::new();
+        }
+        let (turn, text, sock) =
+            (msg["turn_id"].clone(), msg["text"].as_str().unwrap_or_default().to_string(), sock.clone());
+        tokio::spawn(async move {
+            // After the POST's answer: the turn is the service's from here.
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            let ok = json!({"ok": true});
+            assert_eq!(
+                reach(&sock, json!({"op": "turn.delta", "turn_id": turn, "text": "You said: "})).await,
+                ok
+            );
+            if text.contains("slow") {
+                return;
+            }
+            let input = json!({"file_path": "report.pdf"});
+            let tool = json!({"op": "turn.tool", "turn_id": turn, "id": "1", "kind": "read", "title": "report.pdf", "input": input});
+            assert_eq!(reach(&sock, tool).await, ok);
+            let out = json!({"op": "turn.tool", "turn_id": turn, "id": "1", "title": "report.pdf", "output": "42 pages"});
+            assert_eq!(reach(&sock, out).await, ok);
+            assert_eq!(reach(&sock, json!({"op": "turn.delta", "turn_id": turn, "text": text})).await, ok);
+            assert_eq!(reach(&sock, json!({"op": "turn.done", "turn_id": turn})).await, ok);
+        });
+        String::new()
+    })
 }
 
 /// A host serving `manifests` (file name, JSON) and a client home it allows:
@@ -232,5 +287,132 @@ async fn a_webhook_that_is_down_fails_the_turn_in_words_and_the_next_turn_tries_
     assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
     assert_eq!(texts, ["hook got: hello again"]);
     assert_eq!(posted.recv().await.unwrap()["text"], "hello again");
+    let _ = child.kill().await;
+}
+
+/// A live conversation through `thunderbolt acp connect`: JSON lines in, every line out.
+struct Conversation {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    seen: Vec<Value>,
+}
+
+impl Conversation {
+    async fn open(client: &Tb, ticket: &str) -> (Self, String) {
+        let mut c = client.cmd();
+        c.args(["acp", "connect", ticket])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut me = Self { child, stdin, lines, seen: Vec::new() };
+        me.send(json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{}}})).await;
+        me.until(1).await;
+        me.send(json!({"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/srv/work","mcpServers":[]}})).await;
+        let sid = me.until(2).await["result"]["sessionId"].as_str().unwrap().to_string();
+        (me, sid)
+    }
+
+    async fn send(&mut self, v: Value) {
+        self.stdin.write_all(format!("{v}\n").as_bytes()).await.unwrap();
+    }
+
+    /// Lines until the answer to `id` (the others kept in `seen`).
+    async fn until(&mut self, id: u64) -> Value {
+        loop {
+            let line = tokio::time::timeout(WAIT, self.lines.next_line())
+                .await
+                .expect("in time")
+                .unwrap()
+                .expect("a line");
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v["id"] == id {
+                return v;
+            }
+            self.seen.push(v);
+        }
+    }
+
+    /// The updates seen, as `sessionUpdate` kinds and what each says.
+    fn updates(&mut self) -> Vec<Value> {
+        std::mem::take(&mut self.seen).into_iter().map(|v| v["params"]["update"].clone()).collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_agent_converses_with_tool_cards_is_stopped_refuses_late_deltas_and_sends_notes() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let manifest =
+        json!({"name": "butler", "label": "Butler", "relay": format!("http://127.0.0.1:{port}/inbound")});
+    let (host, client, mut child, banner, _log) = host_with(&[("butler.json", manifest)]).await;
+    let sock = host.home().join("reach.sock");
+    let (_, mut posted) = relay_on(listener, sock.clone());
+    let (mut c, sid) = Conversation::open(&client, &ticket_of(&banner, "butler")).await;
+
+    // A turn: the message as the contract says, deltas and a tool card, end_turn.
+    c.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":sid,"prompt":[{"type":"text","text":"summarise the report"}]}})).await;
+    let answer = c.until(3).await;
+    assert_eq!(answer["result"]["stopReason"], "end_turn", "{answer}");
+    let msg = posted.recv().await.unwrap();
+    assert_eq!(
+        (msg["v"].clone(), msg["type"].clone(), msg["chat_id"].clone()),
+        (json!(1), json!("message"), json!(sid))
+    );
+    assert_eq!(msg["text"], "summarise the report");
+    assert_eq!(msg["cwd"], "/srv/work");
+    assert_eq!(msg["origin"], "user");
+    assert!(msg["turn_id"].as_str().unwrap().starts_with("t_"), "{msg}");
+    let ups = c.updates();
+    let kinds: Vec<&str> = ups.iter().map(|u| u["sessionUpdate"].as_str().unwrap_or("?")).collect();
+    assert_eq!(
+        kinds,
+        ["agent_message_chunk", "tool_call", "tool_call_update", "agent_message_chunk"],
+        "{ups:?}"
+    );
+    assert_eq!(ups[0]["content"]["text"], "You said: ");
+    assert_eq!(ups[1]["kind"], "read");
+    assert_eq!(ups[1]["title"], "report.pdf");
+    assert_eq!(ups[1]["rawInput"], json!({"file_path": "report.pdf"}));
+    assert_eq!(ups[2]["status"], "completed");
+    assert_eq!(ups[2]["rawOutput"], "42 pages");
+    assert_eq!(ups[3]["content"]["text"], "summarise the report");
+
+    // A turn stopped: the service is told, and what it sends late is refused.
+    c.send(json!({"jsonrpc":"2.0","id":4,"method":"session/prompt","params":{"sessionId":sid,"prompt":[{"type":"text","text":"a slow one"}]}})).await;
+    let slow = posted.recv().await.unwrap();
+    let turn = slow["turn_id"].clone();
+    loop {
+        let line = tokio::time::timeout(WAIT, c.lines.next_line()).await.unwrap().unwrap().unwrap();
+        if line.contains("agent_message_chunk") {
+            break;
+        }
+    }
+    c.send(json!({"jsonrpc":"2.0","method":"session/cancel","params":{"sessionId":sid}})).await;
+    assert_eq!(c.until(4).await["result"]["stopReason"], "cancelled");
+    let stop = posted.recv().await.unwrap();
+    assert_eq!(stop, json!({"v": 1, "type": "stop", "chat_id": sid, "turn_id": turn}));
+    let late = reach(&sock, json!({"op": "turn.delta", "turn_id": turn, "text": "too late"})).await;
+    assert_eq!(late, json!({"error": "no such turn"}));
+    let unknown = reach(&sock, json!({"op": "turn.rewind", "turn_id": turn})).await;
+    assert_eq!(unknown, json!({"error": "unknown op: turn.rewind"}));
+
+    // A note between turns: in the agent's thread, for its chat.
+    let note = reach(
+        &sock,
+        json!({"op": "note", "text": "Your 8am summary is ready.", "source": "agent", "chat": sid}),
+    )
+    .await;
+    assert_eq!(note["ok"], true, "{note}");
+    assert_eq!(note["chat_id"], json!(sid));
+    let threads = std::fs::read_to_string(host.home().join("reach/threads.json")).unwrap();
+    assert!(threads.contains("\"name\":\"butler\"") && threads.contains("8am summary"), "{threads}");
+    let nowhere = reach(&sock, json!({"op": "note", "text": "x", "chat": "no-such-chat"})).await;
+    assert_eq!(nowhere, json!({"error": "no such chat: no-such-chat"}));
+
+    let _ = c.child.kill().await;
     let _ = child.kill().await;
 }

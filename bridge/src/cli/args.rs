@@ -149,13 +149,14 @@ pub struct ReachArgs {
 
 #[derive(Debug, Args)]
 pub struct AdaptArgs {
-    /// `capture` (a contract program per turn) or `webhook` (a POST per turn).
-    #[arg(value_parser = ["capture", "webhook"])]
+    /// `capture` (a contract program per turn), `webhook` (a POST per turn) or `relay` (a POST
+    /// per turn, the reply on the reach socket).
+    #[arg(value_parser = ["capture", "webhook", "relay"])]
     pub shape: String,
     /// The agent's name (the contract's `agent`).
     #[arg(long)]
     pub name: String,
-    /// A turn's bound, in seconds.
+    /// A turn's bound, in seconds (for `relay`: the silence that fails a turn).
     #[arg(long, default_value_t = 300.0)]
     pub timeout: f64,
     /// The program and its arguments (capture), or the URL (webhook).

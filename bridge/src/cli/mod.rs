@@ -190,9 +190,14 @@ async fn adapt(a: args::AdaptArgs) -> Result<()> {
     use crate::shapes::Shape;
     let shape = match a.shape.as_str() {
         "capture" => Shape::Capture(a.target),
-        _ => {
+        shape => {
             let url = a.target.first().map(|u| u.to_string_lossy().into_owned()).unwrap_or_default();
-            Shape::Webhook(url::Url::parse(&url).with_context(|| format!("not a URL: {url}"))?)
+            let url = url::Url::parse(&url).with_context(|| format!("not a URL: {url}"))?;
+            if shape == "relay" {
+                Shape::Relay(url)
+            } else {
+                Shape::Webhook(url)
+            }
         }
     };
     let timeout = Duration::try_from_secs_f64(a.timeout).context("--timeout is a number of seconds")?;

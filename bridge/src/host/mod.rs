@@ -90,7 +90,7 @@ impl HostContext {
 
     /// Binds `spec`'s endpoint with its identity and starts serving it.
     pub async fn start(&self, spec: &AgentSpec) -> Result<(Arc<Served>, Started)> {
-        self.start_plan(&AgentPlan::from_spec(spec, &self.config)?).await
+        self.start_plan(&AgentPlan::from_spec(spec, &self.config, &self.home)?).await
     }
 
     /// The one builder of a served agent (a manifest's or the single-agent
@@ -237,7 +237,7 @@ pub async fn watch(
             match running {
                 Some(agent) if !needs_new_endpoint(old, spec) => {
                     // Same endpoint: new sessions get the new settings.
-                    match AgentPlan::from_spec(spec, &ctx.config) {
+                    match AgentPlan::from_spec(spec, &ctx.config, &ctx.home) {
                         Ok(plan) => {
                             let cfg =
                                 ctx.agent_config(&plan, agent.config().account.clone(), agent.endpoint.id());

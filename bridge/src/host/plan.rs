@@ -45,10 +45,20 @@ pub struct AgentPlan {
     pub max_sessions: Option<usize>,
 }
 
+/// Where a hosted agent finds the home's reach socket.
+pub const REACH_SOCK_ENV: &str = "THUNDERBOLT_REACH_SOCK";
+
 impl AgentPlan {
     /// A manifest's agent, with the host's defaults where it says nothing.
-    pub fn from_spec(spec: &AgentSpec, config: &Config) -> Result<Self> {
-        let env: Vec<(String, String)> = spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    /// Every agent is told where the home's reach socket is
+    /// (`THUNDERBOLT_REACH_SOCK`, a path and no secret): a relay agent's
+    /// adapter watches its turns there, and any agent may send the owner a note.
+    pub fn from_spec(spec: &AgentSpec, config: &Config, home: &crate::home::Home) -> Result<Self> {
+        let mut env: Vec<(String, String)> = spec.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        if !spec.env.contains_key(REACH_SOCK_ENV) {
+            let sock = crate::reach::socket::socket_path(home);
+            env.push((REACH_SOCK_ENV.to_string(), sock.display().to_string()));
+        }
         let command = AgentCommand::new(spec.argv.clone())
             .context("a manifest's command is never empty")?
             .with(env, spec.cwd.clone())

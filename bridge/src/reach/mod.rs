@@ -74,6 +74,17 @@ fn words_cut(text: &str, max: usize) -> String {
     format!("{}…", &text[..at])
 }
 
+/// Relay turns open at once: each is a prompt under way at a relay agent.
+pub const MAX_OPEN_TURNS: usize = 256;
+
+/// Events of one turn waiting for its adapter: a service that streams
+/// faster than the adapter reads is told `busy` and sends again.
+const TURN_QUEUE: usize = 256;
+
+/// Relay chats remembered (for notes that name one): past it, forgotten all
+/// at once; a chat is remembered again at its next turn.
+const MAX_CHATS: usize = 4096;
+
 /// Where the threads are kept.
 pub fn threads_path(home: &Home) -> std::path::PathBuf {
     home.root_path().join("reach").join("threads.json")
@@ -90,6 +101,11 @@ pub enum ReachError {
     Bad(String),
     #[error(transparent)]
     Threads(#[from] ThreadError),
+    /// A `turn.*` for a turn that is not open (ended, stopped, or never).
+    #[error("no such turn")]
+    NoSuchTurn,
+    #[error("busy: {0}")]
+    Busy(&'static str),
 }
 
 /// A message to send.
@@ -131,6 +147,10 @@ pub struct Reach {
     door: OnceLock<Door>,
     /// What owns it: `host` or `<protocol> bridge`, for `status`.
     owner: String,
+    /// Relay agents' open turns: turn id → where its events go (the adapter).
+    turns: Mutex<HashMap<String, tokio::sync::mpsc::Sender<Value>>>,
+    /// Relay agents' chats seen: chat id → agent (a note names a chat).
+    chats: Mutex<HashMap<String, String>>,
 }
 
 impl std::fmt::Debug for Reach {
@@ -153,6 +173,8 @@ impl Reach {
             viewing: Mutex::default(),
             door: OnceLock::new(),
             owner: owner.to_string(),
+            turns: Mutex::default(),
+            chats: Mutex::default(),
         })
     }
 
@@ -339,6 +361,66 @@ impl Reach {
             v.retain(|_, (_, since)| since.elapsed() < VIEW_LEASE);
         }
         self.threads().listing(since)
+    }
+
+    /// A relay agent's adapter watches turn `turn` of `chat`: the turn's
+    /// events from its service come out of the receiver until `turn.done`.
+    pub fn watch(
+        &self,
+        turn: &str,
+        chat: &str,
+        agent: &str,
+    ) -> Result<tokio::sync::mpsc::Receiver<Value>, ReachError> {
+        if turn.is_empty() || turn.len() > MAX_REQUEST_ID || chat.is_empty() || chat.len() > MAX_REQUEST_ID {
+            return Err(ReachError::Bad("turn_id and chat_id: 1 to 64 bytes".into()));
+        }
+        if let Some(why) = name_problem(agent) {
+            return Err(ReachError::Bad(format!("agent: {why}")));
+        }
+        let mut turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
+        if turns.len() >= MAX_OPEN_TURNS {
+            return Err(ReachError::Busy("too many turns are open"));
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(TURN_QUEUE);
+        turns.insert(turn.to_string(), tx);
+        let mut chats = self.chats.lock().unwrap_or_else(|p| p.into_inner());
+        if chats.len() >= MAX_CHATS && !chats.contains_key(chat) {
+            chats.clear();
+        }
+        chats.insert(chat.to_string(), agent.to_string());
+        Ok(rx)
+    }
+
+    /// The turn is over (done, failed, stopped): what comes for it later is refused.
+    pub fn unwatch(&self, turn: &str) {
+        self.turns.lock().unwrap_or_else(|p| p.into_inner()).remove(turn);
+    }
+
+    /// The agent a relay chat belongs to.
+    pub fn agent_of_chat(&self, chat: &str) -> Option<String> {
+        self.chats.lock().unwrap_or_else(|p| p.into_inner()).get(chat).cloned()
+    }
+
+    /// A `turn.delta`, `turn.tool` or `turn.done` from a relay service,
+    /// handed to its turn's adapter; refused for a turn not open.
+    pub fn turn_event(&self, ev: &Value) -> Result<(), ReachError> {
+        let turn = ev.get("turn_id").and_then(Value::as_str).unwrap_or_default();
+        let mut turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = turns.get(turn).ok_or(ReachError::NoSuchTurn)?;
+        match tx.try_send(ev.clone()) {
+            Ok(()) => {}
+            Err(tokio::sync::mpsc::error::TrySendError::Full(_)) => {
+                return Err(ReachError::Busy("the turn's reader is behind: send again"))
+            }
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => {
+                turns.remove(turn);
+                return Err(ReachError::NoSuchTurn);
+            }
+        }
+        if ev.get("op").and_then(Value::as_str) == Some("turn.done") {
+            turns.remove(turn);
+        }
+        Ok(())
     }
 
     /// The threads in short, for a host's listing.

@@ -79,6 +79,9 @@ enum Request {
         text: String,
         #[serde(default)]
         from: Option<String>,
+        /// A relay agent's chat: the note goes in that agent's thread.
+        #[serde(default)]
+        chat: Option<String>,
         #[serde(default)]
         device: Option<String>,
         #[serde(default, alias = "replyTo")]
@@ -219,12 +222,45 @@ async fn connection(stream: UnixStream, me: u32, reach: &Reach) {
                 return;
             }
         }
-        let reply = match serde_json::from_slice::<Request>(&line) {
-            Ok(req) => handle(req, reach).await,
-            Err(e) => err(format!(
-                "not a request ({e}); send one JSON object per line: {{\"op\":\"note\",\"text\":…}}, \
-                 {{\"op\":\"replies\",\"from\":…}} or {{\"op\":\"status\"}}"
-            )),
+        let v: Value = match serde_json::from_slice(&line) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => {
+                let reply =
+                    err("not a JSON object: send one per line, e.g. {\"op\":\"note\",\"text\":\"…\"}");
+                if answer(&mut write, &reply).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        let op = v.get("op").and_then(Value::as_str).unwrap_or_default().to_string();
+        let reply = match op.as_str() {
+            "note" | "replies" | "status" | "ask" => match serde_json::from_value::<Request>(v) {
+                Ok(req) => handle(req, reach).await,
+                Err(e) => err(format!("{op}: {e}")),
+            },
+            // A relay agent's turn, from the service: handed to the adapter that watches it.
+            "turn.delta" | "turn.tool" | "turn.done" => match reach.turn_event(&v) {
+                Ok(()) => json!({"ok": true}),
+                Err(e) => err(e),
+            },
+            // The adapter of a relay agent: this connection now carries the turn's events.
+            "turn.watch" => {
+                let field = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
+                let (turn, chat, agent) = (field("turn_id"), field("chat_id"), field("agent"));
+                match reach.watch(&turn, &chat, &agent) {
+                    Ok(rx) => {
+                        if answer(&mut write, &json!({"ok": true})).await.is_ok() {
+                            watching(rx, &mut read, &mut write).await;
+                        }
+                        reach.unwatch(&turn);
+                        return;
+                    }
+                    Err(e) => err(e),
+                }
+            }
+            "" => err("no op: each line is an object with an \"op\""),
+            other => err(format!("unknown op: {other}")),
         };
         if answer(&mut write, &reply).await.is_err() {
             return;
@@ -232,13 +268,51 @@ async fn connection(stream: UnixStream, me: u32, reach: &Reach) {
     }
 }
 
+/// A watched turn's events, written to its adapter until the turn is done
+/// or the adapter goes (its side of the connection ends).
+async fn watching(
+    mut rx: tokio::sync::mpsc::Receiver<Value>,
+    read: &mut (impl AsyncBufReadExt + Unpin),
+    write: &mut (impl AsyncWriteExt + Unpin),
+) {
+    let mut sink = Vec::new();
+    loop {
+        tokio::select! {
+            ev = rx.recv() => {
+                let Some(ev) = ev else { return };
+                let done = ev.get("op").and_then(Value::as_str) == Some("turn.done");
+                if answer(write, &ev).await.is_err() || done {
+                    return;
+                }
+            }
+            // The adapter says nothing more on this connection; its end is the turn's.
+            r = read_line(read, &mut sink, 1024) => {
+                if !matches!(r, Ok(Line::Whole)) {
+                    return;
+                }
+                sink.clear();
+            }
+        }
+    }
+}
+
 async fn handle(req: Request, reach: &Reach) -> Value {
     match req {
-        Request::Note { text, from, device, reply_to } => {
-            let m =
-                Message { from: from.unwrap_or_else(|| DEFAULT_FROM.to_string()), text, device, reply_to };
+        Request::Note { text, from, chat, device, reply_to } => {
+            let agent = chat.as_deref().and_then(|c| reach.agent_of_chat(c));
+            if let (Some(c), None) = (&chat, &agent) {
+                return err(format!("no such chat: {c}"));
+            }
+            let from = from.or(agent).unwrap_or_else(|| DEFAULT_FROM.to_string());
+            let m = Message { from, text, device, reply_to };
             match reach.send(m) {
-                Ok(s) => json!({"ok": true, "id": s.id, "pushed": s.pushed}),
+                Ok(s) => {
+                    let mut v = json!({"ok": true, "id": s.id, "pushed": s.pushed});
+                    if let Some(c) = chat {
+                        v["chat_id"] = json!(c);
+                    }
+                    v
+                }
                 Err(e) => err(e),
             }
         }

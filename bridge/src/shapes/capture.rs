@@ -56,7 +56,7 @@ pub async fn run(
     agent: &str,
     text: &str,
     mut parts: Vec<Part>,
-    replies: mpsc::Sender<String>,
+    replies: mpsc::Sender<super::Update>,
 ) -> TurnEnd {
     let Some((program, args)) = argv.split_first() else {
         return TurnEnd::Failed("no program to run".into());
@@ -119,7 +119,7 @@ pub async fn run(
             Ok(crate::reach::socket::Line::Whole) => match contract::said_line(&buf, cid) {
                 Said::Reply(t) => {
                     replied = true;
-                    let _ = replies.send(t).await;
+                    let _ = replies.send(super::Update::Text(t)).await;
                 }
                 Said::Done => return TurnEnd::Done,
                 Said::Ignored => {}

@@ -14,6 +14,7 @@
 
 pub mod capture;
 pub mod contract;
+pub mod relay;
 pub mod webhook;
 
 use std::{collections::HashMap, ffi::OsString, sync::Arc, time::Duration};
@@ -29,6 +30,10 @@ use tracing::{info, warn};
 
 use contract::Part;
 
+/// A relay turn fails after this long without a word from its service (the
+/// relay contract's rule: a task may run for hours if something comes).
+pub const RELAY_SILENCE: Duration = Duration::from_secs(300);
+
 /// A turn's default bound (a manifest's `turn_timeout`).
 pub const DEFAULT_TURN_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -42,6 +47,17 @@ pub enum Shape {
     Capture(Vec<OsString>),
     /// A POST to a loopback URL for each turn.
     Webhook(url::Url),
+    /// A relay-contract service (v1): a POST per turn, the reply on the host's reach socket.
+    Relay(url::Url),
+}
+
+/// What a turn says as it goes.
+#[derive(Debug, Clone)]
+pub enum Update {
+    Text(String),
+    /// A tool card: the relay contract's `turn.tool` (its `id`, `kind`,
+    /// `title`, `input`, then `output`).
+    Tool(Value),
 }
 
 /// How one turn ended.
@@ -56,7 +72,15 @@ pub enum TurnEnd {
 /// Serves ACP on stdin/stdout for agent `name` until stdin ends.
 pub async fn serve(shape: Shape, name: String, timeout: Duration) -> Result<()> {
     let (out_tx, writer) = crate::json_out::stdout_lines(256);
-    let agent = Arc::new(Adapter { shape, name, timeout, out: out_tx, turns: Mutex::new(HashMap::new()) });
+    let agent = Arc::new(Adapter {
+        shape,
+        name,
+        timeout,
+        out: out_tx,
+        turns: Mutex::new(HashMap::new()),
+        cwds: std::sync::Mutex::new(HashMap::new()),
+        tools: std::sync::Mutex::new(std::collections::HashSet::new()),
+    });
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         if line.len() > thunderbolt_shared::ndjson::MAX_FRAME_LEN {
@@ -81,6 +105,11 @@ struct Adapter {
     out: mpsc::Sender<Value>,
     /// The turn under way per session, to cancel it.
     turns: Mutex<HashMap<String, CancellationToken>>,
+    /// Each session's working folder (a relay message says it).
+    cwds: std::sync::Mutex<HashMap<String, String>>,
+    /// Tool cards shown, by session and id (the first `turn.tool` of an id
+    /// opens its card; later ones update it).
+    tools: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 impl Adapter {
@@ -122,6 +151,9 @@ impl Adapter {
             }
             "session/new" => {
                 let sid = format!("chat-{}", crate::ids::random_hex(8));
+                if let Some(cwd) = params.get("cwd").and_then(Value::as_str) {
+                    self.cwds.lock().unwrap_or_else(|p| p.into_inner()).insert(sid.clone(), cwd.to_string());
+                }
                 self.send(answer(json!({"sessionId": sid}))).await
             }
             // A session id is the client's to keep: after a restart it loads the same one.
@@ -169,31 +201,99 @@ impl Adapter {
         };
         let cid = format!("c_{}", crate::ids::random_hex(8));
         info!("turn {cid} of session {sid}: {} bytes of text, {} file(s)", text.len(), parts.len());
-        let (tx, mut rx) = mpsc::channel::<String>(64);
+        let (tx, mut rx) = mpsc::channel::<Update>(64);
+        let cwd = self.cwds.lock().unwrap_or_else(|p| p.into_inner()).get(sid).cloned().unwrap_or_default();
         let run = async {
             match &self.shape {
                 Shape::Capture(argv) => capture::run(argv, &cid, &self.name, &text, parts, tx).await,
                 Shape::Webhook(url) => webhook::run(url, &cid, &self.name, &text, &parts, tx).await,
+                Shape::Relay(url) => {
+                    let turn = relay::Turn {
+                        url,
+                        agent: &self.name,
+                        chat: sid,
+                        text: &text,
+                        parts: &parts,
+                        cwd: &cwd,
+                    };
+                    relay::run(turn, self.timeout, tx).await
+                }
             }
         };
         let forward = async {
-            while let Some(t) = rx.recv().await {
-                self.send(json!({
-                    "jsonrpc": "2.0",
-                    "method": "session/update",
-                    "params": {"sessionId": sid, "update": {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": t}}},
-                }))
-                .await;
+            while let Some(u) = rx.recv().await {
+                for update in self.acp_updates(sid, u) {
+                    self.send(json!({
+                        "jsonrpc": "2.0",
+                        "method": "session/update",
+                        "params": {"sessionId": sid, "update": update},
+                    }))
+                    .await;
+                }
             }
         };
         let both = async { tokio::join!(run, forward).0 };
+        // A relay turn's bound is its silence, which it keeps itself.
+        let bound = if matches!(self.shape, Shape::Relay(_)) { Duration::MAX } else { self.timeout };
         tokio::select! {
-            r = tokio::time::timeout(self.timeout, both) => match r {
-                Ok(end) => end,
-                Err(_) => TurnEnd::Failed(format!("{} did not finish its turn within {} s", self.name, self.timeout.as_secs())),
+            r = timeout_or_not(bound, both) => match r {
+                Some(end) => end,
+                None => TurnEnd::Failed(format!("{} did not finish its turn within {} s", self.name, self.timeout.as_secs())),
             },
             _ = cancel.cancelled() => TurnEnd::Cancelled,
         }
+    }
+
+    /// ACP's `session/update`s for one update of a turn.
+    fn acp_updates(&self, sid: &str, u: Update) -> Vec<Value> {
+        match u {
+            Update::Text(t) => {
+                vec![json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": t}})]
+            }
+            Update::Tool(t) => {
+                let id = t
+                    .get("id")
+                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+                    .unwrap_or_default();
+                let first = self
+                    .tools
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert((sid.to_string(), id.clone()));
+                let mut out = Vec::new();
+                let title = t.get("title").and_then(Value::as_str).unwrap_or("tool");
+                if first {
+                    let mut card = json!({"sessionUpdate": "tool_call", "toolCallId": id, "title": title,
+                                          "kind": acp_kind(t.get("kind").and_then(Value::as_str)), "status": "in_progress"});
+                    if let Some(input) = t.get("input") {
+                        card["rawInput"] = input.clone();
+                    }
+                    out.push(card);
+                }
+                if let Some(output) = t.get("output") {
+                    let text = output.as_str().map_or_else(|| output.to_string(), str::to_string);
+                    out.push(json!({"sessionUpdate": "tool_call_update", "toolCallId": id, "status": "completed", "title": title,
+                                    "rawOutput": output, "content": [{"type": "content", "content": {"type": "text", "text": text}}]}));
+                }
+                out
+            }
+        }
+    }
+}
+
+/// ACP's tool kinds; anything else is `other`.
+fn acp_kind(kind: Option<&str>) -> &'static str {
+    const KINDS: [&str; 10] =
+        ["read", "edit", "delete", "move", "search", "execute", "think", "fetch", "switch_mode", "other"];
+    KINDS.iter().copied().find(|k| Some(*k) == kind).unwrap_or("other")
+}
+
+/// `fut` within `bound`, or with none when the bound is `Duration::MAX`.
+async fn timeout_or_not<F: std::future::Future>(bound: Duration, fut: F) -> Option<F::Output> {
+    if bound == Duration::MAX {
+        Some(fut.await)
+    } else {
+        tokio::time::timeout(bound, fut).await.ok()
     }
 }
 

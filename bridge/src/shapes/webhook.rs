@@ -25,7 +25,7 @@ pub async fn run(
     agent: &str,
     text: &str,
     parts: &[Part],
-    replies: mpsc::Sender<String>,
+    replies: mpsc::Sender<super::Update>,
 ) -> TurnEnd {
     // Never through a proxy, never redirected off the loopback address the manifest names.
     let http = reqwest::Client::builder()
@@ -64,7 +64,7 @@ pub async fn run(
         Some(texts) if texts.is_empty() => TurnEnd::Failed(format!("{agent} finished without a reply")),
         Some(texts) => {
             for t in texts {
-                let _ = replies.send(t).await;
+                let _ = replies.send(super::Update::Text(t)).await;
             }
             TurnEnd::Done
         }

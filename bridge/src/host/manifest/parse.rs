@@ -80,12 +80,6 @@ fn shape_argv(f: &File, name: &str, machine: &Machine) -> Result<Vec<std::ffi::O
     if let Some(command) = &f.command {
         return resolve_command(command, machine);
     }
-    if f.relay.is_some() {
-        return refuse(
-            "\"relay\" agents (the relay contract) are not served by this version yet; \
-             a \"capture\" program or a \"webhook\" is",
-        );
-    }
     if let Some(v) = &f.contract {
         let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
         if !crate::shapes::contract::VERSIONS.contains(&v.as_str()) {
@@ -104,14 +98,15 @@ fn shape_argv(f: &File, name: &str, machine: &Machine) -> Result<Vec<std::ffi::O
         return refuse("\"turn_timeout\" must be above zero");
     }
     let me = std::env::current_exe().map_err(|e| Refused(format!("cannot name this program: {e}")))?;
-    let (shape, target) = match (&f.capture, &f.webhook) {
-        (Some(program), _) => (
+    let (shape, target) = match (&f.capture, &f.webhook, &f.relay) {
+        (_, _, Some(url)) => ("relay", vec![loopback_url(url, "relay")?.into()]),
+        (Some(program), _, _) => (
             "capture",
             resolve_command(program, machine)
                 .map_err(|Refused(w)| Refused(w.replace("\"command\"", "\"capture\"")))?,
         ),
-        (None, Some(url)) => ("webhook", vec![loopback_url(url, "webhook")?.into()]),
-        (None, None) => unreachable!("one shape is there: checked above"),
+        (None, Some(url), _) => ("webhook", vec![loopback_url(url, "webhook")?.into()]),
+        (None, None, None) => unreachable!("one shape is there: checked above"),
     };
     let mut argv: Vec<std::ffi::OsString> = vec![me.into(), "adapt".into(), shape.into()];
     argv.extend([
@@ -353,7 +348,18 @@ mod tests {
                 r#"{"name":"a","capture":["my-agent"],"turn_timeout":0}"#,
                 "\"turn_timeout\" must be above zero",
             ),
-            (r#"{"name":"a","relay":"http://127.0.0.1:8700/inbound"}"#, "not served by this version yet"),
+            (
+                r#"{"name":"a","relay":"http://10.0.0.1:8700/inbound"}"#,
+                "\"relay\" must name a loopback address",
+            ),
+            (
+                r#"{"name":"a","relay":"http://127.0.0.1:8700/inbound","turn_timeout":5}"#,
+                "\"turn_timeout\" is for",
+            ),
+            (
+                r#"{"name":"a","relay":"http://127.0.0.1:8700/inbound","contract":2}"#,
+                "\"contract\" 2 is not spoken here",
+            ),
             (r#"{"name":7,"command":["my-agent"]}"#, "\"name\" must be a string"),
             (r#"{"name":"a","command":[]}"#, "\"command\" is empty"),
             (r#"{"name":"a","command":["./my-agent"]}"#, "relative path"),
