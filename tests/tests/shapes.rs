@@ -346,12 +346,28 @@ impl Conversation {
 async fn a_relay_agent_converses_with_tool_cards_is_stopped_refuses_late_deltas_and_sends_notes() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let manifest =
-        json!({"name": "butler", "label": "Butler", "relay": format!("http://127.0.0.1:{port}/inbound")});
+    let commands = json!([{"name": "status", "description": "What the butler is working on"},
+                          {"name": "remind", "description": "Set a reminder", "argHint": "<when> <what>"}]);
+    let relay = format!("http://127.0.0.1:{port}/inbound");
+    let manifest = json!({"name": "butler", "label": "Butler", "relay": relay, "commands": commands});
     let (host, client, mut child, banner, _log) = host_with(&[("butler.json", manifest)]).await;
     let sock = host.home().join("reach.sock");
     let (_, mut posted) = relay_on(listener, sock.clone());
     let (mut c, sid) = Conversation::open(&client, &ticket_of(&banner, "butler")).await;
+
+    // Its commands, as ACP's available commands, once the session started (waited for: it follows the answer).
+    let listed = loop {
+        let line =
+            tokio::time::timeout(WAIT, c.lines.next_line()).await.expect("in time").unwrap().expect("a line");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if v["params"]["update"]["sessionUpdate"] == "available_commands_update" {
+            break v["params"]["update"].clone();
+        }
+    };
+    assert_eq!(
+        listed["availableCommands"][1],
+        json!({"name": "remind", "description": "Set a reminder", "input": {"hint": "<when> <what>"}})
+    );
 
     // A turn: the message as the contract says, deltas and a tool card, end_turn.
     c.send(json!({"jsonrpc":"2.0","id":3,"method":"session/prompt","params":{"sessionId":sid,"prompt":[{"type":"text","text":"summarise the report"}]}})).await;

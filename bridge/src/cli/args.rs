@@ -159,6 +159,9 @@ pub struct AdaptArgs {
     /// A turn's bound, in seconds (for `relay`: the silence that fails a turn).
     #[arg(long, default_value_t = 300.0)]
     pub timeout: f64,
+    /// A relay agent's commands (the manifest's `commands`, as JSON).
+    #[arg(long)]
+    pub commands: Option<String>,
     /// The program and its arguments (capture), or the URL (webhook).
     #[arg(last = true, required = true)]
     pub target: Vec<OsString>,

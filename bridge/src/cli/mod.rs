@@ -201,7 +201,9 @@ async fn adapt(a: args::AdaptArgs) -> Result<()> {
         }
     };
     let timeout = Duration::try_from_secs_f64(a.timeout).context("--timeout is a number of seconds")?;
-    crate::shapes::serve(shape, a.name, timeout).await
+    let commands =
+        a.commands.as_deref().map(serde_json::from_str).transpose().context("--commands is JSON")?;
+    crate::shapes::serve(shape, a.name, timeout, commands).await
 }
 
 /// `thunderbolt note`: one message to the owner's devices, through the

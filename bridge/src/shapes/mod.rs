@@ -70,7 +70,9 @@ pub enum TurnEnd {
 }
 
 /// Serves ACP on stdin/stdout for agent `name` until stdin ends.
-pub async fn serve(shape: Shape, name: String, timeout: Duration) -> Result<()> {
+/// `commands`: a relay agent's, shown to clients as ACP's
+/// `available_commands_update` when a session starts or loads.
+pub async fn serve(shape: Shape, name: String, timeout: Duration, commands: Option<Value>) -> Result<()> {
     let (out_tx, writer) = crate::json_out::stdout_lines(256);
     let agent = Arc::new(Adapter {
         shape,
@@ -80,6 +82,7 @@ pub async fn serve(shape: Shape, name: String, timeout: Duration) -> Result<()> 
         turns: Mutex::new(HashMap::new()),
         cwds: std::sync::Mutex::new(HashMap::new()),
         tools: std::sync::Mutex::new(std::collections::HashSet::new()),
+        commands: commands.map(acp_commands),
     });
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     while let Ok(Some(line)) = lines.next_line().await {
@@ -110,6 +113,8 @@ struct Adapter {
     /// Tool cards shown, by session and id (the first `turn.tool` of an id
     /// opens its card; later ones update it).
     tools: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
+    /// ACP's `availableCommands`, when the agent has any.
+    commands: Option<Value>,
 }
 
 impl Adapter {
@@ -154,10 +159,16 @@ impl Adapter {
                 if let Some(cwd) = params.get("cwd").and_then(Value::as_str) {
                     self.cwds.lock().unwrap_or_else(|p| p.into_inner()).insert(sid.clone(), cwd.to_string());
                 }
-                self.send(answer(json!({"sessionId": sid}))).await
+                self.send(answer(json!({"sessionId": sid}))).await;
+                self.commands_for(&sid).await;
             }
             // A session id is the client's to keep: after a restart it loads the same one.
-            "session/load" => self.send(answer(Value::Null)).await,
+            "session/load" => {
+                self.send(answer(Value::Null)).await;
+                if let Some(sid) = params.get("sessionId").and_then(Value::as_str) {
+                    self.commands_for(sid).await;
+                }
+            }
             "session/prompt" => {
                 let Some(sid) = params.get("sessionId").and_then(Value::as_str).map(str::to_string) else {
                     return self.send(error(-32602, "session/prompt needs a sessionId".into())).await;
@@ -244,6 +255,15 @@ impl Adapter {
         }
     }
 
+    /// The agent's commands, to a session that starts or loads.
+    async fn commands_for(&self, sid: &str) {
+        if let Some(list) = &self.commands {
+            let update = json!({"sessionUpdate": "available_commands_update", "availableCommands": list});
+            self.send(json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": sid, "update": update}}))
+                .await;
+        }
+    }
+
     /// ACP's `session/update`s for one update of a turn.
     fn acp_updates(&self, sid: &str, u: Update) -> Vec<Value> {
         match u {
@@ -279,6 +299,23 @@ impl Adapter {
             }
         }
     }
+}
+
+/// A manifest's `commands` (`name`, `description`, `argHint`) as ACP's
+/// available commands (`input.hint` for the argument).
+fn acp_commands(list: Value) -> Value {
+    let list = list.as_array().cloned().unwrap_or_default();
+    Value::Array(
+        list.iter()
+            .map(|c| {
+                let mut a = json!({"name": c["name"], "description": c["description"]});
+                if let Some(h) = c.get("argHint") {
+                    a["input"] = json!({"hint": h});
+                }
+                a
+            })
+            .collect(),
+    )
 }
 
 /// ACP's tool kinds; anything else is `other`.

@@ -37,6 +37,7 @@ struct File {
     relay: Option<String>,
     contract: Option<Value>,
     turn_timeout: Option<f64>,
+    commands: Option<Value>,
     #[serde(default)]
     env: BTreeMap<String, String>,
     cwd: Option<String>,
@@ -77,6 +78,9 @@ fn shape_argv(f: &File, name: &str, machine: &Machine) -> Result<Vec<std::ffi::O
             return refuse("\"contract\" is for \"capture\", \"webhook\" and \"relay\" agents");
         }
     }
+    if f.commands.is_some() && f.relay.is_none() {
+        return refuse("\"commands\" is for \"relay\" agents");
+    }
     if let Some(command) = &f.command {
         return resolve_command(command, machine);
     }
@@ -109,13 +113,11 @@ fn shape_argv(f: &File, name: &str, machine: &Machine) -> Result<Vec<std::ffi::O
         (None, None, None) => unreachable!("one shape is there: checked above"),
     };
     let mut argv: Vec<std::ffi::OsString> = vec![me.into(), "adapt".into(), shape.into()];
-    argv.extend([
-        "--name".into(),
-        name.into(),
-        "--timeout".into(),
-        timeout.as_secs_f64().to_string().into(),
-        "--".into(),
-    ]);
+    argv.extend(["--name".into(), name.into(), "--timeout".into(), timeout.as_secs_f64().to_string().into()]);
+    if let Some(c) = &f.commands {
+        argv.extend(["--commands".into(), c.to_string().into()]);
+    }
+    argv.push("--".into());
     argv.extend(target);
     Ok(argv)
 }

@@ -18,6 +18,8 @@ enum Kind {
     Resume,
     /// A contract version: a string or a whole number.
     Version,
+    /// A relay agent's slash commands: `[{"name","description","argHint"?}]`.
+    Commands,
 }
 
 /// Every field of a manifest and its type: anything else refuses the file.
@@ -40,6 +42,7 @@ const FIELDS: &[(&str, Kind)] = &[
     ("relay", Kind::Str),
     ("contract", Kind::Version),
     ("turn_timeout", Kind::Secs),
+    ("commands", Kind::Commands),
 ];
 
 /// Checks every field's type, and that no field is unknown, naming the field.
@@ -57,6 +60,37 @@ pub(super) fn check_fields(obj: &serde_json::Map<String, Value>) -> Result<(), R
             Kind::Secs => v.as_f64().is_some_and(|n| n >= 0.0),
             Kind::Count => v.is_u64(),
             Kind::Version => v.is_string() || v.is_u64(),
+            Kind::Commands => match v.as_array() {
+                Some(list) => {
+                    for c in list {
+                        let Some(m) = c.as_object() else {
+                            return refuse("\"commands\" must be an array of objects");
+                        };
+                        for (k, v) in m {
+                            if !["name", "description", "argHint"].contains(&k.as_str()) {
+                                return refuse(format!("unknown field `commands.{k}` (a command has: name, description, argHint)"));
+                            }
+                            if !v.is_string() {
+                                return refuse(format!("\"commands.{k}\" must be a string"));
+                            }
+                        }
+                        let name = m.get("name").and_then(Value::as_str).unwrap_or_default();
+                        if name.is_empty()
+                            || name.len() > 64
+                            || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                        {
+                            return refuse(format!(
+                                "\"commands.name\" '{name}' must be 1 to 64 letters, digits, '-' or '_'"
+                            ));
+                        }
+                        if !m.contains_key("description") {
+                            return refuse(format!("\"commands\": '{name}' has no \"description\""));
+                        }
+                    }
+                    list.len() <= 64
+                }
+                None => false,
+            },
             Kind::Resume => match v {
                 Value::Bool(_) => true,
                 Value::Object(m) => {
@@ -90,6 +124,7 @@ pub(super) fn check_fields(obj: &serde_json::Map<String, Value>) -> Result<(), R
                 (Kind::Secs, _) => "a number of seconds",
                 (Kind::Count, _) => "a whole number",
                 (Kind::Version, _) => "a version, e.g. \"1\"",
+                (Kind::Commands, _) => "an array of at most 64 {\"name\", \"description\", \"argHint\"}",
                 (Kind::Resume, _) => "false, or an object {\"grace\": seconds, \"buffer\": size}",
                 (Kind::Str, _) => "a string",
             };
