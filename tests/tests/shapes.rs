@@ -428,6 +428,25 @@ async fn a_relay_agent_converses_with_tool_cards_is_stopped_refuses_late_deltas_
     assert!(threads.contains("\"name\":\"butler\"") && threads.contains("8am summary"), "{threads}");
     let nowhere = reach(&sock, json!({"op": "note", "text": "x", "chat": "no-such-chat"})).await;
     assert_eq!(nowhere, json!({"error": "no such chat: no-such-chat"}));
+    // And in the chat's session, as the agent's words, outside any turn.
+    let shown = loop {
+        let line = tokio::time::timeout(WAIT, c.lines.next_line())
+            .await
+            .expect("the note in time")
+            .unwrap()
+            .unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if v["method"] == "session/update" && v["params"]["update"]["sessionUpdate"] == "agent_message_chunk"
+        {
+            break v;
+        }
+    };
+    assert_eq!(shown["params"]["sessionId"], json!(sid));
+    assert_eq!(shown["params"]["update"]["content"]["text"], "Your 8am summary is ready.");
+
+    // `status --json` names the socket the service replies on.
+    let status: Value = serde_json::from_slice(&host.run(&["status", "--json"]).await.stdout).unwrap();
+    assert_eq!(status["bridges"][0]["reachSocket"], json!(sock.display().to_string()), "{status}");
 
     let _ = c.child.kill().await;
     let _ = child.kill().await;

@@ -85,6 +85,9 @@ fn render(b: &Status) -> String {
         b.slots_used,
         b.slots
     );
+    if let Some(sock) = &b.reach_socket {
+        let _ = writeln!(s, "  messages: {sock} (thunderbolt note, thunderbolt reach, relay agents)");
+    }
     for a in &b.agents {
         let title = if a.name.is_empty() { a.protocol.clone() } else { format!("{} ({})", a.name, a.label) };
         let _ = writeln!(s, "  agent {title}, {}: {} live session(s)", a.protocol, a.live_sessions);

@@ -102,6 +102,10 @@ pub struct Status {
     /// Agent slots in use, and how many there are (`--max-agents`).
     pub slots_used: usize,
     pub slots: usize,
+    /// The socket messages and relay agents' replies go to
+    /// (`$THUNDERBOLT_HOME/reach.sock`), when this process serves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reach_socket: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -85,6 +85,36 @@ const TURN_QUEUE: usize = 256;
 /// at once; a chat is remembered again at its next turn.
 const MAX_CHATS: usize = 4096;
 
+/// Relay agents' adapters watching for notes to their chats at once: one per
+/// client connected to a relay agent, and those are bounded by the host's
+/// agent slots long before this.
+pub const MAX_CHAT_WATCHES: usize = 64;
+
+/// Notes to relay chats not yet handed to their watchers: a watcher that
+/// falls this far behind misses the oldest (the note stays in the thread).
+const CHAT_NOTES_QUEUE: usize = 64;
+
+/// A note to a relay agent's chat, for the adapters that show that chat.
+#[derive(Debug, Clone)]
+pub struct ChatNote {
+    pub agent: String,
+    pub chat: String,
+    pub id: String,
+    pub text: String,
+}
+
+/// A watch on notes to relay chats; it frees its place when dropped.
+pub struct ChatWatch {
+    pub notes: tokio::sync::broadcast::Receiver<ChatNote>,
+    count: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for ChatWatch {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// Where the threads are kept.
 pub fn threads_path(home: &Home) -> std::path::PathBuf {
     home.root_path().join("reach").join("threads.json")
@@ -151,6 +181,11 @@ pub struct Reach {
     turns: Mutex<HashMap<String, tokio::sync::mpsc::Sender<Value>>>,
     /// Relay agents' chats seen: chat id → agent (a note names a chat).
     chats: Mutex<HashMap<String, String>>,
+    /// Where the socket is (`status` names it).
+    socket: std::path::PathBuf,
+    /// Notes to relay chats, for the adapters watching them.
+    chat_notes: tokio::sync::broadcast::Sender<ChatNote>,
+    chat_watches: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl std::fmt::Debug for Reach {
@@ -175,7 +210,15 @@ impl Reach {
             owner: owner.to_string(),
             turns: Mutex::default(),
             chats: Mutex::default(),
+            socket: socket::socket_path(home),
+            chat_notes: tokio::sync::broadcast::channel(CHAT_NOTES_QUEUE).0,
+            chat_watches: Arc::default(),
         })
+    }
+
+    /// The socket's path.
+    pub fn socket(&self) -> &std::path::Path {
+        &self.socket
     }
 
     /// The agent endpoint pushed messages name (the first one served).
@@ -383,17 +426,46 @@ impl Reach {
         }
         let (tx, rx) = tokio::sync::mpsc::channel(TURN_QUEUE);
         turns.insert(turn.to_string(), tx);
-        let mut chats = self.chats.lock().unwrap_or_else(|p| p.into_inner());
-        if chats.len() >= MAX_CHATS && !chats.contains_key(chat) {
-            chats.clear();
-        }
-        chats.insert(chat.to_string(), agent.to_string());
+        drop(turns);
+        self.add_chat(chat, agent)?;
         Ok(rx)
     }
 
     /// The turn is over (done, failed, stopped): what comes for it later is refused.
     pub fn unwatch(&self, turn: &str) {
         self.turns.lock().unwrap_or_else(|p| p.into_inner()).remove(turn);
+    }
+
+    /// Remembers that `chat` is relay agent `agent`'s (a note may name it).
+    pub fn add_chat(&self, chat: &str, agent: &str) -> Result<(), ReachError> {
+        if chat.is_empty() || chat.len() > MAX_REQUEST_ID {
+            return Err(ReachError::Bad("chat_id: 1 to 64 bytes".into()));
+        }
+        if let Some(why) = name_problem(agent) {
+            return Err(ReachError::Bad(format!("agent: {why}")));
+        }
+        let mut chats = self.chats.lock().unwrap_or_else(|p| p.into_inner());
+        if chats.len() >= MAX_CHATS && !chats.contains_key(chat) {
+            chats.clear();
+        }
+        chats.insert(chat.to_string(), agent.to_string());
+        Ok(())
+    }
+
+    /// An adapter watches notes to relay chats (each names its agent and chat).
+    pub fn watch_chats(&self) -> Result<ChatWatch, ReachError> {
+        use std::sync::atomic::Ordering;
+        let n = self.chat_watches.fetch_add(1, Ordering::SeqCst);
+        if n >= MAX_CHAT_WATCHES {
+            self.chat_watches.fetch_sub(1, Ordering::SeqCst);
+            return Err(ReachError::Busy("too many chats are watched"));
+        }
+        Ok(ChatWatch { notes: self.chat_notes.subscribe(), count: self.chat_watches.clone() })
+    }
+
+    /// A note taken for a relay chat: to the adapters that show it.
+    pub fn chat_note(&self, note: ChatNote) {
+        let _ = self.chat_notes.send(note);
     }
 
     /// The agent a relay chat belongs to.
@@ -460,5 +532,33 @@ impl Reach {
         if self.notifier.as_ref().is_none_or(|n| n.vapid.is_none()) {
             warn!("messages on {} are kept but not pushed: web push is off", socket.display());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn chat_watches_are_bounded_and_a_note_reaches_each_watch_of_its_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let reach = Reach::new(&Home::new(dir.path().join("h")), None, "host");
+        let mut held: Vec<ChatWatch> = (0..MAX_CHAT_WATCHES).map(|_| reach.watch_chats().unwrap()).collect();
+        assert!(matches!(reach.watch_chats(), Err(ReachError::Busy(_))), "one past the bound is refused");
+        // A watch that goes frees its place.
+        held.pop();
+        let mut w = reach.watch_chats().expect("a freed place is taken again");
+        reach.add_chat("chat-1", "butler").unwrap();
+        assert_eq!(reach.agent_of_chat("chat-1").as_deref(), Some("butler"));
+        assert!(reach.add_chat("", "butler").is_err());
+        assert!(reach.add_chat(&"c".repeat(MAX_REQUEST_ID + 1), "butler").is_err());
+        reach.chat_note(ChatNote {
+            agent: "butler".into(),
+            chat: "chat-1".into(),
+            id: "m-1".into(),
+            text: "hi".into(),
+        });
+        let n = w.notes.recv().await.unwrap();
+        assert_eq!((n.agent.as_str(), n.chat.as_str(), n.text.as_str()), ("butler", "chat-1", "hi"));
     }
 }

@@ -13,6 +13,8 @@
 //! {"op":"ask","from":"claude","request_id":"abcde","tool_name":"Bash","description":…,"input_preview":…}
 //!                                                   → {"ok":true,"id":"q-8","pushed":2}
 //! {"op":"status"}                                   → {"ok":true,"host":…,"devices":[…],…}
+//! {"op":"turn.delta"|"turn.tool"|"turn.done","turn_id":…}  → {"ok":true} (a relay agent's turn)
+//! {"op":"turn.watch",…} / {"op":"chat.watch","agent":…}    → the adapter's watches (shapes::relay)
 //! anything refused                                  → {"error":"rate limited: …"}
 //! ```
 //!
@@ -177,10 +179,9 @@ impl ReachSocket {
             let stop = stop.clone();
             tasks.spawn(async move {
                 tokio::select! {
-                    _ = connection(stream, me, &reach) => {}
+                    _ = connection(stream, me, &reach, permit) => {}
                     _ = stop.cancelled() => {}
                 }
-                drop(permit);
             });
         }
         let _ = fs::remove_file(&self.path);
@@ -197,8 +198,10 @@ async fn answer(stream: &mut (impl AsyncWriteExt + Unpin), v: &Value) -> std::io
     stream.write_all(&line).await
 }
 
-/// One connection's lines, in order.
-async fn connection(stream: UnixStream, me: u32, reach: &Reach) {
+/// One connection's lines, in order. A connection that becomes a watch
+/// gives its `slot` back: watches are bounded by [`Reach`]'s own limits.
+async fn connection(stream: UnixStream, me: u32, reach: &Reach, slot: tokio::sync::OwnedSemaphorePermit) {
+    let mut slot = Some(slot);
     let uid = stream.peer_cred().map(|c| c.uid()).ok();
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::with_capacity(16 * 1024, read);
@@ -250,6 +253,7 @@ async fn connection(stream: UnixStream, me: u32, reach: &Reach) {
                 let (turn, chat, agent) = (field("turn_id"), field("chat_id"), field("agent"));
                 match reach.watch(&turn, &chat, &agent) {
                     Ok(rx) => {
+                        slot.take();
                         if answer(&mut write, &json!({"ok": true})).await.is_ok() {
                             watching(rx, &mut read, &mut write).await;
                         }
@@ -257,6 +261,24 @@ async fn connection(stream: UnixStream, me: u32, reach: &Reach) {
                         return;
                     }
                     Err(e) => err(e),
+                }
+            }
+            // A relay agent's adapter: notes to its chats come out of this
+            // connection; it names each chat it shows with a `{"chat_id"}` line.
+            "chat.watch" => {
+                let agent = v.get("agent").and_then(Value::as_str).unwrap_or_default().to_string();
+                match thunderbolt_shared::reach::name_problem(&agent) {
+                    Some(why) => err(format!("agent: {why}")),
+                    None => match reach.watch_chats() {
+                        Ok(w) => {
+                            slot.take();
+                            if answer(&mut write, &json!({"ok": true})).await.is_ok() {
+                                chat_watching(w, &agent, reach, &mut read, &mut write).await;
+                            }
+                            return;
+                        }
+                        Err(e) => err(e),
+                    },
                 }
             }
             "" => err("no op: each line is an object with an \"op\""),
@@ -296,6 +318,51 @@ async fn watching(
     }
 }
 
+/// The longest line a chat watcher sends: `{"chat_id":"…"}`.
+const MAX_CHAT_LINE: usize = 1024;
+
+/// Notes to `agent`'s chats, written to its adapter; the adapter's lines
+/// name the chats it shows (remembered, so a note may name them).
+async fn chat_watching(
+    mut w: super::ChatWatch,
+    agent: &str,
+    reach: &Reach,
+    read: &mut (impl AsyncBufReadExt + Unpin),
+    write: &mut (impl AsyncWriteExt + Unpin),
+) {
+    let mut line = Vec::new();
+    loop {
+        tokio::select! {
+            note = w.notes.recv() => match note {
+                Ok(n) if n.agent == agent => {
+                    let v = json!({"op": "note", "chat_id": n.chat, "id": n.id, "text": n.text});
+                    if answer(write, &v).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    debug!("reach.sock: a chat watcher of '{agent}' missed {n} note(s)");
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            },
+            r = read_line(read, &mut line, MAX_CHAT_LINE) => {
+                if !matches!(r, Ok(Line::Whole)) {
+                    return;
+                }
+                let chat = serde_json::from_slice::<Value>(&line).ok()
+                    .and_then(|v| v.get("chat_id").and_then(Value::as_str).map(str::to_string));
+                line.clear();
+                if let Some(chat) = chat {
+                    if let Err(e) = reach.add_chat(&chat, agent) {
+                        debug!("reach.sock: a chat watcher of '{agent}' named a bad chat: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 async fn handle(req: Request, reach: &Reach) -> Value {
     match req {
         Request::Note { text, from, chat, device, reply_to } => {
@@ -303,13 +370,14 @@ async fn handle(req: Request, reach: &Reach) -> Value {
             if let (Some(c), None) = (&chat, &agent) {
                 return err(format!("no such chat: {c}"));
             }
-            let from = from.or(agent).unwrap_or_else(|| DEFAULT_FROM.to_string());
-            let m = Message { from, text, device, reply_to };
+            let from = from.or(agent.clone()).unwrap_or_else(|| DEFAULT_FROM.to_string());
+            let m = Message { from, text: text.clone(), device, reply_to };
             match reach.send(m) {
                 Ok(s) => {
                     let mut v = json!({"ok": true, "id": s.id, "pushed": s.pushed});
-                    if let Some(c) = chat {
-                        v["chat_id"] = json!(c);
+                    if let (Some(chat), Some(agent)) = (chat, agent) {
+                        v["chat_id"] = json!(chat);
+                        reach.chat_note(super::ChatNote { agent, chat, id: s.id, text });
                     }
                     v
                 }

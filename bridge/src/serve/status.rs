@@ -180,6 +180,7 @@ impl BridgeHandle {
             sessions,
             slots_used: s.admission.max_agents - s.agents.available_permits(),
             slots: s.admission.max_agents,
+            reach_socket: s.reach.get().map(|r| r.socket().display().to_string()),
         }
     }
 

@@ -83,6 +83,7 @@ pub async fn serve(shape: Shape, name: String, timeout: Duration, commands: Opti
         cwds: std::sync::Mutex::new(HashMap::new()),
         tools: std::sync::Mutex::new(std::collections::HashSet::new()),
         commands: commands.map(acp_commands),
+        notes: std::sync::OnceLock::new(),
     });
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     while let Ok(Some(line)) = lines.next_line().await {
@@ -115,6 +116,8 @@ struct Adapter {
     tools: std::sync::Mutex<std::collections::HashSet<(String, String)>>,
     /// ACP's `availableCommands`, when the agent has any.
     commands: Option<Value>,
+    /// A relay agent's notes between turns, shown in the sessions here.
+    notes: std::sync::OnceLock<relay::NoteWatch>,
 }
 
 impl Adapter {
@@ -160,13 +163,13 @@ impl Adapter {
                     self.cwds.lock().unwrap_or_else(|p| p.into_inner()).insert(sid.clone(), cwd.to_string());
                 }
                 self.send(answer(json!({"sessionId": sid}))).await;
-                self.commands_for(&sid).await;
+                self.started(&sid).await;
             }
             // A session id is the client's to keep: after a restart it loads the same one.
             "session/load" => {
                 self.send(answer(Value::Null)).await;
                 if let Some(sid) = params.get("sessionId").and_then(Value::as_str) {
-                    self.commands_for(sid).await;
+                    self.started(sid).await;
                 }
             }
             "session/prompt" => {
@@ -255,6 +258,17 @@ impl Adapter {
         }
     }
 
+    /// A session started or loaded: a relay agent's notes to its chat show
+    /// here from now on, and the agent's commands are listed.
+    async fn started(&self, sid: &str) {
+        if matches!(self.shape, Shape::Relay(_)) {
+            let notes =
+                self.notes.get_or_init(|| relay::NoteWatch::start(self.name.clone(), self.out.clone()));
+            notes.show(sid);
+        }
+        self.commands_for(sid).await;
+    }
+
     /// The agent's commands, to a session that starts or loads.
     async fn commands_for(&self, sid: &str) {
         if let Some(list) = &self.commands {
@@ -292,8 +306,13 @@ impl Adapter {
                 }
                 if let Some(output) = t.get("output") {
                     let text = output.as_str().map_or_else(|| output.to_string(), str::to_string);
-                    out.push(json!({"sessionUpdate": "tool_call_update", "toolCallId": id, "status": "completed", "title": title,
-                                    "rawOutput": output, "content": [{"type": "content", "content": {"type": "text", "text": text}}]}));
+                    let mut update = json!({"sessionUpdate": "tool_call_update", "toolCallId": id, "status": "completed",
+                                            "rawOutput": output, "content": [{"type": "content", "content": {"type": "text", "text": text}}]});
+                    // Only a title the service gave: an update without one keeps the card's.
+                    if let Some(title) = t.get("title").and_then(Value::as_str) {
+                        update["title"] = json!(title);
+                    }
+                    out.push(update);
                 }
                 out
             }

@@ -40,7 +40,7 @@ pub struct Turn<'a> {
 }
 
 /// The host's reach socket: `THUNDERBOLT_REACH_SOCK`, else the home's.
-fn reach_socket() -> Option<PathBuf> {
+pub(crate) fn reach_socket() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("THUNDERBOLT_REACH_SOCK") {
         return Some(PathBuf::from(p));
     }
@@ -162,6 +162,89 @@ pub async fn run(t: Turn<'_>, silence: Duration, updates: mpsc::Sender<Update>) 
             }
             // Unknown events are ignored (the contract grows by additions).
             _ => {}
+        }
+    }
+}
+
+/// The chats one adapter shows: at most this many are named to the host
+/// (a client opens a handful; a hostile one is bounded by its frames).
+const MAX_WATCHED_CHATS: usize = 1024;
+
+/// Notes the service sends to a chat between turns (`{"op":"note","chat":…}`
+/// on the reach socket), shown in that chat's session as the agent's words.
+/// One watch per adapter, started with its first session; the chats it shows
+/// are named to the host as sessions start or load.
+pub struct NoteWatch {
+    chats: mpsc::UnboundedSender<String>,
+}
+
+impl NoteWatch {
+    /// Watches `agent`'s chats; each note becomes a `session/update` on `out`.
+    pub fn start(agent: String, out: mpsc::Sender<Value>) -> Self {
+        let (chats, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            if let Err(why) = watch_notes(&agent, rx, out).await {
+                tracing::info!("notes from {agent}'s service will not show in its sessions: {why}");
+            }
+        });
+        Self { chats }
+    }
+
+    /// `chat` is shown here: its notes come to this adapter.
+    pub fn show(&self, chat: &str) {
+        let _ = self.chats.send(chat.to_string());
+    }
+}
+
+async fn watch_notes(
+    agent: &str,
+    mut chats: mpsc::UnboundedReceiver<String>,
+    out: mpsc::Sender<Value>,
+) -> Result<(), String> {
+    let path = reach_socket().ok_or("the host's reach socket is unknown")?;
+    let stream = UnixStream::connect(&path).await.map_err(|e| format!("{}: {e}", path.display()))?;
+    let (read, mut write) = stream.into_split();
+    let mut events = BufReader::new(read);
+    let line = |v: Value| {
+        let mut b = serde_json::to_vec(&v).unwrap_or_default();
+        b.push(b'\n');
+        b
+    };
+    write.write_all(&line(json!({"op": "chat.watch", "agent": agent}))).await.map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    let first = crate::reach::socket::read_line(&mut events, &mut buf, MAX_EVENT).await;
+    let ok = matches!(first, Ok(crate::reach::socket::Line::Whole))
+        && serde_json::from_slice::<Value>(&buf).is_ok_and(|v| v["ok"] == true);
+    if !ok {
+        return Err(format!("the host refused the watch ({})", String::from_utf8_lossy(&buf)));
+    }
+    let mut shown = std::collections::HashSet::new();
+    buf.clear();
+    loop {
+        // `buf` keeps a line read in part when a chat comes first.
+        tokio::select! {
+            chat = chats.recv() => {
+                let Some(chat) = chat else { return Ok(()) };
+                if shown.len() < MAX_WATCHED_CHATS && shown.insert(chat.clone()) {
+                    write.write_all(&line(json!({"chat_id": chat}))).await.map_err(|e| e.to_string())?;
+                }
+            }
+            r = crate::reach::socket::read_line(&mut events, &mut buf, MAX_EVENT) => {
+                if !matches!(r, Ok(crate::reach::socket::Line::Whole)) {
+                    return Err("the host ended the watch".into());
+                }
+                let note = serde_json::from_slice::<Value>(&buf).unwrap_or_default();
+                buf.clear();
+                let (Some(chat), Some(text)) = (note["chat_id"].as_str(), note["text"].as_str()) else { continue };
+                if !shown.contains(chat) {
+                    continue;
+                }
+                let update = json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}});
+                let v = json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": chat, "update": update}});
+                if out.send(v).await.is_err() {
+                    return Ok(());
+                }
+            }
         }
     }
 }
