@@ -24,7 +24,7 @@ const $ = (id) => document.getElementById(id);
 function when(at) {
   const d = new Date(at);
   if (isNaN(d)) return "";
-  const time = d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  const time = d.toLocaleTimeString([], { timeStyle: "short" });
   return d.toDateString() === new Date().toDateString() ? time : `${d.toLocaleDateString([], { day: "numeric", month: "short" })} ${time}`;
 }
 
