@@ -15,6 +15,7 @@ import { existsSync, mkdirSync, mkdtempSync, writeFileSync, readdirSync, statSyn
 import { createHash, randomBytes } from "node:crypto";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { pathToFileURL } from "node:url";
 import { ROOT, WAIT_MS, tb, startAcpBridge, pageRig, waitFor } from "./harness.mjs";
 
 const ARTIFACTS = join(ROOT, "client-wasm/e2e/artifacts");
@@ -146,5 +147,38 @@ test("a small image goes inline to an agent that takes images; a file picked bef
   assert.deepEqual(readdirSync(folder).sort(), ["big.bin", "dot.png"]);
   await p.getByRole("button", { name: "End session" }).click();
   await waitFor(() => !existsSync(folder), "the session's files to go with it");
+  await ctx.close();
+});
+
+test("a file the page fetches survives the host restarting mid-way: asked again from the last group checked, every byte checked", async () => {
+  const work = mkdtempSync(join(tmpdir(), "tb-e2e-work-"));
+  const big = randomBytes(64 * 1024 * 1024);
+  const path = join(work, "build.tar");
+  writeFileSync(path, big);
+  const { b, ctx, p } = await pairedPhone([], work);
+  const agent = b.child.spawnargs.slice(b.child.spawnargs.indexOf("--") + 1);
+  // The get starts; the page keeps what it says.
+  await p.evaluate((uri) => {
+    window.got = null;
+    window.gotBytes = 0;
+    const s = window.thunderbolt.state;
+    s.client.getFile(s.ticket, uri, { onProgress: (done) => { window.gotBytes = done; } }).then(async (f) => {
+      const sha = Array.from(new Uint8Array(await crypto.subtle.digest("SHA-256", f.bytes)), (x) => x.toString(16).padStart(2, "0")).join("");
+      window.got = { size: f.size, sha, resumedFrom: f.resumedFrom };
+    }, (e) => { window.got = { error: e.message }; });
+  }, pathToFileURL(path).href);
+  await p.waitForFunction(() => window.gotBytes >= 4 * 1024 * 1024 || window.got, null, { timeout: WAIT_MS });
+  assert.equal(await p.evaluate(() => window.got), null, "the get was still under way when the host stopped");
+  // The host restarts, on the same identity and workspace.
+  b.child.kill("SIGTERM");
+  await new Promise((res) => b.child.once("exit", res));
+  const again = await startAcpBridge(rig.relay.url, agent, [], { home: b.home, cwd: work });
+  await p.waitForFunction(() => window.got, null, { timeout: 2 * WAIT_MS });
+  const got = await p.evaluate(() => window.got);
+  assert.equal(got.error, undefined, `${got.error}\nbridge:\n${again.err.slice(-2000)}`);
+  assert.equal(got.size, big.length);
+  assert.equal(got.sha, createHash("sha256").update(big).digest("hex"), "every byte as on the workstation");
+  assert.ok(got.resumedFrom >= 1024 * 1024, `asked again from ${got.resumedFrom}, not from the start`);
+  console.log(`the get was asked again from byte ${got.resumedFrom} of ${big.length}`);
   await ctx.close();
 });

@@ -2,13 +2,14 @@
 //! `thunderbolt_shared::files`): a put is hashed and encoded here (bao-tree's
 //! verified encoding: the bridge checks every 16 KiB group against the hash
 //! before it writes a byte, and resumes from what it holds), a get is checked
-//! group by group before the page sees a byte.
+//! group by group before the page sees a byte, and resumes from the last
+//! group checked after a cut path.
 
 use bao_tree::{
     io::{
         outboard::PreOrderOutboard,
         sync::{encode_ranges_validated, CreateOutboard, DecodeResponseIter},
-        BaoContentItem, Leaf,
+        BaoContentItem, DecodeError, Leaf,
     },
     BaoTree, BlockSize, ChunkNum, ChunkRanges,
 };
@@ -115,7 +116,10 @@ pub(crate) async fn put(
 }
 
 /// Gets the file `uri` names; resolves with `{name, size, hash, from,
-/// bytes}` once every group was checked against its hash.
+/// bytes, resumedFrom}` once every group was checked against its hash. A
+/// path cut after the bridge's header (a relay or the host restarting) is
+/// dialed again and the rest asked for from the last group checked (at most
+/// [`GET_RESUMES`] times); a file that changed meanwhile is refused.
 pub(crate) async fn get(
     client: &ClientInner,
     target: &str,
@@ -124,55 +128,160 @@ pub(crate) async fn get(
     timeout_ms: Option<u32>,
     on_progress: Option<Function>,
 ) -> Result<JsValue, JsValue> {
-    let c = dial(client, target, files_alpn(&protocol(p)?), timeout_ms).await?;
-    let get = Object::new();
-    set(&get, "uri", uri.into());
-    c.write(&line("get", get)?).await?;
-    c.finish().await?;
-    let mut recv = Lines::new(c.take_recv()?);
-    let header = recv.reply(&c, "file").await?;
-    let size = opt(&header, "size").as_f64().unwrap_or(-1.0);
-    let hash = opt(&header, "hash").as_string().unwrap_or_default();
-    if !(0.0..=MAX_PAGE_FILE as f64).contains(&size)
-        || !wire::is_hash(&hash)
-        || opt(&header, "from").as_f64() != Some(0.0)
-    {
-        return Err(js_error(
-            &ErrorKind::Frame,
-            "the file is larger than a page takes, or the answer is malformed",
-        ));
-    }
-    let size = size as u64;
-    // The encoding: the file and 64 bytes of tree per group.
-    let most = size + size / 200 + 1024;
-    let mut encoded = std::mem::take(&mut recv.buf);
-    let mut chunk = vec![0u8; WRITE_SLICE];
-    while let Some(n) = recv.stream.read(&mut chunk).await.map_err(|e| op_error(&c.conn, &c.me, e))? {
-        encoded.extend_from_slice(&chunk[..n]);
-        if encoded.len() as u64 > most {
-            return Err(js_error(&ErrorKind::Frame, "the bridge sent more than the file"));
+    let alpn = files_alpn(&protocol(p)?);
+    let mut got = Got::default();
+    let mut resumes = 0;
+    loop {
+        match got.attempt(client, target, &uri, &alpn, timeout_ms, &on_progress).await {
+            Ok(header) => {
+                set(&header, "bytes", Uint8Array::from(&got.bytes[..]).into());
+                set(&header, "resumedFrom", (got.resumed_from as f64).into());
+                return Ok(header);
+            }
+            // A cut path after the header: asked again from what was checked.
+            Err(Attempt::Cut(_)) if got.header.is_some() && resumes < GET_RESUMES => {
+                resumes += 1;
+                n0_future::time::sleep(RESUME_PAUSE).await;
+            }
+            Err(Attempt::Cut(e) | Attempt::Final(e)) => return Err(e),
         }
-        progress(&on_progress, (encoded.len() as u64).min(size), size);
     }
-    c.close();
-    let root = blake3::Hash::from_hex(&hash).map_err(input_error)?;
-    let mut bytes = vec![0u8; size as usize];
-    let mismatch = || js_error(&ErrorKind::Frame, "the file does not match its hash");
-    if size > 0 {
-        let ranges = ChunkRanges::all();
-        for item in DecodeResponseIter::new(root, BaoTree::new(size, block()), &encoded[..], &ranges) {
-            match item.map_err(|_| mismatch())? {
-                BaoContentItem::Leaf(Leaf { offset, data }) => {
-                    bytes[offset as usize..offset as usize + data.len()].copy_from_slice(&data)
+}
+
+/// Times a get is asked again after its path was cut (a relay or the host
+/// restarting): each time from the last group checked.
+const GET_RESUMES: u32 = 5;
+/// Before each: a host that restarts takes a moment to listen again.
+const RESUME_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How one attempt at a get ended, when not with the whole file.
+enum Attempt {
+    /// The path was cut: what arrived was kept, the rest may be asked again.
+    Cut(JsValue),
+    /// A refusal, a lie or a change: asking again would not help.
+    Final(JsValue),
+}
+
+/// A get's progress: the file's header once known, its bytes, how much of
+/// it was checked (a whole number of groups, or all of it).
+#[derive(Default)]
+struct Got {
+    header: Option<(u64, String)>,
+    bytes: Vec<u8>,
+    have: u64,
+    resumed_from: u64,
+}
+
+impl Got {
+    /// Asks for the file from what is held, reads and checks what comes.
+    async fn attempt(
+        &mut self,
+        client: &ClientInner,
+        target: &str,
+        uri: &str,
+        alpn: &[u8],
+        timeout_ms: Option<u32>,
+        on_progress: &Option<Function>,
+    ) -> Result<JsValue, Attempt> {
+        let c = dial(client, target, alpn.to_vec(), timeout_ms).await.map_err(Attempt::Cut)?;
+        let get = Object::new();
+        set(&get, "uri", uri.into());
+        if let Some((_, hash)) = &self.header {
+            set(&get, "hash", hash.as_str().into());
+            set(&get, "from", (self.have as f64).into());
+        }
+        let cut = Attempt::Cut;
+        c.write(&line("get", get).map_err(Attempt::Final)?).await.map_err(cut)?;
+        c.finish().await.map_err(cut)?;
+        let mut recv = Lines::new(c.take_recv().map_err(cut)?);
+        let header = recv.reply(&c, "file").await.map_err(|e| {
+            // A refusal in words is final; a cut before the answer is not.
+            if Reflect::get(&e, &"code".into()).ok().and_then(|v| v.as_f64())
+                == Some(thunderbolt_shared::close::CLOSE_CODE_REFUSED as f64)
+            {
+                Attempt::Final(e)
+            } else {
+                Attempt::Cut(e)
+            }
+        })?;
+        let size = opt(&header, "size").as_f64().unwrap_or(-1.0);
+        let hash = opt(&header, "hash").as_string().unwrap_or_default();
+        let from = opt(&header, "from").as_f64().unwrap_or(-1.0);
+        let frame = |why: &str| Attempt::Final(js_error(&ErrorKind::Frame, why));
+        if !(0.0..=MAX_PAGE_FILE as f64).contains(&size)
+            || !wire::is_hash(&hash)
+            || !(0.0..=size).contains(&from)
+        {
+            return Err(frame("the file is larger than a page takes, or the answer is malformed"));
+        }
+        let (size, from) = (size as u64, from as u64);
+        match &self.header {
+            None if from != 0 => return Err(frame("the bridge's answer is malformed")),
+            None => {
+                self.bytes = vec![0u8; size as usize];
+                self.header = Some((size, hash.clone()));
+            }
+            Some((s, h)) if (*s, h.as_str()) != (size, hash.as_str()) => {
+                return Err(frame("the file changed on the workstation while it was fetched"))
+            }
+            Some(_) if from > self.have => return Err(frame("the bridge's answer is malformed")),
+            Some(_) => self.resumed_from = from,
+        }
+        self.have = from;
+        // The encoding from `from` on: the file's rest and 64 bytes of tree per group.
+        let rest = size - from;
+        let most = rest + rest / 200 + 1024;
+        let mut encoded = std::mem::take(&mut recv.buf);
+        let mut chunk = vec![0u8; WRITE_SLICE];
+        let ended = loop {
+            match recv.stream.read(&mut chunk).await {
+                Ok(Some(n)) => {
+                    encoded.extend_from_slice(&chunk[..n]);
+                    if encoded.len() as u64 > most {
+                        return Err(frame("the bridge sent more than the file"));
+                    }
+                    progress(on_progress, (from + encoded.len() as u64).min(size), size);
                 }
-                BaoContentItem::Parent(_) => {}
+                Ok(None) => break None,
+                Err(e) => break Some(op_error(&c.conn, &c.me, e)),
+            }
+        };
+        c.close();
+        self.check(&encoded, &hash)?;
+        match ended {
+            _ if self.have >= size => Ok(header),
+            Some(e) => Err(Attempt::Cut(e)),
+            None => Err(frame("the bridge ended the file early")),
+        }
+    }
+
+    /// Checks the groups of `encoded` (from `have` on) against the file's
+    /// hash, keeping each one that holds; a truncated end stops it.
+    fn check(&mut self, encoded: &[u8], hash: &str) -> Result<(), Attempt> {
+        let Some((size, _)) = self.header else { return Ok(()) };
+        let root = blake3::Hash::from_hex(hash).map_err(|e| Attempt::Final(input_error(e)))?;
+        let mismatch = || Attempt::Final(js_error(&ErrorKind::Frame, "the file does not match its hash"));
+        if size == 0 {
+            return if root == blake3::hash(b"") { Ok(()) } else { Err(mismatch()) };
+        }
+        let ranges = ChunkRanges::from(ChunkNum(self.have / 1024)..);
+        for item in DecodeResponseIter::new(root, BaoTree::new(size, block()), encoded, &ranges) {
+            match item {
+                Ok(BaoContentItem::Leaf(Leaf { offset, data })) => {
+                    let end = offset as usize + data.len();
+                    self.bytes[offset as usize..end].copy_from_slice(&data);
+                    self.have = end as u64;
+                }
+                Ok(BaoContentItem::Parent(_)) => {}
+                Err(DecodeError::LeafHashMismatch(_) | DecodeError::ParentHashMismatch(_)) => {
+                    return Err(mismatch())
+                }
+                // What arrived ends here (a group or a node cut short): the rest is asked again.
+                Err(_) => return Ok(()),
             }
         }
-    } else if root != blake3::hash(b"") {
-        return Err(mismatch());
+        Ok(())
     }
-    set(&header, "bytes", Uint8Array::from(&bytes[..]).into());
-    Ok(header)
 }
 
 /// `{"<kind>": fields}` and a newline.

@@ -344,11 +344,13 @@ impl IrohClient {
 
     /// Gets a file from the workstation by its `file://` URI (inside the
     /// agent's workspace, or one this device put): `{name, size, hash,
-    /// bytes}`, every byte checked against the hash. `options`: `{protocol?,
+    /// bytes, resumedFrom}`, every byte checked against the hash; a cut path
+    /// is dialed again and only the rest asked for (`resumedFrom`: where the
+    /// last resume started, 0 without one). `options`: `{protocol?,
     /// timeoutMs?, onProgress?}`.
     #[wasm_bindgen(
         js_name = getFile,
-        unchecked_return_type = "Promise<{name: string, size: number, hash: string, bytes: Uint8Array}>"
+        unchecked_return_type = "Promise<{name: string, size: number, hash: string, bytes: Uint8Array, resumedFrom: number}>"
     )]
     pub fn get_file(&self, target: String, uri: String, options: JsValue) -> Promise {
         let inner = self.inner.clone();
