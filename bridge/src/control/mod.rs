@@ -26,16 +26,13 @@
 pub mod api;
 pub mod client;
 pub mod http;
+pub mod owned;
 pub mod readiness;
 pub mod service;
 
 use std::{
     fs,
-    io::{Read, Seek, Write},
-    os::{
-        fd::AsRawFd,
-        unix::fs::{OpenOptionsExt, PermissionsExt},
-    },
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -43,10 +40,10 @@ use std::{
 use anyhow::{bail, Context, Result};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
-    net::{UnixListener, UnixStream},
+    net::UnixStream,
 };
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use api::{ApiError, Ended, KickRequest, LocalApi, Route, RouteError};
 use http::RequestError;
@@ -68,10 +65,7 @@ fn lock_path(home: &Home, name: &str) -> PathBuf {
 /// The API's socket, held for the process's life.
 #[derive(Debug)]
 pub struct Control {
-    listener: UnixListener,
-    path: PathBuf,
-    /// The exclusive lock that says this process owns the socket.
-    _lock: fs::File,
+    socket: owned::Owned,
 }
 
 impl Control {
@@ -92,52 +86,24 @@ impl Control {
                 root.display()
             );
         }
-        let lock_file = lock_path(home, name);
-        let mut lock = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&lock_file)
-            .with_context(|| format!("cannot open {}", lock_file.display()))?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let mut pid = String::new();
-            let _ = lock.read_to_string(&mut pid);
-            let pid = pid.trim();
-            let which = match name.parse::<thunderbolt_shared::Protocol>() {
-                Ok(p) if name != "host" => p.with_article("bridge"),
-                _ => format!("a {name}"),
-            };
-            bail!(
-                "{which} is already running on {} (pid {}): `thunderbolt status` shows it; stop it first, \
-                 or use another THUNDERBOLT_HOME",
-                root.display(),
-                if pid.is_empty() { "unknown" } else { pid }
-            );
-        }
-        // Our pid, for the next one to name (a full disk says so here, with the file).
-        (|| {
-            lock.set_len(0)?;
-            lock.rewind()?;
-            write!(lock, "{}", std::process::id())
-        })()
-        .with_context(|| format!("cannot write {}", lock_file.display()))?;
-        let path = socket_path(home, name);
-        // Ours now: whatever is there is a crashed process's leftover.
-        if fs::symlink_metadata(&path).is_ok() {
-            debug!("replacing the stale control socket {}", path.display());
-            fs::remove_file(&path).with_context(|| format!("cannot remove the stale {}", path.display()))?;
-        }
-        let listener =
-            UnixListener::bind(&path).with_context(|| format!("cannot listen on {}", path.display()))?;
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
-        Ok(Self { listener, path, _lock: lock })
+        let pid = match owned::take(&lock_path(home, name), socket_path(home, name))? {
+            owned::Taken::Ours(socket) => return Ok(Self { socket }),
+            owned::Taken::Held { pid } => pid,
+        };
+        let which = match name.parse::<thunderbolt_shared::Protocol>() {
+            Ok(p) if name != "host" => p.with_article("bridge"),
+            _ => format!("a {name}"),
+        };
+        bail!(
+            "{which} is already running on {} (pid {}): `thunderbolt status` shows it; stop it first, \
+             or use another THUNDERBOLT_HOME",
+            root.display(),
+            if pid.is_empty() { "unknown" } else { &pid }
+        );
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.socket.path
     }
 
     /// Answers requests until `stop`, then removes the socket.
@@ -146,7 +112,7 @@ impl Control {
         let me = unsafe { libc::getuid() };
         loop {
             let accepted = tokio::select! {
-                a = self.listener.accept() => a,
+                a = self.socket.listener.accept() => a,
                 _ = stop.cancelled() => break,
             };
             let stream = match accepted {
@@ -162,7 +128,7 @@ impl Control {
                 let _ = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, me, &*api)).await;
             });
         }
-        let _ = fs::remove_file(&self.path);
+        let _ = fs::remove_file(&self.socket.path);
     }
 }
 

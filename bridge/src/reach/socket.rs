@@ -26,23 +26,13 @@
 //! than [`MAX_LINE`] is refused and the connection closed, without reading
 //! the rest into memory.
 
-use std::{
-    fs,
-    io::{Read, Seek, Write},
-    os::{
-        fd::AsRawFd,
-        unix::fs::{OpenOptionsExt, PermissionsExt},
-    },
-    path::PathBuf,
-    sync::Arc,
-    time::Duration,
-};
+use std::{fs, path::PathBuf, sync::Arc, time::Duration};
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::{
     io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
-    net::{UnixListener, UnixStream},
+    net::UnixStream,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -110,45 +100,25 @@ enum Request {
 /// The socket, held for the process's life.
 #[derive(Debug)]
 pub struct ReachSocket {
-    listener: UnixListener,
-    path: PathBuf,
-    _lock: fs::File,
+    socket: crate::control::owned::Owned,
 }
 
 impl ReachSocket {
     /// Takes the home's socket; `Ok(None)` when another process has it (that
     /// one delivers the home's messages).
     pub fn bind(home: &Home) -> std::io::Result<Option<Self>> {
-        let lock_file = lock_path(home);
-        let mut lock = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&lock_file)?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let mut pid = String::new();
-            let _ = lock.read_to_string(&mut pid);
-            info!("messages (reach.sock) are served by another process on this home (pid {})", pid.trim());
-            return Ok(None);
+        use crate::control::owned::{take, Taken};
+        match take(&lock_path(home), socket_path(home))? {
+            Taken::Ours(socket) => Ok(Some(Self { socket })),
+            Taken::Held { pid } => {
+                info!("messages (reach.sock) are served by another process on this home (pid {pid})");
+                Ok(None)
+            }
         }
-        lock.set_len(0)?;
-        lock.rewind()?;
-        write!(lock, "{}", std::process::id())?;
-        let path = socket_path(home);
-        if fs::symlink_metadata(&path).is_ok() {
-            debug!("replacing the stale {}", path.display());
-            fs::remove_file(&path)?;
-        }
-        let listener = UnixListener::bind(&path)?;
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
-        Ok(Some(Self { listener, path, _lock: lock }))
     }
 
     pub fn path(&self) -> &std::path::Path {
-        &self.path
+        &self.socket.path
     }
 
     /// Serves until `stop`, then removes the socket.
@@ -159,7 +129,7 @@ impl ReachSocket {
         let tasks = tokio_util::task::TaskTracker::new();
         loop {
             let accepted = tokio::select! {
-                a = self.listener.accept() => a,
+                a = self.socket.listener.accept() => a,
                 _ = stop.cancelled() => break,
             };
             let mut stream = match accepted {
@@ -184,7 +154,7 @@ impl ReachSocket {
                 }
             });
         }
-        let _ = fs::remove_file(&self.path);
+        let _ = fs::remove_file(&self.socket.path);
     }
 }
 

@@ -13,7 +13,10 @@ use std::{path::PathBuf, time::Duration};
 use serde_json::{json, Value};
 use tokio::{
     io::{AsyncWriteExt, BufReader},
-    net::UnixStream,
+    net::{
+        unix::{OwnedReadHalf, OwnedWriteHalf},
+        UnixStream,
+    },
     sync::mpsc,
 };
 
@@ -45,6 +48,35 @@ pub(crate) fn reach_socket() -> Option<PathBuf> {
         return Some(PathBuf::from(p));
     }
     crate::home::Home::resolve(None).ok().map(|h| crate::reach::socket::socket_path(&h))
+}
+
+/// `v` as one line of the reach socket.
+fn json_line(v: &Value) -> Vec<u8> {
+    let mut b = serde_json::to_vec(v).unwrap_or_default();
+    b.push(b'\n');
+    b
+}
+
+/// A watch on the reach socket at `path` (`turn.watch`, `chat.watch`): the
+/// request sent and its `{"ok":true}` read (else the host refused the `what`). The events come out of the
+/// reader; the writer keeps the watch open (and names chats to `chat.watch`).
+async fn open_watch(
+    path: &std::path::Path,
+    request: Value,
+    what: &str,
+) -> Result<(BufReader<OwnedReadHalf>, OwnedWriteHalf), String> {
+    let mut stream = UnixStream::connect(path).await.map_err(|e| format!("{}: {e}", path.display()))?;
+    stream.write_all(&json_line(&request)).await.map_err(|e| format!("{}: {e}", path.display()))?;
+    let (read, write) = stream.into_split();
+    let mut events = BufReader::new(read);
+    let mut buf = Vec::new();
+    let first = crate::reach::socket::read_line(&mut events, &mut buf, MAX_EVENT).await;
+    let ok = matches!(first, Ok(crate::reach::socket::Line::Whole))
+        && serde_json::from_slice::<Value>(&buf).is_ok_and(|v| v["ok"] == true);
+    if !ok {
+        return Err(format!("the host refused the {what} ({})", String::from_utf8_lossy(&buf)));
+    }
+    Ok((events, write))
 }
 
 /// Sends the `stop` POST when the turn ends without `done`.
@@ -81,26 +113,12 @@ pub async fn run(t: Turn<'_>, silence: Duration, updates: mpsc::Sender<Update>) 
         return TurnEnd::Failed(format!("{agent} could not answer: the host's reach socket is unknown"));
     };
     // Watch first: a service that answers fast finds its turn open.
-    let mut watch = match UnixStream::connect(&path).await {
-        Ok(s) => s,
-        Err(e) => return TurnEnd::Failed(format!("{agent} could not answer: {}: {e}", path.display())),
+    let watch = json!({"op": "turn.watch", "turn_id": turn_id, "chat_id": t.chat, "agent": agent});
+    let (mut events, _keep_open) = match open_watch(&path, watch, "turn").await {
+        Ok(w) => w,
+        Err(why) => return TurnEnd::Failed(format!("{agent} could not answer: {why}")),
     };
-    let line = json!({"op": "turn.watch", "turn_id": turn_id, "chat_id": t.chat, "agent": agent});
-    let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
-    bytes.push(b'\n');
-    if let Err(e) = watch.write_all(&bytes).await {
-        return TurnEnd::Failed(format!("{agent} could not answer: {}: {e}", path.display()));
-    }
-    let (read, _keep_open) = watch.into_split();
-    let mut events = BufReader::new(read);
     let mut buf = Vec::new();
-    let first = crate::reach::socket::read_line(&mut events, &mut buf, MAX_EVENT).await;
-    let ok = matches!(first, Ok(crate::reach::socket::Line::Whole))
-        && serde_json::from_slice::<Value>(&buf).is_ok_and(|v| v["ok"] == true);
-    if !ok {
-        let said = String::from_utf8_lossy(&buf).into_owned();
-        return TurnEnd::Failed(format!("{agent} could not answer: the host refused the turn ({said})"));
-    }
     let images: Vec<Value> = t
         .parts
         .iter()
@@ -202,31 +220,17 @@ async fn watch_notes(
     out: mpsc::Sender<Value>,
 ) -> Result<(), String> {
     let path = reach_socket().ok_or("the host's reach socket is unknown")?;
-    let stream = UnixStream::connect(&path).await.map_err(|e| format!("{}: {e}", path.display()))?;
-    let (read, mut write) = stream.into_split();
-    let mut events = BufReader::new(read);
-    let line = |v: Value| {
-        let mut b = serde_json::to_vec(&v).unwrap_or_default();
-        b.push(b'\n');
-        b
-    };
-    write.write_all(&line(json!({"op": "chat.watch", "agent": agent}))).await.map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    let first = crate::reach::socket::read_line(&mut events, &mut buf, MAX_EVENT).await;
-    let ok = matches!(first, Ok(crate::reach::socket::Line::Whole))
-        && serde_json::from_slice::<Value>(&buf).is_ok_and(|v| v["ok"] == true);
-    if !ok {
-        return Err(format!("the host refused the watch ({})", String::from_utf8_lossy(&buf)));
-    }
+    let (mut events, mut write) =
+        open_watch(&path, json!({"op": "chat.watch", "agent": agent}), "watch").await?;
     let mut shown = std::collections::HashSet::new();
-    buf.clear();
+    let mut buf = Vec::new();
     loop {
         // `buf` keeps a line read in part when a chat comes first.
         tokio::select! {
             chat = chats.recv() => {
                 let Some(chat) = chat else { return Ok(()) };
                 if shown.len() < MAX_WATCHED_CHATS && shown.insert(chat.clone()) {
-                    write.write_all(&line(json!({"chat_id": chat}))).await.map_err(|e| e.to_string())?;
+                    write.write_all(&json_line(&json!({"chat_id": chat}))).await.map_err(|e| e.to_string())?;
                 }
             }
             r = crate::reach::socket::read_line(&mut events, &mut buf, MAX_EVENT) => {
