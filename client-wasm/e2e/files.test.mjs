@@ -16,11 +16,10 @@ import { createHash, randomBytes } from "node:crypto";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
-import { ROOT, WAIT_MS, tb, startAcpBridge, pageRig, waitFor } from "./harness.mjs";
+import { ROOT, WAIT_MS, startAcpBridge, pageRig, phoneOn, waitFor } from "./harness.mjs";
 
 const ARTIFACTS = join(ROOT, "client-wasm/e2e/artifacts");
 const AGENT = join(ROOT, "client-wasm/e2e/restart-agent.mjs");
-const PHONE = { viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true, deviceScaleFactor: 1 };
 // A 2×2 PNG (red, green, blue, white): small, but an image a browser decodes.
 const PNG = Buffer.from(
   "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVQI12P4z8DAwMDAxMDAwMDAAAANHQEDasKb6QAAAABJRU5ErkJggg==",
@@ -36,15 +35,9 @@ const shot = (p, name) => p.screenshot({ path: join(ARTIFACTS, name) });
 /// phone page paired with it by its link, connected.
 async function pairedPhone(agentArgs, work) {
   const store = mkdtempSync(join(tmpdir(), "tb-e2e-store-"));
-  const { relay, baseUrl, browser } = rig;
+  const { relay } = rig;
   const b = await startAcpBridge(relay.url, [process.execPath, AGENT, "--store", store, ...agentArgs], [], { cwd: work });
-  const minted = JSON.parse(tb(b.home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
-  const ctx = await browser.newContext(PHONE);
-  const p = await ctx.newPage();
-  p.on("pageerror", (e) => console.log("page error:", e.message));
-  await p.goto(minted.link);
-  await p.waitForFunction(() => document.querySelector("#status").className === "ok" || window.lastError, null, { timeout: WAIT_MS });
-  assert.equal(await p.evaluate(() => window.lastError), undefined, await p.textContent("#status"));
+  const { ctx, p } = await phoneOn(rig, b.home);
   return { b, ctx, p };
 }
 

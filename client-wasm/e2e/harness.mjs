@@ -135,3 +135,21 @@ export function pageRig({ before, after }) {
   });
   return rig;
 }
+
+/// A phone's viewport: the size the pages are made for.
+export const PHONE = { viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true, deviceScaleFactor: 1 };
+
+/// A phone (a fresh browser profile at 390 × 844) that opened the pairing
+/// link of the bridge or host at `home` (`iroh pair --app-url`): paired as
+/// one of the owner's own devices and connected. Its context and page.
+export async function phoneOn(rig, home) {
+  const minted = JSON.parse(tb(home, rig.relay.url, ["iroh", "pair", "--json", "--app-url", rig.baseUrl]));
+  const ctx = await rig.browser.newContext(PHONE);
+  const p = await ctx.newPage();
+  p.on("pageerror", (e) => console.log("page error:", e.message));
+  await p.goto(minted.link);
+  await p.waitForFunction(() => document.querySelector("#status").className === "ok" || window.lastError, null, { timeout: WAIT_MS });
+  const failed = await p.evaluate(() => window.lastError);
+  if (failed !== undefined) throw new Error(`the phone did not connect: ${await p.textContent("#status")}`);
+  return { ctx, p };
+}

@@ -17,11 +17,10 @@ import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
-import { ROOT, BIN, WAIT_MS, tb, tbEnv, startAcpBridge, pageRig, waitFor, procs } from "./harness.mjs";
+import { ROOT, BIN, WAIT_MS, tbEnv, startAcpBridge, pageRig, phoneOn, waitFor, procs } from "./harness.mjs";
 
 const ARTIFACTS = join(ROOT, "client-wasm/e2e/artifacts");
 const AGENT = join(ROOT, "client-wasm/e2e/restart-agent.mjs");
-const PHONE = { viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true, deviceScaleFactor: 1 };
 
 const rig = pageRig({ before, after });
 mkdirSync(ARTIFACTS, { recursive: true });
@@ -60,17 +59,11 @@ function channelClient(home) {
 
 /// A bridge running the SDK's ACP agent, and a phone page paired with it and connected.
 async function pairedPhone() {
-  const { relay, baseUrl, browser } = rig;
+  const { relay } = rig;
   const store = mkdtempSync(join(tmpdir(), "tb-e2e-store-"));
   const agent = [process.execPath, AGENT, "--store", store];
   const b = await startAcpBridge(relay.url, agent);
-  const minted = JSON.parse(tb(b.home, relay.url, ["iroh", "pair", "--json", "--app-url", baseUrl]));
-  const ctx = await browser.newContext(PHONE);
-  const p = await ctx.newPage();
-  p.on("pageerror", (e) => console.log("page error:", e.message));
-  await p.goto(minted.link);
-  await p.waitForFunction(() => document.querySelector("#status").className === "ok" || window.lastError, null, { timeout: WAIT_MS });
-  assert.equal(await p.evaluate(() => window.lastError), undefined, await p.textContent("#status"));
+  const { ctx, p } = await phoneOn(rig, b.home);
   return { b, agent, ctx, p };
 }
 

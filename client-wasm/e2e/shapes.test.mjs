@@ -17,11 +17,10 @@ import { join } from "node:path";
 import { execFileSync, spawn } from "node:child_process";
 import { Readable, Writable } from "node:stream";
 import * as acp from "@agentclientprotocol/sdk";
-import { ROOT, BIN, WAIT_MS, tb, tbEnv, tempHome, run, jsonConnect, pageRig, waitFor } from "./harness.mjs";
+import { ROOT, BIN, WAIT_MS, tb, tbEnv, tempHome, run, jsonConnect, pageRig, phoneOn, waitFor } from "./harness.mjs";
 
 const ARTIFACTS = join(ROOT, "client-wasm/e2e/artifacts");
 const BUTLER = join(ROOT, "client-wasm/e2e/relay-butler.py");
-const PHONE = { viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true, deviceScaleFactor: 1 };
 const NOTE = "Your 8am summary is ready.";
 
 const rig = pageRig({ before, after });
@@ -164,14 +163,8 @@ test("the ACP SDK's client: a conversation with tool cards, a stopped turn, a no
 });
 
 test("the phone page: a conversation with the tool card shown, the turn stopped by its button, the note in the conversation and in the messages", async () => {
-  const minted = JSON.parse(tb(host.home, rig.relay.url, ["iroh", "pair", "--json", "--app-url", rig.baseUrl]));
-  const ctx = await rig.browser.newContext(PHONE);
-  const p = await ctx.newPage();
-  p.on("pageerror", (e) => console.log("page error:", e.message));
+  const { ctx, p } = await phoneOn(rig, host.home);
   try {
-    await p.goto(minted.link);
-    await p.waitForFunction(() => document.querySelector("#status").className === "ok" || window.lastError, null, { timeout: WAIT_MS });
-    assert.equal(await p.evaluate(() => window.lastError), undefined, await p.textContent("#status"));
     const log = p.getByRole("log", { name: "conversation" });
 
     await p.getByRole("textbox", { name: "prompt" }).fill("the roses");
