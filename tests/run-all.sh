@@ -61,7 +61,7 @@ cargo test --workspace --locked --no-fail-fast "$@" || status=$?
 if [ "${TB_SKIP_BROWSER:-}" != 1 ]; then
   # The browser client in Chromium, and real clients from npm (acpx).
   browser=0
-  (cd client-wasm/e2e && node --test --test-concurrency=1 e2e.test.mjs acpx.test.mjs session.test.mjs files.test.mjs failover.test.mjs markdown.test.mjs relay-app.test.mjs reach.test.mjs shapes.test.mjs) || browser=$?
+  (cd client-wasm/e2e && node --test --test-concurrency=1 e2e.test.mjs acpx.test.mjs session.test.mjs files.test.mjs failover.test.mjs markdown.test.mjs relay-app.test.mjs reach.test.mjs shapes.test.mjs scopes.test.mjs) || browser=$?
   if [ "$browser" -ne 0 ]; then
     echo "run-all: the browser tests failed (status $browser)" >&2
     [ "$status" -ne 0 ] || status=$browser

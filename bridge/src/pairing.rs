@@ -24,7 +24,10 @@ use sha2::{Digest, Sha256};
 use thunderbolt_shared::pairing as wire;
 
 use crate::{
-    devices::now_ms,
+    devices::{
+        now_ms,
+        scope::{Scope, Verbs},
+    },
     home::{self, Home},
 };
 
@@ -73,6 +76,39 @@ struct Entry {
     expires_ms: u64,
     spent_ms: Option<u64>,
     burned: bool,
+    /// What the device may do once paired (none: everything).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    scope: Option<CodeScope>,
+}
+
+/// The scope a code grants: its verbs, and how long the device keeps them
+/// from the moment it pairs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CodeScope {
+    pub verbs: Verbs,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_ms: Option<u64>,
+    /// A share's: the moment it ends whenever it is redeemed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
+    /// A share's: the one session it lets the device join, and its agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+}
+
+impl CodeScope {
+    /// The device's scope when it pairs at `now_ms`.
+    fn at(&self, now_ms: u64) -> Scope {
+        Scope {
+            verbs: self.verbs,
+            agents: self.agent.clone().map(|a| vec![a]),
+            until_ms: self.until_ms.or(self.for_ms.map(|f| now_ms.saturating_add(f))),
+            session: self.session.clone(),
+        }
+    }
 }
 
 /// `pairings.json`. (Older files also count wrong tries per agent; that is
@@ -87,7 +123,7 @@ struct Store {
 pub enum Redeemed {
     /// Spent now: the device may be added, under this name if one was given
     /// at minting, to what the code was minted for.
-    Paired { name: Option<String>, minted_for: Vec<Target> },
+    Paired { name: Option<String>, minted_for: Vec<Target>, scope: Option<Scope> },
     /// Valid, but the device holds everything it grants already: left unspent
     /// (another device may still use it).
     Unneeded,
@@ -148,6 +184,17 @@ impl Pairings {
     /// A new code that pairs at any of `targets` (not empty), valid for
     /// `valid`; returned once, kept only as its hash.
     pub fn mint(&self, targets: &[Target], name: Option<String>, valid: Duration) -> std::io::Result<String> {
+        self.mint_scoped(targets, name, valid, None)
+    }
+
+    /// [`Self::mint`] for a device that may do only what `scope` says.
+    pub fn mint_scoped(
+        &self,
+        targets: &[Target],
+        name: Option<String>,
+        valid: Duration,
+        scope: Option<CodeScope>,
+    ) -> std::io::Result<String> {
         let Some((first, also)) = targets.split_first() else {
             return Err(std::io::Error::other("a pairing code must pair with something"));
         };
@@ -162,6 +209,7 @@ impl Pairings {
             expires_ms: now.saturating_add(valid.as_millis() as u64),
             spent_ms: None,
             burned: false,
+            scope,
         };
         home::edit_json(&self.path, |s: &mut Store| {
             prune(s, now);
@@ -205,7 +253,11 @@ impl Pairings {
                 Redeemed::Unneeded
             } else {
                 e.spent_ms = Some(now);
-                Redeemed::Paired { name: e.name.clone(), minted_for }
+                Redeemed::Paired {
+                    name: e.name.clone(),
+                    minted_for,
+                    scope: e.scope.as_ref().map(|s| s.at(now)),
+                }
             }
         })
     }
@@ -309,7 +361,7 @@ mod tests {
     }
 
     fn paired(name: Option<&str>, minted_for: Vec<Target>) -> Redeemed {
-        Redeemed::Paired { name: name.map(str::to_string), minted_for }
+        Redeemed::Paired { name: name.map(str::to_string), minted_for, scope: None }
     }
 
     #[test]

@@ -73,6 +73,7 @@ const conversation = new Conversation($("conversation"), {
   // turns are the device's that started it.
   controller: () => (state.role === "observer" ? controllerName() : state.role ? null : state.joinedFrom || null),
   answer: (q, result, said) => answer(q, result, said),
+  mayAnswer: () => may("answer"),
   log: (text) => log("·", text),
   openFile: (link, view, button) => openFile(link, view, button),
 });
@@ -159,6 +160,42 @@ function knownAgents() {
 }
 
 const knownAgent = (ticket) => knownAgents().find((a) => a.ticket === ticket);
+
+/// What this device may do at the agent of `ticket` (its scope, as the
+/// bridge last said: in the pairing answer, in each listing); `null`: everything.
+function scopeOf(ticket) {
+  const a = knownAgent(ticket);
+  return a && Array.isArray(a.scope) ? a.scope : null;
+}
+
+/// Whether this device may `verb` (observe, prompt, answer, start, files) at
+/// the agent shown: what it may not do has no button.
+function may(verb, ticket = state.ticket || $("ticket").value.trim()) {
+  const s = scopeOf(ticket);
+  return !s || s.includes(verb);
+}
+
+/// The bridge said what this device may do at the agents of `tickets`
+/// (`scope` absent: everything).
+function noteScope(tickets, scope) {
+  const list = knownAgents();
+  const nodes = new Set(tickets.map(nodeOf).filter(Boolean));
+  const value = Array.isArray(scope) ? scope.filter((v) => typeof v === "string").slice(0, 8) : undefined;
+  const answered = may("answer");
+  let changed = false;
+  for (const a of list) {
+    if (!tickets.includes(a.ticket) && !nodes.has(nodeOf(a.ticket))) continue;
+    if (JSON.stringify(a.scope) === JSON.stringify(value)) continue;
+    a.scope = value;
+    changed = true;
+  }
+  if (!changed) return;
+  localStorage.setItem(AGENTS_KEY, JSON.stringify(list));
+  renderComposer();
+  renderRole();
+  renderAgents();
+  if (may("answer") !== answered) conversation.redraw();
+}
 
 async function mirrorForWorker() {
   const agents = knownAgents()
@@ -267,7 +304,9 @@ function rememberAgent() {
   const list = all.filter((a) => a.ticket !== state.ticket);
   // Its host, when a pairing named it, stays.
   const host = named && named.host ? { host: named.host, hostName: named.hostName } : {};
-  list.unshift({ ticket: state.ticket, label: named ? named.label : state.label || state.agent, named: Boolean(named), relay: state.clientRelay, at: Date.now(), ...host });
+  // And what this device may do there, as the bridge last said.
+  const scope = scopeOf(state.ticket);
+  list.unshift({ ticket: state.ticket, label: named ? named.label : state.label || state.agent, named: Boolean(named), relay: state.clientRelay, at: Date.now(), ...host, ...(scope ? { scope } : {}) });
   localStorage.setItem(AGENTS_KEY, JSON.stringify(list.slice(0, 20)));
   renderAgents();
   mirrorForWorker();
@@ -369,7 +408,9 @@ function renderAgents() {
     const agents = document.createElement("ul");
     agents.className = "agents";
     agents.setAttribute("aria-label", `agents of ${h.name}`);
-    agents.append(...h.agents.map(button));
+    // An agent this device may not start a session at has no button (its own
+    // session there, if it has one, still opens).
+    agents.append(...h.agents.filter((a) => may("start", a.ticket) || loadSession(a.ticket)).map(button));
     li.append(agents);
     return li;
   };
@@ -493,6 +534,8 @@ function probeHosts(hosts) {
         // The host's agents as it serves them now (one added since the scan, a label changed).
         if (agents.length && !h.key.startsWith("agent:")) knowAgents(agents, { key: h.key, name: listing.host || h.name });
         hostListed.set(h.key, { sessions: listing.sessions, messages: listing.messages || null, tickets: new Map(agents.map((a) => [a.name, knownTicket(a.ticket)])) });
+        // Its verbs are the device's at every agent of the host that admits it.
+        noteScope(h.agents.map((a) => a.ticket), listing.scope);
         const live = listing.sessions.filter((x) => x.state !== "warm").length;
         return `reachable · ${live === 0 ? "no session" : live === 1 ? "1 session" : `${live} sessions`}`;
       },
@@ -772,7 +815,8 @@ function renderRole() {
   $("role-text").textContent = observing ? `${cap(controllerName())} is in control` : "You are in control";
   const take = $("take-control");
   const watch = $("watch-only");
-  take.hidden = !observing;
+  // A device that may not prompt cannot take control: no button for it.
+  take.hidden = !observing || !may("prompt");
   watch.hidden = observing;
   const asking = state.askedRole !== null;
   take.disabled = asking;
@@ -791,8 +835,8 @@ function renderComposer() {
   $("composer").hidden = !live;
   const ticket = $("ticket").value.trim();
   // Settings' Connect: while a session is live, only for another bridge's ticket.
-  $("connect").hidden = live && ticket === state.ticket;
-  $("start").hidden = live || state.connecting || !ticket || window.busyElsewhere || !localStorage.getItem(CONNECTED_KEY);
+  $("connect").hidden = (live && ticket === state.ticket) || !may("start", ticket);
+  $("start").hidden = live || state.connecting || !ticket || window.busyElsewhere || !localStorage.getItem(CONNECTED_KEY) || !may("start", ticket);
   if (!$("start").hidden) {
     const known = knownAgent(ticket);
     const label = (known && known.label) || "the agent";
@@ -806,11 +850,13 @@ function renderComposer() {
   $("new-identity").hidden = live;
   const turning = state.turn !== null;
   const send = $("send");
-  send.hidden = state.role === "observer" || turning;
+  const prompts = may("prompt");
+  $("prompt").hidden = !prompts;
+  send.hidden = state.role === "observer" || turning || !prompts;
   const attached = state.attachments.some((a) => a.receipt);
   send.disabled = !live || turning || uploading() || (!$("prompt").value.trim() && !attached);
   // Files go to the workstation of the session's agent, as the one who prompts.
-  $("attach").hidden = state.role === "observer";
+  $("attach").hidden = state.role === "observer" || !prompts || !may("files");
   send.textContent = state.sendAgain ? "Send again" : "Send";
   $("cancel").hidden = !turning;
   $("cancel").disabled = !live || !turning;
@@ -1321,15 +1367,35 @@ function disconnect() {
 async function pairAndConnect(ticket, code) {
   const name = $("device-name").value.trim() || defaultDeviceName();
   setStatus("pairing…");
+  let res;
   try {
     await ensureClient();
-    const res = await state.client.pair(ticket, code, name, "acp");
+    res = await state.client.pair(ticket, code, name, "acp");
     $("paired-as").textContent = `paired as “${res.name || name}”`;
     window.paired = res;
     if (Array.isArray(res.agents)) knowAgents(res.agents, res.host ? { name: res.host, key: nodeOf(ticket) || ticket } : null);
+    if (!knownAgent(ticket)) {
+      // A single agent's bridge names no agents: this one is known from now on.
+      const list = knownAgents();
+      list.unshift({ ticket, label: "the agent", named: false, relay: state.clientRelay, at: Date.now() });
+      localStorage.setItem(AGENTS_KEY, JSON.stringify(list.slice(0, 20)));
+    }
+    noteScope([ticket, ...(res.agents || []).map((a) => a.ticket)], res.scope);
   } catch (err) {
     setStatus(describe(err), "error");
     lastError(err);
+    return;
+  }
+  if (!may("start", ticket)) {
+    // Nothing of its own to open: it joins what the owner's devices started.
+    $("ticket").value = ticket;
+    localStorage.setItem(TICKET_KEY, ticket);
+    setStatus(`paired: this device may ${res.scope.filter((v) => v !== "observe").join(" and ") || "watch"} only. Pick a session from the list to join it.`);
+    // Paired is set up: the settings fold away, as after a first connection.
+    localStorage.setItem(CONNECTED_KEY, "1");
+    $("settings").open = false;
+    renderComposer();
+    renderAgents();
     return;
   }
   await connect();

@@ -119,6 +119,13 @@ export class Conversation {
     this.claimIds();
   }
 
+  /// Draws the conversation shown again (what this device may do changed:
+  /// its questions get or lose their buttons).
+  redraw() {
+    this.views.clear();
+    this.root.replaceChildren(...this.blocks.map((b) => this.draw(b)));
+  }
+
   /// Writes it to the device, bounded (KEEP_BLOCKS, KEEP_BYTES).
   save() {
     if (!this.storeKey) return;
@@ -509,6 +516,10 @@ export class Conversation {
       text ? el("pre", {}, text) : null);
     card.dataset.request = key(r.id);
     card.dataset.method = r.method;
+    if (!this.mayAnswer()) {
+      card.append(el("p", { className: "note" }, "This device may not answer the agent: another of your devices can."));
+      return card;
+    }
     const options = el("div", { className: "options" });
     for (const o of r.params.options || []) {
       const b = el("button", { type: "button", textContent: o.name, className: /^reject/.test(o.kind || "") ? "deny" : "primary" });
@@ -528,6 +539,12 @@ export class Conversation {
       if (tools && tools.calls[id]) return tools.calls[id];
     }
     return {};
+  }
+
+  /// Whether this device may answer the agent (its scope): a card for one
+  /// that may not says so instead of showing buttons the bridge would drop.
+  mayAnswer() {
+    return !this.hooks.mayAnswer || this.hooks.mayAnswer();
   }
 
   elicitationCard(r) {
@@ -562,6 +579,10 @@ export class Conversation {
       card.append(s.type === "boolean"
         ? el("label", {}, input, ` ${label}`)
         : el("label", {}, label, s.description ? el("small", {}, ` (${s.description})`) : null, input));
+    }
+    if (!this.mayAnswer()) {
+      card.append(el("p", { className: "note" }, "This device may not answer the agent: another of your devices can."));
+      return card;
     }
     const submit = el("button", { type: "submit", className: "primary", textContent: p.mode === "url" ? "Done" : "Submit" });
     const decline = el("button", { type: "button", className: "deny", textContent: "Decline" });

@@ -60,3 +60,5 @@ pub const REASON_WRONG_TOKEN: &str = "wrong token";
 pub const REASON_BAD_ANSWER: &str = "bad answer";
 /// The agent's input is full right now: try again.
 pub const REASON_BUSY: &str = "the agent is busy";
+/// The device's scope does not include `answer`.
+pub const REASON_NOT_PERMITTED: &str = "this device may not answer the agent";

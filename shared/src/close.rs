@@ -79,6 +79,13 @@ pub const REASON_LEFT: &str = "left the session";
 /// The bridge answered a device's listing and waited long enough for it to
 /// close (code 0: nothing went wrong).
 pub const REASON_LISTED: &str = "sessions listed";
+/// A new session from a device whose scope does not include `start` (ours).
+pub const REASON_SCOPE_START: &str = "this device may not start sessions";
+/// A device whose scope ran out: refused, and its live sessions ended (ours).
+pub const REASON_SCOPE_EXPIRED: &str = "device access expired";
+/// A plain session whose device's scope no longer lets it drive one (ours:
+/// a plain session cannot be watched only, so it ends).
+pub const REASON_SCOPE_CHANGED: &str = "device scope changed";
 
 const SPAWN_PREFIX: &str = "failed to spawn '";
 

@@ -100,6 +100,11 @@ pub const METHOD_MISSED: &str = "_thunderbolt/missed";
 /// The JSON-RPC error code of a request an observer sent (a server error).
 pub const OBSERVER_REFUSED_CODE: i64 = -32003;
 
+/// The JSON-RPC error code of a request its device's scope does not allow
+/// (a server error; beside [`OBSERVER_REFUSED_CODE`]: taking control does
+/// not help).
+pub const SCOPE_REFUSED_CODE: i64 = -32004;
+
 /// A device on a session, as others see it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Device {
@@ -180,6 +185,10 @@ pub struct Listing {
     /// see [`crate::reach`]); read whole over `thunderbolt/<p>/reach1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub messages: Option<Value>,
+    /// What the asking device may do at this agent, when less than
+    /// everything (`["observe", "answer"]`): a page hides what it may not do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Vec<String>>,
 }
 
 /// A request id given as its JSON text, as a value (`null` if it is not JSON).
@@ -217,6 +226,23 @@ pub fn observer_refused(id: &[u8], controller: &Device) -> Vec<u8> {
                 "this device is an observer of the session: only its controller ({}) sends requests; take control to send",
                 controller.label()
             ),
+        },
+    }))
+}
+
+/// The error a request is answered with when the device's scope does not
+/// let it prompt (`id` its JSON text; `verbs` what the scope does allow, as
+/// `observe,answer`).
+pub fn scope_refused(id: &[u8], verbs: &str) -> Vec<u8> {
+    json_line(&json!({
+        "jsonrpc": "2.0",
+        "id": id_value(id),
+        "error": {
+            "code": SCOPE_REFUSED_CODE,
+            "message": format!(
+                "this device may not send the agent requests: its scope is {verbs} (the owner changes it with thunderbolt devices scope)"
+            ),
+            "data": { "scope": verbs },
         },
     }))
 }

@@ -158,6 +158,8 @@ pub const REASON_OUTSIDE: &str = "outside the agent's workspace";
 pub const REASON_NOT_FOUND: &str = "no such file";
 /// The workstation could not store or read it (the log says why).
 pub const REASON_IO: &str = "the workstation could not store the file";
+/// The device's scope does not include `files`.
+pub const REASON_NOT_PERMITTED: &str = "this device may not send or fetch files";
 
 /// Why a name is refused: one path component a file system takes as is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

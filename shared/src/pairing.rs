@@ -111,6 +111,16 @@ pub struct Answer {
     /// agent under its host. At most [`MAX_DEVICE_NAME`] characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// What the device may do, when less than everything (`["observe",
+    /// "answer"]`): a device that may not start sessions joins one instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Vec<String>>,
+    /// A share's guest: the one session it may join (its id, for a join),
+    /// and when its access ends (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
 }
 
 impl Answer {
@@ -171,7 +181,15 @@ mod tests {
 
     #[test]
     fn the_old_answer_stays_as_it_was_and_a_long_one_is_cut_to_fit() {
-        let old = Answer { paired: true, name: Some("Pixel 9".into()), agents: vec![], host: None };
+        let old = Answer {
+            paired: true,
+            name: Some("Pixel 9".into()),
+            agents: vec![],
+            host: None,
+            scope: None,
+            session: None,
+            until: None,
+        };
         assert_eq!(old.clone().line(), b"{\"paired\":true,\"name\":\"Pixel 9\"}\n");
         let agent = |i: usize| PairedAgent {
             name: format!("a{i}"),

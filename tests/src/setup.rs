@@ -184,3 +184,18 @@ pub async fn status(home: &Tb) -> Value {
     assert!(out.status.success(), "status failed: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("status JSON")
 }
+
+/// `iroh pair --json [extra]` on the bridge's `home`, `connect --pair` on the
+/// device's: the device is one of the owner's own (or what `extra`'s scope
+/// says), named `name`. The minted code's JSON.
+pub async fn pair(home: &Tb, device: &Tb, ticket: &str, name: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["iroh", "pair", "--json"];
+    args.extend_from_slice(extra);
+    let out = home.run(&args).await;
+    assert!(out.status.success(), "iroh pair: {}", String::from_utf8_lossy(&out.stderr));
+    let p: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let code = p["code"].as_str().unwrap();
+    let out = device.run(&["acp", "connect", "--pair", code, "--device-name", name, ticket]).await;
+    assert!(out.status.success(), "connect --pair: {}", String::from_utf8_lossy(&out.stderr));
+    p
+}

@@ -34,12 +34,7 @@ fn role_of(v: &Value) -> Option<(String, String)> {
 /// `iroh pair` on the bridge's home, `connect --pair` on the device's: the
 /// device is one of the owner's own, named `name`.
 async fn pair(home: &Tb, device: &Tb, ticket: &str, name: &str) {
-    let out = home.run(&["iroh", "pair", "--json"]).await;
-    assert!(out.status.success(), "iroh pair: {}", String::from_utf8_lossy(&out.stderr));
-    let p: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let code = p["code"].as_str().unwrap();
-    let out = device.run(&["acp", "connect", "--pair", code, "--device-name", name, ticket]).await;
-    assert!(out.status.success(), "connect --pair: {}", String::from_utf8_lossy(&out.stderr));
+    thunderbolt_tests::setup::pair(home, device, ticket, name, &[]).await;
 }
 
 /// `thunderbolt sessions <ticket> --json` from `device`.

@@ -1092,3 +1092,41 @@ async fn files_land_in_the_folder_the_manifest_names_inside_the_workspace() {
     assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
     h.stop().await;
 }
+
+/// A device of the owner's (the allow file) scoped to agent `build` by
+/// `thunderbolt devices scope` reaches `build` only: `deploy` refuses it as
+/// a stranger, at once and with no restart; `--all-agents` gives it back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_device_scoped_to_one_agent_reaches_no_other() {
+    let (host, client) = homes().await;
+    let dir = agents_dir(&host);
+    write_manifest(&dir, "build.json", &cat("build", ""), 0o600);
+    write_manifest(&dir, "deploy.json", &cat("deploy", ""), 0o600);
+    let h = RunningHost::start(&host, &[]).await;
+    let (build, deploy) = (h.agent("build").ticket.clone(), h.agent("deploy").ticket.clone());
+    let out = exchange(&client, "acp", &deploy, "{\"in\":1}\n").await;
+    assert_eq!(out.stdout, b"{\"in\":1}\n", "before: every agent: {}", String::from_utf8_lossy(&out.stderr));
+
+    let id = client.node_id("acp").await.to_string();
+    let out = host.run(&["devices", "scope", &id, "--agent", "build"]).await;
+    assert!(out.status.success(), "devices scope: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("may now do: everything at build"), "{out:?}");
+    let out = exchange(&client, "acp", &deploy, "{\"in\":2}\n").await;
+    assert!(!out.status.success(), "deploy is out of its scope");
+    assert!(String::from_utf8_lossy(&out.stderr).contains(close::REASON_NOT_ALLOWLISTED), "{out:?}");
+    let out = exchange(&client, "acp", &build, "{\"in\":3}\n").await;
+    assert_eq!(out.stdout, b"{\"in\":3}\n", "build is in it: {}", String::from_utf8_lossy(&out.stderr));
+    let listed: Value = serde_json::from_slice(&host.run(&["iroh", "list", "--json"]).await.stdout).unwrap();
+    let me =
+        listed["devices"].as_array().unwrap().iter().find(|d| d["nodeId"] == id.as_str()).unwrap().clone();
+    assert_eq!(me["scope"]["agents"], serde_json::json!(["build"]), "{me}");
+
+    assert!(host.run(&["devices", "scope", &id, "--all-agents"]).await.status.success());
+    let out = exchange(&client, "acp", &deploy, "{\"in\":4}\n").await;
+    assert_eq!(out.stdout, b"{\"in\":4}\n", "every agent again: {}", String::from_utf8_lossy(&out.stderr));
+    // A name that is no device changes nothing and says so.
+    let out = host.run(&["devices", "scope", "nobody", "--scope", "observe"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing was changed"), "{out:?}");
+    h.stop().await;
+}

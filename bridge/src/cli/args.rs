@@ -89,6 +89,18 @@ pub enum Command {
     /// only what is missing is sent.
     #[command(subcommand)]
     Files(FilesCmd),
+    /// Let another person's device into one live session: a one-time code and link.
+    ///
+    /// Redeemed once, by one device (no account, no pairing): that device may join exactly this
+    /// session, watching (--observe) or driving it too (--drive: prompt and answer), until the
+    /// share ends (--for), and nothing else: no other session is listed or joinable, none is
+    /// started, no notice is sent to it. `thunderbolt status` shows it on the session;
+    /// `thunderbolt kick NAME` ends it at once, for good. Exit code 1 when SESSION is not a live
+    /// resumable session here, 3 when no bridge runs.
+    Share(ShareArgs),
+    /// What each paired device may do: show or change its scope without pairing again.
+    #[command(subcommand)]
+    Devices(DevicesCmd),
     /// Send your devices a message from this machine (a cron job, a script, a build).
     ///
     /// Handed to the running host (or bridge) on `$THUNDERBOLT_HOME/reach.sock`, which pushes it,
@@ -120,6 +132,80 @@ pub enum Command {
     /// Internal: the watcher a bridge starts so no agent process outlives it.
     #[command(name = "reap-agents", hide = true)]
     ReapAgents,
+}
+
+#[derive(Debug, Args)]
+pub struct ShareArgs {
+    /// The session, by its id from `thunderbolt status`.
+    #[arg(value_name = "SESSION")]
+    pub session: String,
+    /// The guest watches: the session's history and live frames; its requests are refused.
+    #[arg(long, conflicts_with = "drive", required_unless_present = "drive")]
+    pub observe: bool,
+    /// The guest drives too: it may prompt the agent and answer its questions.
+    #[arg(long)]
+    pub drive: bool,
+    /// How long the share lasts from now (e.g. 30m, 1h, 8h; at most 366 days): then the guest is
+    /// refused, and ended at once if it is on the session.
+    #[arg(long = "for", default_value = "1h", value_name = "DURATION", value_parser = parse_scope_for)]
+    pub for_: std::time::Duration,
+    /// The name the guest's device gets here (`status`, `kick`); else the one it sends.
+    #[arg(long, value_name = "LABEL")]
+    pub name: Option<String>,
+    /// How long the code may wait to be redeemed (at most the share's own --for).
+    #[arg(long, default_value = "10m", value_name = "DURATION", value_parser = crate::pairing::parse_duration)]
+    pub expires: std::time::Duration,
+    /// The app's base URL for the browser link.
+    #[arg(long, env = "THUNDERBOLT_APP_URL", value_name = "URL")]
+    pub app_url: Option<String>,
+    /// Machine-readable output: the code, the link, the command line, the session, the end.
+    #[arg(long)]
+    pub json: bool,
+    /// Do not draw the QR code.
+    #[arg(long)]
+    pub no_qr: bool,
+    #[command(flatten)]
+    pub net: NetArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DevicesCmd {
+    /// Show or change what a device may do; running bridges apply it at once (a device that may
+    /// no longer prompt is refused from its next request, one no longer admitted is ended).
+    ///
+    /// With no option it shows the scope. Options given replace those parts and keep the rest.
+    /// Exit code 1 when NAME is no device known here.
+    Scope(DevicesScopeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DevicesScopeArgs {
+    /// The device: its name (`thunderbolt iroh list`) or NodeId.
+    #[arg(value_name = "NAME")]
+    pub device: String,
+    /// What it may do, comma-separated: observe, prompt, answer, start, files, or all
+    /// (see `thunderbolt iroh pair --help`).
+    #[arg(long, value_name = "VERBS")]
+    pub scope: Option<crate::devices::scope::Verbs>,
+    /// Only these agents of the host (a manifest's name; a single-agent bridge is named by its
+    /// protocol, `acp`); repeat it for several.
+    #[arg(long, value_name = "NAME", conflicts_with = "all_agents")]
+    pub agent: Vec<String>,
+    /// Every agent that admits it again.
+    #[arg(long)]
+    pub all_agents: bool,
+    /// Its access ends this long from now (e.g. 1h, 8h, 7d).
+    #[arg(long = "for", value_name = "DURATION", value_parser = parse_scope_for, conflicts_with = "no_end")]
+    pub for_: Option<std::time::Duration>,
+    /// Its access does not end.
+    #[arg(long)]
+    pub no_end: bool,
+    /// Everything again, everywhere, for good: as the owner.
+    #[arg(long, conflicts_with_all = ["scope", "agent", "all_agents", "for_", "no_end"])]
+    pub owner: bool,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -763,6 +849,16 @@ pub struct PairArgs {
     /// How long the code is valid: e.g. 10m, 1h, 90s.
     #[arg(long, default_value = "10m", value_name = "DURATION", value_parser = crate::pairing::parse_duration)]
     pub expires: std::time::Duration,
+    /// What the device may do, comma-separated: observe (see sessions and their history),
+    /// prompt (send the agent requests), answer (answer the agent's permission requests, also
+    /// from a notice), start (open sessions; carries prompt and answer), files (send and fetch
+    /// files); or all. prompt and answer carry observe. Default: all, as the owner.
+    #[arg(long, value_name = "VERBS")]
+    pub scope: Option<crate::devices::scope::Verbs>,
+    /// How long the device keeps access once it paired (e.g. 8h, 30m, 7d; at most 366 days):
+    /// then it is refused, and its live sessions end at once. Default: no end.
+    #[arg(long = "for", value_name = "DURATION", value_parser = parse_scope_for)]
+    pub for_: Option<std::time::Duration>,
     /// Machine-readable output: the code, the ticket, the link, the command line.
     #[arg(long)]
     pub json: bool,
@@ -805,6 +901,20 @@ pub struct ListArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--for`'s value: a duration ([`crate::pairing::parse_duration`]) no
+/// longer than a scope may run ([`crate::devices::scope::MAX_FOR`]).
+fn parse_scope_for(v: &str) -> Result<std::time::Duration, String> {
+    let d = crate::pairing::parse_duration(v).map_err(|e| e.replace("a pairing code", "access"))?;
+    let max = crate::devices::scope::MAX_FOR;
+    if d > max {
+        return Err(format!(
+            "'{v}' is longer than access may be given for ({} days); leave --for out for no end",
+            max.as_secs() / 86_400
+        ));
+    }
+    Ok(d)
 }
 
 #[cfg(test)]

@@ -162,7 +162,7 @@ fn render(b: &Status) -> String {
         for d in &x.devices {
             let _ = writeln!(
                 s,
-                "    device {}: {}{}, {}, {}",
+                "    device {}: {}{}, {}{}, {}",
                 d.id,
                 d.device.clone().unwrap_or_else(|| d.peer.chars().take(10).collect()),
                 if d.device.is_some() {
@@ -171,6 +171,12 @@ fn render(b: &Status) -> String {
                     String::new()
                 },
                 d.role,
+                match (&d.scope, &d.share_until) {
+                    (Some(s), Some(u)) => format!(" (a guest by a share, may do {s}, until {u})"),
+                    (Some(s), None) => format!(" (may do {s})"),
+                    (None, Some(u)) => format!(" (a guest by a share, until {u})"),
+                    (None, None) => String::new(),
+                },
                 if d.attached { format!("attached, path {}", d.path) } else { "away".to_string() }
             );
         }

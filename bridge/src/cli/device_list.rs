@@ -30,6 +30,8 @@ pub enum Via {
     AllowFile,
     /// The account lists it.
     Account,
+    /// A share of one session (`thunderbolt share`): someone else's device.
+    Share,
 }
 
 impl Via {
@@ -40,6 +42,7 @@ impl Via {
             Via::Allow => "allow",
             Via::AllowFile => "allow file",
             Via::Account => "account",
+            Via::Share => "share",
         }
     }
 
@@ -50,6 +53,7 @@ impl Via {
             Via::Allow => "allowed with iroh allow",
             Via::AllowFile => "in the allow file",
             Via::Account => "an account device",
+            Via::Share => "a guest of one shared session",
         }
     }
 }
@@ -80,7 +84,12 @@ pub fn list(
     let ids: BTreeSet<&EndpointId> = allowed
         .iter()
         .copied()
-        .chain(known.iter().filter(|(_, d)| !d.agents.is_empty() || d.how == How::Account).map(|(id, _)| id))
+        .chain(
+            known
+                .iter()
+                .filter(|(_, d)| !d.agents.is_empty() || matches!(d.how, How::Account | How::Share))
+                .map(|(id, _)| id),
+        )
         .collect();
     ids.into_iter()
         .map(|id| {
@@ -90,10 +99,18 @@ pub fn list(
                 Some(How::Pairing) => Via::Code,
                 Some(How::Allow) => Via::Allow,
                 Some(How::Account) => Via::Account,
+                Some(How::Share) => Via::Share,
                 None => Via::AllowFile,
             };
             let own = in_allow_file || via == Via::Account;
+            let shared: Vec<String> = device
+                .as_ref()
+                .and_then(|d| d.scope.as_ref())
+                .filter(|s| s.session.is_some())
+                .and_then(|s| s.agents.clone())
+                .unwrap_or_default();
             let granted = device.as_ref().map(|d| d.agents.as_slice()).unwrap_or_default();
+            let granted = if shared.is_empty() { granted } else { shared.as_slice() };
             let reach: Vec<String> = if agents.is_empty() {
                 granted.to_vec()
             } else {
@@ -136,6 +153,7 @@ mod tests {
             added_ms: 0,
             last_seen_ms: None,
             agents: agents.iter().map(|a| a.to_string()).collect(),
+            scope: None,
         }
     }
 

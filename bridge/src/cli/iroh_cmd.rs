@@ -131,6 +131,7 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
                             "agents": l.agents,
                             "added": d.map(|d| rfc3339(d.added_ms)),
                             "lastSeen": d.and_then(|d| d.last_seen_ms).map(rfc3339),
+                            "scope": d.and_then(|d| d.scope.clone()).unwrap_or_else(crate::devices::scope::Scope::full),
                         })
                     })
                     .collect();
@@ -150,8 +151,13 @@ pub fn run(home: &Home, cmd: IrohCmd) -> Result<()> {
                     let when = d.map(|d| format!(" {}", ago(now, d.added_ms))).unwrap_or_default();
                     let seen =
                         d.and_then(|d| d.last_seen_ms).map_or_else(|| "never".to_string(), |t| ago(now, t));
+                    let scope = match d.and_then(|d| d.scope.as_ref()).filter(|s| !s.is_full()) {
+                        Some(s) if s.expired(now) => format!("; may do {} (ended)", s.describe()),
+                        Some(s) => format!("; may do {}", s.describe()),
+                        None => String::new(),
+                    };
                     println!(
-                        "{}  {}  {}{when}; reaches {}; last seen {seen}",
+                        "{}  {}  {}{when}; reaches {}; last seen {seen}{scope}",
                         l.id,
                         d.and_then(|d| d.name.as_deref()).unwrap_or("(no name)"),
                         l.via.words(),

@@ -7,10 +7,12 @@ pub mod banner;
 pub mod connect;
 pub mod control_cmd;
 pub mod device_list;
+pub mod devices_cmd;
 pub mod iroh_cmd;
 pub mod output;
 pub mod pair_cmd;
 pub mod redial;
+pub mod share_cmd;
 pub mod stdio;
 
 use std::{ffi::OsString, sync::Arc, time::Duration};
@@ -42,6 +44,8 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Agents(cmd) => agents_cmd::run(&home, cmd),
         Command::Status(a) => control_cmd::status(&home, a),
         Command::Kick(a) => control_cmd::kick(&home, a),
+        Command::Devices(args::DevicesCmd::Scope(a)) => devices_cmd::scope(&home, a),
+        Command::Share(a) => share_cmd::share(&home, a),
         Command::Sessions(a) => connect::sessions(&home, a).await,
         Command::Files(cmd) => connect::files(&home, cmd).await,
         Command::Note(a) => note(&home, a).await,

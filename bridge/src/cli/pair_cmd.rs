@@ -14,12 +14,13 @@ use thunderbolt_shared::{node_id_base32, pairing as pairing_wire, EndpointTicket
 use crate::{
     cli::{args::PairArgs, banner::pairing_url, iroh_cmd::qr},
     control::api::Status,
+    devices::scope::Verbs,
     devices::{now_ms, rfc3339},
     home::Home,
     host::{folder, manifest::Machine},
     identity,
     net::NetConfig,
-    pairing::{Pairings, Target},
+    pairing::{CodeScope, Pairings, Target},
 };
 
 /// One agent a code pairs with, as the device will dial it.
@@ -90,16 +91,16 @@ fn relay_app(net: &NetConfig) -> Option<String> {
     std::thread::spawn(ask).join().ok().flatten()
 }
 
-pub fn pair(home: &Home, a: PairArgs) -> Result<()> {
-    let net = a.net.config()?;
-    let statuses: Vec<Status> =
-        crate::control::client::each(home, |c| c.status()).into_iter().filter_map(|(_, r)| r.ok()).collect();
-    let plan = plan(home, &a, &net, &statuses)?;
-    let Some(first) = plan.agents.first().cloned() else { bail!("nothing to pair with") };
-    let name = a.name.as_deref().and_then(pairing_wire::clean_name);
-    let code = Pairings::new(home).mint(&plan.targets, name.clone(), a.expires)?;
-    let (protocol, ticket, id) = (&first.protocol, &first.ticket, first.id);
-    let command = format!("thunderbolt {protocol} connect --pair {code} {ticket}");
+/// The link a device's browser opens to redeem `code` at `ticket`: the
+/// app's page (`app_url`, else a self-hosted relay's `/app` when it serves
+/// one) with the ticket, the code and a self-hosted relay in its #fragment.
+pub(super) fn pairing_link(
+    net: &NetConfig,
+    app_url: Option<String>,
+    protocol: &Protocol,
+    ticket: &str,
+    code: &str,
+) -> Option<String> {
     // A self-hosted relay rides along: a browser has no other way to learn it.
     let relay = match &net.relays {
         crate::net::Relays::Custom(urls) => {
@@ -109,9 +110,36 @@ pub fn pair(home: &Home, a: PairArgs) -> Result<()> {
     };
     // No app address given: a self-hosted relay that serves the app is one,
     // so the link (and the QR code) opens a page a phone can use.
-    let app_url = a.app_url.clone().or_else(|| relay_app(&net));
-    let link = pairing_url(app_url.as_deref(), protocol)
-        .map(|page| format!("{page}#ticket={ticket}&pair={code}{}", relay.unwrap_or_default()));
+    let app_url = app_url.or_else(|| relay_app(net));
+    pairing_url(app_url.as_deref(), protocol)
+        .map(|page| format!("{page}#ticket={ticket}&pair={code}{}", relay.unwrap_or_default()))
+}
+
+pub fn pair(home: &Home, a: PairArgs) -> Result<()> {
+    let net = a.net.config()?;
+    let statuses: Vec<Status> =
+        crate::control::client::each(home, |c| c.status()).into_iter().filter_map(|(_, r)| r.ok()).collect();
+    let plan = plan(home, &a, &net, &statuses)?;
+    let Some(first) = plan.agents.first().cloned() else { bail!("nothing to pair with") };
+    let name = a.name.as_deref().and_then(pairing_wire::clean_name);
+    let scope = (a.scope.is_some() || a.for_.is_some()).then(|| CodeScope {
+        verbs: a.scope.unwrap_or(Verbs::ALL),
+        for_ms: a.for_.map(|d| d.as_millis() as u64),
+        until_ms: None,
+        session: None,
+        agent: None,
+    });
+    let code = Pairings::new(home).mint_scoped(&plan.targets, name.clone(), a.expires, scope.clone())?;
+    let scope_words = scope.as_ref().map(|s| {
+        let verbs = if s.verbs.is_all() { "everything".to_string() } else { s.verbs.to_string() };
+        match a.for_ {
+            Some(d) => format!("{verbs}, for {} from pairing", for_how_long(d)),
+            None => verbs,
+        }
+    });
+    let (protocol, ticket, id) = (&first.protocol, &first.ticket, first.id);
+    let command = format!("thunderbolt {protocol} connect --pair {code} {ticket}");
+    let link = pairing_link(&net, a.app_url.clone(), protocol, &ticket.to_string(), &code);
     let expires_ms = now_ms().saturating_add(a.expires.as_millis() as u64);
     let no_address = ticket.endpoint_addr().addrs.is_empty();
     if a.json {
@@ -133,6 +161,7 @@ pub fn pair(home: &Home, a: PairArgs) -> Result<()> {
                 "nodeId": id.to_string(), "nodeIdBase32": node_id_base32(&id), "protocol": protocol.as_str(),
                 "agent": a.agent.first(), "agents": agents, "name": name, "expires": rfc3339(expires_ms),
                 "bridgeRunning": plan.running,
+                "scope": scope.as_ref().map(|s| json!({"verbs": s.verbs, "forMs": s.for_ms})),
             })
         );
         return Ok(());
@@ -142,6 +171,9 @@ pub fn pair(home: &Home, a: PairArgs) -> Result<()> {
         plan.what,
         for_how_long(a.expires)
     );
+    if let Some(words) = &scope_words {
+        println!("The device may do: {words}.\n");
+    }
     println!("On the device, run:\n  {command}\n");
     match &link {
         Some(link) => {
@@ -338,7 +370,7 @@ fn fragment_escape(text: &str) -> String {
 }
 
 /// "10 minutes", "1 hour", "90 seconds".
-fn for_how_long(d: std::time::Duration) -> String {
+pub(super) fn for_how_long(d: std::time::Duration) -> String {
     let s = d.as_secs();
     let (n, unit) = if s.is_multiple_of(86_400) {
         (s / 86_400, "day")

@@ -196,4 +196,11 @@ pub struct DeviceOnSession {
     pub attached: bool,
     /// `direct`, `relay`, or `none`.
     pub path: String,
+    /// What its scope lets it do, when less than everything (`observe,answer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// Someone else's device, on this session by a share (`thunderbolt
+    /// share`): when the share ends (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_until: Option<String>,
 }

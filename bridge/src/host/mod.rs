@@ -153,7 +153,18 @@ impl HostContext {
             Arc::new(crate::devices::PairedWith { devices: self.devices.clone(), agent: name.into() })
                 as Arc<dyn TrustPolicy>
         });
-        let trust: Arc<dyn TrustPolicy> = Arc::new(trust::AcceptFrom { own, ids: plan.ids.clone(), paired });
+        let scope_name: Arc<str> = plan.name.scope_name(&plan.protocol.to_string()).into();
+        // Then the guests of its sessions' shares; each device narrowed by its scope.
+        let shares =
+            Arc::new(crate::devices::SharedWith { devices: self.devices.clone(), agent: scope_name.clone() });
+        let admits = trust::Layered {
+            layers: vec![Arc::new(trust::AcceptFrom { own, ids: plan.ids.clone(), paired }), shares],
+        };
+        let trust: Arc<dyn TrustPolicy> = Arc::new(crate::devices::Scoped {
+            inner: Arc::new(admits),
+            devices: self.devices.clone(),
+            agent: scope_name,
+        });
         session.taps = self.config.notify.clone().map(|notifier| {
             Arc::new(crate::notify::session::AgentNotify {
                 notifier,

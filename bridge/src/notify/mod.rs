@@ -39,7 +39,13 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::{devices::Devices, home::Home};
+use crate::{
+    devices::{
+        scope::{Scope, Verb},
+        Devices,
+    },
+    home::Home,
+};
 use words::Words;
 
 /// Notices waiting to be handed to their device's delivery. A burst past it
@@ -474,8 +480,29 @@ impl Delivery {
             return;
         }
         let devices = self.devices.clone();
-        let device = tokio::task::spawn_blocking(move || devices.name_of(&peer)).await.ok().flatten();
-        let notice = Notice::of(&ev, device.clone(), self.wording.push());
+        let (device, scope) =
+            tokio::task::spawn_blocking(move || (devices.name_of(&peer), devices.scope_of(&peer)))
+                .await
+                .unwrap_or_else(|_| (None, Scope::full()));
+        let mut notice = Notice::of(&ev, device.clone(), self.wording.push());
+        // What its scope lets the device see and answer: a device that may
+        // not see sessions gets no notice of one, one scoped to some agents
+        // or that may not answer gets no message from the host, and one that
+        // may not answer gets a notice without Allow and Deny (nor the token).
+        let verbs = scope.verbs;
+        let messages = scope.agents.is_none() && verbs.has(Verb::Prompt) && verbs.has(Verb::Answer);
+        let shown = match ev.kind {
+            Kind::Message { .. } => messages,
+            _ => verbs.has(Verb::Observe),
+        };
+        if !shown {
+            debug!(peer = %short, "no notice for this device: its scope is {}", scope.describe());
+            return;
+        }
+        if !verbs.has(Verb::Answer) {
+            notice.answer = None;
+            notice.options = None;
+        }
         // Every push of the notice and the webhook at once, each bounded.
         let pushes = async {
             let Some(vapid) = &self.vapid else { return 0 };

@@ -33,7 +33,12 @@ use super::{
     served::{AgentConfig, Served, REASON_AGENT_REMOVED},
     session::{refuse, SessionInfo},
 };
-use crate::{ids, trust::Grant};
+use crate::{
+    devices::scope::{Verb, Verbs},
+    ids,
+    trust::Grant,
+};
+use thunderbolt_shared::files as files_wire;
 
 /// Admission settings.
 #[derive(Debug, Clone)]
@@ -137,6 +142,12 @@ pub(super) async fn admit(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Se
         door => door,
     };
     let Some(grant) = cfg.trust.check(&peer) else {
+        // A device whose scope ran out is told so, not taken for a stranger.
+        if shared.stores().is_some_and(|s| s.devices.expired(&peer)) {
+            info!(peer = %peer.fmt_short(), "refused {peer}: {} (its scope's --for ran out; thunderbolt devices scope gives it more)", close::REASON_SCOPE_EXPIRED);
+            refuse(&conn, close::REASON_SCOPE_EXPIRED);
+            return;
+        }
         let budget =
             shared.refusal_log.lock().unwrap_or_else(|p| p.into_inner()).take(std::time::Instant::now());
         if let Some(suppressed) = budget {
@@ -169,13 +180,28 @@ pub(super) async fn admit(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Se
     if door == Door::Answer {
         return super::answer::answer(conn, peer, &cfg, &shared).await;
     }
+    let verbs = shared.verbs(&cfg, &peer);
     if door == Door::Files {
+        if !verbs.has(Verb::Files) {
+            info!(peer = %peer.fmt_short(), "refused {peer}'s files: {} (its scope: {verbs})", files_wire::REASON_NOT_PERMITTED);
+            refuse(&conn, files_wire::REASON_NOT_PERMITTED);
+            return;
+        }
         return super::files::serve(conn, peer, shared, agent, cfg).await;
     }
     if door == Door::Reach {
+        // The host's messages come from any of its agents: a device scoped
+        // narrower than observe, prompt and answer everywhere does not read them.
+        let everywhere = shared.stores().is_none_or(|s| s.devices.scope_of(&peer).agents.is_none());
+        let needed = Verbs::of([Verb::Prompt, Verb::Answer]);
+        if !everywhere || !verbs.covers(needed) {
+            info!(peer = %peer.fmt_short(), "refused {peer}'s messages: its scope is {verbs}{}", if everywhere { "" } else { " at some agents only" });
+            refuse(&conn, thunderbolt_shared::reach::REASON_NOT_OWN);
+            return;
+        }
         return super::reach_door::serve(conn, peer, grant, &shared).await;
     }
-    admitted(conn, door, peer, grant, shared, agent, cfg).await;
+    admitted(conn, door, peer, grant, verbs, shared, agent, cfg).await;
 }
 
 /// What a connection's session runs with, from admission to its end.
@@ -189,13 +215,19 @@ pub(super) struct Admitted {
     pub(super) info: Arc<SessionInfo>,
     /// Why the peer was let in (guests have a cap of their own).
     pub(super) grant: Grant,
+    /// What its scope lets it do here, as of its admission.
+    pub(super) verbs: Verbs,
+    /// A share's guest: the one session it may see and join.
+    pub(super) share: Option<String>,
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn admitted(
     conn: Connection,
     door: Door,
     peer: EndpointId,
     grant: Grant,
+    verbs: Verbs,
     shared: Arc<Shared>,
     agent: Arc<Served>,
     cfg: Arc<AgentConfig>,
@@ -209,6 +241,7 @@ async fn admitted(
         Grant::Account => Some(crate::devices::How::Account),
         Grant::Manual => Some(crate::devices::How::Allow),
         Grant::Paired => Some(crate::devices::How::Pairing),
+        Grant::Shared => Some(crate::devices::How::Share),
         Grant::Manifest => None,
     };
     if let (Some(stores), Some(how)) = (shared.stores(), how) {
@@ -248,7 +281,8 @@ async fn admitted(
             return;
         }
     };
-    let a = Admitted { shared: shared.clone(), agent, cfg, peer, short, info, grant };
+    let share = shared.stores().and_then(|s| s.devices.scope_of(&peer).session);
+    let a = Admitted { shared: shared.clone(), agent, cfg, peer, short, info, grant, verbs, share };
     enter::enter(conn, door, send, recv, a).await;
 }
 

@@ -12,6 +12,7 @@ use tokio::io::AsyncReadExt;
 use tracing::{debug, info};
 
 use super::{bridge::Shared, served::AgentConfig, session::SessionInfo};
+use crate::devices::scope::Verb;
 
 /// How long the device has to send its line once the stream is open: it
 /// has it ready when it dials.
@@ -48,6 +49,7 @@ pub(super) async fn answer(conn: Connection, peer: EndpointId, cfg: &AgentConfig
     .await;
     let reply = match read {
         Ok(Ok(_)) if buf.len() <= MAX_ANSWER_LINE => match serde_json::from_slice::<AnswerRequest>(&buf) {
+            Ok(_) if !shared.verbs(cfg, &peer).has(Verb::Answer) => Err(wire::REASON_NOT_PERMITTED),
             Ok(req) => take(&req, peer, cfg, shared).map(str::to_string),
             Err(_) => Err(wire::REASON_BAD_ANSWER),
         },

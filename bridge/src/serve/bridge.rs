@@ -17,16 +17,19 @@ use super::{
     admit::Admission,
     gate::Gate,
     served::{AgentConfig, AgentName, Served, REASON_AGENT_REMOVED},
-    sessions::{Hubs, PlainSessions},
+    sessions::{Hubs, PlainSessions, Recheck},
     slots::PerDevice,
     status,
     taps::OnRevoked,
     throttle::LogBudget,
 };
-use iroh::Endpoint;
+use iroh::{Endpoint, EndpointId};
 
 use super::session::SessionConfig;
-use crate::trust::{account::Account, TrustPolicy};
+use crate::{
+    devices::scope::Verbs,
+    trust::{account::Account, TrustPolicy},
+};
 
 /// Everything a connection task needs.
 #[derive(Debug)]
@@ -259,6 +262,14 @@ impl Bridge {
             Some((stamp(&stores.allow_file), stamp(stores.devices.path())))
         };
         let mut last_allow = allow_stamp(&shared);
+        // The next moment a device's scope runs out: its sessions end then,
+        // not at the next heartbeat.
+        let next_expiry = |s: &Shared| {
+            let now = crate::devices::now_ms();
+            let at = s.stores()?.devices.next_expiry(now)?;
+            Some(tokio::time::Instant::now() + Duration::from_millis(at - now + 1))
+        };
+        let mut expiry = next_expiry(&shared);
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
@@ -266,11 +277,17 @@ impl Bridge {
                     let now = allow_stamp(&shared);
                     if now != last_allow {
                         last_allow = now;
+                        expiry = next_expiry(&shared);
                         let ended = self.handle.recheck();
                         if ended > 0 {
                             info!("the allow file changed: {ended} session(s) no longer allowed were ended");
                         }
                     }
+                }
+                _ = async { tokio::time::sleep_until(expiry.unwrap_or_else(tokio::time::Instant::now)).await }, if expiry.is_some() => {
+                    expiry = next_expiry(&shared);
+                    let ended = self.handle.recheck();
+                    info!("a device's scope ran out: {ended} of its session(s) ended");
                 }
                 _ = heartbeat.tick() => {
                     // Runs as a task so a slow backend never stalls accepting. One
@@ -313,6 +330,12 @@ impl Bridge {
 }
 
 impl Shared {
+    /// What `peer` may do at the agent `cfg` serves now (its scope; the
+    /// owner's everything when it has none or there is no home).
+    pub(crate) fn verbs(&self, cfg: &AgentConfig, peer: &EndpointId) -> Verbs {
+        self.stores().map_or(Verbs::ALL, |s| s.devices.verbs_at(peer, &cfg.name.scope_name(&cfg.protocol)))
+    }
+
     pub(crate) fn stores(&self) -> Option<Arc<Stores>> {
         self.stores.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -325,13 +348,27 @@ impl Shared {
     /// drops the push subscriptions of devices no agent admits any more (the
     /// heartbeat, an allow-file edit, `iroh deny`). Returns how many sessions ended.
     pub(crate) fn recheck(&self) -> usize {
-        let served = self.served();
-        let trust_of = |name: &AgentName| served.get(name).map(|a| a.config().trust.clone());
+        let configs: HashMap<AgentName, Arc<AgentConfig>> =
+            self.served().into_iter().map(|(name, a)| (name, a.config())).collect();
         if let Some(on) = self.on_revoked.read().unwrap_or_else(|p| p.into_inner()).clone() {
-            let trusts: Vec<_> = served.values().map(|a| a.config().trust.clone()).collect();
+            let trusts: Vec<_> = configs.values().map(|c| c.trust.clone()).collect();
             on.revoked(Box::new(move |id| trusts.iter().any(|t| t.check(id).is_some())));
         }
-        self.sessions.recheck() + self.hubs.recheck(trust_of)
+        let stores = self.stores();
+        let admits = |name: &AgentName, id: &EndpointId| {
+            configs.get(name).is_some_and(|c| c.trust.check(id).is_some())
+        };
+        let verbs =
+            |name: &AgentName, id: &EndpointId| configs.get(name).map_or(Verbs::NONE, |c| self.verbs(c, id));
+        let reason = |id: &EndpointId| {
+            if stores.as_ref().is_some_and(|s| s.devices.expired(id)) {
+                thunderbolt_shared::close::REASON_SCOPE_EXPIRED
+            } else {
+                thunderbolt_shared::close::REASON_MEMBERSHIP_REVOKED
+            }
+        };
+        let r = Recheck { admits: &admits, verbs: &verbs, reason: &reason };
+        self.sessions.recheck(&r) + self.hubs.recheck(&r)
     }
 }
 

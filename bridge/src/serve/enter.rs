@@ -10,6 +10,8 @@ use iroh::endpoint::{Connection, RecvStream, SendStream};
 use thunderbolt_shared::{close, resume::Control};
 use tracing::{debug, info, warn};
 
+use crate::devices::scope::Verb;
+
 use super::{
     accept::Door,
     admit::{still_admitted, Admitted},
@@ -37,7 +39,9 @@ pub(super) async fn enter(conn: Connection, door: Door, send: SendStream, mut re
                 Control::Hello { session, received } => (session, received),
                 Control::List { host } => return super::joining::list(conn, send, &a, host).await,
                 Control::Join { id, observe, history } => {
-                    let how = sessions::JoinAs { observe, history };
+                    // A device that may not prompt joins to watch, whatever it asked.
+                    let observe = observe || !a.verbs.has(Verb::Prompt);
+                    let how = sessions::JoinAs { observe, history, verbs: a.verbs };
                     return super::joining::join(&conn, &id, how, (send, recv), leftover, &a);
                 }
                 _ => unreachable!("read_hello returns hellos only"),
@@ -54,6 +58,11 @@ pub(super) async fn enter(conn: Connection, door: Door, send: SendStream, mut re
         }
         _ => Stream::Plain { send, recv },
     };
+    if !a.verbs.has(Verb::Start) {
+        info!(peer = %a.short, "refused a new session: {} (its scope: {})", close::REASON_SCOPE_START, a.verbs);
+        refuse(&conn, close::REASON_SCOPE_START);
+        return;
+    }
     // A new session from a peer whose warm agent waits takes that agent over.
     let stream = match a.cfg.session.keep_warm.and_then(|_| a.shared.hubs.warm_for(&a.peer, &a.cfg.name)) {
         Some(hub) => match take_over(&hub, &conn, stream) {
@@ -191,6 +200,7 @@ async fn start(conn: Connection, stream: Stream, a: Admitted) {
     let (hub, inbox, outbox) =
         Hub::new(kind, a.peer, a.cfg.name.clone(), timing, max_frame, registry, journal);
     hub.set_device(super::joining::device_name(&a, &a.peer));
+    hub.set_verbs(a.verbs);
     let _registered = a.shared.hubs.insert(&hub);
     if !still_admitted(&conn, &a.agent, &a.peer, &a.short) {
         return;

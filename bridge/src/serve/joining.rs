@@ -16,6 +16,8 @@ use iroh::{
 use thunderbolt_shared::{close, devices::Listing};
 use tracing::info;
 
+use crate::devices::scope::{Verb, Verbs};
+
 use super::{
     admit::Admitted,
     served::{AgentConfig, AgentName},
@@ -64,19 +66,37 @@ fn joinable(a: &Admitted, keep: impl Fn(&Arc<Hub>) -> bool) -> Vec<Arc<Hub>> {
 fn visible_on_host(a: &Admitted) -> Vec<Arc<Hub>> {
     let configs: HashMap<AgentName, Arc<AgentConfig>> =
         a.shared.served().into_iter().map(|(name, s)| (name, s.config())).collect();
+    if a.share.is_some() {
+        return visible(a);
+    }
     joinable(a, |h| {
         if *h.agent() == a.cfg.name {
-            return sees(&a.peer, &h.owner(), |n| standing::of(a, n));
+            return observes(a.verbs) && sees(&a.peer, &h.owner(), |n| standing::of(a, n));
         }
-        configs
-            .get(h.agent())
-            .is_some_and(|cfg| sees(&a.peer, &h.owner(), |n| standing::at(&a.shared, cfg, n)))
+        configs.get(h.agent()).is_some_and(|cfg| {
+            observes(a.shared.verbs(cfg, &a.peer))
+                && sees(&a.peer, &h.owner(), |n| standing::at(&a.shared, cfg, n))
+        })
     })
 }
 
-/// The sessions of this agent the device may join.
+/// Whether a device's scope lets it see sessions at all (one that may only
+/// send files sees none, not even its own: it could not have started one).
+fn observes(verbs: Verbs) -> bool {
+    verbs.has(Verb::Observe)
+}
+
+/// The sessions of this agent the device may join (a share's guest: its
+/// one session, nothing else).
 fn visible(a: &Admitted) -> Vec<Arc<Hub>> {
-    joinable(a, |h| *h.agent() == a.cfg.name && sees(&a.peer, &h.owner(), |n| standing::of(a, n)))
+    joinable(a, |h| {
+        *h.agent() == a.cfg.name
+            && observes(a.verbs)
+            && match &a.share {
+                Some(id) => h.short() == id,
+                None => sees(&a.peer, &h.owner(), |n| standing::of(a, n)),
+            }
+    })
 }
 
 /// Answers a listing (of this agent, or of the `host`): one line, then the
@@ -87,7 +107,7 @@ pub(super) async fn list(conn: Connection, mut send: SendStream, a: &Admitted, h
         let agents = super::pair::reachable(&a.shared, &a.peer);
         info!(peer = %a.short, "listed {} session(s) of the host's {} agent(s) it may reach", sessions.len(), agents.len());
         let host = thunderbolt_shared::pairing::clean_name(&crate::trust::account::device_name());
-        Listing { sessions, agents: Some(agents), host, messages: None }
+        Listing { sessions, agents: Some(agents), host, messages: None, scope: None }
     } else {
         let sessions: Vec<_> = visible(a).iter().map(|h| h.listed()).collect();
         info!(peer = %a.short, "listed {} session(s) of {} it may join", sessions.len(), a.cfg.name);
@@ -95,9 +115,13 @@ pub(super) async fn list(conn: Connection, mut send: SendStream, a: &Admitted, h
     };
     // The owner's own devices see the host's messages in short beside its sessions.
     let mut listing = listing;
-    if a.grant != crate::trust::Grant::Manifest {
+    // Not to a share's guest, nor a device scoped narrower than the messages door lets in.
+    let everywhere = a.shared.stores().is_none_or(|s| s.devices.scope_of(&a.peer).agents.is_none());
+    let reads = everywhere && a.verbs.covers(Verbs::of([Verb::Prompt, Verb::Answer]));
+    if a.grant != crate::trust::Grant::Manifest && a.share.is_none() && reads {
         listing.messages = a.shared.reach.get().map(|r| r.summary());
     }
+    listing.scope = (!a.verbs.is_all()).then(|| a.verbs.iter().map(|v| v.to_string()).collect());
     let mut line = serde_json::to_vec(&listing).expect("a listing serializes");
     line.push(b'\n');
     if send.write_all(&line).await.is_err() || send.finish().is_err() {

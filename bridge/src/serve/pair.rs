@@ -11,7 +11,7 @@ use thunderbolt_shared::pairing as wire;
 use tracing::{info, warn};
 
 use crate::{
-    devices::How,
+    devices::{scope::Scope, How},
     pairing::{Redeemed, Target},
     serve::{session::refuse, AgentConfig, AgentName, Shared, Stores},
     trust::{allowfile, Grant},
@@ -202,24 +202,26 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e)))
     };
-    let (minted_name, grants) = match verdict {
-        Ok(Redeemed::Paired { name, minted_for }) => (name, door.grants(&minted_for)),
-        Ok(Redeemed::Unneeded) => {
-            info!(peer = %short, "pairing: {peer} holds all the code grants already; the code stays unspent");
-            answer(&conn, send, stores.devices.name_of(&peer), list.then(|| reachable(shared, &peer))).await;
-            return;
-        }
-        Ok(Redeemed::Refused(_)) if allowed => {
-            info!(peer = %short, "pairing: {peer} is allowed already");
-            answer(&conn, send, stores.devices.name_of(&peer), list.then(|| reachable(shared, &peer))).await;
-            return;
-        }
-        Ok(Redeemed::Refused(reason)) => {
+    let (minted_name, grants, scope) = match verdict {
+        Ok(Redeemed::Paired { name, minted_for, scope }) => (name, door.grants(&minted_for), scope),
+        Ok(Redeemed::Refused(reason)) if !allowed => {
             if reason == wire::REASON_PAIR_WRONG {
                 stores.pair_throttle.lock().unwrap_or_else(|p| p.into_inner()).wrong(&peer, now);
             }
             info!(peer = %short, "pairing refused for {peer}: {reason}");
             refuse(&conn, reason);
+            return;
+        }
+        // A code it needs nothing of, or any code to a device allowed already.
+        Ok(other) => {
+            if matches!(other, Redeemed::Unneeded) {
+                info!(peer = %short, "pairing: {peer} holds all the code grants already; the code stays unspent");
+            } else {
+                info!(peer = %short, "pairing: {peer} is allowed already");
+            }
+            // As it stands here: its name, what it reaches, what it may do.
+            let (name, scope) = (stores.devices.name_of(&peer), Some(stores.devices.scope_of(&peer)));
+            answer(&conn, send, name, list.then(|| reachable(shared, &peer)), scope).await;
             return;
         }
         Err(e) => {
@@ -233,8 +235,21 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
     // already (pairing again does not rename it), else the one it sent.
     let name = minted_name.or_else(|| stores.devices.name_of(&peer)).or_else(|| wire::clean_name(&req.name));
     let recorded = {
-        let (stores, name, grants) = (stores.clone(), name.clone(), grants.clone());
+        let (stores, name, grants, scope) = (stores.clone(), name.clone(), grants.clone(), scope.clone());
         tokio::task::spawn_blocking(move || -> anyhow::Result<bool> {
+            // A share's guest: its scope names its one session and agent,
+            // and that is all that admits it (no allow line, no grant).
+            if let Some(scope) = scope.clone().filter(|s| s.session.is_some()) {
+                stores.devices.record(&peer, name, How::Share)?;
+                stores.devices.set_scope(&peer, Some(scope))?;
+                return Ok(false);
+            }
+            // The scope first: the device is admitted the moment the allow
+            // file or its grant names it, and must never be wider meanwhile.
+            if let Some(scope) = scope {
+                stores.devices.record(&peer, None, How::Pairing)?;
+                stores.devices.set_scope(&peer, Some(scope))?;
+            }
             match &grants {
                 Grants::AllowFile => {
                     let added = allowfile::allow(&stores.allow_file, &peer)?;
@@ -251,8 +266,17 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
         .unwrap_or_else(|e| Err(anyhow::anyhow!(e)))
     };
     let named = name.as_deref().map(|n| format!(" as \"{n}\"")).unwrap_or_default();
+    if let Some(s) = &scope {
+        info!(peer = %short, "{peer}'s scope: {}", s.describe());
+    }
     let single = cfg.name == AgentName::Single;
+    let share = scope.as_ref().filter(|s| s.session.is_some());
     match (&recorded, &grants) {
+        (Ok(_), _) if share.is_some() => info!(
+            peer = %short,
+            "{peer}{named} redeemed a share: {}; it is not one of your own devices",
+            share.map(|s| s.describe()).unwrap_or_default()
+        ),
         (Ok(added), Grants::AllowFile) if single => info!(
             peer = %short,
             "paired {peer}{named} with a one-time code{}",
@@ -277,7 +301,7 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
     if cfg.trust.check(&peer).is_none() {
         warn!(peer = %short, "paired {peer}, but this agent does not admit it (its manifest's accept_from)");
     }
-    answer(&conn, send, name, list.then(|| reachable(shared, &peer))).await;
+    answer(&conn, send, name, list.then(|| reachable(shared, &peer)), scope).await;
 }
 
 /// Every agent of the host `peer` may reach now, by name.
@@ -308,11 +332,17 @@ async fn answer(
     mut send: iroh::endpoint::SendStream,
     name: Option<String>,
     agents: Option<Vec<wire::PairedAgent>>,
+    scope: Option<Scope>,
 ) {
     // The host's name goes with the agents (a device that asked for them);
     // an old client's answer stays byte for byte as it was.
     let host = agents.as_ref().and_then(|_| wire::clean_name(&crate::trust::account::device_name()));
-    let line = wire::Answer { paired: true, name, agents: agents.unwrap_or_default(), host }.line();
+    let session = scope.as_ref().and_then(|s| s.session.clone());
+    let until = scope.as_ref().and_then(|s| s.until_ms).map(crate::devices::rfc3339);
+    let scope = scope.filter(|s| !s.verbs.is_all()).map(|s| s.verbs.iter().map(|v| v.to_string()).collect());
+    let line =
+        wire::Answer { paired: true, name, agents: agents.unwrap_or_default(), host, scope, session, until }
+            .line();
     let _ = send.write_all(&line).await;
     let _ = send.finish();
     let _ = tokio::time::timeout(crate::limits::FINISH_LINGER, send.stopped()).await;

@@ -45,6 +45,12 @@ impl AgentName {
         }
     }
 
+    /// The name a device's scope gives it: a host's agent by its
+    /// manifest's name, a single-agent bridge's by its protocol (`acp`).
+    pub fn scope_name(&self, protocol: &str) -> String {
+        self.manifest_name().unwrap_or(protocol).to_string()
+    }
+
     /// The manifest's name of a host's agent.
     pub fn manifest_name(&self) -> Option<&str> {
         match self {

@@ -63,6 +63,7 @@ fn from_grant(shared: &Shared, grant: Grant, node: &EndpointId) -> Standing {
                 Standing::Listed
             }
         }
-        Grant::Manifest => Standing::Guest,
+        // A share's guest sees its one session only (`joining`), and holds a guest's share.
+        Grant::Manifest | Grant::Shared => Standing::Guest,
     }
 }

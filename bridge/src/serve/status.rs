@@ -73,16 +73,29 @@ fn session(
 }
 
 /// Every device on a hub's session, as `status` shows it.
-fn devices_on(hub: &Hub, members: &[MemberView]) -> Vec<DeviceOnSession> {
+fn devices_on(
+    hub: &Hub,
+    members: &[MemberView],
+    devices: Option<&crate::devices::Devices>,
+) -> Vec<DeviceOnSession> {
+    // A share's guest is shown as one, with its end.
+    let share_until = |node: &str| {
+        let id = crate::devices::resolve_id(node)?;
+        let s = devices?.scope_of(&id);
+        s.session.as_ref()?;
+        Some(s.until_ms.map_or_else(|| "no end".to_string(), crate::devices::rfc3339))
+    };
     members
         .iter()
         .map(|m| DeviceOnSession {
+            share_until: share_until(&m.device.node),
             id: format!("{}.{}", hub.short(), m.seat),
             peer: m.device.node.clone(),
             device: m.device.name.clone(),
             role: m.role.as_str().to_string(),
             attached: m.attached.is_some(),
             path: m.attached.as_ref().map_or_else(|| "none".to_string(), |c| conn_view(c).0),
+            scope: (!m.verbs.is_all()).then(|| m.verbs.to_string()),
         })
         .collect()
 }
@@ -151,6 +164,7 @@ impl BridgeHandle {
                 Some(session(info, "attached", Some((conn, false)), None, 0, name(info)))
             })
             .collect();
+        let stores = s.stores();
         for hub in s.hubs.all() {
             let v = hub.view();
             if v.gone {
@@ -166,7 +180,7 @@ impl BridgeHandle {
             let conn = v.attached.as_ref().map(|(c, r1)| (c, *r1));
             let mut x = session(&v.info, state, conn, v.waiting, v.resumes, name(&v.info));
             if v.members.len() > 1 || v.members.iter().any(|m| m.seat > 0) {
-                x.devices = devices_on(&hub, &v.members);
+                x.devices = devices_on(&hub, &v.members, stores.as_ref().map(|st| &*st.devices));
             }
             sessions.push(x);
         }
@@ -198,6 +212,9 @@ impl BridgeHandle {
         };
         let matches = |info: &SessionInfo| info.id == target || peer.is_some_and(|p| p == info.peer);
         let mut n = 0;
+        // A share's guest kicked is out for good: its code was spent, and
+        // nothing else admits it.
+        let mut kicked = Vec::new();
         for (_, conn, _, info) in self.shared.sessions.snapshot() {
             if info.as_ref().is_some_and(|i| matches(i)) {
                 let info = info.expect("matched");
@@ -215,6 +232,7 @@ impl BridgeHandle {
                 };
                 if let Some(m) = member {
                     tracing::info!(peer = %m.owner().fmt_short(), session = hub.short(), "detaching a device from the session: {}", close::REASON_KICKED);
+                    kicked.push(m.owner());
                     hub.drop_member(&m, close::REASON_KICKED);
                     n += 1;
                 }
@@ -224,6 +242,7 @@ impl BridgeHandle {
             if let Some(p) = peer {
                 for g in hub.guests().into_iter().filter(|g| g.owner() == p) {
                     tracing::info!(peer = %p.fmt_short(), session = hub.short(), "detaching a device from the session: {}", close::REASON_KICKED);
+                    kicked.push(p);
                     hub.drop_member(&g, close::REASON_KICKED);
                     n += 1;
                 }
@@ -232,6 +251,23 @@ impl BridgeHandle {
                 tracing::info!(peer = %hub.info().peer.fmt_short(), session = hub.short(), "ending the session: {}", close::REASON_KICKED);
                 hub.kick(close::REASON_KICKED);
                 n += 1;
+            }
+        }
+        if let Some(st) = self.shared.stores() {
+            if let Some(p) = peer {
+                kicked.push(p);
+            }
+            for id in kicked {
+                if st.devices.scope_of(&id).session.is_some() {
+                    match st.devices.forget(&id) {
+                        Ok(()) => {
+                            tracing::info!(peer = %id.fmt_short(), "a share's guest was kicked: its access is removed")
+                        }
+                        Err(e) => {
+                            tracing::warn!(peer = %id.fmt_short(), "could not remove a kicked share's guest: {e}")
+                        }
+                    }
+                }
             }
         }
         Ok(n)

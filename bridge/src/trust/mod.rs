@@ -23,6 +23,8 @@ pub enum Grant {
     Manifest,
     /// Paired with this agent of the host by a one-time code.
     Paired,
+    /// A share's guest: someone else's device, into one session only.
+    Shared,
 }
 
 impl std::fmt::Display for Grant {
@@ -32,6 +34,7 @@ impl std::fmt::Display for Grant {
             Grant::Manual => "allow file",
             Grant::Manifest => "the agent's accept_from",
             Grant::Paired => "paired with this agent",
+            Grant::Shared => "a share of one session",
         })
     }
 }

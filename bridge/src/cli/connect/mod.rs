@@ -68,7 +68,14 @@ pub async fn run(home: &Home, protocol: Protocol, args: ConnectArgs) -> Result<(
         Some(code) => {
             let name = args.device_name.clone().unwrap_or_else(crate::trust::account::device_name);
             match pair_first(d, &code, &name, args.dial_timeout).await {
-                Ok(()) => dial_and_pipe(d, &client, args, &mut reached).await,
+                Ok(pairing::Next::Connect) => dial_and_pipe(d, &client, args, &mut reached).await,
+                Ok(pairing::Next::Done) => Ok(()),
+                Ok(pairing::Next::Join { session, observe }) => {
+                    let mut args = args;
+                    args.attach = Some(session);
+                    args.observe = observe;
+                    dial_and_pipe(d, &client, args, &mut reached).await
+                }
                 Err(e) => Err(e),
             }
         }

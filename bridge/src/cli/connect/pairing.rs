@@ -19,7 +19,19 @@ const PAIR_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Pairs this device with the bridge using a one-time code
 /// ([`thunderbolt_shared::pairing`]), before connecting as usual.
-pub(super) async fn pair_first(d: Dial<'_>, code: &str, name: &str, dial_timeout: u64) -> Result<()> {
+/// What `connect --pair` does once paired.
+pub(super) enum Next {
+    /// Its session, as without a code.
+    Connect,
+    /// Nothing: the device may not start sessions (its scope says so, and
+    /// how to join one was said).
+    Done,
+    /// A share's guest: it joins the shared session (watching unless it may prompt).
+    Join { session: String, observe: bool },
+}
+
+/// Pairs with `code`, and says what comes next.
+pub(super) async fn pair_first(d: Dial<'_>, code: &str, name: &str, dial_timeout: u64) -> Result<Next> {
     let Dial { target, protocol, .. } = d;
     let conn = dial_one(d, &pairing_wire::pair_alpn(protocol), dial_timeout, || {
         anyhow!(
@@ -72,5 +84,23 @@ pub(super) async fn pair_first(d: Dial<'_>, code: &str, name: &str, dial_timeout
         None => info!("paired with {}", target.id().fmt_short()),
     }
     crate::cli::pair_cmd::tell_agents(&v, protocol);
-    Ok(())
+    let scope: Vec<&str> =
+        v["scope"].as_array().map(|a| a.iter().filter_map(|s| s.as_str()).collect()).unwrap_or_default();
+    if !scope.is_empty() {
+        info!("this device may do: {}", scope.join(","));
+    }
+    if let Some(session) = v["session"].as_str() {
+        let until = v["until"].as_str().unwrap_or("its end");
+        info!("a guest of session {session} until {until}: joining it");
+        return Ok(Next::Join { session: session.to_string(), observe: !scope.contains(&"prompt") });
+    }
+    if !scope.is_empty() && !scope.contains(&"start") {
+        info!(
+            "it may not start sessions: list those it may join with `thunderbolt sessions {}`, then `thunderbolt {} connect --attach <id> <ticket>`",
+            target,
+            protocol.as_str()
+        );
+        return Ok(Next::Done);
+    }
+    Ok(Next::Connect)
 }

@@ -55,6 +55,7 @@ use bytes::Bytes;
 use thunderbolt_shared::devices::Device;
 
 use super::hub::{Hub, State};
+use crate::devices::scope::Verbs;
 
 pub(super) use feed::feed;
 pub use join::{JoinAs, JoinError, MAX_DEVICES_PER_SESSION, MAX_JOINS_PER_DEVICE, MAX_SEATS_PER_DEVICE};
@@ -160,6 +161,33 @@ impl Hub {
     /// Names the device this hub carries (once).
     pub fn set_device(&self, name: Option<String>) {
         let _ = self.device.set(Device { node: self.owner.to_string(), name });
+    }
+
+    /// What this device's scope lets it do on this session.
+    pub fn verbs(&self) -> Verbs {
+        Verbs::from_bits(self.verbs.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// This device's scope changed (or is known now).
+    pub fn set_verbs(&self, verbs: Verbs) {
+        self.verbs.store(verbs.to_bits(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// This device's scope as a recheck found it: kept, and a controller
+    /// that may no longer prompt steps down.
+    pub(super) fn refresh_verbs(self: &Arc<Self>, verbs: Verbs) {
+        let before = self.verbs();
+        self.set_verbs(verbs);
+        if before != verbs {
+            tracing::info!(peer = %self.peer, session = self.short(), "{}'s scope is {verbs} now", self.device().label());
+            let controls = self.session_hub().is_some_and(|s| {
+                let st = s.lock();
+                st.members.joined && st.members.controller == self.seat_number()
+            });
+            if controls && !verbs.has(crate::devices::scope::Verb::Prompt) {
+                self.ask_role(thunderbolt_shared::devices::Role::Observer);
+            }
+        }
     }
 
     /// This device's seat on its session (0: the one that started it).

@@ -153,6 +153,12 @@ pub struct Hub {
     /// batches): kept beside the session's controller for the writer to read
     /// without the session's lock.
     pub(super) observing: std::sync::atomic::AtomicBool,
+    /// What this device's scope lets it do here ([`Verbs`] as bits): read
+    /// on every run of its frames, set again by a recheck when the scope
+    /// changes, so a narrowed scope holds from the next frame on.
+    ///
+    /// [`Verbs`]: crate::devices::scope::Verbs
+    pub(super) verbs: std::sync::atomic::AtomicU8,
     /// What `thunderbolt status` shows of it.
     pub(super) info: Arc<SessionInfo>,
     /// A device that joined another device's session: its seat there.
@@ -279,6 +285,7 @@ impl Hub {
             tap: OnceLock::new(),
             attached_now: false.into(),
             observing: false.into(),
+            verbs: crate::devices::scope::Verbs::ALL.to_bits().into(),
             seat: OnceLock::new(),
             device: OnceLock::new(),
         });

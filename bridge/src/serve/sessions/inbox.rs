@@ -57,9 +57,13 @@ impl Hub {
         // What of it goes on, by the device's role (see `devices`). A run
         // screened here and then not counted (the connection was replaced
         // just now) is resent by the client and let on again.
-        let observer = frames == 0 && self.kind == HubKind::Resumable && self.is_observer();
+        // Nor a device's whose scope does not let it prompt.
+        let observer = frames == 0
+            && (self.kind == HubKind::Resumable && self.is_observer()
+                || !self.verbs().has(crate::devices::scope::Verb::Prompt));
         let forward = match (frames, self.kind) {
-            (0, _) | (_, HubKind::Warm) => Some(bytes.clone()),
+            (0, _) => Some(bytes.clone()),
+            (_, HubKind::Warm) => self.screen_scope(bytes.clone()),
             _ => self.screen(bytes.clone(), names_an_id),
         };
         // A joined device's calls (its ACP sessions) are journaled in the

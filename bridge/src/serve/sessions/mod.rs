@@ -81,6 +81,6 @@ pub use hub::{
     MAX_DETACHED_PER_PEER, REASON_KEPT_WARM, REASON_PROTOCOL, REASON_SUPERSEDED,
 };
 pub use link::{HubLink, Inbox, Outbox};
-pub use registry::{HubGuard, Hubs, PlainSessions};
+pub use registry::{HubGuard, Hubs, PlainSessions, Recheck};
 pub use resumable::{read_hello, read_line};
 pub use timing::{HubTiming, ResumeConfig};

@@ -15,12 +15,21 @@ use tracing::info;
 
 use super::hub::{Hub, HubKind, ENDED_REMEMBERED, MAX_DETACHED_PER_PEER};
 use crate::{
+    devices::scope::{Verb, Verbs},
     serve::{
         session::{refuse, SessionInfo},
         AgentName, Served,
     },
-    trust::TrustPolicy,
 };
+
+/// What a recheck asks of each device at an agent: whether the agent still
+/// admits it, what its scope lets it do there, and what a device that is
+/// out is told (revoked, or its scope ran out).
+pub struct Recheck<'a> {
+    pub admits: &'a dyn Fn(&AgentName, &EndpointId) -> bool,
+    pub verbs: &'a dyn Fn(&AgentName, &EndpointId) -> Verbs,
+    pub reason: &'a dyn Fn(&EndpointId) -> &'static str,
+}
 
 /// The resumable and warm sessions alive (attached or not), by token, and
 /// what a late resume of an ended one is told.
@@ -127,29 +136,50 @@ impl Hubs {
     }
 
     /// Ends every session (attached or not) whose owner its agent's trust
-    /// (`trust_of` the agent's name) no longer admits.
-    pub fn recheck(&self, trust_of: impl Fn(&AgentName) -> Option<Arc<dyn TrustPolicy>>) -> usize {
+    /// no longer admits, detaches each device that joined and is no longer
+    /// admitted, and gives every device the verbs its scope has now (a
+    /// device that may no longer see the session leaves it; one that may no
+    /// longer prompt gives up control).
+    pub fn recheck(&self, r: &Recheck<'_>) -> usize {
         let hubs: Vec<Arc<Hub>> = self.lock().values().cloned().collect();
         let mut ended = 0;
         for hub in hubs {
-            let trust = trust_of(&hub.agent);
-            let admits = |who: &EndpointId| trust.as_ref().is_some_and(|t| t.check(who).is_some());
+            // What `who` may do here now (`None`: it is out, and why).
+            let standing = |who: &EndpointId| -> Result<Verbs, &'static str> {
+                if !(r.admits)(&hub.agent, who) {
+                    return Err((r.reason)(who));
+                }
+                let verbs = (r.verbs)(&hub.agent, who);
+                if verbs.has(Verb::Observe) {
+                    Ok(verbs)
+                } else {
+                    Err(close::REASON_SCOPE_CHANGED)
+                }
+            };
             // A revoked device that joined leaves; the others go on.
             for g in hub.guests() {
-                if !admits(&g.owner) {
-                    info!(peer = %g.peer, session = hub.short(), "detaching a device from the session: {}", close::REASON_MEMBERSHIP_REVOKED);
-                    hub.drop_member(&g, close::REASON_MEMBERSHIP_REVOKED);
-                    ended += 1;
+                match standing(&g.owner) {
+                    Ok(verbs) => g.refresh_verbs(verbs),
+                    Err(why) => {
+                        info!(peer = %g.peer, session = hub.short(), "detaching a device from the session: {why}");
+                        hub.drop_member(&g, why);
+                        ended += 1;
+                    }
                 }
             }
-            if !admits(&hub.owner) && hub.view().members.len() > 1 {
-                info!(peer = %hub.peer, session = hub.short(), "detaching the device that started the session: {}", close::REASON_MEMBERSHIP_REVOKED);
-                hub.drop_member(&hub, close::REASON_MEMBERSHIP_REVOKED);
-                ended += 1;
-            } else if !admits(&hub.owner) && !hub.lock().members.left {
-                info!(peer = %hub.peer, session = hub.short(), "ending the session: {}", close::REASON_MEMBERSHIP_REVOKED);
-                hub.end(close::CLOSE_CODE_REFUSED, close::REASON_MEMBERSHIP_REVOKED);
-                ended += 1;
+            match standing(&hub.owner) {
+                Ok(verbs) => hub.refresh_verbs(verbs),
+                Err(why) if hub.view().members.len() > 1 => {
+                    info!(peer = %hub.peer, session = hub.short(), "detaching the device that started the session: {why}");
+                    hub.drop_member(&hub, why);
+                    ended += 1;
+                }
+                Err(why) if !hub.lock().members.left => {
+                    info!(peer = %hub.peer, session = hub.short(), "ending the session: {why}");
+                    hub.end(close::CLOSE_CODE_REFUSED, why);
+                    ended += 1;
+                }
+                Err(_) => {}
             }
         }
         ended
@@ -263,25 +293,40 @@ impl PlainSessions {
         self.map.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
     }
 
-    /// Closes every session whose peer its agent's trust no longer admits,
-    /// with `membership revoked`. Returns how many were closed.
-    pub fn recheck(&self) -> usize {
+    /// Closes every session whose peer its agent's trust no longer admits
+    /// (`membership revoked`, or `device access expired`), or whose scope no
+    /// longer lets it drive a session (a plain one cannot be only watched),
+    /// and every file transfer of a device no longer let send files.
+    /// Returns how many sessions were closed.
+    pub fn recheck(&self, r: &Recheck<'_>) -> usize {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let mut closed = 0;
         // A hub's connection is re-checked with its hub (`Hubs::recheck`).
         for (peer, conn, agent, _) in map.values().filter(|(_, _, _, info)| info.is_some()) {
-            if agent.config().trust.check(peer).is_none() {
-                info!(peer = %peer.fmt_short(), "closing {peer}: {}", close::REASON_MEMBERSHIP_REVOKED);
-                refuse(conn, close::REASON_MEMBERSHIP_REVOKED);
-                closed += 1;
-            }
+            let name = agent.config().name.clone();
+            let why = if !(r.admits)(&name, peer) {
+                (r.reason)(peer)
+            } else if !(r.verbs)(&name, peer).has(Verb::Start) {
+                close::REASON_SCOPE_CHANGED
+            } else {
+                continue;
+            };
+            info!(peer = %peer.fmt_short(), "closing {peer}: {why}");
+            refuse(conn, why);
+            closed += 1;
         }
         drop(map);
         for (peer, conn, agent) in self.transfers() {
-            if agent.config().trust.check(&peer).is_none() {
-                info!(peer = %peer.fmt_short(), "closing {peer}'s file transfers: {}", close::REASON_MEMBERSHIP_REVOKED);
-                refuse(&conn, close::REASON_MEMBERSHIP_REVOKED);
-            }
+            let name = agent.config().name.clone();
+            let why = if !(r.admits)(&name, &peer) {
+                (r.reason)(&peer)
+            } else if !(r.verbs)(&name, &peer).has(Verb::Files) {
+                thunderbolt_shared::files::REASON_NOT_PERMITTED
+            } else {
+                continue;
+            };
+            info!(peer = %peer.fmt_short(), "closing {peer}'s file transfers: {why}");
+            refuse(&conn, why);
         }
         closed
     }

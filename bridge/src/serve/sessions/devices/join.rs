@@ -17,6 +17,8 @@ use thunderbolt_shared::{
 };
 use tracing::info;
 
+use crate::devices::scope::Verbs;
+
 use super::{nobody, Seat, ASKED_BY_REMEMBERED};
 use crate::{
     ids,
@@ -46,6 +48,8 @@ pub const MAX_JOINS_PER_DEVICE: usize = 8;
 pub struct JoinAs {
     pub observe: bool,
     pub history: History,
+    /// What the device's scope lets it do here.
+    pub verbs: Verbs,
 }
 
 /// Why a device may not join.
@@ -126,6 +130,7 @@ impl Hub {
         );
         let _ = guest.seat.set(Seat { number: seat, session: Arc::downgrade(self) });
         guest.set_device(name);
+        guest.set_verbs(how.verbs);
         st.members.guests.push(guest.clone());
         if !st.members.joined {
             // Requests sent while the session had one device are that

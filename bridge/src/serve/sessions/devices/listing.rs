@@ -17,6 +17,7 @@ impl Hub {
         if !st.members.left {
             all.push(MemberView {
                 device: self.device(),
+                verbs: self.verbs(),
                 seat: 0,
                 role: if controller == 0 { Role::Controller } else { Role::Observer },
                 attached: st.conn.attached.as_ref().map(|a| a.conn.clone()),
@@ -26,6 +27,7 @@ impl Hub {
             let gs = g.lock();
             all.push(MemberView {
                 device: g.device(),
+                verbs: g.verbs(),
                 seat: g.seat_number(),
                 role: if controller == g.seat_number() { Role::Controller } else { Role::Observer },
                 attached: gs.conn.attached.as_ref().map(|a| a.conn.clone()),
@@ -84,6 +86,8 @@ impl Hub {
 #[derive(Debug, Clone)]
 pub struct MemberView {
     pub device: Device,
+    /// What its scope lets it do here.
+    pub verbs: crate::devices::scope::Verbs,
     pub seat: u64,
     pub role: Role,
     pub attached: Option<Connection>,

@@ -8,6 +8,7 @@ use thunderbolt_shared::devices::{self as wire, Device, Role};
 use tracing::info;
 
 use super::{nobody, NOBODY};
+use crate::devices::scope::Verb;
 use crate::serve::sessions::hub::{Hub, State};
 
 impl Hub {
@@ -15,6 +16,19 @@ impl Hub {
     /// it becomes an observer and is told), or it steps down.
     pub(in crate::serve::sessions) fn ask_role(self: &Arc<Self>, role: Role) {
         let Some(session) = self.session_hub() else { return };
+        // A device that may not prompt cannot take control: it is told its
+        // role (observer) as if control had not moved, and why in the log.
+        let role = if role == Role::Controller && !self.verbs().has(Verb::Prompt) {
+            info!(
+                session = session.short(),
+                "{} may not take control: its scope is {}",
+                self.device().label(),
+                self.verbs()
+            );
+            Role::Observer
+        } else {
+            role
+        };
         let me = self.seat_number();
         let mut st = session.lock();
         let before = st.members.controller;
@@ -108,7 +122,7 @@ impl Hub {
         if !st.members.joined {
             return;
         }
-        if st.members.controller == NOBODY && !leaving {
+        if st.members.controller == NOBODY && !leaving && self.verbs().has(Verb::Prompt) {
             // Nobody controls the session (its controller left while no
             // other device was attached): the device that comes back takes
             // control, rather than find every request of its refused.

@@ -14,7 +14,10 @@ use thunderbolt_shared::{
 use tracing::info;
 
 use super::{acp_sessions::note_acp_sessions, ASKED_BY_REMEMBERED};
-use crate::serve::{extension::KeptLines, sessions::hub::Hub};
+use crate::{
+    devices::scope::Verb,
+    serve::{extension::KeptLines, sessions::hub::Hub},
+};
 
 /// Answered requests remembered, to drop a later answer to the same one
 /// (agents ask one thing at a time; a few dozen covers any backlog).
@@ -38,6 +41,7 @@ impl Hub {
         run: Bytes,
         names_an_id: bool,
     ) -> Option<Bytes> {
+        let run = self.screen_scope(run)?;
         let Some(session) = self.session_hub() else { return Some(run) };
         let me = self.seat_number();
         let mut st = session.lock();
@@ -158,6 +162,51 @@ impl Hub {
                 String::from_utf8_lossy(&id)
             );
             self.tell(wire::id_in_use(&id));
+        }
+        kept.finish()
+    }
+
+    /// What of a run this device's scope lets go to the agent, whatever its
+    /// role: without `prompt` its requests are refused (an error naming its
+    /// scope) and its notifications dropped; without `answer` its answers to
+    /// the agent's requests are dropped. One atomic load when it may do both.
+    pub(in crate::serve::sessions) fn screen_scope(self: &Arc<Self>, run: Bytes) -> Option<Bytes> {
+        let verbs = self.verbs();
+        let (prompt, answer) = (verbs.has(Verb::Prompt), verbs.has(Verb::Answer));
+        if prompt && answer {
+            return Some(run);
+        }
+        let mut kept = KeptLines::new(&run);
+        let (mut refused, mut dropped) = (Vec::new(), 0usize);
+        for line in thunderbolt_shared::ndjson::lines(&run) {
+            match jsonrpc::classify(line) {
+                jsonrpc::Message::Response(_) => {
+                    kept.line(line, answer);
+                    dropped += usize::from(!answer);
+                }
+                jsonrpc::Message::Request(id) if !prompt => {
+                    kept.line(line, false);
+                    refused.push(id.into_owned());
+                }
+                _ if !prompt => {
+                    kept.line(line, false);
+                    dropped += 1;
+                }
+                _ => kept.line(line, true),
+            }
+        }
+        if !refused.is_empty() || dropped > 0 {
+            info!(
+                peer = %self.peer,
+                session = self.short(),
+                "{}'s scope is {verbs}: {} request(s) refused, {dropped} line(s) not sent to the agent",
+                self.device().label(),
+                refused.len()
+            );
+        }
+        let scope = verbs.to_string();
+        for id in refused {
+            self.tell(wire::scope_refused(&id, &scope));
         }
         kept.finish()
     }

@@ -5,12 +5,15 @@
 //! the reference tool compares each allow-file line whole, so a user who
 //! switches back keeps every pairing. The allow file still decides who gets
 //! in; this file only names them (`iroh list`, `status`, the log) and lets
-//! `iroh deny` and `kick` take a name.
+//! `iroh deny` and `kick` take a name, and says what each may do once in
+//! (its [`scope`]).
+
+pub mod scope;
 
 use std::{
     collections::{BTreeMap, HashMap},
     path::PathBuf,
-    sync::Mutex,
+    sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -19,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use thunderbolt_shared::parse_node_id;
 use tracing::debug;
 
+use self::scope::{Scope, Verbs};
 use crate::home::{self, Home};
 
 /// How often a device's "last seen" is written: a device that reconnects
@@ -35,6 +39,9 @@ pub enum How {
     Allow,
     /// The account lists it.
     Account,
+    /// Someone else's device, let into one session by a share's one-time
+    /// code (`thunderbolt share`): its scope names the session.
+    Share,
 }
 
 impl std::fmt::Display for How {
@@ -43,6 +50,7 @@ impl std::fmt::Display for How {
             How::Pairing => "pairing",
             How::Allow => "iroh allow",
             How::Account => "account",
+            How::Share => "a share of one session",
         })
     }
 }
@@ -60,6 +68,9 @@ pub struct Device {
     /// own devices trusts, is not written for them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub agents: Vec<String>,
+    /// What it may do (none written: everything, as the owner).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -94,17 +105,24 @@ pub fn rfc3339(ms: u64) -> String {
 pub struct Devices {
     path: PathBuf,
     last_seen_write: Mutex<HashMap<EndpointId, Instant>>,
-    /// Who paired with which agent, as of the file's stamp: trust asks this
-    /// on every admission and recheck, so the file is read again only when it
-    /// changed (one `stat` a check), as the allow file is.
-    grants: Mutex<Option<(FileStamp, Grants)>>,
+    /// Who paired with which agent and what each may do, as of the file's
+    /// stamp: trust asks this on every admission and recheck, so the file is
+    /// read again only when it changed (one `stat` a check), as the allow
+    /// file is.
+    grants: Mutex<Option<(FileStamp, Arc<Grants>)>>,
 }
 
 /// What identifies a version of the file without reading it.
 type FileStamp = Option<(u64, i64, i64, u64)>;
 
-/// The agents each device paired with.
-type Grants = HashMap<EndpointId, Vec<String>>;
+/// What the file grants, read once per version of it.
+#[derive(Debug, Default)]
+struct Grants {
+    /// The agents each device paired with.
+    agents: HashMap<EndpointId, Vec<String>>,
+    /// The devices with a scope narrower than the owner's.
+    scopes: HashMap<EndpointId, Scope>,
+}
 
 impl Devices {
     pub fn new(home: &Home) -> Self {
@@ -174,16 +192,68 @@ impl Devices {
 
     /// Whether `id` paired with the host's agent `agent`.
     pub fn granted(&self, id: &EndpointId, agent: &str) -> bool {
+        self.grants().agents.get(id).is_some_and(|agents| agents.iter().any(|a| a == agent))
+    }
+
+    /// What the file grants now (read again only when it changed).
+    fn grants(&self) -> Arc<Grants> {
         use std::os::unix::fs::MetadataExt;
         let stamp: FileStamp =
             std::fs::metadata(&self.path).ok().map(|m| (m.len(), m.mtime(), m.mtime_nsec(), m.ino()));
         let mut cache = self.grants.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.as_ref().is_none_or(|(at, _)| *at != stamp) {
-            let grants =
-                self.all().into_iter().filter(|(_, d)| !d.agents.is_empty()).map(|(k, d)| (k, d.agents));
-            *cache = Some((stamp, grants.collect()));
+        match cache.as_ref() {
+            Some((at, g)) if *at == stamp => g.clone(),
+            _ => {
+                let mut grants = Grants::default();
+                for (id, d) in self.all() {
+                    if let Some(s) = d.scope.filter(|s| !s.is_full()) {
+                        grants.scopes.insert(id, s);
+                    }
+                    if !d.agents.is_empty() {
+                        grants.agents.insert(id, d.agents);
+                    }
+                }
+                let grants = Arc::new(grants);
+                *cache = Some((stamp, grants.clone()));
+                grants
+            }
         }
-        cache.as_ref().and_then(|(_, g)| g.get(id)).is_some_and(|agents| agents.iter().any(|a| a == agent))
+    }
+
+    /// What `id` may do (the owner's everything when no scope is written).
+    pub fn scope_of(&self, id: &EndpointId) -> Scope {
+        self.grants().scopes.get(id).cloned().unwrap_or_else(Scope::full)
+    }
+
+    /// What `id` may do at `agent` now.
+    pub fn verbs_at(&self, id: &EndpointId, agent: &str) -> Verbs {
+        match self.grants().scopes.get(id) {
+            None => Verbs::ALL,
+            Some(s) => s.verbs_at(agent, now_ms()),
+        }
+    }
+
+    /// Whether `id`'s scope has run out.
+    pub fn expired(&self, id: &EndpointId) -> bool {
+        self.grants().scopes.get(id).is_some_and(|s| s.expired(now_ms()))
+    }
+
+    /// The next moment a scope runs out after `after_ms`, if one does.
+    pub fn next_expiry(&self, after_ms: u64) -> Option<u64> {
+        self.grants().scopes.values().filter_map(|s| s.until_ms).filter(|u| *u > after_ms).min()
+    }
+
+    /// Writes `id`'s scope (`None`, or a full one: the owner's again). The
+    /// device must be known already.
+    pub fn set_scope(&self, id: &EndpointId, scope: Option<Scope>) -> std::io::Result<bool> {
+        let scope = scope.filter(|s| !s.is_full());
+        home::edit_json(&self.path, |f: &mut File| match f.devices.get_mut(&id.to_string()) {
+            Some(d) => {
+                d.scope = scope;
+                true
+            }
+            None => false,
+        })
     }
 
     /// Forgets `id` (it was denied).
@@ -269,7 +339,7 @@ fn unique_name(f: &File, id: &EndpointId, name: String) -> String {
 
 impl Device {
     fn new(how: How) -> Self {
-        Self { name: None, how, added_ms: now_ms(), last_seen_ms: None, agents: Vec::new() }
+        Self { name: None, how, added_ms: now_ms(), last_seen_ms: None, agents: Vec::new(), scope: None }
     }
 }
 
@@ -283,6 +353,42 @@ pub struct PairedWith {
 impl crate::trust::TrustPolicy for PairedWith {
     fn check(&self, peer: &EndpointId) -> Option<crate::trust::Grant> {
         self.devices.granted(peer, &self.agent).then_some(crate::trust::Grant::Paired)
+    }
+}
+
+/// The guests of shares at one agent: a device redeemed a share's code
+/// for a session of this agent (its scope names the session and the agent).
+#[derive(Debug)]
+pub struct SharedWith {
+    pub devices: Arc<Devices>,
+    /// The agent's name as a scope names it.
+    pub agent: Arc<str>,
+}
+
+impl crate::trust::TrustPolicy for SharedWith {
+    fn check(&self, peer: &EndpointId) -> Option<crate::trust::Grant> {
+        let g = self.devices.grants();
+        let s = g.scopes.get(peer)?;
+        (s.session.is_some() && s.reaches(&self.agent)).then_some(crate::trust::Grant::Shared)
+    }
+}
+
+/// An agent's trust narrowed by each device's scope: a device whose scope
+/// ran out, or does not name this agent, is not admitted here (so a
+/// recheck ends its sessions like a revoked device's).
+#[derive(Debug)]
+pub struct Scoped {
+    pub inner: Arc<dyn crate::trust::TrustPolicy>,
+    pub devices: Arc<Devices>,
+    /// The agent's name as a scope names it (a manifest's name; a
+    /// single-agent bridge's protocol).
+    pub agent: Arc<str>,
+}
+
+impl crate::trust::TrustPolicy for Scoped {
+    fn check(&self, peer: &EndpointId) -> Option<crate::trust::Grant> {
+        let grant = self.inner.check(peer)?;
+        (self.devices.verbs_at(peer, &self.agent) != Verbs::NONE).then_some(grant)
     }
 }
 

@@ -1,0 +1,82 @@
+// A phone paired with a scope (`iroh pair --scope observe`) opens its pairing
+// link in headless Chromium at 390 × 844: it starts nothing, finds the
+// laptop's session in its list, joins it and watches: no prompt box, no
+// Send, no Take control, and the agent's question shown without Allow and
+// Deny. Widened with `thunderbolt devices scope --scope answer`, its next
+// listing gives it the question's buttons, and its Allow reaches the agent.
+//
+//   (cd client-wasm/e2e && node --test --test-concurrency=1 scopes.test.mjs)
+//
+// Needs: client-wasm/pkg (client-wasm/build.sh), the workspace binaries
+// (cargo build --workspace --bins), Debian chromium, `npm ci` here.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { execFileSync } from "node:child_process";
+import { ROOT, BIN, WAIT_MS, PHONE, tb, tbEnv, tempHome, jsonConnect, pageRig, startAcpBridge } from "./harness.mjs";
+
+const ARTIFACTS = join(ROOT, "client-wasm/e2e/artifacts");
+const ASK_AGENT = [process.execPath, join(ROOT, "client-wasm/e2e/ask-agent.mjs")];
+
+const rig = pageRig({ before, after });
+mkdirSync(ARTIFACTS, { recursive: true });
+const shot = (p, name) => p.screenshot({ path: join(ARTIFACTS, name) });
+const conversationOf = (p) => p.getByRole("log", { name: "conversation" });
+
+test("a phone that may only watch joins the laptop's session from its list and has no button it may not use; widened, it answers", async () => {
+  const b = await startAcpBridge(rig.relay.url, ASK_AGENT);
+  // The laptop: one of the owner's own devices, its session left asking for a permission.
+  const laptopHome = tempHome();
+  const code = JSON.parse(tb(b.home, rig.relay.url, ["iroh", "pair", "--json"])).code;
+  execFileSync(join(BIN, "thunderbolt"), ["acp", "connect", "--pair", code, "--device-name", "laptop", b.ticket], {
+    env: { ...process.env, ...tbEnv(laptopHome, rig.relay.url) }, stdio: ["ignore", "ignore", "pipe"],
+  });
+  const laptop = jsonConnect(laptopHome, rig.relay.url, [b.ticket]);
+  laptop.send({ jsonrpc: "2.0", id: 0, method: "initialize", params: { protocolVersion: 1 } });
+  laptop.send({ jsonrpc: "2.0", id: 1, method: "session/new", params: { cwd: "/", mcpServers: [] } });
+  const sid = (await laptop.seen((v) => v.id === 1, "the laptop's session")).result.sessionId;
+  laptop.send({ jsonrpc: "2.0", id: 2, method: "session/prompt", params: { sessionId: sid, prompt: [{ type: "text", text: "permission" }] } });
+  const unknown = await laptop.seen((v) => v.method === "x_unknown/thing", "the agent's first request");
+  laptop.send({ jsonrpc: "2.0", id: unknown.id, error: { code: -32601, message: "not here" } });
+  await laptop.seen((v) => v.method === "session/request_permission", "the agent's question at the laptop");
+
+  const minted = JSON.parse(tb(b.home, rig.relay.url, ["iroh", "pair", "--json", "--app-url", rig.baseUrl, "--scope", "observe", "--name", "kitchen tablet"]));
+  assert.deepEqual(minted.scope.verbs, ["observe"]);
+  const ctx = await rig.browser.newContext(PHONE);
+  const p = await ctx.newPage();
+  p.on("pageerror", (e) => console.log("page error:", e.message));
+  try {
+    await p.goto(minted.link);
+    await p.waitForFunction(() => /^paired: this device may watch only/.test(document.querySelector("#status")?.textContent || "") || window.lastError, null, { timeout: WAIT_MS });
+    assert.equal(await p.evaluate(() => window.lastError), undefined, await p.textContent("#status"));
+    assert.equal(await p.getByRole("button", { name: /^New session/ }).count(), 0, "no New session: it may not start one");
+    const theirs = p.getByRole("button", { name: /Laptop's/ });
+    await theirs.waitFor({ timeout: WAIT_MS });
+    await shot(p, "scope-watch-only-list.png");
+
+    await theirs.click();
+    await p.waitForFunction(() => /^joined/.test(document.querySelector("#status")?.textContent || ""), null, { timeout: WAIT_MS });
+    const card = conversationOf(p).getByText("This device may not answer the agent: another of your devices can.");
+    await card.waitFor({ timeout: WAIT_MS });
+    assert.equal(await p.getByRole("button", { name: "Allow", exact: true }).count(), 0, "no Allow");
+    assert.equal(await p.getByRole("button", { name: "Take control" }).count(), 0, "no Take control");
+    assert.equal(await p.getByRole("button", { name: "Send", exact: true }).count(), 0, "no Send");
+    assert.equal(await p.getByRole("textbox", { name: "prompt" }).count(), 0, "no prompt box");
+    await shot(p, "scope-watch-only-joined.png");
+
+    // The owner lets it answer: its next listing says so, and the question gets its buttons.
+    tb(b.home, rig.relay.url, ["devices", "scope", "kitchen tablet", "--scope", "answer"]);
+    // A reload asks the host at once (the list asks every 30 s) and takes the joined session back.
+    await p.reload();
+    await p.getByRole("button", { name: "Allow", exact: true }).click({ timeout: WAIT_MS });
+    const ended = await laptop.seen((v) => v.id === 2 && v.result, "the laptop's turn, answered from the tablet");
+    assert.equal(ended.result.stopReason, "end_turn");
+    assert.equal(await p.getByRole("button", { name: "Take control" }).count(), 0, "still no Take control: it may not prompt");
+    await shot(p, "scope-answer-joined.png");
+  } finally {
+    laptop.child.stdin.end();
+    await ctx.close();
+    b.child.kill("SIGTERM");
+  }
+});
