@@ -27,6 +27,7 @@ pub mod close;
 pub mod devices;
 pub mod files;
 pub mod jsonrpc;
+pub mod multi_client;
 pub mod ndjson;
 pub mod pairing;
 #[cfg(unix)]

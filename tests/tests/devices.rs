@@ -637,3 +637,69 @@ async fn a_watching_device_is_told_of_the_prompt_another_sent_and_of_its_turns_e
         l.seen
     );
 }
+
+/// A client written only against ACP's multi-client proposal (PR #533)
+/// joins a shared session (the transport's join, then `session/attach` with
+/// its own `clientId`) and sees `prompt_received` and `permission_resolved`
+/// naming the laptop's client id and the request's ids, and
+/// `client_disconnected` when the laptop goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_of_the_multi_client_proposal_sees_who_prompted_and_who_answered() {
+    let Rig { _relay, home: _home, bridge, laptop, phone } = rig("cat").await;
+    let ticket = bridge.ticket.as_str();
+    let (mut l, id) = laptop_session(&laptop, &phone, ticket, &[]).await;
+    let mut p = Device::start(&phone, &["--attach", &id, "--observe", "--history", "now", ticket]);
+    p.until(|v| role_of(v).is_some()).await;
+    p.send(json!({"jsonrpc": "2.0", "id": "a1", "method": "session/attach",
+                  "params": {"sessionId": "s-1", "clientId": "d290f1ee-phone", "historyPolicy": "none",
+                             "clientInfo": {"name": "mc-test", "version": "1"}}}))
+        .await;
+    let attached = p.until(|v| v["id"] == "a1").await;
+    assert_eq!(attached["result"]["clientId"], "d290f1ee-phone", "{attached}");
+    assert_eq!(attached["result"]["sessionId"], "s-1");
+    let laptop_client = format!("{id}.0");
+    let connected: Vec<&str> = attached["result"]["connectedClients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["clientId"].as_str().unwrap())
+        .collect();
+    assert_eq!(connected, vec![laptop_client.as_str(), "d290f1ee-phone"], "{attached}");
+
+    let update = |kind: &'static str| {
+        move |v: &Value| v["method"] == "session/update" && v["params"]["update"]["type"] == kind
+    };
+    l.send(json!({"jsonrpc": "2.0", "id": 5, "method": "session/prompt",
+                  "params": {"sessionId": "s-1", "prompt": [{"type": "text", "text": "deploy it"}]}}))
+        .await;
+    let told = p.until(update("prompt_received")).await;
+    let u = &told["params"]["update"];
+    assert_eq!(told["params"]["sessionId"], "s-1");
+    assert_eq!(u["sentBy"]["clientId"], laptop_client.as_str(), "{told}");
+    assert_eq!(u["sentBy"]["name"], "laptop");
+    assert_eq!(u["requestId"], 5);
+    assert_eq!(u["prompt"][0]["text"], "deploy it");
+
+    // The agent (`cat`) asks what the laptop wrote: a permission request, to every device.
+    let asked = json!({"jsonrpc": "2.0", "id": "perm-1", "method": "session/request_permission",
+                       "params": {"sessionId": "s-1", "toolCall": {"toolCallId": "call_xyz"}, "options": []}});
+    l.send(asked.clone()).await;
+    p.until(|v| v["id"] == "perm-1" && v["method"].is_string()).await;
+    l.until(|v| v["id"] == "perm-1" && v["method"].is_string()).await;
+    l.send(json!({"jsonrpc": "2.0", "id": "perm-1", "result": {"outcome": {"outcome": "selected", "optionId": "allow_once"}}}))
+        .await;
+    let resolved = p.until(update("permission_resolved")).await;
+    let u = &resolved["params"]["update"];
+    assert_eq!(u["toolCallId"], "call_xyz", "{resolved}");
+    assert_eq!(u["chosenOptionId"], "allow_once");
+    assert_eq!(u["requestId"], "perm-1");
+    assert_eq!(u["resolvedBy"]["clientId"], laptop_client.as_str());
+    assert_eq!(u["sessionUpdate"], "permission_resolved", "ACP's own discriminator too");
+
+    // The laptop leaves: the phone is told which client went.
+    assert!(l.close().await.success());
+    let gone = p.until(update("client_disconnected")).await;
+    assert_eq!(gone["params"]["update"]["client"]["clientId"], laptop_client.as_str(), "{gone}");
+    assert!(gone["params"]["update"]["timestamp"].as_str().unwrap().ends_with('Z'));
+    let _ = p.close().await;
+}

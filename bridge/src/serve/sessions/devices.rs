@@ -41,6 +41,7 @@ mod feed;
 mod join;
 mod leave;
 mod listing;
+mod multi;
 mod roles;
 mod routes;
 mod screen;
@@ -101,6 +102,9 @@ pub(super) struct Members {
     history_cut: bool,
     /// Ids (JSON text) of the agent's requests not answered yet.
     open: HashSet<String>,
+    /// Of those, the permission requests' ACP session and tool call (for
+    /// the multi-client proposal's `permission_resolved`).
+    asked: HashMap<String, thunderbolt_shared::multi_client::Asked>,
     /// Requests answered, and by whom (seat and device).
     answered: VecDeque<(String, u64, Device)>,
     /// The devices' requests to the agent in flight once the session is
@@ -112,6 +116,8 @@ pub(super) struct Members {
     /// Which of those are prompts (ACP `session/prompt`): their answers end
     /// a turn, which the other devices are told of.
     prompts: HashSet<String>,
+    /// Each prompt's ACP session (its `turn_complete` names it).
+    prompt_sessions: HashMap<String, serde_json::Value>,
     acp_sessions: Vec<String>,
     pub(super) last_activity: SystemTime,
 }
@@ -129,9 +135,11 @@ impl Default for Members {
             history_bytes: 0,
             history_cut: false,
             open: HashSet::new(),
+            asked: HashMap::new(),
             answered: VecDeque::new(),
             asked_by: HashMap::new(),
             prompts: HashSet::new(),
+            prompt_sessions: HashMap::new(),
             acp_sessions: Vec::new(),
             last_activity: SystemTime::now(),
         }

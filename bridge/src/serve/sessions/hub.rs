@@ -159,6 +159,10 @@ pub struct Hub {
     ///
     /// [`Verbs`]: crate::devices::scope::Verbs
     pub(super) verbs: std::sync::atomic::AtomicU8,
+    /// The device asked for ACP's multi-client events (`session/attach`),
+    /// and the `clientId` it chose, if any.
+    pub(super) multi_client: std::sync::atomic::AtomicBool,
+    pub(super) client_id: Mutex<Option<String>>,
     /// What `thunderbolt status` shows of it.
     pub(super) info: Arc<SessionInfo>,
     /// A device that joined another device's session: its seat there.
@@ -286,6 +290,8 @@ impl Hub {
             attached_now: false.into(),
             observing: false.into(),
             verbs: crate::devices::scope::Verbs::ALL.to_bits().into(),
+            multi_client: false.into(),
+            client_id: Mutex::new(None),
             seat: OnceLock::new(),
             device: OnceLock::new(),
         });

@@ -82,6 +82,9 @@ impl Hub {
             if let (jsonrpc::Kind::Request, Some(id)) = (head.kind, head.id) {
                 m.answered.retain(|(a, _, _)| *a != id);
                 if m.open.len() < OPEN_REMEMBERED {
+                    if let Some(asked) = thunderbolt_shared::multi_client::Asked::of(line) {
+                        m.asked.insert(id.clone(), asked);
+                    }
                     m.open.insert(id);
                 }
             }

@@ -40,6 +40,23 @@ impl Hub {
             "{} left the session ({why}); {remaining} other device(s) on it",
             member.device().label(),
         );
+        // The multi-client proposal's `client_disconnected`, to the devices that asked for it.
+        let speaking: Vec<Arc<Hub>> = (0..1)
+            .chain(st.members.guests.iter().map(|g| g.seat_number()))
+            .filter_map(|s| self.member_at(&st, s))
+            .filter(|h| h.speaks_multi_client() && !Arc::ptr_eq(h, member))
+            .collect();
+        // Told once the lock is let go (telling a device takes its lock, this session's among them).
+        let disconnected = (!speaking.is_empty()).then(|| {
+            let session = st
+                .members
+                .acp_sessions
+                .last()
+                .map(|s| serde_json::Value::String(s.clone()))
+                .unwrap_or_default();
+            let now = crate::devices::rfc3339(crate::devices::now_ms());
+            thunderbolt_shared::multi_client::client_disconnected(&session, &member.client(), &now)
+        });
         if st.members.left && remaining == 0 {
             st.gone.get_or_insert_with(|| {
                 Gone::new(format!("its last device left ({why})"), close::REASON_UNKNOWN_SESSION)
@@ -68,6 +85,9 @@ impl Hub {
         let writer = st.conn.writer.take();
         drop(st);
         self.wake(writer);
+        if let Some(line) = disconnected {
+            super::multi::tell_multi(&speaking, &line);
+        }
         if let Some(p) = promoted {
             info!(session = self.short(), "{} controls the session now", p.device().label());
             p.tell(wire::role_line(Role::Controller, &p.device()));

@@ -75,7 +75,8 @@ impl Hub {
                 let key = String::from_utf8_lossy(id);
                 let seat = m.asked_by.remove(&*key)?;
                 if m.prompts.remove(&*key) {
-                    turns.push((seat, id.to_vec(), line.to_vec()));
+                    let session = m.prompt_sessions.remove(&*key);
+                    turns.push((seat, id.to_vec(), line.to_vec(), session));
                 }
                 Some(seat)
             });
@@ -83,14 +84,24 @@ impl Hub {
             targets.push((line.len(), seat));
         }
         let mut ended = Vec::new();
-        for (seat, id, answer) in turns {
+        for (seat, id, answer, session) in turns {
             let Some(by) = self.member_at(st, seat).map(|h| h.device()) else { continue };
             let others: Vec<Arc<Hub>> = (0..1)
                 .chain(st.members.guests.iter().map(|g| g.seat_number()))
                 .filter(|s| *s != seat)
                 .filter_map(|s| self.member_at(st, s))
                 .collect();
+            // The multi-client proposal's `turn_complete`, to those of them that asked for it.
+            let session = session
+                .or_else(|| st.members.acp_sessions.last().map(|s| serde_json::Value::String(s.clone())))
+                .unwrap_or_default();
+            let complete = thunderbolt_shared::multi_client::turn_complete(&session, &answer);
+            let speaking: Vec<Arc<Hub>> =
+                others.iter().filter(|h| h.speaks_multi_client()).cloned().collect();
             ended.push((others, wire::turn_ended_line(&answer, &id, &by)));
+            if !speaking.is_empty() {
+                ended.push((speaking, complete));
+            }
         }
         any.then(|| Routes { run: run.clone(), targets, ended })
     }

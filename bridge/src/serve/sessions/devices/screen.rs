@@ -7,6 +7,7 @@
 use std::{sync::Arc, time::SystemTime};
 
 use bytes::Bytes;
+use thunderbolt_shared::multi_client as mc;
 use thunderbolt_shared::{
     devices::{self as wire, Device},
     jsonrpc,
@@ -41,6 +42,12 @@ impl Hub {
         run: Bytes,
         names_an_id: bool,
     ) -> Option<Bytes> {
+        // A device's `session/attach` (ACP's multi-client proposal) is the bridge's to answer.
+        let run = if names_an_id && memchr::memmem::find(&run, b"session/attach").is_some() {
+            self.take_attach(run)?
+        } else {
+            run
+        };
         let run = self.screen_scope(run)?;
         let Some(session) = self.session_hub() else { return Some(run) };
         let me = self.seat_number();
@@ -55,7 +62,9 @@ impl Hub {
             if names_an_id && !m.open.is_empty() {
                 for line in thunderbolt_shared::ndjson::lines(&run) {
                     if let Some(id) = jsonrpc::response_id(line).and_then(jsonrpc::canonical_id) {
-                        m.open.remove(&*String::from_utf8_lossy(&id));
+                        let key = String::from_utf8_lossy(&id);
+                        m.open.remove(&*key);
+                        m.asked.remove(&*key);
                     }
                 }
             }
@@ -66,6 +75,8 @@ impl Hub {
         let mut answered = Vec::new();
         let mut in_use = Vec::new();
         let mut prompted = Vec::new();
+        // The multi-client proposal's events, for the devices that asked.
+        let mut multi = Vec::new();
         // Each line read whole (`classify`): what decides where it goes is
         // every key it has, not the first that looks like an answer.
         for line in thunderbolt_shared::ndjson::lines(&run) {
@@ -73,6 +84,9 @@ impl Hub {
             if let jsonrpc::Message::Response(id) = &message {
                 let key = String::from_utf8_lossy(id).into_owned();
                 if m.open.remove(&key) {
+                    if let Some(asked) = m.asked.remove(&key) {
+                        multi.push(mc::permission_resolved(&asked, id, line, &self.client()));
+                    }
                     let mine = self.device();
                     if m.answered.len() >= ANSWERED_REMEMBERED {
                         m.answered.pop_front();
@@ -108,6 +122,11 @@ impl Hub {
                             if prompt && m.prompts.len() < ASKED_BY_REMEMBERED {
                                 m.prompts.insert(key.clone());
                                 prompted.push(wire::prompted_line(line, id, &self.device()));
+                                if let Some(told) = mc::prompt_received(line, &self.client()) {
+                                    let session_id = mc::session_of(&told);
+                                    m.prompt_sessions.insert(key.clone(), session_id);
+                                    multi.push(told);
+                                }
                             }
                             m.asked_by.insert(key, me);
                         }
@@ -124,7 +143,12 @@ impl Hub {
                 }
             }
         }
-        if refusals.is_empty() && answered.is_empty() && in_use.is_empty() && prompted.is_empty() {
+        if refusals.is_empty()
+            && answered.is_empty()
+            && in_use.is_empty()
+            && prompted.is_empty()
+            && multi.is_empty()
+        {
             // The common case, on every run of the controller's: nothing to tell.
             return kept.finish();
         }
@@ -152,6 +176,9 @@ impl Hub {
             for o in &others {
                 o.tell(line.clone());
             }
+        }
+        for line in multi {
+            super::multi::tell_multi(&others, &line);
         }
         for id in in_use {
             info!(
