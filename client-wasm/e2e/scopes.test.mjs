@@ -14,7 +14,7 @@ import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { execFileSync } from "node:child_process";
-import { ROOT, BIN, WAIT_MS, PHONE, tb, tbEnv, tempHome, jsonConnect, pageRig, startAcpBridge } from "./harness.mjs";
+import { ROOT, BIN, WAIT_MS, PHONE, tb, tbEnv, tempHome, jsonConnect, pageRig, phoneOn, startAcpBridge } from "./harness.mjs";
 
 const ARTIFACTS = join(ROOT, "client-wasm/e2e/artifacts");
 const ASK_AGENT = [process.execPath, join(ROOT, "client-wasm/e2e/ask-agent.mjs")];
@@ -76,6 +76,52 @@ test("a phone that may only watch joins the laptop's session from its list and h
     await shot(p, "scope-answer-joined.png");
   } finally {
     laptop.child.stdin.end();
+    await ctx.close();
+    b.child.kill("SIGTERM");
+  }
+});
+
+test("the owner shares the session from the page; another person's phone opens the link, is told it is a guest of whose session until when, watches only, and is ended by kick", async () => {
+  const b = await startAcpBridge(rig.relay.url, ASK_AGENT);
+  const { ctx, p } = await phoneOn(rig, b.home);
+  const ctx2 = await rig.browser.newContext(PHONE);
+  const q = await ctx2.newPage();
+  q.on("pageerror", (e) => console.log("guest page error:", e.message));
+  try {
+    await p.getByRole("button", { name: "Share", exact: true }).click();
+    const sheet = p.getByRole("dialog", { name: "Share this session" });
+    await sheet.getByRole("radio", { name: "Watch", exact: true }).check();
+    await sheet.getByRole("button", { name: "Create link" }).click();
+    await sheet.getByText(/^Watch only, until .* It works once, for one device\.$/).waitFor({ timeout: WAIT_MS });
+    const link = await sheet.getByRole("textbox", { name: "Link for their device" }).inputValue();
+    assert.match(link, /#ticket=.*&pair=[0-9a-f]{32}/);
+    await shot(p, "share-sheet.png");
+    await sheet.getByRole("button", { name: "Close" }).click();
+
+    // Someone else's phone: a fresh browser that never paired with this workstation.
+    await q.goto(link);
+    await q.waitForFunction(() => /^joined/.test(document.querySelector("#status")?.textContent || "") || window.lastError, null, { timeout: WAIT_MS });
+    assert.equal(await q.evaluate(() => window.lastError), undefined, await q.textContent("#status"));
+    const guest = q.getByRole("note").filter({ hasText: /^You are a guest of .*'s session until .*: you see this session only\.$/ });
+    await guest.waitFor({ timeout: WAIT_MS });
+    assert.equal(await q.getByRole("textbox", { name: "prompt" }).count(), 0, "no prompt box: it watches");
+    assert.equal(await q.getByRole("button", { name: "Share", exact: true }).isVisible(), false, "a watcher shares nothing");
+    assert.equal(await q.getByRole("button", { name: /^New session/ }).count(), 0);
+
+    // The owner prompts; the guest sees the agent's question, without buttons.
+    await p.getByRole("textbox", { name: "prompt" }).fill("permission");
+    await p.getByRole("button", { name: "Send", exact: true }).click();
+    await conversationOf(q).getByText("Only the session's owner answers the agent.").waitFor({ timeout: WAIT_MS });
+    await shot(q, "share-guest.png");
+
+    // The owner sees it on the session, and ends it.
+    const st = JSON.parse(tb(b.home, rig.relay.url, ["status", "--json"]));
+    const seat = st.bridges[0].sessions.flatMap((s) => s.devices || []).find((d) => d.shareUntil);
+    assert.ok(seat, JSON.stringify(st));
+    tb(b.home, rig.relay.url, ["kick", seat.id]);
+    await q.waitForFunction(() => /ended by the host/.test(document.querySelector("#status")?.textContent || ""), null, { timeout: WAIT_MS });
+  } finally {
+    await ctx2.close();
     await ctx.close();
     b.child.kill("SIGTERM");
   }

@@ -74,6 +74,7 @@ const conversation = new Conversation($("conversation"), {
   controller: () => (state.role === "observer" ? controllerName() : state.role ? null : state.joinedFrom || null),
   answer: (q, result, said) => answer(q, result, said),
   mayAnswer: () => may("answer"),
+  noAnswer: () => (guestOf() ? "Only the session's owner answers the agent." : "This device may not answer the agent: another of your devices can."),
   log: (text) => log("·", text),
   openFile: (link, view, button) => openFile(link, view, button),
 });
@@ -178,15 +179,31 @@ function may(verb, ticket = state.ticket || $("ticket").value.trim()) {
 /// The bridge said what this device may do at the agents of `tickets`
 /// (`scope` absent: everything).
 function noteScope(tickets, scope) {
+  const value = Array.isArray(scope) ? scope.filter((v) => typeof v === "string").slice(0, 8) : undefined;
+  noteAgents(tickets, "scope", value);
+}
+
+/// This device is a share's guest at the agent of `ticket`: `{session, until, of}`
+/// (whose session, until when), or no longer one (`undefined`).
+function noteGuest(ticket, guest) {
+  const value = guest && typeof guest.session === "string"
+    ? { session: guest.session.slice(0, 64), until: String(guest.until || "").slice(0, 40), of: String(guest.of || "").slice(0, 64) }
+    : undefined;
+  noteAgents([ticket], "guest", value);
+}
+
+const guestOf = (ticket = state.ticket || $("ticket").value.trim()) => knownAgent(ticket)?.guest || null;
+
+/// Sets `field` of the known agents of `tickets` (by ticket or NodeId) to `value`.
+function noteAgents(tickets, field, value) {
   const list = knownAgents();
   const nodes = new Set(tickets.map(nodeOf).filter(Boolean));
-  const value = Array.isArray(scope) ? scope.filter((v) => typeof v === "string").slice(0, 8) : undefined;
   const answered = may("answer");
   let changed = false;
   for (const a of list) {
     if (!tickets.includes(a.ticket) && !nodes.has(nodeOf(a.ticket))) continue;
-    if (JSON.stringify(a.scope) === JSON.stringify(value)) continue;
-    a.scope = value;
+    if (JSON.stringify(a[field]) === JSON.stringify(value)) continue;
+    a[field] = value;
     changed = true;
   }
   if (!changed) return;
@@ -306,7 +323,8 @@ function rememberAgent() {
   const host = named && named.host ? { host: named.host, hostName: named.hostName } : {};
   // And what this device may do there, as the bridge last said.
   const scope = scopeOf(state.ticket);
-  list.unshift({ ticket: state.ticket, label: named ? named.label : state.label || state.agent, named: Boolean(named), relay: state.clientRelay, at: Date.now(), ...host, ...(scope ? { scope } : {}) });
+  const guest = guestOf(state.ticket);
+  list.unshift({ ticket: state.ticket, label: named ? named.label : state.label || state.agent, named: Boolean(named), relay: state.clientRelay, at: Date.now(), ...host, ...(scope ? { scope } : {}), ...(guest ? { guest } : {}) });
   localStorage.setItem(AGENTS_KEY, JSON.stringify(list.slice(0, 20)));
   renderAgents();
   mirrorForWorker();
@@ -844,6 +862,9 @@ function renderComposer() {
   }
   $("disconnect").hidden = !live;
   $("disconnect").disabled = !live;
+  // A session this device controls (or has alone) can be shown to someone else.
+  $("share").hidden = !live || state.role === "observer";
+  renderGuest();
   $("notify").hidden = !live;
   $("notify-off").hidden = !live;
   // A new identity would pull the client from under a live session.
@@ -1381,9 +1402,21 @@ async function pairAndConnect(ticket, code) {
       localStorage.setItem(AGENTS_KEY, JSON.stringify(list.slice(0, 20)));
     }
     noteScope([ticket, ...(res.agents || []).map((a) => a.ticket)], res.scope);
+    noteGuest(ticket, res.session ? res : null);
   } catch (err) {
     setStatus(describe(err), "error");
     lastError(err);
+    return;
+  }
+  if (res.session) {
+    // A share's guest: it joins the one session it was given.
+    localStorage.setItem(CONNECTED_KEY, "1");
+    $("settings").open = false;
+    // The listing says what the session is (its agent's sessions, who started it).
+    const listed = await state.client.sessions(ticket).catch(() => []);
+    const s = listed.find((x) => x.id === res.session)
+      || { id: res.session, startedBy: { node: "", name: res.of || "the owner" }, acpSessions: [], state: "attached", attached: [] };
+    await joinSession(s, ticket);
     return;
   }
   if (!may("start", ticket)) {
@@ -1399,6 +1432,57 @@ async function pairAndConnect(ticket, code) {
     return;
   }
   await connect();
+}
+
+/// Whose session this device is a guest of, until when (a share), in a line
+/// under the title: the one session it sees.
+function renderGuest() {
+  const g = guestOf();
+  const el = $("guest");
+  el.hidden = !g;
+  if (!g) return;
+  const until = g.until ? new Date(g.until) : null;
+  const when = until && !Number.isNaN(until.getTime()) ? until.toLocaleString([], { dateStyle: "medium", timeStyle: "short" }) : "its end";
+  el.textContent = `You are a guest of ${g.of ? `${cap(g.of)}'s` : "someone's"} session until ${when}: you see this session only.`;
+}
+
+// ---- sharing ----
+
+/// The share sheet: what the other person may do, and for how long.
+function openShare() {
+  const drive = $("share-drive");
+  drive.disabled = !may("prompt") || !may("answer");
+  if (drive.disabled) document.querySelector('input[name="share-how"][value="observe"]').checked = true;
+  $("share-result").hidden = true;
+  $("share-sheet").hidden = false;
+  $("share-make").focus();
+}
+
+/// Asks the bridge for a one-time share of this session (never more than
+/// this device holds) and shows its link.
+async function makeShare() {
+  const drive = document.querySelector('input[name="share-how"]:checked').value === "drive";
+  $("share-make").disabled = true;
+  try {
+    const r = await request("_thunderbolt/share", { drive, forSecs: Number($("share-for").value) });
+    const params = new URLSearchParams({ ticket: r.ticket, pair: r.code });
+    const relay = knownAgent(state.ticket)?.relay || $("relay").value.trim();
+    if (relay) params.set("relay", relay);
+    const link = `${location.origin}${location.pathname}#${params.toString()}`;
+    $("share-link").value = link;
+    window.sharedLink = link;
+    const until = new Date(r.untilMs).toLocaleTimeString([], { timeStyle: "short" });
+    $("share-until").textContent = `${drive ? "Watch and drive" : "Watch only"}, until ${until}. It works once, for one device.`;
+    $("share-link").parentElement.hidden = false;
+    $("share-copy").hidden = false;
+  } catch (err) {
+    $("share-until").textContent = `Not shared: ${describe(err)}`;
+    $("share-link").parentElement.hidden = true;
+    $("share-copy").hidden = true;
+  } finally {
+    $("share-make").disabled = false;
+    $("share-result").hidden = false;
+  }
 }
 
 // ---- notices ----
@@ -1616,6 +1700,18 @@ $("list-toggle").onclick = () => {
   renderAgents();
 };
 $("disconnect").onclick = disconnect;
+$("share").onclick = openShare;
+$("share-make").onclick = makeShare;
+$("share-close").onclick = () => ($("share-sheet").hidden = true);
+$("share-copy").onclick = async () => {
+  try {
+    await navigator.clipboard.writeText($("share-link").value);
+    $("share-copy").textContent = "Copied";
+  } catch {
+    // No clipboard (an http page, a denied permission): the link is selected to copy by hand.
+    $("share-link").select();
+  }
+};
 $("take-control").onclick = () => askRole("controller");
 $("watch-only").onclick = () => askRole("observer");
 $("notify").onclick = () => subscribe(true);

@@ -517,7 +517,7 @@ export class Conversation {
     card.dataset.request = key(r.id);
     card.dataset.method = r.method;
     if (!this.mayAnswer()) {
-      card.append(el("p", { className: "note" }, "This device may not answer the agent: another of your devices can."));
+      card.append(el("p", { className: "note" }, this.hooks.noAnswer ? this.hooks.noAnswer() : "This device may not answer the agent."));
       return card;
     }
     const options = el("div", { className: "options" });
@@ -581,7 +581,7 @@ export class Conversation {
         : el("label", {}, label, s.description ? el("small", {}, ` (${s.description})`) : null, input));
     }
     if (!this.mayAnswer()) {
-      card.append(el("p", { className: "note" }, "This device may not answer the agent: another of your devices can."));
+      card.append(el("p", { className: "note" }, this.hooks.noAnswer ? this.hooks.noAnswer() : "This device may not answer the agent."));
       return card;
     }
     const submit = el("button", { type: "submit", className: "primary", textContent: p.mode === "url" ? "Done" : "Submit" });

@@ -121,6 +121,10 @@ pub struct Answer {
     pub session: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub until: Option<String>,
+    /// Whose session a share's guest joins (the name of the device that
+    /// started it), for the guest to be told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub of: Option<String>,
 }
 
 impl Answer {
@@ -189,6 +193,7 @@ mod tests {
             scope: None,
             session: None,
             until: None,
+            of: None,
         };
         assert_eq!(old.clone().line(), b"{\"paired\":true,\"name\":\"Pixel 9\"}\n");
         let agent = |i: usize| PairedAgent {

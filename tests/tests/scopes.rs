@@ -370,3 +370,44 @@ async fn a_share_lets_another_persons_device_into_one_session_only_until_kicked_
     g.log.wait_for(close::REASON_SCOPE_EXPIRED).await;
     drop((l, other, d));
 }
+
+/// A device on a session mints a share of it (`_thunderbolt/share`, the
+/// page's button) within what it holds: a watcher may share watching, not
+/// driving; the laptop may share driving. The code lets another person's
+/// device into that session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_shares_what_it_holds_and_never_more() {
+    let (home, b) = bridge("cat").await;
+    let ticket = b.ticket.as_str();
+    let (laptop, watcher) = (Tb::new(None), Tb::new(None));
+    pair(&home, &laptop, ticket, "laptop", &[]).await;
+    pair(&home, &watcher, ticket, "watcher", &["--scope", "observe"]).await;
+    let mut l = Device::start(&laptop, &[ticket]);
+    l.send(note(0)).await;
+    l.until(|v| v["method"] == "note").await;
+    let id = sessions(&watcher, ticket).await[0]["id"].as_str().unwrap().to_string();
+    let mut w = Device::start(&watcher, &["--attach", &id, ticket]);
+    w.until(|v| role(v).is_some()).await;
+
+    let ask = |id: &str, drive: bool| json!({"jsonrpc": "2.0", "id": id, "method": "_thunderbolt/share", "params": {"drive": drive, "forSecs": 600}});
+    w.send(ask("s1", true)).await;
+    let refused = w.until(|v| v["id"] == "s1").await;
+    assert_eq!(refused["error"]["code"], SCOPE_REFUSED_CODE, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap().contains("may not share"), "{refused}");
+    w.send(ask("s2", false)).await;
+    let minted = w.until(|v| v["id"] == "s2").await;
+    assert_eq!(minted["result"]["session"], id.as_str(), "{minted}");
+    assert_eq!(minted["result"]["verbs"], json!(["observe"]));
+    l.send(ask("s3", true)).await;
+    let driving = l.until(|v| v["id"] == "s3").await;
+    assert_eq!(driving["result"]["verbs"], json!(["observe", "prompt", "answer"]), "{driving}");
+
+    let friend = Tb::new(None);
+    let code = minted["result"]["code"].as_str().unwrap();
+    let mut f = Device::start(&friend, &["--pair", code, minted["result"]["ticket"].as_str().unwrap()]);
+    assert_eq!(role(&f.until(|v| role(v).is_some()).await), Some("observer"));
+    l.send(note(1)).await;
+    f.until(|v| v["method"] == "note" && v["params"]["n"] == 1).await;
+    drop((w, f));
+    assert!(l.close().await.success());
+}

@@ -201,6 +201,7 @@ async fn start(conn: Connection, stream: Stream, a: Admitted) {
         Hub::new(kind, a.peer, a.cfg.name.clone(), timing, max_frame, registry, journal);
     hub.set_device(super::joining::device_name(&a, &a.peer));
     hub.set_verbs(a.verbs);
+    let _ = hub.sharer.set(super::share::Sharer::new(&a.shared, &a.agent));
     let _registered = a.shared.hubs.insert(&hub);
     if !still_admitted(&conn, &a.agent, &a.peer, &a.short) {
         return;

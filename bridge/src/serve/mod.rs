@@ -47,6 +47,7 @@ pub mod requests;
 pub mod served;
 pub mod session;
 pub mod sessions;
+pub mod share;
 pub mod slots;
 pub mod standing;
 pub mod status;

@@ -221,7 +221,7 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
             }
             // As it stands here: its name, what it reaches, what it may do.
             let (name, scope) = (stores.devices.name_of(&peer), Some(stores.devices.scope_of(&peer)));
-            answer(&conn, send, name, list.then(|| reachable(shared, &peer)), scope).await;
+            answer(&conn, send, name, list.then(|| reachable(shared, &peer)), scope, shared).await;
             return;
         }
         Err(e) => {
@@ -301,7 +301,7 @@ pub(crate) async fn pair(conn: Connection, peer: EndpointId, cfg: &AgentConfig, 
     if cfg.trust.check(&peer).is_none() {
         warn!(peer = %short, "paired {peer}, but this agent does not admit it (its manifest's accept_from)");
     }
-    answer(&conn, send, name, list.then(|| reachable(shared, &peer)), scope).await;
+    answer(&conn, send, name, list.then(|| reachable(shared, &peer)), scope, shared).await;
 }
 
 /// Every agent of the host `peer` may reach now, by name.
@@ -333,16 +333,30 @@ async fn answer(
     name: Option<String>,
     agents: Option<Vec<wire::PairedAgent>>,
     scope: Option<Scope>,
+    shared: &Shared,
 ) {
     // The host's name goes with the agents (a device that asked for them);
     // an old client's answer stays byte for byte as it was.
     let host = agents.as_ref().and_then(|_| wire::clean_name(&crate::trust::account::device_name()));
     let session = scope.as_ref().and_then(|s| s.session.clone());
+    // Whose session a share's guest joins: the name of the device that started it.
+    let of = session.as_ref().and_then(|id| {
+        let hub = shared.hubs.all().into_iter().find(|h| h.short() == id)?;
+        Some(hub.device().label())
+    });
     let until = scope.as_ref().and_then(|s| s.until_ms).map(crate::devices::rfc3339);
     let scope = scope.filter(|s| !s.verbs.is_all()).map(|s| s.verbs.iter().map(|v| v.to_string()).collect());
-    let line =
-        wire::Answer { paired: true, name, agents: agents.unwrap_or_default(), host, scope, session, until }
-            .line();
+    let line = wire::Answer {
+        paired: true,
+        name,
+        agents: agents.unwrap_or_default(),
+        host,
+        scope,
+        session,
+        until,
+        of,
+    }
+    .line();
     let _ = send.write_all(&line).await;
     let _ = send.finish();
     let _ = tokio::time::timeout(crate::limits::FINISH_LINGER, send.stopped()).await;

@@ -45,6 +45,7 @@ mod multi;
 mod roles;
 mod routes;
 mod screen;
+mod sharing;
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},

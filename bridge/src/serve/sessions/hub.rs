@@ -163,6 +163,8 @@ pub struct Hub {
     /// and the `clientId` it chose, if any.
     pub(super) multi_client: std::sync::atomic::AtomicBool,
     pub(super) client_id: Mutex<Option<String>>,
+    /// Mints shares of this session for its devices (`_thunderbolt/share`).
+    pub(crate) sharer: OnceLock<Arc<crate::serve::share::Sharer>>,
     /// What `thunderbolt status` shows of it.
     pub(super) info: Arc<SessionInfo>,
     /// A device that joined another device's session: its seat there.
@@ -292,6 +294,7 @@ impl Hub {
             verbs: crate::devices::scope::Verbs::ALL.to_bits().into(),
             multi_client: false.into(),
             client_id: Mutex::new(None),
+            sharer: OnceLock::new(),
             seat: OnceLock::new(),
             device: OnceLock::new(),
         });

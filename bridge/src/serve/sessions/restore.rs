@@ -215,6 +215,7 @@ async fn restore_one(found: Found, shared: &Arc<Shared>, agent: &Arc<Served>, jo
     // Named as before the restart (`sessions`, `status`), not by its NodeId.
     hub.set_device(shared.stores().and_then(|s| s.devices.name_of(&owner)));
     hub.set_verbs(shared.verbs(&cfg, &owner));
+    let _ = hub.sharer.set(crate::serve::share::Sharer::new(shared, agent));
     info!(
         peer = %short,
         session = hub.short(),

@@ -6,13 +6,12 @@
 use std::sync::{atomic::Ordering, Arc};
 
 use bytes::Bytes;
-use serde_json::Value;
-use thunderbolt_shared::{jsonrpc, multi_client as mc};
+use thunderbolt_shared::multi_client as mc;
 use tracing::info;
 
-use crate::serve::{extension::KeptLines, sessions::hub::Hub};
+use crate::serve::sessions::hub::Hub;
 
-/// [`mc::METHOD_ATTACH`] as raw JSON text ([`jsonrpc::request_head`]).
+/// [`mc::METHOD_ATTACH`] as raw JSON text (`jsonrpc::request_head`'s).
 const ATTACH_METHOD: &[u8] = b"\"session/attach\"";
 
 impl Hub {
@@ -34,22 +33,8 @@ impl Hub {
     /// them: the device gets the proposal's events from now on. `None` when
     /// nothing else was in the run.
     pub(in crate::serve::sessions) fn take_attach(self: &Arc<Self>, run: Bytes) -> Option<Bytes> {
-        let mut kept = KeptLines::new(&run);
-        let mut replies = Vec::new();
-        for line in thunderbolt_shared::ndjson::lines(&run) {
-            let attach = jsonrpc::request_head(line)
-                .filter(|(_, method)| *method == ATTACH_METHOD)
-                .map(|(id, _)| id.to_vec());
-            let Some(id) = attach else {
-                kept.line(line, true);
-                continue;
-            };
-            kept.line(line, false);
-            let params = serde_json::from_slice::<Value>(line)
-                .ok()
-                .and_then(|v| v.get("params").cloned())
-                .unwrap_or(Value::Null);
-            if let Some(chosen) = mc::chosen_client_id(&params) {
+        self.take_calls(run, ATTACH_METHOD, |id, params| {
+            if let Some(chosen) = mc::chosen_client_id(params) {
                 *self.client_id.lock().unwrap_or_else(|p| p.into_inner()) = Some(chosen);
             }
             self.multi_client.store(true, Ordering::Relaxed);
@@ -63,12 +48,8 @@ impl Hub {
                 None => vec![me.clone()],
             };
             info!(peer = %self.peer, session = self.short(), "{} speaks ACP's multi-client proposal as client {}", self.device().label(), me.client_id);
-            replies.push(mc::attach_result(&id, &params, &me.client_id, &connected));
-        }
-        for r in replies {
-            self.tell(r);
-        }
-        kept.finish()
+            mc::attach_result(id, params, &me.client_id, &connected)
+        })
     }
 }
 

@@ -48,6 +48,11 @@ impl Hub {
         } else {
             run
         };
+        let run = if names_an_id && memchr::memmem::find(&run, b"_thunderbolt/share").is_some() {
+            self.take_share(run)?
+        } else {
+            run
+        };
         let run = self.screen_scope(run)?;
         let Some(session) = self.session_hub() else { return Some(run) };
         let me = self.seat_number();
@@ -189,6 +194,38 @@ impl Hub {
                 String::from_utf8_lossy(&id)
             );
             self.tell(wire::id_in_use(&id));
+        }
+        kept.finish()
+    }
+
+    /// Takes this device's requests of `method` (raw JSON text, with its
+    /// quotes) out of a run, the bridge's to answer: each gets `answer(id,
+    /// params)`'s line, told to this device. `None` when nothing else was
+    /// in the run.
+    pub(in crate::serve::sessions) fn take_calls(
+        self: &Arc<Self>,
+        run: Bytes,
+        method: &[u8],
+        mut answer: impl FnMut(&[u8], &serde_json::Value) -> Vec<u8>,
+    ) -> Option<Bytes> {
+        let mut kept = KeptLines::new(&run);
+        let mut replies = Vec::new();
+        for line in thunderbolt_shared::ndjson::lines(&run) {
+            let Some(id) =
+                jsonrpc::request_head(line).filter(|(_, m)| *m == method).map(|(id, _)| id.to_vec())
+            else {
+                kept.line(line, true);
+                continue;
+            };
+            kept.line(line, false);
+            let params = serde_json::from_slice::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v.get("params").cloned())
+                .unwrap_or(serde_json::Value::Null);
+            replies.push(answer(&id, &params));
+        }
+        for r in replies {
+            self.tell(r);
         }
         kept.finish()
     }
