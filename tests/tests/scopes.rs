@@ -302,6 +302,18 @@ async fn a_share_lets_another_persons_device_into_one_session_only_until_kicked_
     f.until(|v| v["method"] == "note" && v["params"]["n"] == 1).await;
     f.send(prompt("f1")).await;
     assert_eq!(f.until(|v| v["id"] == "f1").await["error"]["code"], SCOPE_REFUSED_CODE);
+    // Nor may it have the owner's notices (and their answer tokens) sent to it.
+    f.send(json!({"jsonrpc": "2.0", "id": "f2", "method": "_thunderbolt/push/subscribe",
+                  "params": {"endpoint": "https://push.example/x", "keys": {"p256dh": "x", "auth": "y"}}}))
+        .await;
+    let refused = f.until(|v| v["id"] == "f2").await;
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("notices are set up on a session this device started"),
+        "{refused}"
+    );
 
     // It sees its one session, and nothing else is there for it.
     let listed = sessions(&friend, ticket).await;
@@ -355,6 +367,14 @@ async fn a_share_lets_another_persons_device_into_one_session_only_until_kicked_
     assert_eq!(role(&d.until(|v| role(v).is_some()).await), Some("controller"));
     d.send(json!({"jsonrpc": "2.0", "id": "d1", "method": "driven/by", "params": {}})).await;
     l.until(|v| v["method"] == "driven/by").await;
+    // And answers the agent's question (`cat` asks what the driver wrote).
+    d.send(json!({"jsonrpc": "2.0", "id": "q9", "method": "session/request_permission", "params": {"sessionId": "s-1"}}))
+        .await;
+    d.until(|v| v["id"] == "q9" && v["method"].is_string()).await;
+    d.send(json!({"jsonrpc": "2.0", "id": "q9", "result": {"outcome": {"outcome": "selected", "optionId": "allow"}}}))
+        .await;
+    let told = l.until(|v| v["method"] == thunderbolt_shared::devices::METHOD_ANSWERED).await;
+    assert_eq!(told["params"]["by"]["name"], "driver", "{told}");
 
     // A share past its end: ended on the session, and refused after.
     let minted = share(&home, &id, &["--observe", "--for", "2s", "--name", "brief"]).await;

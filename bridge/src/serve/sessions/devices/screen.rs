@@ -53,6 +53,26 @@ impl Hub {
         } else {
             run
         };
+        // Notices belong to the device that started the session: one that
+        // joined it (a share's guest among them) cannot subscribe through it,
+        // or it would get that device's notices and their answer tokens.
+        let run = if names_an_id
+            && self.is_guest()
+            && memchr::memmem::find(&run, b"_thunderbolt/push/").is_some()
+        {
+            let refuse = |id: &[u8], _: &serde_json::Value| {
+                thunderbolt_shared::jsonrpc::json_line(&serde_json::json!({
+                    "jsonrpc": "2.0",
+                    "id": serde_json::from_slice::<serde_json::Value>(id).unwrap_or_default(),
+                    "error": {"code": thunderbolt_shared::devices::SCOPE_REFUSED_CODE,
+                              "message": "notices are set up on a session this device started, not on one it joined"},
+                }))
+            };
+            let run = self.take_calls(run, b"\"_thunderbolt/push/subscribe\"", refuse)?;
+            self.take_calls(run, b"\"_thunderbolt/push/unsubscribe\"", refuse)?
+        } else {
+            run
+        };
         let run = self.screen_scope(run)?;
         let Some(session) = self.session_hub() else { return Some(run) };
         let me = self.seat_number();
