@@ -114,12 +114,18 @@ test("the owner shares the session from the page; another person's phone opens t
     await conversationOf(q).getByText("Only the session's owner answers the agent.").waitFor({ timeout: WAIT_MS });
     await shot(q, "share-guest.png");
 
-    // The owner sees it on the session, and ends it.
+    // The owner sees who watches (the workstation's status too), and ends it from the page.
     const st = JSON.parse(tb(b.home, rig.relay.url, ["status", "--json"]));
-    const seat = st.bridges[0].sessions.flatMap((s) => s.devices || []).find((d) => d.shareUntil);
-    assert.ok(seat, JSON.stringify(st));
-    tb(b.home, rig.relay.url, ["kick", seat.id]);
+    assert.ok(st.bridges[0].sessions.flatMap((s) => s.devices || []).find((d) => d.shareUntil), JSON.stringify(st));
+    const guests = p.getByRole("list", { name: "guests on this session" });
+    await guests.getByText(/ · a guest, watching · since /).waitFor({ timeout: WAIT_MS });
+    await shot(p, "share-owner-sees-guest.png");
+    await guests.getByRole("button", { name: /^End .*'s share$/ }).click();
     await q.waitForFunction(() => /ended by the host/.test(document.querySelector("#status")?.textContent || ""), null, { timeout: WAIT_MS });
+    await guests.waitFor({ state: "hidden", timeout: WAIT_MS });
+    // For good: the guest's device is no longer let in.
+    const after = JSON.parse(tb(b.home, rig.relay.url, ["iroh", "list", "--json"]));
+    assert.equal(after.devices.filter((d) => d.how === "share").length, 0, JSON.stringify(after));
   } finally {
     await ctx2.close();
     await ctx.close();

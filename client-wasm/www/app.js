@@ -686,6 +686,7 @@ function onMessage(value) {
     case "_thunderbolt/missed": onMissed(value.params || {}); return true;
     case "_thunderbolt/prompted": onPrompted(value.params || {}); return true;
     case "_thunderbolt/turn_ended": onTurnEnded(value.params || {}); return true;
+    case "_thunderbolt/joined": onJoined(value.params || {}); return true;
     default: break;
   }
   if (value.id !== undefined && state.pending.has(value.id)) {
@@ -865,6 +866,7 @@ function renderComposer() {
   // A session this device controls (or has alone) can be shown to someone else.
   $("share").hidden = !live || state.role === "observer";
   renderGuest();
+  renderGuests();
   $("notify").hidden = !live;
   $("notify-off").hidden = !live;
   // A new identity would pull the client from under a live session.
@@ -1444,6 +1446,59 @@ function renderGuest() {
   const until = g.until ? new Date(g.until) : null;
   const when = until && !Number.isNaN(until.getTime()) ? until.toLocaleString([], { dateStyle: "medium", timeStyle: "short" }) : "its end";
   el.textContent = `You are a guest of ${g.of ? `${cap(g.of)}'s` : "someone's"} session until ${when}: you see this session only.`;
+}
+
+// ---- guests on this session (shares) ----
+
+/// A device joined this session: its seat names the session (`<id>.<n>`);
+/// the list of guests is asked for again.
+function onJoined(p) {
+  if (typeof p.seat === "string") state.sessionOf = p.seat.replace(/\.\d+$/, "");
+  refreshGuests();
+}
+
+/// The share's guests on this session now, from a listing.
+async function refreshGuests() {
+  let list = [];
+  try {
+    list = state.client && state.ticket && state.sessionOf ? await state.client.sessions(state.ticket) : [];
+  } catch {
+    list = [];
+  }
+  const s = list.find((x) => x.id === state.sessionOf);
+  state.guests = s ? s.attached.filter((a) => a.guest) : [];
+  renderGuests();
+}
+
+/// Who is on this session by a share (name, watching or driving, since),
+/// each with End: the owner's page ends a share at once.
+function renderGuests() {
+  const ul = $("guests");
+  const guests = state.conn && !guestOf() ? state.guests || [] : [];
+  ul.replaceChildren(...guests.map((g) => {
+    const li = document.createElement("li");
+    const who = cap(deviceName(g));
+    const what = g.scope && g.scope.includes("prompt") ? "driving" : "watching";
+    const since = g.sinceMs ? ` · since ${new Date(g.sinceMs).toLocaleTimeString([], { timeStyle: "short" })}` : "";
+    const b = document.createElement("button");
+    b.type = "button";
+    b.textContent = "End";
+    b.setAttribute("aria-label", `End ${who}'s share`);
+    b.onclick = async () => {
+      b.disabled = true;
+      try {
+        await request("_thunderbolt/kick", { seat: g.seat });
+        state.guests = (state.guests || []).filter((x) => x.seat !== g.seat);
+        renderGuests();
+      } catch (err) {
+        setStatus(`not ended: ${describe(err)}`, "error");
+        b.disabled = false;
+      }
+    };
+    li.append(`${who} · a guest, ${what}${since} `, b);
+    return li;
+  }));
+  ul.hidden = guests.length === 0;
 }
 
 // ---- sharing ----

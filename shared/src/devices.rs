@@ -103,7 +103,7 @@ pub const OBSERVER_REFUSED_CODE: i64 = -32003;
 /// The JSON-RPC error code of a request its device's scope does not allow
 /// (a server error; beside [`OBSERVER_REFUSED_CODE`]: taking control does
 /// not help).
-pub const SCOPE_REFUSED_CODE: i64 = -32004;
+pub const SCOPE_REFUSED_CODE: i64 = -32005;
 
 /// A device on a session, as others see it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,10 +124,23 @@ impl Device {
 
 /// A device attached to a session now, and its role.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Attached {
     #[serde(flatten)]
     pub device: Device,
     pub role: Role,
+    /// Its seat's id (`<session>.<n>`): what `kick` and `_thunderbolt/kick` take.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seat: Option<String>,
+    /// Someone else's device, on this session by a share.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub guest: bool,
+    /// What it may do, when less than everything (`observe`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// Since when it is on the session (milliseconds since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<u64>,
 }
 
 /// One session a device may join.
@@ -319,6 +332,16 @@ pub fn turn_ended_line(answer: &[u8], id: &[u8], by: &Device) -> Vec<u8> {
     json_line(&json!({ "jsonrpc": "2.0", "method": METHOD_TURN_ENDED, "params": params }))
 }
 
+/// Another device joined the session: the others are told who (`device`,
+/// `role`, `seat`, and `guest` for a share's guest), so a page lists who is
+/// watching at once rather than at its next listing.
+pub const METHOD_JOINED: &str = "_thunderbolt/joined";
+
+/// The [`METHOD_JOINED`] line for `who`.
+pub fn joined_line(who: &Attached) -> Vec<u8> {
+    json_line(&json!({ "jsonrpc": "2.0", "method": METHOD_JOINED, "params": who }))
+}
+
 /// The JSON-RPC error code of a request whose id is another device's
 /// request in flight on the same session (a server error).
 pub const ID_IN_USE_CODE: i64 = -32004;
@@ -383,6 +406,14 @@ pub fn notice(line: &[u8]) -> Option<Notice> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_refusal_has_its_own_error_code() {
+        // A client tells an observer's refusal, an id in use and a scope's apart by the code.
+        let codes = [OBSERVER_REFUSED_CODE, ID_IN_USE_CODE, SCOPE_REFUSED_CODE];
+        let distinct: std::collections::HashSet<_> = codes.iter().collect();
+        assert_eq!(distinct.len(), codes.len(), "{codes:?}");
+    }
 
     #[test]
     fn notices_read_back() {

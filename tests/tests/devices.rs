@@ -102,9 +102,12 @@ async fn the_laptops_session_is_picked_up_on_the_phone_and_control_moves_between
     let s = &listed[0];
     assert_eq!(s["startedBy"]["name"], "laptop", "{s}");
     assert_eq!(s["acpSessions"], json!(["s-1"]), "{s}");
+    let id = s["id"].as_str().unwrap();
+    let since = s["attached"][0]["sinceMs"].clone();
+    assert!(since.as_u64().is_some_and(|t| t > 0), "{s}");
     assert_eq!(
         s["attached"],
-        json!([{"node": s["startedBy"]["node"], "name": "laptop", "role": "controller"}])
+        json!([{"node": s["startedBy"]["node"], "name": "laptop", "role": "controller", "seat": format!("{id}.0"), "sinceMs": since}])
     );
     let id = s["id"].as_str().unwrap().to_string();
 

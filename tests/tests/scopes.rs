@@ -428,6 +428,24 @@ async fn a_device_shares_what_it_holds_and_never_more() {
     assert_eq!(role(&f.until(|v| role(v).is_some()).await), Some("observer"));
     l.send(note(1)).await;
     f.until(|v| v["method"] == "note" && v["params"]["n"] == 1).await;
-    drop((w, f));
+
+    // The laptop is told who joined (a guest, its seat); the guest may not end
+    // anyone's share, the laptop ends the guest's, for good.
+    let joined = l.until(|v| v["method"] == "_thunderbolt/joined" && v["params"]["guest"] == true).await;
+    let seat = joined["params"]["seat"].as_str().unwrap().to_string();
+    assert!(seat.starts_with(&format!("{id}.")), "{joined}");
+    assert_eq!(joined["params"]["scope"], "observe", "{joined}");
+    f.send(json!({"jsonrpc": "2.0", "id": "k1", "method": "_thunderbolt/kick", "params": {"seat": seat}}))
+        .await;
+    assert_eq!(f.until(|v| v["id"] == "k1").await["error"]["code"], SCOPE_REFUSED_CODE);
+    l.send(json!({"jsonrpc": "2.0", "id": "k2", "method": "_thunderbolt/kick", "params": {"seat": seat}}))
+        .await;
+    assert_eq!(l.until(|v| v["id"] == "k2").await["result"]["ended"], true);
+    let ended = tokio::time::timeout(WAIT, f.child.wait()).await.expect("ended").unwrap();
+    assert!(!ended.success());
+    f.log.wait_for(close::REASON_KICKED).await;
+    let listed: Value = serde_json::from_slice(&home.run(&["iroh", "list", "--json"]).await.stdout).unwrap();
+    assert!(!listed.to_string().contains("\"how\":\"share\""), "removed for good: {listed}");
+    drop(w);
     assert!(l.close().await.success());
 }

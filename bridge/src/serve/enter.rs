@@ -41,7 +41,7 @@ pub(super) async fn enter(conn: Connection, door: Door, send: SendStream, mut re
                 Control::Join { id, observe, history } => {
                     // A device that may not prompt joins to watch, whatever it asked.
                     let observe = observe || !a.verbs.has(Verb::Prompt);
-                    let how = sessions::JoinAs { observe, history, verbs: a.verbs };
+                    let how = sessions::JoinAs { observe, history, verbs: a.verbs, share: a.share.is_some() };
                     return super::joining::join(&conn, &id, how, (send, recv), leftover, &a);
                 }
                 _ => unreachable!("read_hello returns hellos only"),

@@ -47,6 +47,16 @@ impl Sharer {
         Arc::new(Self { shared: Arc::downgrade(shared), agent: Arc::downgrade(agent) })
     }
 
+    /// A share's guest is out for good (ended from a page): nothing admits it.
+    pub fn forget(&self, guest: &EndpointId) {
+        let Some(stores) = self.shared.upgrade().and_then(|s| s.stores()) else { return };
+        if stores.devices.scope_of(guest).session.is_some() {
+            if let Err(e) = stores.devices.forget(guest) {
+                tracing::warn!(peer = %guest.fmt_short(), "could not remove an ended share's guest: {e}");
+            }
+        }
+    }
+
     /// A code for session `session`, asked by device `minter` with `params`
     /// `{"drive": bool, "forSecs": n}`: `{code, ticket, session, verbs, until}`.
     pub fn mint(&self, session: &str, minter: &EndpointId, params: &Value) -> Result<Value, Refused> {

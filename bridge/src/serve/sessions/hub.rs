@@ -163,6 +163,8 @@ pub struct Hub {
     /// and the `clientId` it chose, if any.
     pub(super) multi_client: std::sync::atomic::AtomicBool,
     pub(super) client_id: Mutex<Option<String>>,
+    /// This device is someone else's, on the session by a share.
+    pub(super) share_guest: std::sync::atomic::AtomicBool,
     /// Mints shares of this session for its devices (`_thunderbolt/share`).
     pub(crate) sharer: OnceLock<Arc<crate::serve::share::Sharer>>,
     /// What `thunderbolt status` shows of it.
@@ -295,6 +297,7 @@ impl Hub {
             multi_client: false.into(),
             client_id: Mutex::new(None),
             sharer: OnceLock::new(),
+            share_guest: false.into(),
             seat: OnceLock::new(),
             device: OnceLock::new(),
         });

@@ -50,6 +50,8 @@ pub struct JoinAs {
     pub history: History,
     /// What the device's scope lets it do here.
     pub verbs: Verbs,
+    /// It is someone else's device, here by a share.
+    pub share: bool,
 }
 
 /// Why a device may not join.
@@ -131,6 +133,7 @@ impl Hub {
         let _ = guest.seat.set(Seat { number: seat, session: Arc::downgrade(self) });
         guest.set_device(name);
         guest.set_verbs(how.verbs);
+        guest.share_guest.store(how.share, std::sync::atomic::Ordering::Relaxed);
         st.members.guests.push(guest.clone());
         if !st.members.joined {
             // Requests sent while the session had one device are that
@@ -173,6 +176,20 @@ impl Hub {
             }
         }
         guest.attach(conn, send, recv, 0, leftover).map_err(JoinError::Attach)?;
+        // The others are told who joined (a page lists who watches at once).
+        let Some(view) = self.members().into_iter().find(|m| m.seat == seat) else { return Ok(()) };
+        let others: Vec<Arc<Hub>> = {
+            let st = self.lock();
+            (0..1)
+                .chain(st.members.guests.iter().map(|g| g.seat_number()))
+                .filter(|s| *s != seat)
+                .filter_map(|s| self.member_at(&st, s))
+                .collect()
+        };
+        let line = wire::joined_line(&view.attached_view(self.short()));
+        for o in others {
+            o.tell(line.clone());
+        }
         self.changed.notify_waiters();
         Ok(())
     }

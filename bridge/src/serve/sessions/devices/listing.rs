@@ -18,6 +18,8 @@ impl Hub {
             all.push(MemberView {
                 device: self.device(),
                 verbs: self.verbs(),
+                share_guest: false,
+                since_ms: since(self.created),
                 seat: 0,
                 role: if controller == 0 { Role::Controller } else { Role::Observer },
                 attached: st.conn.attached.as_ref().map(|a| a.conn.clone()),
@@ -28,6 +30,8 @@ impl Hub {
             all.push(MemberView {
                 device: g.device(),
                 verbs: g.verbs(),
+                share_guest: g.share_guest.load(std::sync::atomic::Ordering::Relaxed),
+                since_ms: since(g.created),
                 seat: g.seat_number(),
                 role: if controller == g.seat_number() { Role::Controller } else { Role::Observer },
                 attached: gs.conn.attached.as_ref().map(|a| a.conn.clone()),
@@ -61,7 +65,7 @@ impl Hub {
             attached: members
                 .into_iter()
                 .filter(|m| m.attached.is_some())
-                .map(|m| Attached { device: m.device, role: m.role })
+                .map(|m| m.attached_view(&self.id))
                 .collect(),
             acp_sessions: st.members.acp_sessions.clone(),
             last_activity_ms: st
@@ -82,13 +86,36 @@ impl Hub {
     }
 }
 
+impl MemberView {
+    /// As a listing shows an attached device of session `session`.
+    pub fn attached_view(&self, session: &str) -> Attached {
+        Attached {
+            device: self.device.clone(),
+            role: self.role,
+            seat: Some(format!("{session}.{}", self.seat)),
+            guest: self.share_guest,
+            scope: (!self.verbs.is_all()).then(|| self.verbs.to_string()),
+            since_ms: Some(self.since_ms),
+        }
+    }
+}
+
 /// One device of a session, as `status` shows it.
 #[derive(Debug, Clone)]
 pub struct MemberView {
     pub device: Device,
     /// What its scope lets it do here.
     pub verbs: crate::devices::scope::Verbs,
+    /// Someone else's device, by a share.
+    pub share_guest: bool,
+    /// Since when it is on the session (ms since the epoch).
+    pub since_ms: u64,
     pub seat: u64,
     pub role: Role,
     pub attached: Option<Connection>,
+}
+
+/// A moment of this process (tokio's `Instant`, paused in tests) as milliseconds since the epoch.
+fn since(at: tokio::time::Instant) -> u64 {
+    crate::devices::now_ms().saturating_sub(at.elapsed().as_millis() as u64)
 }

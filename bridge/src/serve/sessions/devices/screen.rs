@@ -42,37 +42,7 @@ impl Hub {
         run: Bytes,
         names_an_id: bool,
     ) -> Option<Bytes> {
-        // A device's `session/attach` (ACP's multi-client proposal) is the bridge's to answer.
-        let run = if names_an_id && memchr::memmem::find(&run, b"session/attach").is_some() {
-            self.take_attach(run)?
-        } else {
-            run
-        };
-        let run = if names_an_id && memchr::memmem::find(&run, b"_thunderbolt/share").is_some() {
-            self.take_share(run)?
-        } else {
-            run
-        };
-        // Notices belong to the device that started the session: one that
-        // joined it (a share's guest among them) cannot subscribe through it,
-        // or it would get that device's notices and their answer tokens.
-        let run = if names_an_id
-            && self.is_guest()
-            && memchr::memmem::find(&run, b"_thunderbolt/push/").is_some()
-        {
-            let refuse = |id: &[u8], _: &serde_json::Value| {
-                thunderbolt_shared::jsonrpc::json_line(&serde_json::json!({
-                    "jsonrpc": "2.0",
-                    "id": serde_json::from_slice::<serde_json::Value>(id).unwrap_or_default(),
-                    "error": {"code": thunderbolt_shared::devices::SCOPE_REFUSED_CODE,
-                              "message": "notices are set up on a session this device started, not on one it joined"},
-                }))
-            };
-            let run = self.take_calls(run, b"\"_thunderbolt/push/subscribe\"", refuse)?;
-            self.take_calls(run, b"\"_thunderbolt/push/unsubscribe\"", refuse)?
-        } else {
-            run
-        };
+        let run = if names_an_id { self.take_bridge_calls(run)? } else { run };
         let run = self.screen_scope(run)?;
         let Some(session) = self.session_hub() else { return Some(run) };
         let me = self.seat_number();
@@ -216,6 +186,36 @@ impl Hub {
             self.tell(wire::id_in_use(&id));
         }
         kept.finish()
+    }
+
+    /// The requests the session's bridge answers for the device that sent
+    /// them, taken out of a run of its (one substring search each when
+    /// there is none): ACP's `session/attach`, `_thunderbolt/share` and
+    /// `_thunderbolt/kick`, and a joined device's push subscriptions, refused.
+    fn take_bridge_calls(self: &Arc<Self>, run: Bytes) -> Option<Bytes> {
+        use memchr::memmem::find;
+        let run = if find(&run, b"session/attach").is_some() { self.take_attach(run)? } else { run };
+        if find(&run, b"_thunderbolt/").is_none() {
+            return Some(run);
+        }
+        let run = if find(&run, b"_thunderbolt/share").is_some() { self.take_share(run)? } else { run };
+        let run = if find(&run, b"_thunderbolt/kick").is_some() { self.take_kick(run)? } else { run };
+        // Notices belong to the device that started the session: one that
+        // joined it (a share's guest among them) cannot subscribe through it,
+        // or it would get that device's notices and their answer tokens.
+        if !self.is_guest() || find(&run, b"_thunderbolt/push/").is_none() {
+            return Some(run);
+        }
+        let refuse = |id: &[u8], _: &serde_json::Value| {
+            thunderbolt_shared::jsonrpc::json_line(&serde_json::json!({
+                "jsonrpc": "2.0",
+                "id": serde_json::from_slice::<serde_json::Value>(id).unwrap_or_default(),
+                "error": {"code": thunderbolt_shared::devices::SCOPE_REFUSED_CODE,
+                          "message": "notices are set up on a session this device started, not on one it joined"},
+            }))
+        };
+        let run = self.take_calls(run, b"\"_thunderbolt/push/subscribe\"", refuse)?;
+        self.take_calls(run, b"\"_thunderbolt/push/unsubscribe\"", refuse)
     }
 
     /// Takes this device's requests of `method` (raw JSON text, with its

@@ -2,13 +2,19 @@
 //! taken out of its frames here, where the bridge knows which device sent
 //! it, and answered with a code or why not ([`crate::serve::share`]).
 
-use std::sync::Arc;
+use std::sync::{atomic::Ordering, Arc};
 
 use bytes::Bytes;
 use serde_json::{json, Value};
-use thunderbolt_shared::jsonrpc::json_line;
+use thunderbolt_shared::{close, devices::SCOPE_REFUSED_CODE, jsonrpc::json_line};
 
-use crate::serve::{sessions::hub::Hub, share::METHOD_SHARE};
+use crate::{
+    devices::scope::Verb,
+    serve::{sessions::hub::Hub, share::METHOD_SHARE},
+};
+
+/// `_thunderbolt/kick` as raw JSON text.
+const KICK_METHOD: &[u8] = b"\"_thunderbolt/kick\"";
 
 /// [`METHOD_SHARE`] as raw JSON text (`jsonrpc::request_head`'s).
 const SHARE_METHOD: &[u8] = b"\"_thunderbolt/share\"";
@@ -33,5 +39,45 @@ impl Hub {
                 }
             })
         })
+    }
+
+    /// Takes this device's `_thunderbolt/kick` requests out of a run and
+    /// answers each: a share's guest on this session, by its seat, is ended
+    /// and removed for good. Only the owner's devices that may prompt may.
+    pub(in crate::serve::sessions) fn take_kick(self: &Arc<Self>, run: Bytes) -> Option<Bytes> {
+        self.take_calls(run, KICK_METHOD, |id, params| {
+            let id: Value = serde_json::from_slice(id).unwrap_or(Value::Null);
+            json_line(&match self.kick_guest(params) {
+                Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+                Err((code, message)) => {
+                    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+                }
+            })
+        })
+    }
+
+    fn kick_guest(self: &Arc<Self>, params: &Value) -> Result<Value, (i64, String)> {
+        if self.share_guest.load(Ordering::Relaxed) || !self.verbs().has(Verb::Prompt) {
+            return Err((
+                SCOPE_REFUSED_CODE,
+                "only the owner's devices that may prompt end a guest's share".into(),
+            ));
+        }
+        let seat = params
+            .get("seat")
+            .and_then(Value::as_str)
+            .ok_or((-32602, "name the guest's seat".to_string()))?;
+        let session = self.session_hub().ok_or((-32602, "this session ended".to_string()))?;
+        let guest = session
+            .guests()
+            .into_iter()
+            .find(|g| g.short() == seat && g.share_guest.load(Ordering::Relaxed))
+            .ok_or((-32602, format!("no share's guest of this session at {seat}")))?;
+        if let Some(sharer) = session.sharer.get() {
+            sharer.forget(&guest.owner);
+        }
+        tracing::info!(peer = %guest.peer, session = session.short(), "{} ended a share's guest, {}: {}", self.device().label(), guest.device().label(), close::REASON_KICKED);
+        session.drop_member(&guest, close::REASON_KICKED);
+        Ok(json!({ "ended": true }))
     }
 }
