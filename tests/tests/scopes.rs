@@ -302,18 +302,22 @@ async fn a_share_lets_another_persons_device_into_one_session_only_until_kicked_
     f.until(|v| v["method"] == "note" && v["params"]["n"] == 1).await;
     f.send(prompt("f1")).await;
     assert_eq!(f.until(|v| v["id"] == "f1").await["error"]["code"], SCOPE_REFUSED_CODE);
-    // Nor may it have the owner's notices (and their answer tokens) sent to it.
-    f.send(json!({"jsonrpc": "2.0", "id": "f2", "method": "_thunderbolt/push/subscribe",
-                  "params": {"endpoint": "https://push.example/x", "keys": {"p256dh": "x", "auth": "y"}}}))
+    // Nor may it have the owner's notices (and their answer tokens) sent to
+    // it, however it spells the method (an escaped slash reads the same to a
+    // JSON parser).
+    let subscribe = json!({"jsonrpc": "2.0", "id": "f2", "method": "_thunderbolt/push/subscribe",
+                           "params": {"endpoint": "https://push.example/x", "keys": {"p256dh": "x", "auth": "y"}}});
+    let escaped = br#"{"jsonrpc":"2.0","id":"f3","method":"_thunderbolt/push\/subscribe","params":{"endpoint":"https://push.example/y"}}"#;
+    for (id, line) in [("f2", serde_json::to_vec(&subscribe).unwrap()), ("f3", escaped.to_vec())] {
+        f.send_raw(&line).await;
+        let refused = f.until(|v| v["id"] == id).await;
+        let said = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(said.contains("notices are set up on a session this device started"), "{refused}");
+    }
+    // Nor may it share what it was shared.
+    f.send(json!({"jsonrpc": "2.0", "id": "f4", "method": "_thunderbolt/share", "params": {"drive": false}}))
         .await;
-    let refused = f.until(|v| v["id"] == "f2").await;
-    assert!(
-        refused["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("notices are set up on a session this device started"),
-        "{refused}"
-    );
+    assert_eq!(f.until(|v| v["id"] == "f4").await["error"]["code"], SCOPE_REFUSED_CODE);
 
     // It sees its one session, and nothing else is there for it.
     let listed = sessions(&friend, ticket).await;

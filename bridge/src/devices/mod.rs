@@ -25,6 +25,11 @@ use tracing::debug;
 use self::scope::{Scope, Verbs};
 use crate::home::{self, Home};
 
+/// How long a share's guest is remembered after its share ended: a late
+/// dial is told `device access expired` rather than taken for a stranger,
+/// and then the entry goes.
+pub const ENDED_SHARES_KEPT: Duration = Duration::from_secs(24 * 3600);
+
 /// How often a device's "last seen" is written: a device that reconnects
 /// all day costs one write a minute, not one per connection.
 pub const SEEN_EVERY: Duration = Duration::from_secs(60);
@@ -243,6 +248,26 @@ impl Devices {
         self.grants().scopes.values().filter_map(|s| s.until_ms).filter(|u| *u > after_ms).min()
     }
 
+    /// Forgets the shares' guests whose share ended more than
+    /// [`ENDED_SHARES_KEPT`] ago (their entries would otherwise pile up, one
+    /// per redeemed share). How many went; the file is written only then.
+    pub fn forget_ended_shares(&self) -> usize {
+        let long_ago = now_ms().saturating_sub(ENDED_SHARES_KEPT.as_millis() as u64);
+        let ended = |s: &Scope| s.session.is_some() && s.expired(long_ago);
+        if !self.grants().scopes.values().any(ended) {
+            return 0;
+        }
+        let r = home::edit_json(&self.path, |f: &mut File| {
+            let before = f.devices.len();
+            f.devices.retain(|_, d| !(d.how == How::Share && d.scope.as_ref().is_some_and(ended)));
+            before - f.devices.len()
+        });
+        r.unwrap_or_else(|e| {
+            debug!("could not forget ended shares: {e}");
+            0
+        })
+    }
+
     /// Writes `id`'s scope (`None`, or a full one: the owner's again). The
     /// device must be known already.
     pub fn set_scope(&self, id: &EndpointId, scope: Option<Scope>) -> std::io::Result<bool> {
@@ -421,6 +446,35 @@ mod tests {
         d.forget(&id).unwrap();
         assert!(d.all().is_empty());
         assert!(!home.allowlist_path().exists(), "the allow file is not touched");
+    }
+
+    #[test]
+    fn a_shares_guest_goes_a_day_after_its_share_ended_and_nobody_else_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = Devices::new(&Home::new(dir.path().to_path_buf()));
+        let (old, recent, scoped) = (
+            iroh::SecretKey::from_bytes(&[7; 32]).public(),
+            iroh::SecretKey::from_bytes(&[8; 32]).public(),
+            iroh::SecretKey::from_bytes(&[9; 32]).public(),
+        );
+        let share = |until_ms| Scope {
+            verbs: "observe".parse().unwrap(),
+            agents: Some(vec!["acp".into()]),
+            until_ms: Some(until_ms),
+            session: Some("ab12cd34".into()),
+        };
+        let day = ENDED_SHARES_KEPT.as_millis() as u64;
+        d.record(&old, None, How::Share).unwrap();
+        d.set_scope(&old, Some(share(now_ms() - day - 1000))).unwrap();
+        d.record(&recent, None, How::Share).unwrap();
+        d.set_scope(&recent, Some(share(now_ms() - 1000))).unwrap();
+        d.record(&scoped, None, How::Pairing).unwrap();
+        d.set_scope(&scoped, Some(Scope { session: None, ..share(1) })).unwrap();
+        assert!(d.expired(&recent), "ended, refused as such");
+        assert_eq!(d.forget_ended_shares(), 1);
+        assert!(d.get(&old).is_none());
+        assert!(d.get(&recent).is_some() && d.get(&scoped).is_some());
+        assert_eq!(d.forget_ended_shares(), 0, "nothing more, and the file is left alone");
     }
 
     #[test]

@@ -367,7 +367,8 @@ impl Shared {
                 thunderbolt_shared::close::REASON_MEMBERSHIP_REVOKED
             }
         };
-        let r = Recheck { admits: &admits, verbs: &verbs, reason: &reason };
+        let share = |id: &EndpointId| stores.as_ref().and_then(|s| s.devices.scope_of(id).session);
+        let r = Recheck { admits: &admits, verbs: &verbs, reason: &reason, share: &share };
         self.sessions.recheck(&r) + self.hubs.recheck(&r)
     }
 }
@@ -429,6 +430,10 @@ const REMOVED_ENDPOINT_CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// against its agent's trust (so removing a peer from the allow file also ends
 /// its session).
 async fn beat(shared: &Shared) {
+    // A share's guest whose share ended long ago is nobody's device: it goes.
+    if let Some(stores) = shared.stores() {
+        let _ = tokio::task::spawn_blocking(move || stores.devices.forget_ended_shares()).await;
+    }
     let accounts: Vec<Arc<Account>> =
         shared.served().values().filter_map(|a| a.config().account.clone()).collect();
     crate::trust::account::refresh_all(&accounts).await;

@@ -113,6 +113,12 @@ fn resume_named(
 ) {
     let short = a.short.as_str();
     let hub = match a.shared.hubs.find(token, &a.peer, &a.cfg.name) {
+        // A share's guest resumes its seat on its one session, no other.
+        Ok(hub) if a.share.as_ref().is_some_and(|s| hub.session_hub().is_none_or(|h| h.short() != s)) => {
+            info!(peer = %short, "refusing a resume: its share is of another session now");
+            refuse(conn, close::REASON_UNKNOWN_SESSION);
+            return;
+        }
         Ok(hub) => hub,
         Err(reason) => {
             info!(peer = %short, "refusing a resume: {reason}");

@@ -40,11 +40,18 @@ pub type Refused = (i64, String);
 pub struct Sharer {
     shared: Weak<Shared>,
     agent: Weak<Served>,
+    /// Shares minted of this session so far.
+    minted: std::sync::atomic::AtomicU32,
 }
+
+/// Shares one session may be given from its devices: a person shows a
+/// session to a few people; a device that asks in a loop costs the
+/// pairing codes' file no more than this.
+const MAX_SHARES_PER_SESSION: u32 = 32;
 
 impl Sharer {
     pub(crate) fn new(shared: &Arc<Shared>, agent: &Arc<Served>) -> Arc<Self> {
-        Arc::new(Self { shared: Arc::downgrade(shared), agent: Arc::downgrade(agent) })
+        Arc::new(Self { shared: Arc::downgrade(shared), agent: Arc::downgrade(agent), minted: 0.into() })
     }
 
     /// A share's guest is out for good (ended from a page): nothing admits it.
@@ -87,11 +94,16 @@ impl Sharer {
             ));
         }
         let mine = stores.devices.scope_of(minter);
-        if mine.session.as_deref().is_some_and(|s| s != session) {
+        // A guest's share is the owner's to give: a code it minted would
+        // outlive its own kick.
+        if mine.session.is_some() {
             return Err((
                 thunderbolt_shared::devices::SCOPE_REFUSED_CODE,
-                "a guest shares its own session only".into(),
+                "a guest of the session shares nothing of it".into(),
             ));
+        }
+        if self.minted.fetch_add(1, std::sync::atomic::Ordering::Relaxed) >= MAX_SHARES_PER_SESSION {
+            return Err((-32000, format!("this session was shared {MAX_SHARES_PER_SESSION} times already")));
         }
         let now = now_ms();
         let until =

@@ -217,7 +217,7 @@ impl Hub {
     }
 
     /// The session's hub: itself, or the one a guest joined.
-    pub(super) fn session_hub(self: &Arc<Self>) -> Option<Arc<Hub>> {
+    pub(crate) fn session_hub(self: &Arc<Self>) -> Option<Arc<Hub>> {
         match self.seat.get() {
             None => Some(self.clone()),
             Some(s) => s.session.upgrade(),

@@ -57,10 +57,13 @@ impl Hub {
         // What of it goes on, by the device's role (see `devices`). A run
         // screened here and then not counted (the connection was replaced
         // just now) is resent by the client and let on again.
-        // Nor a device's whose scope does not let it prompt.
+        // Nor a device's whose scope does not let it prompt and answer (the
+        // agent would be told a frame came, which ends its request).
+        let verbs = self.verbs();
         let observer = frames == 0
             && (self.kind == HubKind::Resumable && self.is_observer()
-                || !self.verbs().has(crate::devices::scope::Verb::Prompt));
+                || !verbs.has(crate::devices::scope::Verb::Prompt)
+                || !verbs.has(crate::devices::scope::Verb::Answer));
         let forward = match (frames, self.kind) {
             (0, _) => Some(bytes.clone()),
             (_, HubKind::Warm) => self.screen_scope(bytes.clone()),

@@ -29,6 +29,8 @@ pub struct Recheck<'a> {
     pub admits: &'a dyn Fn(&AgentName, &EndpointId) -> bool,
     pub verbs: &'a dyn Fn(&AgentName, &EndpointId) -> Verbs,
     pub reason: &'a dyn Fn(&EndpointId) -> &'static str,
+    /// A share's guest: the one session it may be on.
+    pub share: &'a dyn Fn(&EndpointId) -> Option<String>,
 }
 
 /// The resumable and warm sessions alive (attached or not), by token, and
@@ -150,7 +152,9 @@ impl Hubs {
                     return Err((r.reason)(who));
                 }
                 let verbs = (r.verbs)(&hub.agent, who);
-                if verbs.has(Verb::Observe) {
+                // A guest given another session's share since is not on this one any more.
+                let elsewhere = (r.share)(who).is_some_and(|s| s != hub.short());
+                if verbs.has(Verb::Observe) && !elsewhere {
                     Ok(verbs)
                 } else {
                     Err(close::REASON_SCOPE_CHANGED)

@@ -34,7 +34,9 @@ impl Hub {
     /// nothing else was in the run.
     pub(in crate::serve::sessions) fn take_attach(self: &Arc<Self>, run: Bytes) -> Option<Bytes> {
         self.take_calls(run, ATTACH_METHOD, |id, params| {
-            if let Some(chosen) = mc::chosen_client_id(params) {
+            // Not one that reads as another device's seat id here (`<session>.<n>`).
+            let theirs = |c: &String| self.session_hub().is_some_and(|s| c.starts_with(s.short()));
+            if let Some(chosen) = mc::chosen_client_id(params).filter(|c| !theirs(c)) {
                 *self.client_id.lock().unwrap_or_else(|p| p.into_inner()) = Some(chosen);
             }
             self.multi_client.store(true, Ordering::Relaxed);

@@ -43,6 +43,7 @@ impl Hub {
         names_an_id: bool,
     ) -> Option<Bytes> {
         let run = if names_an_id { self.take_bridge_calls(run)? } else { run };
+        let run = if self.is_guest() { self.refuse_guest_push(run)? } else { run };
         let run = self.screen_scope(run)?;
         let Some(session) = self.session_hub() else { return Some(run) };
         let me = self.seat_number();
@@ -200,22 +201,48 @@ impl Hub {
         }
         let run = if find(&run, b"_thunderbolt/share").is_some() { self.take_share(run)? } else { run };
         let run = if find(&run, b"_thunderbolt/kick").is_some() { self.take_kick(run)? } else { run };
-        // Notices belong to the device that started the session: one that
-        // joined it (a share's guest among them) cannot subscribe through it,
-        // or it would get that device's notices and their answer tokens.
-        if !self.is_guest() || find(&run, b"_thunderbolt/push/").is_none() {
+        Some(run)
+    }
+
+    /// Notices belong to the device that started the session: one that
+    /// joined it (a share's guest among them) cannot subscribe through it,
+    /// or it would get that device's notices and their answer tokens. Its
+    /// lines that could name a push method, however spelled (an escape, a
+    /// notification), are read as the bridge's methods read them (whole
+    /// JSON), and those that do are refused (a request) or dropped.
+    fn refuse_guest_push(self: &Arc<Self>, run: Bytes) -> Option<Bytes> {
+        use memchr::memmem::find;
+        if find(&run, b"thunderbolt").is_none()
+            && find(&run, b"\\u").is_none()
+            && find(&run, b"\\/").is_none()
+        {
             return Some(run);
         }
-        let refuse = |id: &[u8], _: &serde_json::Value| {
-            thunderbolt_shared::jsonrpc::json_line(&serde_json::json!({
-                "jsonrpc": "2.0",
-                "id": serde_json::from_slice::<serde_json::Value>(id).unwrap_or_default(),
-                "error": {"code": thunderbolt_shared::devices::SCOPE_REFUSED_CODE,
-                          "message": "notices are set up on a session this device started, not on one it joined"},
-            }))
-        };
-        let run = self.take_calls(run, b"\"_thunderbolt/push/subscribe\"", refuse)?;
-        self.take_calls(run, b"\"_thunderbolt/push/unsubscribe\"", refuse)
+        let mut kept = KeptLines::new(&run);
+        let mut refused = Vec::new();
+        for line in thunderbolt_shared::ndjson::lines(&run) {
+            let suspect = find(line, b"thunderbolt").is_some()
+                || find(line, b"\\u").is_some()
+                || find(line, b"\\/").is_some();
+            let v = suspect.then(|| serde_json::from_slice::<serde_json::Value>(line).ok()).flatten();
+            let push = v
+                .as_ref()
+                .and_then(|v| v.get("method")?.as_str())
+                .is_some_and(|m| m.starts_with("_thunderbolt/push/"));
+            kept.line(line, !push);
+            if let Some(id) = v.as_ref().filter(|_| push).and_then(|v| v.get("id")) {
+                refused.push(thunderbolt_shared::jsonrpc::json_line(&serde_json::json!({
+                    "jsonrpc": "2.0",
+                    "id": id,
+                    "error": {"code": thunderbolt_shared::devices::SCOPE_REFUSED_CODE,
+                              "message": "notices are set up on a session this device started, not on one it joined"},
+                })));
+            }
+        }
+        for r in refused {
+            self.tell(r);
+        }
+        kept.finish()
     }
 
     /// Takes this device's requests of `method` (raw JSON text, with its
@@ -262,30 +289,30 @@ impl Hub {
         }
         let mut kept = KeptLines::new(&run);
         let (mut refused, mut dropped) = (Vec::new(), 0usize);
+        // Each line read whole: a line that is no one thing (an answer
+        // dressed as something else) goes nowhere, as an agent may read it
+        // as an answer.
         for line in thunderbolt_shared::ndjson::lines(&run) {
-            match jsonrpc::classify(line) {
-                jsonrpc::Message::Response(_) => {
-                    kept.line(line, answer);
-                    dropped += usize::from(!answer);
-                }
+            let keep = match jsonrpc::classify(line) {
+                jsonrpc::Message::Response(_) => answer,
                 jsonrpc::Message::Request(id) if !prompt => {
-                    kept.line(line, false);
                     refused.push(id.into_owned());
+                    false
                 }
-                _ if !prompt => {
-                    kept.line(line, false);
-                    dropped += 1;
-                }
-                _ => kept.line(line, true),
-            }
+                jsonrpc::Message::Request(_) | jsonrpc::Message::Notification => prompt,
+                jsonrpc::Message::Invalid => false,
+            };
+            kept.line(line, keep);
+            dropped += usize::from(!keep);
         }
         if !refused.is_empty() || dropped > 0 {
             info!(
                 peer = %self.peer,
                 session = self.short(),
-                "{}'s scope is {verbs}: {} request(s) refused, {dropped} line(s) not sent to the agent",
+                "{}'s scope is {verbs}: {} request(s) refused, {} line(s) not sent to the agent",
                 self.device().label(),
-                refused.len()
+                refused.len(),
+                dropped - refused.len()
             );
         }
         let scope = verbs.to_string();
