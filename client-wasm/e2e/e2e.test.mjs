@@ -622,7 +622,8 @@ test("several devices on one session: the page lists the laptop's session, joins
   assert.equal(listed.length, 1, JSON.stringify(listed));
   const s = listed[0];
   assert.equal(s.startedBy.name, "laptop", JSON.stringify(s));
-  assert.deepEqual(s.attached, [{ node: s.startedBy.node, name: "laptop", role: "controller" }]);
+  assert.ok(s.attached[0].sinceMs > 0, JSON.stringify(s));
+  assert.deepEqual(s.attached, [{ node: s.startedBy.node, name: "laptop", role: "controller", seat: `${s.id}.0`, sinceMs: s.attached[0].sinceMs }]);
   assert.deepEqual(s.acpSessions, ["s-1"]);
   assert.equal(s.state, "attached");
   // It joins as an observer with the whole history: the past line, its role, then live lines.
