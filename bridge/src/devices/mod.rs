@@ -248,6 +248,15 @@ impl Devices {
         self.grants().scopes.values().filter_map(|s| s.until_ms).filter(|u| *u > after_ms).min()
     }
 
+    /// Forgets `id` if it is a share's guest (kicked, ended from a page):
+    /// nothing admits it any more. Whether it was one.
+    pub fn forget_share(&self, id: &EndpointId) -> std::io::Result<bool> {
+        if self.grants().scopes.get(id).is_none_or(|s| s.session.is_none()) {
+            return Ok(false);
+        }
+        self.forget(id).map(|()| true)
+    }
+
     /// Forgets the shares' guests whose share ended more than
     /// [`ENDED_SHARES_KEPT`] ago (their entries would otherwise pile up, one
     /// per redeemed share). How many went; the file is written only then.

@@ -200,6 +200,16 @@ impl Scope {
         self.agents.as_ref().is_none_or(|a| a.iter().any(|n| n == agent))
     }
 
+    /// Whether it lets a device read the host's messages (`/reach1`, their
+    /// notices, a listing's summary): they come from any agent of the host,
+    /// so only a scope at every agent that may prompt and answer, and never
+    /// a share's guest (its scope names one agent).
+    pub fn reads_messages(&self) -> bool {
+        self.agents.is_none()
+            && self.session.is_none()
+            && self.verbs.covers(Verbs::of([Verb::Prompt, Verb::Answer]))
+    }
+
     /// What it lets a device do at `agent` at `now_ms`: nothing once expired
     /// or at an agent it does not name.
     pub fn verbs_at(&self, agent: &str, now_ms: u64) -> Verbs {
@@ -271,5 +281,11 @@ mod tests {
         assert_eq!(s.verbs_at("build", 5), Verbs::NONE, "expired");
         assert_eq!(s.verbs_at("deploy", 4), Verbs::NONE, "another agent");
         assert!(Scope::full().is_full() && Scope::full().verbs_at("any", u64::MAX).is_all());
+        assert!(Scope::full().reads_messages());
+        assert!(!s.reads_messages(), "some agents only");
+        let watch = Scope { verbs: "observe".parse().unwrap(), ..Scope::full() };
+        assert!(!watch.reads_messages(), "may not prompt and answer");
+        let guest = Scope { session: Some("ab12cd34".into()), ..Scope::full() };
+        assert!(!guest.reads_messages(), "a share's guest");
     }
 }

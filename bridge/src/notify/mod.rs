@@ -490,9 +490,8 @@ impl Delivery {
         // or that may not answer gets no message from the host, and one that
         // may not answer gets a notice without Allow and Deny (nor the token).
         let verbs = scope.verbs;
-        let messages = scope.agents.is_none() && verbs.has(Verb::Prompt) && verbs.has(Verb::Answer);
         let shown = match ev.kind {
-            Kind::Message { .. } => messages,
+            Kind::Message { .. } => scope.reads_messages(),
             _ => verbs.has(Verb::Observe),
         };
         if !shown {

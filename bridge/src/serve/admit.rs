@@ -190,12 +190,9 @@ pub(super) async fn admit(incoming: Incoming, shared: Arc<Shared>, agent: Arc<Se
         return super::files::serve(conn, peer, shared, agent, cfg).await;
     }
     if door == Door::Reach {
-        // The host's messages come from any of its agents: a device scoped
-        // narrower than observe, prompt and answer everywhere does not read them.
-        let everywhere = shared.stores().is_none_or(|s| s.devices.scope_of(&peer).agents.is_none());
-        let needed = Verbs::of([Verb::Prompt, Verb::Answer]);
-        if !everywhere || !verbs.covers(needed) {
-            info!(peer = %peer.fmt_short(), "refused {peer}'s messages: its scope is {verbs}{}", if everywhere { "" } else { " at some agents only" });
+        let scope = shared.stores().map(|s| s.devices.scope_of(&peer));
+        if let Some(scope) = scope.filter(|s| !s.reads_messages()) {
+            info!(peer = %peer.fmt_short(), "refused {peer}'s messages: its scope is {}", scope.describe());
             refuse(&conn, thunderbolt_shared::reach::REASON_NOT_OWN);
             return;
         }

@@ -116,9 +116,8 @@ pub(super) async fn list(conn: Connection, mut send: SendStream, a: &Admitted, h
     // The owner's own devices see the host's messages in short beside its sessions.
     let mut listing = listing;
     // Not to a share's guest, nor a device scoped narrower than the messages door lets in.
-    let everywhere = a.shared.stores().is_none_or(|s| s.devices.scope_of(&a.peer).agents.is_none());
-    let reads = everywhere && a.verbs.covers(Verbs::of([Verb::Prompt, Verb::Answer]));
-    if a.grant != crate::trust::Grant::Manifest && a.share.is_none() && reads {
+    let reads = a.shared.stores().is_none_or(|s| s.devices.scope_of(&a.peer).reads_messages());
+    if a.grant != crate::trust::Grant::Manifest && reads {
         listing.messages = a.shared.reach.get().map(|r| r.summary());
     }
     listing.scope = (!a.verbs.is_all()).then(|| a.verbs.iter().map(|v| v.to_string()).collect());

@@ -57,10 +57,8 @@ impl Sharer {
     /// A share's guest is out for good (ended from a page): nothing admits it.
     pub fn forget(&self, guest: &EndpointId) {
         let Some(stores) = self.shared.upgrade().and_then(|s| s.stores()) else { return };
-        if stores.devices.scope_of(guest).session.is_some() {
-            if let Err(e) = stores.devices.forget(guest) {
-                tracing::warn!(peer = %guest.fmt_short(), "could not remove an ended share's guest: {e}");
-            }
+        if let Err(e) = stores.devices.forget_share(guest) {
+            tracing::warn!(peer = %guest.fmt_short(), "could not remove an ended share's guest: {e}");
         }
     }
 

@@ -258,14 +258,13 @@ impl BridgeHandle {
                 kicked.push(p);
             }
             for id in kicked {
-                if st.devices.scope_of(&id).session.is_some() {
-                    match st.devices.forget(&id) {
-                        Ok(()) => {
-                            tracing::info!(peer = %id.fmt_short(), "a share's guest was kicked: its access is removed")
-                        }
-                        Err(e) => {
-                            tracing::warn!(peer = %id.fmt_short(), "could not remove a kicked share's guest: {e}")
-                        }
+                match st.devices.forget_share(&id) {
+                    Ok(true) => {
+                        tracing::info!(peer = %id.fmt_short(), "a share's guest was kicked: its access is removed")
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(peer = %id.fmt_short(), "could not remove a kicked share's guest: {e}")
                     }
                 }
             }

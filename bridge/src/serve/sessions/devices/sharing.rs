@@ -31,13 +31,7 @@ impl Hub {
                 Some((s, sharer)) => sharer.mint(s.short(), &self.owner, params),
                 None => Err((-32601, format!("{METHOD_SHARE}: this session cannot be shared"))),
             };
-            let id: Value = serde_json::from_slice(id).unwrap_or(Value::Null);
-            json_line(&match minted {
-                Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-                Err((code, message)) => {
-                    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
-                }
-            })
+            reply(id, minted)
         })
     }
 
@@ -45,15 +39,7 @@ impl Hub {
     /// answers each: a share's guest on this session, by its seat, is ended
     /// and removed for good. Only the owner's devices that may prompt may.
     pub(in crate::serve::sessions) fn take_kick(self: &Arc<Self>, run: Bytes) -> Option<Bytes> {
-        self.take_calls(run, KICK_METHOD, |id, params| {
-            let id: Value = serde_json::from_slice(id).unwrap_or(Value::Null);
-            json_line(&match self.kick_guest(params) {
-                Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-                Err((code, message)) => {
-                    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
-                }
-            })
-        })
+        self.take_calls(run, KICK_METHOD, |id, params| reply(id, self.kick_guest(params)))
     }
 
     fn kick_guest(self: &Arc<Self>, params: &Value) -> Result<Value, (i64, String)> {
@@ -80,4 +66,15 @@ impl Hub {
         session.drop_member(&guest, close::REASON_KICKED);
         Ok(json!({ "ended": true }))
     }
+}
+
+/// The answer to request `id` (its JSON text): its result, or the error's code and message.
+fn reply(id: &[u8], r: Result<Value, (i64, String)>) -> Vec<u8> {
+    let id: Value = serde_json::from_slice(id).unwrap_or(Value::Null);
+    json_line(&match r {
+        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        Err((code, message)) => {
+            json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+        }
+    })
 }
