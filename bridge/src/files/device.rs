@@ -10,13 +10,21 @@ use thunderbolt_shared::files::{FileHeader, Get, Put, Receipt, Reply, Request, M
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio_util::io::SyncIoBridge;
 
-use super::stream::{self, Counted, CountedWrite, StreamError};
+use super::{
+    segments::Segments,
+    stream::{self, Counted, CountedWrite, StreamError},
+};
 
 /// How long the bridge may take to answer a request (a get hashes its file
 /// first: a few seconds for gigabytes).
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
-/// Buffer between the blocking encoder or decoder and the stream.
-const IO_BUFFER: usize = 256 * 1024;
+/// Buffer a request or reply line is read through: the line fits whole
+/// (`MAX_REQUEST_LINE`); what follows it goes to the checker as QUIC holds
+/// it (`files::segments::Segments`).
+const LINE_BUFFER: usize = 8 * 1024;
+/// Buffer between the blocking encoder and the stream: a few chunk groups
+/// per trip to the runtime.
+const SEND_BUFFER: usize = 256 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
@@ -67,7 +75,7 @@ pub async fn put(
     let handle = tokio::runtime::Handle::current();
     let sending = tokio::task::spawn_blocking(move || -> Result<(u64, SendStream), StreamError> {
         let out = CountedWrite { inner: SyncIoBridge::new_with_handle(send, handle), count: 0 };
-        let mut out = BufWriter::with_capacity(IO_BUFFER, Limit { inner: out, left: stop_after });
+        let mut out = BufWriter::with_capacity(SEND_BUFFER, Limit { inner: out, left: stop_after });
         stream::send(&file, &tree, have, &mut out)?;
         let out = out.into_inner().map_err(|e| StreamError::Cut(e.into_error()))?;
         Ok((out.inner.count, out.inner.inner.into_inner()))
@@ -106,7 +114,7 @@ pub async fn get(
     let (mut send, recv) = conn.open_bi().await.map_err(|e| DeviceError::Broken(e.to_string()))?;
     write_request(&mut send, &Request::Get(get)).await?;
     let _ = send.finish();
-    let mut reader = BufReader::with_capacity(IO_BUFFER, recv);
+    let mut reader = BufReader::with_capacity(LINE_BUFFER, recv);
     let header = match read_reply(&mut reader).await? {
         Reply::File(h) if thunderbolt_shared::files::is_hash(&h.hash) && h.from <= h.size => h,
         Reply::Error(why) => return Err(DeviceError::Refused(why)),
@@ -118,7 +126,7 @@ pub async fn get(
     let (size, hash, from) = (header.size, header.hash.clone(), header.from);
     let handle = tokio::runtime::Handle::current();
     let received = tokio::task::spawn_blocking(move || -> Result<u64, StreamError> {
-        let mut input = Counted { inner: SyncIoBridge::new_with_handle(reader, handle), count: 0 };
+        let mut input = Counted { inner: Segments::new(reader, handle), count: 0 };
         // Not synced: a copy on the device is fetched again when lost, and a
         // 64 MiB sync cost a quarter of a get's time. What the bridge
         // receives is synced before its receipt.

@@ -20,8 +20,10 @@
 pub mod device;
 pub mod inflight;
 pub mod reach;
+pub mod segments;
 pub mod store;
 pub mod stream;
+pub mod trees;
 
 /// Largest file a device may put: a phone's 4K video of a few minutes, a
 /// day of logs; a claim over it is refused before a byte is read.

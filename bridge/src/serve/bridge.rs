@@ -144,6 +144,7 @@ impl Bridge {
             in_flight: Arc::default(),
             keep_files,
             workspaces: Default::default(),
+            trees: Default::default(),
         }));
         self
     }

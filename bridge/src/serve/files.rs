@@ -42,9 +42,13 @@ use crate::files::{
     REQUEST_TIMEOUT, STALL_TIMEOUT,
 };
 
-/// Read buffer of a transfer's stream: a few chunk groups per wake of the
-/// blocking thread that checks them.
-const READ_BUFFER: usize = 256 * 1024;
+/// Buffer a request or reply line is read through: the line fits whole
+/// (`MAX_REQUEST_LINE`); what follows it goes to the checker as QUIC holds
+/// it (`files::segments::Segments`).
+const LINE_BUFFER: usize = 8 * 1024;
+/// Buffer between the blocking encoder and the stream: a few chunk groups
+/// per trip to the runtime.
+const SEND_BUFFER: usize = 256 * 1024;
 /// How often a transfer is looked at for [`STALL_TIMEOUT`].
 const STALL_CHECK: Duration = Duration::from_secs(5);
 /// The close reason of a connection whose transfer went quiet.
@@ -72,6 +76,9 @@ pub struct FilesState {
     /// The stores agents' manifests put in their workspaces, as they are
     /// used: a device's quota counts what it holds in each.
     pub workspaces: std::sync::Mutex<Vec<Store>>,
+    /// Hash trees of files hashed or received, so a get of the same file
+    /// again starts at once.
+    pub trees: files::trees::Trees,
 }
 
 impl FilesState {
@@ -215,7 +222,7 @@ struct Transfer {
 
 impl Transfer {
     async fn run(self, mut send: SendStream, recv: RecvStream) {
-        let mut reader = BufReader::with_capacity(READ_BUFFER, recv);
+        let mut reader = BufReader::with_capacity(LINE_BUFFER, recv);
         let request = match tokio::time::timeout(REQUEST_TIMEOUT, read_request(&mut reader)).await {
             Ok(Some(r)) => r,
             _ => return refuse_stream(send, wire::REASON_BAD_REQUEST).await,
@@ -282,7 +289,7 @@ impl Transfer {
         .await
         .unwrap_or_else(|_| Err(wire::REASON_IO.into()));
         let plan = plan?;
-        let (folder, partial, have) = match plan {
+        let (folder, partial, have, tree) = match plan {
             Plan::Settled(path) => {
                 let _ = write_reply(send, &Reply::Have(put.size)).await;
                 drain(reader).await;
@@ -295,19 +302,27 @@ impl Transfer {
                 let started = Instant::now();
                 let got = self.receive(file, &put, have, reader).await;
                 match got {
-                    Ok(wire_bytes) => {
+                    Ok((wire_bytes, tree)) => {
                         debug!(peer = %self.short, "files: {} B on the wire in {:?}", wire_bytes, started.elapsed());
-                        (folder, partial, have)
+                        (folder, partial, have, tree)
                     }
                     Err(e) => return Err(self.receive_failed(&partial, e)),
                 }
             }
         };
         let (name, size, hash) = (put.name.clone(), put.size, put.hash.clone());
-        let placed =
-            tokio::task::spawn_blocking(move || store::settle(&partial, &folder, &name, size, &hash))
-                .await
-                .unwrap_or_else(|_| Err(std::io::Error::other("settling panicked")));
+        let state = self.state.clone();
+        let placed = tokio::task::spawn_blocking(move || {
+            let path = store::settle(&partial, &folder, &name, size, &hash)?;
+            // Known once in place (the link changed its times): a get of
+            // it sends at once.
+            if let (Some(tree), Ok(meta)) = (tree, path.symlink_metadata()) {
+                state.trees.written(&meta, Arc::new(tree));
+            }
+            Ok(path)
+        })
+        .await
+        .unwrap_or_else(|_| Err(std::io::Error::other("settling panicked")));
         match placed {
             Ok(path) => {
                 info!(
@@ -342,27 +357,42 @@ impl Transfer {
     }
 
     /// Checks and writes what the device sends from `have` on. Returns the
-    /// bytes read off the wire.
+    /// bytes read off the wire, and the file's hash tree when it came whole.
     async fn receive(
         &self,
         file: std::fs::File,
         put: &Put,
         have: u64,
         reader: BufReader<RecvStream>,
-    ) -> Result<u64, StreamError> {
+    ) -> Result<(u64, Option<bao_tree::io::outboard::PreOrderOutboard<Vec<u8>>>), StreamError> {
         let last = Arc::new(AtomicU64::new(0));
         let (size, hash) = (put.size, put.hash.clone());
         let (moved, epoch) = (last.clone(), Instant::now());
         let handle = tokio::runtime::Handle::current();
         let work = tokio::task::spawn_blocking(move || {
-            let bridge = SyncIoBridge::new_with_handle(reader, handle);
-            let mut counted = stream::Counted { inner: bridge, count: 0 };
-            let r = stream::receive(&file, size, &hash, have, &mut counted, |_| {
+            let input = files::segments::Segments::new(reader, handle);
+            let mut counted = stream::Counted { inner: input, count: 0 };
+            let mut writeback = store::Writeback::new(&file, have);
+            let progress = |at| {
                 moved.store(epoch.elapsed().as_secs(), Ordering::Relaxed);
-            });
+                writeback.reached(at);
+            };
+            let tree = if have == 0 {
+                stream::receive_tree(
+                    &file,
+                    size,
+                    &hash,
+                    &mut counted,
+                    progress,
+                    files::trees::MAX_TREE_BYTES,
+                )?
+            } else {
+                stream::receive(&file, size, &hash, have, &mut counted, progress).map(|()| None)?
+            };
             // The data and the length (what reading it back needs); the name
             // it settles under is a link made after this.
-            r.and_then(|()| file.sync_data().map_err(StreamError::File)).map(|()| counted.count)
+            file.sync_data().map_err(StreamError::File)?;
+            Ok((counted.count, tree))
         });
         self.watch(work, &last, epoch).await
     }
@@ -431,9 +461,16 @@ impl Transfer {
             .chain([self.state.store_for(&self.cfg).device_dir(&agent_dir(&self.cfg.name), &self.peer)])
             .collect();
         let home = self.state.home.clone();
+        let state = self.state.clone();
         let opened = tokio::task::spawn_blocking(move || {
             let r = reach::open(&path, &roots, &home)?;
+            let meta = r.file.metadata().map_err(|_| reach::Unreachable::NotFound)?;
+            if let Some(tree) = state.trees.get(&meta) {
+                return Ok((r, tree));
+            }
             let tree = stream::hash_tree(&r.file, r.size).map_err(|_| reach::Unreachable::NotFound)?;
+            let tree = Arc::new(tree);
+            state.trees.hashed(&meta, tree.clone(), std::time::SystemTime::now());
             Ok::<_, reach::Unreachable>((r, tree))
         })
         .await
@@ -467,7 +504,7 @@ impl Transfer {
         let work = tokio::task::spawn_blocking(move || {
             let bridge = SyncIoBridge::new_with_handle(send, handle);
             let progress = Progress { inner: bridge, last: moved, epoch };
-            let mut out = std::io::BufWriter::with_capacity(READ_BUFFER, progress);
+            let mut out = std::io::BufWriter::with_capacity(SEND_BUFFER, progress);
             stream::send(&reached.file, &tree, from, &mut out)?;
             let progress = out.into_inner().map_err(|e| StreamError::Cut(e.into_error()))?;
             Ok(progress.inner.into_inner())

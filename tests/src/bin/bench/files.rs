@@ -6,7 +6,9 @@
 //!
 //! A put is timed from its request to the bridge's receipt (every group
 //! checked and written, the file synced and linked into place); a get from
-//! its request to the last group checked and synced. The hash tree a device
+//! its request to the last group checked. The get fetches the file just put,
+//! whose hash tree the bridge kept; a second get (direct) fetches a file the
+//! bridge never saw, which it hashes before its first byte. The hash tree a device
 //! makes before a put (one read of the file) is not timed: it is the same
 //! work whatever carries the bytes.
 
@@ -97,6 +99,8 @@ pub async fn files_rows(b: &Bench) -> Result<Vec<Row>> {
     let put =
         Put { name: "bench.bin".into(), size: total, hash: stream::hex(&tree), session: None, mime: None };
     let ticket: EndpointTicket = bridge.ticket.parse()?;
+    // The device's files folder (a put of no session lands there).
+    let landed_dir = home.home().join("files/_bridge").join(b.client_id().to_string());
     let mut rows = Vec::new();
     for relay_only in [false, true] {
         let path = if relay_only { "relay" } else { "direct" };
@@ -106,6 +110,7 @@ pub async fn files_rows(b: &Bench) -> Result<Vec<Row>> {
         let sink = ep.connect(path_addr(&echo_addr, relay_only), SINK_ALPN).await?;
         let source = ep.connect(path_addr(&echo_addr, relay_only), SOURCE_ALPN).await?;
         let (mut up, mut raw_u, mut down, mut raw_d) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut cold = Vec::new();
         for _ in 0..b.plan.bulk_reps {
             let t0 = Instant::now();
             let sent = device::put(&conn, put.clone(), file.try_clone()?, tree.clone(), None).await?;
@@ -120,10 +125,23 @@ pub async fn files_rows(b: &Bench) -> Result<Vec<Row>> {
             down.push(total as f64 / t0.elapsed().as_secs_f64() / 1e6);
             anyhow::ensure!(got.header.hash == put.hash, "the file came back with another hash");
             raw_d.push(raw_down(&source, total).await?);
+            if !relay_only {
+                // A file the bridge never saw (the agent's report, say): it
+                // is hashed before its first byte is sent. Written just
+                // now, so its tree is never kept and each get hashes it.
+                let fresh = landed_dir.join("cold.bin");
+                std::fs::copy(&src, &fresh)?;
+                let get = Get { uri: thunderbolt::files::file_uri(&fresh), hash: None, from: 0 };
+                let t0 = Instant::now();
+                device::get(&conn, get, |_| std::fs::File::create(&out).map(Some)).await?;
+                cold.push(total as f64 / t0.elapsed().as_secs_f64() / 1e6);
+                std::fs::remove_file(&fresh)?;
+                std::fs::remove_file(&out)?;
+            }
             // The next put starts from nothing again.
             let landed = thunderbolt::files::uri_path(&sent.receipt.uri).context("a file:// URI")?;
             std::fs::remove_file(landed)?;
-            std::fs::remove_file(&out)?;
+            let _ = std::fs::remove_file(&out);
         }
         let mib = total >> 20;
         rows.push(row(
@@ -139,9 +157,19 @@ pub async fn files_rows(b: &Bench) -> Result<Vec<Row>> {
             "MB/s",
             down,
             "raw iroh stream, the same bytes one way",
-            raw_d,
+            raw_d.clone(),
             true,
         ));
+        if !cold.is_empty() {
+            rows.push(row(
+                &format!("files get {mib} MiB, {path}, a file the bridge never hashed"),
+                "MB/s",
+                cold,
+                "raw iroh stream, the same bytes one way",
+                raw_d,
+                true,
+            ));
+        }
         conn.close(0u32.into(), b"");
         ep.close().await;
     }
