@@ -527,3 +527,53 @@ fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// A plain (`/0`) session's files go when its connection ends (its agent
+/// ends with it): the folders named for the ACP session its client used
+/// and for the bridge's id of it. Files of no session stay, and so does
+/// another session's folder.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plain_session_s_files_go_when_it_ends() {
+    let rig = Rig::new().await;
+    let bridge = rig.bridge().await;
+    let note = rig.dev.home().join("note.txt");
+    std::fs::write(&note, b"for the plain session").unwrap();
+    let put = |session: Option<&str>| {
+        let mut args = vec!["put".to_string(), bridge.ticket.clone(), note.display().to_string()];
+        if let Some(s) = session {
+            args.extend(["--session".into(), s.into()]);
+        }
+        args
+    };
+    for session in [Some("plain-s1"), Some("another-s2"), None] {
+        let args = put(session);
+        let (ok, _, stderr) = rig.files_done(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+        assert!(ok, "{stderr}");
+    }
+    let (ours, theirs, none) =
+        (rig.device_dir().join("plain-s1"), rig.device_dir().join("another-s2"), rig.device_dir().join("_"));
+    for d in [&ours, &theirs, &none] {
+        assert!(d.join("note.txt").is_file(), "{} holds the put", d.display());
+    }
+
+    // The plain session names its ACP session (the test agent echoes it
+    // back: the bridge forwarded it), then its client goes.
+    let ep = client_endpoint(rig.dev.secret_key("acp").await, None, false).await;
+    let conn = bridge.dial(&ep, &Protocol::acp().alpn()).await;
+    let (mut send, recv) = conn.open_bi().await.unwrap();
+    let line = json!({"jsonrpc": "2.0", "id": 1, "method": "session/prompt", "params": {"sessionId": "plain-s1", "prompt": []}});
+    send.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+    let mut echoed = String::new();
+    tokio::time::timeout(WAIT, BufReader::new(recv).read_line(&mut echoed))
+        .await
+        .expect("echo in time")
+        .unwrap();
+    assert!(echoed.contains("plain-s1"), "{echoed:?}");
+    conn.close(0u32.into(), b"done");
+    ep.close().await;
+
+    bridge.log.wait_for("session plain-s1 of _bridge is over: its 1 file(s) removed").await;
+    assert!(!ours.exists(), "the plain session's folder went with it");
+    assert!(theirs.join("note.txt").is_file() && none.join("note.txt").is_file(), "the others stay");
+    bridge.stop().await;
+}

@@ -180,6 +180,7 @@ async fn start(conn: Connection, stream: Stream, a: Admitted) {
             )
             .await;
             drop(slot.live);
+            super::files::plain_done(&a.shared, &a.cfg, a.peer, &a.info);
             return;
         }
         Stream::Resumable { resume, .. } => (resume, stream),

@@ -30,7 +30,7 @@ use super::{
     admit::still_admitted,
     bridge::Shared,
     served::{AgentConfig, AgentName, Served},
-    session::refuse,
+    session::{refuse, SessionInfo},
     sessions::{ending::Over, Hub},
 };
 use crate::files::{
@@ -137,6 +137,17 @@ pub(super) fn hub_done(hub: &Hub, shared: &Shared, cfg: &AgentConfig) {
     if let (Some(over), Some(files)) = (over, shared.files.get()) {
         files.session_over(cfg, over);
     }
+}
+
+/// A plain session (`/0` without a warm agent) is over when its connection
+/// ends: its agent ends with it. Its files go as a resumable session's do:
+/// the folders of its device named for it (the bridge's short id) or for an
+/// ACP session id its client used, unless the owner keeps them.
+pub(super) fn plain_done(shared: &Shared, cfg: &AgentConfig, peer: EndpointId, info: &SessionInfo) {
+    let Some(files) = shared.files.get() else { return };
+    let mut ids = info.acp_sessions();
+    ids.push(info.id.clone());
+    files.session_over(cfg, Over { devices: vec![peer], ids });
 }
 
 /// The folder name of `agent`'s files.

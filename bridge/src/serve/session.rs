@@ -101,6 +101,9 @@ pub struct SessionInfo {
     observers: std::sync::OnceLock<std::sync::Weak<Observers>>,
     /// Taken back after the bridge restarted (from its journal).
     restored: std::sync::atomic::AtomicBool,
+    /// The ACP session ids its client named (a few, bounded): what a plain
+    /// session's end takes its files folders for.
+    acp_sessions: std::sync::Mutex<Vec<String>>,
 }
 
 impl SessionInfo {
@@ -113,7 +116,19 @@ impl SessionInfo {
             pid: 0.into(),
             observers: std::sync::OnceLock::new(),
             restored: false.into(),
+            acp_sessions: Default::default(),
         })
+    }
+
+    /// Notes the ACP session ids a run of the client's lines names.
+    pub fn note_acp_sessions(&self, run: &[u8], names_an_id: bool) {
+        let mut seen = self.acp_sessions.lock().unwrap_or_else(|p| p.into_inner());
+        crate::serve::sessions::devices::acp_sessions::note_acp_sessions(&mut seen, run, names_an_id);
+    }
+
+    /// The ACP session ids its client named.
+    pub fn acp_sessions(&self) -> Vec<String> {
+        self.acp_sessions.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The running session's observers (to answer the agent from a notice).
@@ -316,6 +331,7 @@ where
     observers.answer_into(agent_tx.clone());
     if let Some(i) = &info {
         let _ = i.observers.set(Arc::downgrade(&observers));
+        observers.names_into(i.clone());
     }
     let requests = observers.requests.clone();
     link.observe(&requests, observers.tap());

@@ -116,6 +116,8 @@ pub struct Observers {
     /// Ids (raw JSON) of the agent's requests answered from a notice.
     answered_here: Mutex<HashSet<Box<[u8]>>>,
     answered_count: AtomicUsize,
+    /// The session told which ACP sessions its client names.
+    names_into: OnceLock<Arc<SessionInfo>>,
 }
 
 /// What becomes of a run of the client's lines.
@@ -141,7 +143,13 @@ impl Observers {
             to_agent: OnceLock::new(),
             answered_here: Mutex::default(),
             answered_count: 0.into(),
+            names_into: OnceLock::new(),
         }
+    }
+
+    /// Where the ACP session ids the client names are noted.
+    pub fn names_into(&self, info: Arc<SessionInfo>) {
+        let _ = self.names_into.set(info);
     }
 
     /// Where an answer from a notice is written: the queue of the bridge's
@@ -225,6 +233,9 @@ impl Observers {
         if let Some(run) = &out.forward {
             if let Some(t) = &self.tap {
                 t.client_run(run);
+            }
+            if let Some(info) = self.names_into.get() {
+                info.note_acp_sessions(run, names_an_id);
             }
             if names_an_id {
                 self.requests.sent(run);

@@ -36,7 +36,7 @@
 //! - [`listing`]: what `status` and a device's listing show of a session;
 //! - [`acp_sessions`]: the ACP session ids a session's clients name.
 
-mod acp_sessions;
+pub(crate) mod acp_sessions;
 mod feed;
 mod join;
 mod leave;

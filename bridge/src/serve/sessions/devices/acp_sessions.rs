@@ -15,7 +15,7 @@ const ACP_SESSION_ID_MAX: usize = 128;
 
 /// Notes the ACP session ids a client's run names (`"sessionId":"…"`), if it
 /// is a run that is read for them (`names_an_id`, see [`SESSIONS_READ_BELOW`]).
-pub(super) fn note_acp_sessions(seen: &mut Vec<String>, run: &[u8], names_an_id: bool) {
+pub(crate) fn note_acp_sessions(seen: &mut Vec<String>, run: &[u8], names_an_id: bool) {
     // Built once: this runs over every run a client sends.
     static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
         std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"sessionId\":\""));
