@@ -20,7 +20,7 @@ use std::{
 use iroh::EndpointId;
 use serde::{Deserialize, Serialize};
 use thunderbolt_shared::parse_node_id;
-use tracing::debug;
+use tracing::{debug, error};
 
 use self::scope::{Scope, Verbs};
 use crate::home::{self, Home};
@@ -127,6 +127,10 @@ struct Grants {
     agents: HashMap<EndpointId, Vec<String>>,
     /// The devices with a scope narrower than the owner's.
     scopes: HashMap<EndpointId, Scope>,
+    /// The file exists but cannot be read: which devices are narrowed is
+    /// unknown, so every device is taken as narrowed to nothing (a broken
+    /// hand edit must not widen a watch-only device to the owner's reach).
+    unreadable: bool,
 }
 
 impl Devices {
@@ -210,7 +214,17 @@ impl Devices {
             Some((at, g)) if *at == stamp => g.clone(),
             _ => {
                 let mut grants = Grants::default();
-                for (id, d) in self.all() {
+                let file: File = match home::read_json(&self.path) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        error!("{e}: no device is admitted until it is fixed or removed (the scopes in it cannot be read)");
+                        grants.unreadable = true;
+                        File::default()
+                    }
+                };
+                let devices =
+                    file.devices.into_iter().filter_map(|(k, v)| Some((parse_node_id(&k).ok()?, v)));
+                for (id, d) in devices {
                     if let Some(s) = d.scope.filter(|s| !s.is_full()) {
                         grants.scopes.insert(id, s);
                     }
@@ -227,12 +241,20 @@ impl Devices {
 
     /// What `id` may do (the owner's everything when no scope is written).
     pub fn scope_of(&self, id: &EndpointId) -> Scope {
-        self.grants().scopes.get(id).cloned().unwrap_or_else(Scope::full)
+        let g = self.grants();
+        if g.unreadable {
+            return Scope::none();
+        }
+        g.scopes.get(id).cloned().unwrap_or_else(Scope::full)
     }
 
     /// What `id` may do at `agent` now.
     pub fn verbs_at(&self, id: &EndpointId, agent: &str) -> Verbs {
-        match self.grants().scopes.get(id) {
+        let g = self.grants();
+        if g.unreadable {
+            return Verbs::NONE;
+        }
+        match g.scopes.get(id) {
             None => Verbs::ALL,
             Some(s) => s.verbs_at(agent, now_ms()),
         }
@@ -434,6 +456,41 @@ pub fn resolve_id(target: &str) -> Option<EndpointId> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_devices_file_that_does_not_parse_admits_no_one_and_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().to_path_buf());
+        let d = Arc::new(Devices::new(&home));
+        let (watcher, owner) =
+            (iroh::SecretKey::from_bytes(&[6; 32]).public(), iroh::SecretKey::from_bytes(&[7; 32]).public());
+        d.record(&owner, Some("Laptop".into()), How::Allow).unwrap();
+        d.record(&watcher, Some("Phone".into()), How::Pairing).unwrap();
+        let observe: Verbs = "observe".parse().unwrap();
+        assert!(d.set_scope(&watcher, Some(Scope { verbs: observe, ..Scope::full() })).unwrap());
+        let both = crate::trust::AcceptFrom { own: None, ids: [owner, watcher].into(), paired: None };
+        let scoped = Scoped { inner: Arc::new(both), devices: d.clone(), agent: "acp".into() };
+        use crate::trust::TrustPolicy;
+        assert!(scoped.check(&owner).is_some() && scoped.check(&watcher).is_some());
+        assert_eq!(d.verbs_at(&watcher, "acp"), observe);
+
+        // A hand edit breaks it: the watcher is not widened to the owner's
+        // reach; no one is admitted until it parses again.
+        let text = std::fs::read_to_string(d.path()).unwrap();
+        std::fs::write(d.path(), format!("{text},")).unwrap();
+        for id in [&owner, &watcher] {
+            assert_eq!(d.verbs_at(id, "acp"), Verbs::NONE);
+            assert_eq!(d.scope_of(id).verbs, Verbs::NONE);
+            assert!(scoped.check(id).is_none());
+        }
+        // Nothing written to it replaces what it held.
+        assert!(d.record(&owner, None, How::Allow).is_err());
+        assert!(std::fs::read_to_string(d.path()).unwrap().ends_with(','));
+
+        std::fs::write(d.path(), text).unwrap();
+        assert!(scoped.check(&owner).is_some());
+        assert_eq!(d.verbs_at(&watcher, "acp"), observe);
+    }
 
     #[test]
     fn names_live_beside_the_allow_file() {

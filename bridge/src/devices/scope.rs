@@ -185,6 +185,12 @@ impl Scope {
         Scope { verbs: Verbs::ALL, agents: None, until_ms: None, session: None }
     }
 
+    /// Nothing, nowhere: what a device holds while the devices file cannot
+    /// be read (its scope is unknown, so it is taken as the narrowest).
+    pub fn none() -> Scope {
+        Scope { verbs: Verbs::NONE, agents: Some(Vec::new()), until_ms: None, session: None }
+    }
+
     pub fn is_full(&self) -> bool {
         self.verbs.is_all() && self.agents.is_none() && self.until_ms.is_none() && self.session.is_none()
     }
