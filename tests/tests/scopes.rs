@@ -148,7 +148,7 @@ async fn an_observer_only_watches_and_an_answerer_only_answers() {
 }
 
 /// A device paired `--for 3s` is refused once that ran out, and its live
-/// session ends within a second of it, saying why.
+/// session is ended by the timer set to that end, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_past_its_expiry_is_ended_at_once_and_refused() {
     let (home, b) = bridge("cat").await;
@@ -163,11 +163,12 @@ async fn a_device_past_its_expiry_is_ended_at_once_and_refused() {
     assert!(until > now_ms(), "the session is live before it");
 
     let status = tokio::time::timeout(WAIT, p.child.wait()).await.expect("the session ends").unwrap();
-    let ended_after = now_ms().saturating_sub(until);
+    assert!(now_ms() >= until, "ended {} ms before its end", until - now_ms());
     assert!(!status.success());
     p.log.wait_for(close::REASON_SCOPE_EXPIRED).await;
-    assert!(ended_after < 1000, "ended {ended_after} ms after the expiry");
-    b.log.wait_for("a device's scope ran out").await;
+    // Ended by the timer set to the scope's end (at once), not found out by a
+    // heartbeat (every 45 s): that is the line the timer's path writes.
+    b.log.wait_for("a device's scope ran out: 1 of its session(s) ended").await;
     start_refused(&phone, ticket, close::REASON_SCOPE_EXPIRED).await;
 
     // Given more time, it is back.
