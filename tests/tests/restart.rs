@@ -737,3 +737,40 @@ async fn an_acp_session_a_joined_controller_opened_is_taken_back_after_a_restart
     bridge.stop().await;
     rig.relay.stop().await;
 }
+
+/// A request the device's scope refused never reached the agent: after a
+/// restart it is not one "in flight" (answered a second time: the journal
+/// saw the refusal go out as its answer), nor replayed, and the session is
+/// taken back as it was.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_its_scope_refused_is_not_answered_again_after_a_restart() {
+    let Some(rig) = Rig::new("resume").await else { return };
+    let mut bridge = rig.bridge().await;
+    let mut c = Client::start(&rig.dev, &[&bridge.ticket]);
+    let sid = converse(&mut c).await;
+    let id = rig.dev.node_id("acp").await.to_string();
+    let out = rig.tb.run(&["devices", "scope", &id, "--scope", "observe"]).await;
+    assert!(out.status.success(), "{out:?}");
+    bridge.log.wait_for("scope is observe now").await;
+    let params = json!({"sessionId": sid, "prompt": [{"type": "text", "text": "not yours to ask"}]});
+    c.send(json!({"jsonrpc": "2.0", "id": 9, "method": "session/prompt", "params": params})).await;
+    let refused = c.response(&json!(9)).await;
+    assert_eq!(refused["error"]["code"], -32005, "{refused}");
+
+    let status = bridge.terminate().await;
+    assert!(status.success(), "the bridge exits cleanly: {status:?}");
+    c.log.wait_for("the bridge is restarting and keeps the session").await;
+    let bridge = rig.bridge().await;
+    let note = loop {
+        let v = c.next().await;
+        assert_ne!(v["id"], json!(9), "request 9 answered a second time: {v}");
+        if v["method"] == restart::METHOD_RESTORED {
+            break v;
+        }
+    };
+    assert_eq!(note["params"]["aborted"], json!([]), "{note}");
+    assert_eq!(note["params"]["sessions"], json!([{"sessionId": sid, "how": "resume"}]), "{note}");
+    assert!(!rig.calls().contains("not yours to ask"), "the refused prompt reached an agent");
+    bridge.stop().await;
+    rig.relay.stop().await;
+}
