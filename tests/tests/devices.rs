@@ -706,3 +706,28 @@ async fn a_client_of_the_multi_client_proposal_sees_who_prompted_and_who_answere
     assert!(gone["params"]["update"]["timestamp"].as_str().unwrap().ends_with('Z'));
     let _ = p.close().await;
 }
+
+/// A device that joins "from now on" while the agent waits on a question
+/// still gets that question (not the one answered before it), and can
+/// answer it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_joining_from_now_on_still_gets_the_agents_open_question() {
+    let Rig { _relay, home: _home, bridge, laptop, phone } = rig("ask").await;
+    let ticket = bridge.ticket.as_str();
+    let mut l = Device::start(&laptop, &[ticket]);
+    l.send(note(0)).await;
+    l.until(|v| v["id"] == "q1").await;
+    l.send(json!({"jsonrpc": "2.0", "id": "q1", "result": {"content": "from the laptop"}})).await;
+    bridge.log.wait_for("agent stderr: answer:").await;
+    l.send(note(1)).await;
+    l.until(|v| v["id"] == "q2").await;
+    let id = sessions(&phone, ticket).await[0]["id"].as_str().unwrap().to_string();
+    let mut p = Device::start(&phone, &["--attach", &id, "--history", "now", ticket]);
+    let asked = p.until(|v| v["id"] == "q2").await;
+    assert!(asked["method"].is_string(), "the question itself: {asked}");
+    assert!(!p.seen.iter().any(|v| v["id"] == "q1"), "a question answered before the join: {:?}", p.seen);
+    p.send(json!({"jsonrpc": "2.0", "id": "q2", "result": {"content": "from the phone"}})).await;
+    bridge.log.wait_for_count("agent stderr: answer:", 2).await;
+    assert!(bridge.log.text().contains("from the phone"), "{}", bridge.log.text());
+    drop(l);
+}

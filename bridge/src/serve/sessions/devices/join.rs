@@ -107,9 +107,11 @@ impl Hub {
         }
         let seat = st.members.next_seat;
         st.members.next_seat += 1;
-        let history = match how.history {
+        let history: Vec<Bytes> = match how.history {
             History::All => st.members.history.iter().cloned().collect(),
-            History::Now => Vec::new(),
+            // From now on, but with the agent's questions still open: a
+            // device that joins mid-question can see it and answer it.
+            History::Now => open_requests(&st.members.history, &st.members.open).into_iter().collect(),
         };
         let cut = how.history == History::All && st.members.history_cut;
         let (guest, _, _) = Hub::with_state(
@@ -218,4 +220,25 @@ impl Hub {
         self.member_left(&old, why);
         Ok(())
     }
+}
+
+/// The agent's requests still open, as the history kept them, in one run.
+fn open_requests(
+    history: &std::collections::VecDeque<Bytes>,
+    open: &std::collections::HashSet<String>,
+) -> Option<Bytes> {
+    if open.is_empty() {
+        return None;
+    }
+    let mut run = Vec::new();
+    for line in history.iter().flat_map(|r| thunderbolt_shared::ndjson::lines(r)) {
+        let head = jsonrpc::peek_head(&line[..line.len().min(thunderbolt_shared::ndjson::OVERSIZE_PEEK)]);
+        if head.kind == jsonrpc::Kind::Request && head.id.is_some_and(|id| open.contains(&id)) {
+            run.extend_from_slice(line);
+            if !line.ends_with(b"\n") {
+                run.push(b'\n');
+            }
+        }
+    }
+    (!run.is_empty()).then(|| Bytes::from(run))
 }
