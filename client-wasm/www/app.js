@@ -687,6 +687,7 @@ function onMessage(value) {
     case "_thunderbolt/prompted": onPrompted(value.params || {}); return true;
     case "_thunderbolt/turn_ended": onTurnEnded(value.params || {}); return true;
     case "_thunderbolt/joined": onJoined(value.params || {}); return true;
+    case "_thunderbolt/left": refreshGuests(); return true;
     default: break;
   }
   if (value.id !== undefined && state.pending.has(value.id)) {

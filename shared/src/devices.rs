@@ -342,6 +342,20 @@ pub fn joined_line(who: &Attached) -> Vec<u8> {
     json_line(&json!({ "jsonrpc": "2.0", "method": METHOD_JOINED, "params": who }))
 }
 
+/// A device left the session for good (it closed, was kicked or revoked,
+/// or stayed away past its grace): the others are told who (`node`, `name`),
+/// its `seat` and the `reason`, so a page drops it from who is watching at
+/// once rather than at its next listing.
+pub const METHOD_LEFT: &str = "_thunderbolt/left";
+
+/// The [`METHOD_LEFT`] line for `device`, which sat at `seat`.
+pub fn left_line(device: &Device, seat: &str, reason: &str) -> Vec<u8> {
+    let mut params = serde_json::to_value(device).unwrap_or_default();
+    params["seat"] = seat.into();
+    params["reason"] = reason.into();
+    json_line(&json!({ "jsonrpc": "2.0", "method": METHOD_LEFT, "params": params }))
+}
+
 /// The JSON-RPC error code of a request whose id is another device's
 /// request in flight on the same session (a server error).
 pub const ID_IN_USE_CODE: i64 = -32004;

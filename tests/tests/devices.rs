@@ -4,7 +4,9 @@
 //! one device's outage.
 
 use serde_json::{json, Value};
-use thunderbolt_shared::devices::{METHOD_ANSWERED, METHOD_MISSED, METHOD_ROLE, OBSERVER_REFUSED_CODE};
+use thunderbolt_shared::devices::{
+    METHOD_ANSWERED, METHOD_LEFT, METHOD_MISSED, METHOD_ROLE, OBSERVER_REFUSED_CODE,
+};
 use thunderbolt_tests::{setup::status, *};
 
 /// One device's `connect`: JSON lines in and out.
@@ -352,6 +354,11 @@ async fn kicking_a_device_by_name_detaches_it_from_the_sessions_it_joined() {
     let mut p = Device::start(&phone, &["--attach", &id, "--observe", ticket]);
     p.until(|v| role_of(v).is_some()).await;
     kick_and_see_it_end(&home, "phone", &mut p).await;
+    // The laptop is told who left, at once.
+    let left = l.until(|v| v["method"] == METHOD_LEFT).await;
+    assert_eq!(left["params"]["name"], "phone", "{left}");
+    assert!(left["params"]["seat"].as_str().is_some_and(|s| s.starts_with(&format!("{id}."))), "{left}");
+    assert!(left["params"]["reason"].as_str().is_some_and(|r| !r.is_empty()), "{left}");
     l.send(note(1)).await;
     l.until(is_note(1)).await;
     let st = status(&home).await;

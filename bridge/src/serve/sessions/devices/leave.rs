@@ -66,6 +66,14 @@ impl Hub {
             self.wake(writer);
             return;
         }
+        // The devices still on it are told who left (a page's list of who
+        // watches), once the lock is let go.
+        let others: Vec<Arc<Hub>> = (0..1)
+            .chain(st.members.guests.iter().map(|g| g.seat_number()))
+            .filter(|s| *s != seat)
+            .filter_map(|s| self.member_at(&st, s))
+            .collect();
+        let left = wire::left_line(&member.device(), &format!("{}.{seat}", self.short()), why);
         let mut promoted = None;
         if st.members.controller == seat {
             // The earliest device attached now: the first (seat 0) while it
@@ -87,6 +95,9 @@ impl Hub {
         self.wake(writer);
         if let Some(line) = disconnected {
             super::multi::tell_multi(&speaking, &line);
+        }
+        for o in others {
+            o.tell(left.clone());
         }
         if let Some(p) = promoted {
             info!(session = self.short(), "{} controls the session now", p.device().label());
