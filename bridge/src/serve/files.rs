@@ -476,12 +476,17 @@ impl Transfer {
         let opened = tokio::task::spawn_blocking(move || {
             let r = reach::open(&path, &roots, &home)?;
             let meta = r.file.metadata().map_err(|_| reach::Unreachable::NotFound)?;
-            if let Some(tree) = state.trees.get(&meta) {
+            // The size the header says is the one reached; a file that grew
+            // since is hashed (and its tree not kept) as it was reached.
+            let same = meta.len() == r.size;
+            if let Some(tree) = state.trees.get(&meta).filter(|_| same) {
                 return Ok((r, tree));
             }
             let tree = stream::hash_tree(&r.file, r.size).map_err(|_| reach::Unreachable::NotFound)?;
             let tree = Arc::new(tree);
-            state.trees.hashed(&meta, tree.clone(), std::time::SystemTime::now());
+            if same {
+                state.trees.hashed(&meta, tree.clone(), std::time::SystemTime::now());
+            }
             Ok::<_, reach::Unreachable>((r, tree))
         })
         .await
