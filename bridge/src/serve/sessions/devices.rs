@@ -231,6 +231,17 @@ impl Hub {
         }
         st.members.guests.iter().find(|g| g.seat_number() == seat).cloned()
     }
+
+    /// The devices on this session now but the one at `seat` (its first
+    /// while it is on it, then the guests in seat order; [`NOBODY`] for
+    /// all of them). The session's hub's state locked.
+    fn members_but(self: &Arc<Self>, st: &State, seat: u64) -> Vec<Arc<Hub>> {
+        (0..1)
+            .chain(st.members.guests.iter().map(|g| g.seat_number()))
+            .filter(|s| *s != seat)
+            .filter_map(|s| self.member_at(st, s))
+            .collect()
+    }
 }
 
 fn nobody() -> Device {

@@ -180,14 +180,7 @@ impl Hub {
         guest.attach(conn, send, recv, 0, leftover).map_err(JoinError::Attach)?;
         // The others are told who joined (a page lists who watches at once).
         let Some(view) = self.members().into_iter().find(|m| m.seat == seat) else { return Ok(()) };
-        let others: Vec<Arc<Hub>> = {
-            let st = self.lock();
-            (0..1)
-                .chain(st.members.guests.iter().map(|g| g.seat_number()))
-                .filter(|s| *s != seat)
-                .filter_map(|s| self.member_at(&st, s))
-                .collect()
-        };
+        let others = self.members_but(&self.lock(), seat);
         let line = wire::joined_line(&view.attached_view(self.short()));
         for o in others {
             o.tell(line.clone());

@@ -41,11 +41,9 @@ impl Hub {
             member.device().label(),
         );
         // The multi-client proposal's `client_disconnected`, to the devices that asked for it.
-        let speaking: Vec<Arc<Hub>> = (0..1)
-            .chain(st.members.guests.iter().map(|g| g.seat_number()))
-            .filter_map(|s| self.member_at(&st, s))
-            .filter(|h| h.speaks_multi_client() && !Arc::ptr_eq(h, member))
-            .collect();
+        // (It is off the session already: the others are everyone on it.)
+        let others = self.members_but(&st, seat);
+        let speaking: Vec<Arc<Hub>> = others.iter().filter(|h| h.speaks_multi_client()).cloned().collect();
         // Told once the lock is let go (telling a device takes its lock, this session's among them).
         let disconnected = (!speaking.is_empty()).then(|| {
             let session = st
@@ -68,11 +66,6 @@ impl Hub {
         }
         // The devices still on it are told who left (a page's list of who
         // watches), once the lock is let go.
-        let others: Vec<Arc<Hub>> = (0..1)
-            .chain(st.members.guests.iter().map(|g| g.seat_number()))
-            .filter(|s| *s != seat)
-            .filter_map(|s| self.member_at(&st, s))
-            .collect();
         let left = wire::left_line(&member.device(), &format!("{}.{seat}", self.short()), why);
         let mut promoted = None;
         if st.members.controller == seat {

@@ -43,9 +43,8 @@ impl Hub {
             let me = self.client();
             let connected: Vec<mc::Client> = match self.session_hub() {
                 Some(s) => {
-                    let st = s.lock();
-                    let seats = (0..1).chain(st.members.guests.iter().map(|g| g.seat_number()));
-                    seats.filter_map(|seat| s.member_at(&st, seat)).map(|h| h.client()).collect()
+                    let everyone = s.members_but(&s.lock(), super::NOBODY);
+                    everyone.iter().map(|h| h.client()).collect()
                 }
                 None => vec![me.clone()],
             };

@@ -86,11 +86,7 @@ impl Hub {
         let mut ended = Vec::new();
         for (seat, id, answer, session) in turns {
             let Some(by) = self.member_at(st, seat).map(|h| h.device()) else { continue };
-            let others: Vec<Arc<Hub>> = (0..1)
-                .chain(st.members.guests.iter().map(|g| g.seat_number()))
-                .filter(|s| *s != seat)
-                .filter_map(|s| self.member_at(st, s))
-                .collect();
+            let others = self.members_but(st, seat);
             // The multi-client proposal's `turn_complete`, to those of them that asked for it.
             let session = session
                 .or_else(|| st.members.acp_sessions.last().map(|s| serde_json::Value::String(s.clone())))

@@ -149,11 +149,7 @@ impl Hub {
             return kept.finish();
         }
         let controller_device = session.member_at(&st, st.members.controller).map(|h| h.device());
-        let others: Vec<Arc<Hub>> = (0..1)
-            .chain(st.members.guests.iter().map(|g| g.seat_number()))
-            .filter(|s| *s != me)
-            .filter_map(|s| session.member_at(&st, s))
-            .collect();
+        let others = session.members_but(&st, me);
         drop(st);
         if !refusals.is_empty() {
             let by = controller_device.unwrap_or(Device { node: String::new(), name: Some("nobody".into()) });
