@@ -149,14 +149,17 @@ impl Devices {
 
     /// Every device (a missing or unreadable file is none; the latter is logged).
     pub fn all(&self) -> BTreeMap<EndpointId, Device> {
-        let file: File = match home::read_json(&self.path) {
-            Ok(f) => f,
-            Err(e) => {
-                debug!("{e}");
-                File::default()
-            }
-        };
-        file.devices.into_iter().filter_map(|(k, v)| Some((parse_node_id(&k).ok()?, v))).collect()
+        self.read().unwrap_or_else(|e| {
+            debug!("{e}");
+            BTreeMap::new()
+        })
+    }
+
+    /// Every device the file holds (none when there is no file); an error
+    /// for a file that exists but cannot be read.
+    fn read(&self) -> std::io::Result<BTreeMap<EndpointId, Device>> {
+        let file: File = home::read_json(&self.path)?;
+        Ok(file.devices.into_iter().filter_map(|(k, v)| Some((parse_node_id(&k).ok()?, v))).collect())
     }
 
     pub fn get(&self, id: &EndpointId) -> Option<Device> {
@@ -214,16 +217,11 @@ impl Devices {
             Some((at, g)) if *at == stamp => g.clone(),
             _ => {
                 let mut grants = Grants::default();
-                let file: File = match home::read_json(&self.path) {
-                    Ok(f) => f,
-                    Err(e) => {
-                        error!("{e}: no device is admitted until it is fixed or removed (the scopes in it cannot be read)");
-                        grants.unreadable = true;
-                        File::default()
-                    }
-                };
-                let devices =
-                    file.devices.into_iter().filter_map(|(k, v)| Some((parse_node_id(&k).ok()?, v)));
+                let devices = self.read().unwrap_or_else(|e| {
+                    error!("{e}: no device is admitted until it is fixed or removed (the scopes in it cannot be read)");
+                    grants.unreadable = true;
+                    BTreeMap::new()
+                });
                 for (id, d) in devices {
                     if let Some(s) = d.scope.filter(|s| !s.is_full()) {
                         grants.scopes.insert(id, s);
