@@ -74,6 +74,12 @@ pub trait Link: Send + Sync {
     fn info(&self) -> Option<Arc<SessionInfo>> {
         None
     }
+    /// Where the ACP session ids the client names are noted: a plain
+    /// link's, whose files go when its connection does. A hub notes them
+    /// itself, for every device on it.
+    fn names_sessions_into(&self) -> Option<Arc<SessionInfo>> {
+        None
+    }
     /// Whether a client is attached now, asked when the agent needs one (a
     /// plain connection is attached for as long as the session lives).
     fn presence(&self) -> Presence {
@@ -174,6 +180,10 @@ impl Link for Plain {
     }
 
     fn info(&self) -> Option<Arc<SessionInfo>> {
+        self.1.clone()
+    }
+
+    fn names_sessions_into(&self) -> Option<Arc<SessionInfo>> {
         self.1.clone()
     }
 
@@ -331,7 +341,9 @@ where
     observers.answer_into(agent_tx.clone());
     if let Some(i) = &info {
         let _ = i.observers.set(Arc::downgrade(&observers));
-        observers.names_into(i.clone());
+    }
+    if let Some(i) = link.names_sessions_into() {
+        observers.names_into(i);
     }
     let requests = observers.requests.clone();
     link.observe(&requests, observers.tap());
